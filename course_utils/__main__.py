@@ -1,0 +1,34 @@
+"""Command line: `python -m course_utils COMMAND`.
+
+  doctor     check this environment and print the exact fix for each problem
+  lint       check every notebook against the course skeleton (maintainers)
+  set-repo   point every badge and setup cell at another GitHub repository (forks)
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "doctor": "course_utils.doctor:main",
+        "lint": "course_utils.notebooks:lint_main",
+        "set-repo": "course_utils.notebooks:set_repo_main",
+    }
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print(__doc__.strip())
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nunknown command: {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0
+    module_name, func_name = commands[argv[0]].split(":")
+    import importlib
+
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

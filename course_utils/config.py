@@ -1,0 +1,173 @@
+"""One config object for the whole course: mode (full/smoke), CPU replicas, data source, sizes.
+
+Every notebook takes its sizes from here (``course_utils.config.get().sizes``), so the same cells
+run in both modes and no cell needs an ``if smoke:``.
+
+Environment variables (all optional):
+
+==========================  ==================================================================
+``COURSE_SMOKE``            ``1`` = tiny sizes and offline data (the test suite sets it)
+``COURSE_CPU_REPLICAS``     split the CPU into N logical devices (1-8) for ``MirroredStrategy``
+``COURSE_DATA``             ``tfds`` | ``synthetic`` | ``npz:PATH`` (smoke default: ``synthetic``)
+``COURSE_DEVICE``           ``auto`` (default) | ``tpu`` | ``gpu`` | ``cpu``: skip faster kinds
+==========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping
+
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"", "0", "false", "no", "off"}
+DEVICE_CHOICES = ("auto", "tpu", "gpu", "cpu")
+MAX_CPU_REPLICAS = 8
+
+
+class ConfigError(ValueError):
+    """A course setting has a value the course cannot use; the message says which and how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Every size a lesson uses. Smoke sizes keep each notebook under 90 s on 2 CPU cores."""
+
+    per_replica_batch: int  # examples per replica per step (TPUs like 128)
+    train_examples: int
+    test_examples: int
+    epochs: int
+    image_size: int  # CIFAR-10 is 32x32x3
+    num_classes: int
+    model_width: int  # filters of the first conv layer; later layers scale from it
+    matmul_size: int  # square matrix side for throughput probes
+    timing_repeats: int  # timed repeats after one warm-up; report the median
+
+
+FULL_SIZES = Sizes(
+    per_replica_batch=128,
+    train_examples=20_000,
+    test_examples=4_000,
+    epochs=5,
+    image_size=32,
+    num_classes=10,
+    model_width=32,
+    matmul_size=2048,
+    timing_repeats=20,
+)
+
+SMOKE_SIZES = Sizes(
+    per_replica_batch=32,
+    train_examples=1_024,
+    test_examples=256,
+    epochs=3,
+    image_size=32,
+    num_classes=10,
+    model_width=8,
+    matmul_size=512,
+    timing_repeats=5,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CourseConfig:
+    smoke: bool
+    cpu_replicas: int
+    device: str
+    data: str  # "tfds" | "synthetic" | "npz:PATH"
+    data_reason: str  # why this data source was chosen, shown to the learner
+    sizes: Sizes
+    seed: int = 42
+
+    @property
+    def mode(self) -> str:
+        return "smoke" if self.smoke else "full"
+
+    def describe(self) -> str:
+        return (
+            f"mode={self.mode} (sizes: batch/replica={self.sizes.per_replica_batch}, "
+            f"train={self.sizes.train_examples}, epochs={self.sizes.epochs}), "
+            f"data={self.data} ({self.data_reason}), cpu_replicas={self.cpu_replicas}, device={self.device}"
+        )
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a yes/no value. Use {name}=1 (on) or {name}=0 (off).")
+
+
+def _parse_replicas(raw: str) -> int:
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        raise ConfigError(
+            f"COURSE_CPU_REPLICAS={raw!r} is not a whole number. Use e.g. COURSE_CPU_REPLICAS=4."
+        ) from None
+    if not 1 <= n <= MAX_CPU_REPLICAS:
+        raise ConfigError(
+            f"COURSE_CPU_REPLICAS={n} is out of range: use 1 to {MAX_CPU_REPLICAS} "
+            "(4 is plenty to see sharding; more replicas on 2 cores only get slower)."
+        )
+    return n
+
+
+def _parse_data(raw: str) -> str:
+    value = raw.strip()
+    if value in ("tfds", "synthetic"):
+        return value
+    if value.startswith("npz:") and len(value) > 4:
+        return value
+    raise ConfigError(
+        f"COURSE_DATA={raw!r} is not a data source. Use COURSE_DATA=tfds (real CIFAR-10), "
+        "COURSE_DATA=synthetic (offline, generated) or COURSE_DATA=npz:/path/to/cifar10.npz "
+        "(a pre-downloaded copy)."
+    )
+
+
+def load(env: Mapping[str, str] | None = None) -> CourseConfig:
+    """Build the config from environment variables (``env`` defaults to ``os.environ``)."""
+    env = os.environ if env is None else env
+    smoke = _parse_bool("COURSE_SMOKE", env.get("COURSE_SMOKE", ""))
+    cpu_replicas = _parse_replicas(env.get("COURSE_CPU_REPLICAS", "1") or "1")
+    device = (env.get("COURSE_DEVICE", "auto") or "auto").strip().lower()
+    if device not in DEVICE_CHOICES:
+        raise ConfigError(
+            f"COURSE_DEVICE={device!r} is not one of {', '.join(DEVICE_CHOICES)}. "
+            "Leave it unset to use the fastest device found."
+        )
+    if env.get("COURSE_DATA", "").strip():
+        data, reason = _parse_data(env["COURSE_DATA"]), "set by COURSE_DATA"
+    elif smoke:
+        data, reason = "synthetic", "smoke mode uses offline data; set COURSE_DATA=tfds for real CIFAR-10"
+    else:
+        data, reason = "tfds", "default: real CIFAR-10 via tensorflow-datasets"
+    return CourseConfig(
+        smoke=smoke,
+        cpu_replicas=cpu_replicas,
+        device=device,
+        data=data,
+        data_reason=reason,
+        sizes=SMOKE_SIZES if smoke else FULL_SIZES,
+    )
+
+
+_CURRENT: CourseConfig | None = None
+
+
+def get() -> CourseConfig:
+    """The config of this process (read once from the environment, then cached)."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = load()
+    return _CURRENT
+
+
+def reload() -> CourseConfig:
+    """Re-read the environment (after changing ``os.environ`` in a notebook or test)."""
+    global _CURRENT
+    _CURRENT = load()
+    return _CURRENT

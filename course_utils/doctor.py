@@ -1,0 +1,202 @@
+"""``python -m course_utils doctor``: can this environment run the course, and what exactly fixes it?
+
+Prints one line per check (✔ fine, ! warning, ✘ problem), and under each warning or problem the
+exact command that fixes it. Exit code 0 when the course can run — CPU-only counts, an unreachable
+dataset is only a warning that names the offline options — and 1 with the reasons otherwise.
+
+Options: ``--offline`` skips the network check (also ``COURSE_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import socket
+import sys
+from typing import Callable
+
+from . import config as _config
+from .runtime import TPU_INSTALL_FIX, in_colab, tpu_hints
+
+PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (COURSE_DESIGN §2)
+MIN_PYTHON = (3, 10)
+# Where tensorflow-datasets fetches CIFAR-10: its GCS mirror first, then the original host.
+DATASET_HOSTS = (("storage.googleapis.com", 443), ("www.cs.toronto.edu", 443))
+
+
+@dataclasses.dataclass
+class Finding:
+    level: str  # "ok" | "warn" | "problem"
+    name: str
+    detail: str
+    fix: str = ""
+
+    def render(self) -> str:
+        mark = {"ok": "✔", "warn": "!", "problem": "✘"}[self.level]
+        text = f"  {mark} {self.name}: {self.detail}"
+        if self.fix:
+            text += "\n      fix: " + self.fix.replace("\n", "\n           ")
+        return text
+
+
+def _version_of(module: str) -> str | None:
+    """The module's ``__version__`` if it is importable, else None (kept small so tests can replace it)."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    mod = __import__(module)
+    return getattr(mod, "__version__", "unknown")
+
+
+def _tf_install_fix() -> str:
+    if tpu_hints():
+        return f"{TPU_INSTALL_FIX}\n(this looks like a TPU machine: the TPU build, not plain tensorflow)"
+    if in_colab():
+        return f'pip install "tensorflow=={PINNED_TF}.0"   (then Runtime → Restart session)'
+    return "pip install -r requirements.txt   (from the course folder)"
+
+
+def _dataset_reachable(timeout: float = 3.0) -> tuple[bool, str]:
+    for host, port in DATASET_HOSTS:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return True, host
+        except OSError as exc:
+            last = f"{host}: {exc.__class__.__name__}"
+    return False, last
+
+
+def _tfds_has_cifar10() -> str | None:
+    """Path of an already-downloaded CIFAR-10 in the tfds data dir, if any."""
+    data_dir = os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+    path = os.path.join(data_dir, "cifar10")
+    return path if os.path.isdir(path) and os.listdir(path) else None
+
+
+def run_checks(
+    network: bool = True,
+    reachable: Callable[[], tuple[bool, str]] | None = None,
+    version_of: Callable[[str], str | None] | None = None,
+) -> list[Finding]:
+    """All checks, in order. ``reachable`` and ``version_of`` are replaceable for tests."""
+    version_of = version_of or _version_of
+    reachable = reachable or _dataset_reachable
+    out: list[Finding] = []
+
+    py = sys.version_info
+    if (py.major, py.minor) >= MIN_PYTHON:
+        out.append(Finding("ok", "Python", f"{py.major}.{py.minor}.{py.micro}"))
+    else:
+        out.append(Finding("problem", "Python", f"{py.major}.{py.minor} is too old (need ≥ 3.10)",
+                           "use Python 3.10-3.12 (Colab's is fine)"))
+
+    try:
+        cfg = _config.load()
+        out.append(Finding("ok", "Course settings", cfg.describe()))
+    except _config.ConfigError as exc:
+        out.append(Finding("problem", "Course settings", str(exc), "unset or correct the variable named above"))
+        cfg = None
+
+    tf_version = version_of("tensorflow")
+    tf_usable = False
+    if tf_version is None:
+        out.append(Finding("problem", "TensorFlow", "not installed", _tf_install_fix()))
+    else:
+        major_minor = tuple(int(p) for p in tf_version.split(".")[:2] if p.isdigit())
+        if major_minor < (2, 16):
+            out.append(Finding("problem", "TensorFlow", f"{tf_version} bundles Keras 2; the course needs Keras 3 (TF ≥ 2.16)",
+                               _tf_install_fix()))
+        elif not tf_version.startswith(PINNED_TF):
+            tf_usable = True
+            out.append(Finding("warn", "TensorFlow", f"{tf_version} (the course is tested on {PINNED_TF}.x; most lessons should still run)",
+                               _tf_install_fix() if not in_colab() else ""))
+        else:
+            tf_usable = True
+            out.append(Finding("ok", "TensorFlow", tf_version))
+
+    keras_version = version_of("keras") if tf_usable else None
+    if tf_usable:
+        if keras_version is None or not keras_version.startswith("3"):
+            tf_usable = False
+            out.append(Finding("problem", "Keras", f"{keras_version or 'not installed'}; the course needs Keras 3",
+                               'pip install "keras>=3.10"'))
+        else:
+            backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+            note = "" if backend == "tensorflow" else f" (KERAS_BACKEND={backend}: course_utils switches it to tensorflow)"
+            out.append(Finding("ok", "Keras", keras_version + note))
+
+    tfds_version = version_of("tensorflow_datasets")
+    if tfds_version is None:
+        out.append(Finding("warn", "tensorflow-datasets", "not installed (needed from lesson 04 on for real CIFAR-10)",
+                           'pip install "tensorflow-datasets>=4.9"'))
+    else:
+        out.append(Finding("ok", "tensorflow-datasets", tfds_version))
+
+    hints = tpu_hints()
+    if tf_usable:
+        from . import runtime
+
+        rt = runtime.detect(use_cache=False)
+        why = "; ".join(rt.fallbacks) or "nothing to fall back from"
+        if rt.kind == "TPU":
+            out.append(Finding("ok", "Accelerator", f"TPU, {rt.num_replicas} replica(s)"))
+        elif hints:
+            out.append(Finding("warn", "Accelerator", f"{rt.kind} — a TPU seems attached ({hints[0]}) but did not connect. Fell back: {why}",
+                               TPU_INSTALL_FIX))
+        else:
+            out.append(Finding("warn" if rt.kind == "CPU" else "ok", "Accelerator",
+                               f"{rt.kind}, {rt.num_replicas} replica(s). Fell back: {why}"
+                               + (" — the course runs on CPU, slower; timings will differ from TPU/GPU" if rt.kind == "CPU" else "")))
+        import tensorflow as tf
+
+        has_tpu_support = bool(tf.config.list_physical_devices("TPU")) or importlib.util.find_spec("libtpu") is not None
+        if has_tpu_support:
+            out.append(Finding("ok", "TPU support in this TensorFlow", "yes (libtpu found)"))
+        elif hints:
+            out.append(Finding("warn", "TPU support in this TensorFlow", "no, on a machine with a TPU", TPU_INSTALL_FIX))
+        else:
+            out.append(Finding("ok", "TPU support in this TensorFlow", "no (only needed on a TPU runtime)"))
+
+    offline_options = (
+        "offline options: COURSE_DATA=synthetic (generated CIFAR-shaped data) or "
+        "COURSE_DATA=npz:/path/cifar10.npz (a pre-downloaded copy); or run tfds once on a connected "
+        "machine and copy ~/tensorflow_datasets/cifar10 here"
+    )
+    cached = _tfds_has_cifar10()
+    if cached:
+        out.append(Finding("ok", "Dataset", f"CIFAR-10 already downloaded at {cached}"))
+    elif not network or os.environ.get("COURSE_OFFLINE", "").strip() in _config.TRUE_WORDS:
+        out.append(Finding("warn", "Dataset", "source not checked (offline mode)", offline_options))
+    else:
+        ok, where = reachable()
+        if ok:
+            out.append(Finding("ok", "Dataset", f"CIFAR-10 source reachable ({where})"))
+        else:
+            out.append(Finding("warn", "Dataset", f"CIFAR-10 source not reachable ({where})", offline_options))
+    if cfg is not None and cfg.data.startswith("npz:"):
+        path = cfg.data[4:]
+        if not os.path.isfile(path):
+            out.append(Finding("problem", "Dataset", f"COURSE_DATA points at {path}, which does not exist",
+                               "fix the path, or unset COURSE_DATA"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    unknown = [a for a in argv if a not in ("--offline",)]
+    if unknown:
+        print(f"doctor: unknown option(s) {' '.join(unknown)}; usage: python -m course_utils doctor [--offline]",
+              file=sys.stderr)
+        return 2
+    print("course_utils doctor — can this environment run the course?")
+    findings = run_checks(network="--offline" not in argv)
+    for f in findings:
+        print(f.render())
+    problems = [f for f in findings if f.level == "problem"]
+    warnings = [f for f in findings if f.level == "warn"]
+    if problems:
+        print(f"Result: cannot run the course yet — {len(problems)} problem(s): "
+              + "; ".join(f"{p.name}: {p.detail}" for p in problems))
+        return 1
+    print(f"Result: the course can run here ({len(warnings)} warning(s)).")
+    return 0

@@ -1,0 +1,65 @@
+"""Honest timing (COURSE_DESIGN §6): warm-up excluded, median of repeats, results forced to finish."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+
+@dataclasses.dataclass
+class Timing:
+    median_s: float
+    times_s: list[float]
+    warmup_s: float  # the first call(s): tracing, compilation, caches — not counted
+
+    def __str__(self) -> str:
+        return f"median {self.median_s * 1e3:.2f} ms over {len(self.times_s)} runs (warm-up {self.warmup_s * 1e3:.1f} ms excluded)"
+
+
+def _block(result: Any) -> None:
+    """Wait for asynchronous TPU/GPU work: fetch one value of the result to the host."""
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(result):
+        if hasattr(t, "numpy"):
+            t.numpy()
+            return
+
+
+def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> Timing:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; report the median."""
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    start = time.perf_counter()
+    for _ in range(warmup):
+        _block(fn())
+    warm = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(fn())
+        times.append(time.perf_counter() - t0)
+    return Timing(statistics.median(times), times, warm)
+
+
+def matmul_tflops(n: int, dtype: str = "float32", repeats: int = 10, device: str | None = None) -> tuple[float, Timing]:
+    """Measured TFLOP/s of an ``n×n @ n×n`` matmul (2·n³ floating-point operations) on this device."""
+    import tensorflow as tf
+
+    with tf.device(device) if device else _null():
+        a = tf.random.normal((n, n), dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        b = tf.cast(tf.random.normal((n, n)), dtype)
+        step = tf.function(lambda: tf.matmul(a, b))
+        timing = time_fn(step, repeats=repeats)
+    return 2 * n**3 / timing.median_s / 1e12, timing
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

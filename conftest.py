@@ -1,0 +1,101 @@
+"""Repo-wide pytest setup.
+
+1. Smoke mode for everything the test suite runs. Set at import time, i.e. before collection and
+   before nbval starts any kernel, so the notebook kernels (which inherit this environment) run with
+   tiny sizes and offline data too. An explicit ``COURSE_SMOKE=0 pytest ...`` is respected.
+2. A notebook time budget (COURSE_DESIGN.md §5): sums the time nbval spends on each notebook, prints
+   a table at the end, and fails the run when one notebook takes longer than
+   ``COURSE_NOTEBOOK_BUDGET_S`` (default 90) or all of them together longer than
+   ``COURSE_TOTAL_BUDGET_S`` (default 480). The seconds include the kernel's start-up and shutdown:
+   nbval starts one kernel per notebook in the setup phase of its first cell and stops it in the
+   teardown phase of its last, and all three phases of every cell are counted.
+   Budgets are enforced in smoke mode only (full mode downloads real data and trains real sizes).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("COURSE_SMOKE", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+_DEFAULT_NOTEBOOK_BUDGET_S = 90.0
+_DEFAULT_TOTAL_BUDGET_S = 480.0
+
+_seconds: dict[str, float] = {}  # notebook path (as in the node id) -> seconds, all phases summed
+_over_budget: list[str] = []
+
+
+def _budget(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise pytest.UsageError(f"{name}={value!r} is not a number of seconds") from None
+
+
+def _enforced() -> bool:
+    return os.environ.get("COURSE_SMOKE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)  # fail early on a typo
+    _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".ipynb"):  # an nbval cell item: setup (kernel start), call, teardown
+        _seconds[path] = _seconds.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _over_budget.clear()
+    if not _seconds or not _enforced():
+        return
+    per_notebook = _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)
+    total_budget = _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
+    for path, seconds in sorted(_seconds.items()):
+        if seconds > per_notebook:
+            _over_budget.append(
+                f"{path} took {seconds:.1f} s, over its budget of {per_notebook:g} s "
+                "(COURSE_NOTEBOOK_BUDGET_S): shrink its smoke-mode sizes in course_utils.config"
+            )
+    total = sum(_seconds.values())
+    if total > total_budget:
+        _over_budget.append(
+            f"all notebooks took {total:.1f} s, over the total budget of {total_budget:g} s "
+            "(COURSE_TOTAL_BUDGET_S)"
+        )
+    if _over_budget and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if not _seconds:
+        return
+    tr = terminalreporter
+    per_notebook = _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)
+    total_budget = _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
+    enforced = _enforced()
+    tr.section("notebook time budget")
+    width = max(len("notebook"), *(len(p) for p in _seconds))
+    tr.write_line(f"{'notebook':<{width}}  {'seconds':>8}  {'budget':>7}")
+    for path, seconds in sorted(_seconds.items()):
+        over = enforced and seconds > per_notebook
+        tr.write_line(
+            f"{path:<{width}}  {seconds:>8.1f}  {per_notebook:>7g}" + ("  OVER" if over else ""),
+            red=over,
+        )
+    total = sum(_seconds.values())
+    over = enforced and total > total_budget
+    tr.write_line(f"{'total':<{width}}  {total:>8.1f}  {total_budget:>7g}" + ("  OVER" if over else ""), red=over)
+    tr.write_line("(seconds include kernel start-up and shutdown)")
+    if not enforced:
+        tr.write_line(f"budgets not enforced: COURSE_SMOKE={os.environ.get('COURSE_SMOKE', '')!r} (full mode)")
+    for line in _over_budget:
+        tr.write_line(f"NOTEBOOK TIME BUDGET EXCEEDED: {line}", red=True, bold=True)

@@ -1,0 +1,407 @@
+"""Notebook lint: every lesson follows the skeleton (COURSE_DESIGN.md §4), and the linter really
+rejects what it should. Fast: no kernel is started, nothing is executed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from course_utils import notebooks as nbl
+from course_utils._repo import REF, REPO
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NAME = "01_example_lesson.ipynb"
+
+
+# ----------------------------------------------------------------------------------------------
+# A correct notebook, built from the canonical pieces
+# ----------------------------------------------------------------------------------------------
+
+
+def _md(text: str) -> dict:
+    return {"cell_type": "markdown", "metadata": {}, "source": text.splitlines(keepends=True)}
+
+
+def _code(text: str, tags: list[str] | None = None) -> dict:
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": text.splitlines(keepends=True)}
+    if tags:
+        cell["metadata"]["tags"] = tags
+    return cell
+
+
+def good_notebook(relpath: str = f"notebooks/{NAME}", repo: str = REPO, ref: str = REF) -> dict:
+    nb = {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"language_info": {"name": "python"}},
+        "cells": [
+            _md("# An example lesson\n\nOne line that promises something.\n\n" + nbl.badge_markdown(relpath, repo, ref)),
+            _md("## You will learn\n\n- one thing\n- another\n\n**Time:** 20 min. **Prerequisites:** none.\n"
+                "**Runtime:** TPU if you can get one; GPU or CPU work too."),
+            _code(nbl.setup_cell_source(repo, ref)),
+            _md("## A section\n\nProse."),
+            _code("x = 1 + 1\nassert x == 2"),
+            _md("The next cell fails on purpose: Keras 3 layers have no `kernel` setter."),
+            _code("raise AttributeError('no setter')", tags=["raises-exception"]),
+            _md("## Exercises\n\nTry it."),
+            _code("print('exercise')"),
+            _md("## Claims vs. measured on your hardware\n\n| claim | measured |"),
+            _code("print('table')"),
+            _md("## Summary\n\nDone. Next: lesson 2."),
+        ],
+    }
+    return nbl.apply_metadata(nb)
+
+
+def write_nb(path: Path, nb: dict) -> Path:
+    """Write ``nb`` the way `lint --fix` would (nbfmt + preserved keys), so only the mutation differs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(nbl.nbfmt_bytes(nb, path))
+    return path
+
+
+@pytest.fixture
+def repo_root(tmp_path: Path) -> Path:
+    (tmp_path / "notebooks").mkdir()
+    return tmp_path
+
+
+def lint(root: Path, nb: dict, name: str = NAME) -> list[str]:
+    path = write_nb(root / "notebooks" / name, nb)
+    return nbl.lint_notebook(path, REPO, REF, root=root)
+
+
+def assert_only(problems: list[str], *patterns: str) -> None:
+    """At least one problem, and every problem matches one of the patterns (no collateral noise)."""
+    assert problems, "the linter accepted a broken notebook"
+    for p in problems:
+        assert any(re.search(pat, p) for pat in patterns), f"unexpected problem: {p}\nall: {problems}"
+
+
+# ----------------------------------------------------------------------------------------------
+# The real notebooks, and the linter accepting a correct one
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    REAL_NOTEBOOKS
+    or [pytest.param(None, marks=pytest.mark.skip(reason="no notebooks yet; test_correct_notebook_lints_clean covers the linter"))],
+    ids=lambda p: p.name if isinstance(p, Path) else "none",
+)
+def test_real_notebook_lints_clean(path: Path) -> None:
+    problems = nbl.lint_notebook(path)
+    assert not problems, "\n".join([f"{path.name}:"] + problems + ["fix: python -m course_utils lint --fix"])
+
+
+def test_correct_notebook_lints_clean(repo_root: Path) -> None:
+    assert lint(repo_root, good_notebook()) == []
+
+
+def test_canonical_pieces() -> None:
+    assert nbl.badge_markdown("notebooks/01_tpu_initialization.ipynb", "a/b", "dev") == (
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        "(https://colab.research.google.com/github/a/b/blob/dev/notebooks/01_tpu_initialization.ipynb)"
+    )
+    src = nbl.setup_cell_source("a/b", "dev")
+    assert 'COURSE_REPO, COURSE_REF = "a/b", "dev"\n' in src
+    assert src.endswith("runtime = course_utils.setup()")
+    compile(src, "<setup cell>", "exec")  # valid Python
+    nb = nbl.apply_metadata({"metadata": {"colab": {"name": "x"}, "other": 1}})
+    assert nb["metadata"] == {"accelerator": "TPU", "colab": {"name": "x", "gpuType": "V5E1"},
+                              "kernelspec": {"name": "python3"}, "other": 1}
+
+
+def test_course_nbfmt_is_stock_nbfmt_plus_preserved_keys(tmp_path: Path) -> None:
+    """Stock nbfmt drops colab.gpuType and cell tags; ours is byte-for-byte nbfmt except those keys."""
+    from tensorflow_docs.tools.nbfmt import __main__ as nbfmt
+
+    nb = good_notebook()
+    path = tmp_path / NAME
+    stock = json.loads(nbfmt.clean_notebook(copy.deepcopy(nb), json.dumps(nb), path, False, 2))
+    ours = json.loads(nbl.nbfmt_bytes(nb, path))
+    assert ours["metadata"]["colab"].pop("gpuType") == "V5E1"
+    assert ours["metadata"]["accelerator"] == "TPU" == stock["metadata"]["accelerator"]
+    assert [c["metadata"].pop("tags", None) for c in ours["cells"]].count(["raises-exception"]) == 1
+    assert ours == stock
+    # Idempotent: formatting formatted output changes nothing.
+    once = nbl.nbfmt_bytes(nb, path)
+    assert nbl.nbfmt_bytes(json.loads(once), path, once.decode()) == once
+
+
+# ----------------------------------------------------------------------------------------------
+# One mutation each: the linter must fail, with the right message
+# ----------------------------------------------------------------------------------------------
+
+
+def test_outputs_are_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    cell = nb["cells"][4]
+    cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["2\n"]}]
+    cell["execution_count"] = 3
+    assert_only(lint(repo_root, nb), r"cell 4: code cell has saved outputs", r"cell 4: execution_count is 3")
+
+
+@pytest.mark.parametrize(
+    "relpath, repo",
+    [(f"notebooks/{NAME}", "someone-else/fork"), ("notebooks/02_other_lesson.ipynb", REPO)],
+    ids=["other-repo", "other-notebook"],
+)
+def test_wrong_badge_is_rejected(repo_root: Path, relpath: str, repo: str) -> None:
+    nb = good_notebook()
+    nb["cells"][0] = good_notebook(relpath, repo)["cells"][0]
+    problems = lint(repo_root, nb)
+    assert_only(problems, r"cell 0: badge URL is .*expected " + re.escape(nbl.colab_url(f"notebooks/{NAME}")))
+
+
+def test_missing_badge_is_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][0] = _md("# An example lesson\n\nNo badge here.")
+    assert_only(lint(repo_root, nb), r"cell 0: no Open-in-Colab badge")
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda md: md.pop("accelerator"), r"metadata\.accelerator missing, expected 'TPU'"),
+        (lambda md: md.update(accelerator="GPU"), r"metadata\.accelerator is 'GPU'"),
+        (lambda md: md["colab"].pop("gpuType"), r"metadata\.colab\.gpuType missing, expected 'V5E1'"),
+        (lambda md: md["colab"].update(gpuType="T4"), r"metadata\.colab\.gpuType is 'T4'"),
+        (lambda md: md.pop("colab"), r"metadata\.colab\.gpuType missing"),
+    ],
+    ids=["no-accelerator", "gpu-accelerator", "no-gpuType", "T4-gpuType", "no-colab"],
+)
+def test_wrong_colab_metadata_is_rejected(repo_root: Path, mutate, message: str) -> None:
+    nb = good_notebook()
+    mutate(nb["metadata"])
+    assert_only(lint(repo_root, nb), message)
+
+
+def test_stock_nbfmt_output_is_rejected(repo_root: Path) -> None:
+    """Running bare nbfmt on a lesson drops gpuType: the linter must notice."""
+    from tensorflow_docs.tools.nbfmt import __main__ as nbfmt
+
+    path = write_nb(repo_root / "notebooks" / NAME, good_notebook())
+    assert nbfmt.format_nb(notebooks=[str(path)]) == nbfmt.Status.PASS
+    problems = nbl.lint_notebook(path, REPO, REF, root=repo_root)
+    assert any("metadata.colab.gpuType missing" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.replace("tensorflow-tpu==2.20.0", "tensorflow-tpu"), r"line 13 is .*tensorflow-tpu"),
+        (lambda s: s + "\nprint('extra')", r"has 21 lines, expected 20"),
+        (lambda s: s.replace(REPO, "someone-else/fork"), r"setup cell points at .*someone-else/fork"),
+    ],
+    ids=["changed-pin", "extra-line", "other-repo"],
+)
+def test_modified_setup_cell_is_rejected(repo_root: Path, edit, message: str) -> None:
+    nb = good_notebook()
+    nb["cells"][2] = _code(edit(nbl.setup_cell_source()))
+    assert_only(lint(repo_root, nb), r"cell 2: .*" + message)
+
+
+def test_setup_cell_must_be_first_code_cell(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"].insert(2, _code("import numpy as np"))
+    problems = lint(repo_root, nb)
+    assert_only(problems, r"cell 2: first code cell is not the canonical setup cell")
+
+
+def test_missing_exercises_is_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][7] = _md("## Practice\n\nTry it.")
+    assert_only(lint(repo_root, nb), r"missing section heading '## Exercises'")
+
+
+def test_sections_out_of_order_are_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    summary = nb["cells"].pop(11)
+    nb["cells"].insert(7, summary)  # Summary before Exercises
+    assert_only(lint(repo_root, nb), r"sections out of order: '## Summary' \(cell 7\) comes before '## Claims vs\. measured'")
+    nb = good_notebook()
+    nb["cells"][7], nb["cells"][9] = nb["cells"][9], nb["cells"][7]  # Claims before Exercises
+    assert_only(lint(repo_root, nb), r"sections out of order: '## Claims vs\. measured' \(cell 7\) comes before '## Exercises'")
+
+
+def test_you_will_learn_needs_time_prerequisites_runtime(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][1] = _md("## You will learn\n\n- things\n\nRuntime: any.")  # "Runtime" is not "Time"
+    assert_only(lint(repo_root, nb), r"cell 1: .*must also state Time, Prerequisites")
+    nb["cells"].pop(1)
+    assert_only(lint(repo_root, nb), r"no markdown cell with '## You will learn'")
+
+
+def test_title_must_be_h1(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][0]["source"] = ["## Not a title\n", "\n", nbl.badge_markdown(f"notebooks/{NAME}")]
+    assert_only(lint(repo_root, nb), r"cell 0: the first cell must be markdown starting with '# '")
+
+
+def test_unexplained_raises_exception_is_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][5] = _code("y = 2")  # the explanation was the markdown cell before it
+    nb["cells"].insert(7, _code("z = 3"))
+    assert_only(lint(repo_root, nb), r"cell 6: tagged raises-exception, but no markdown cell")
+
+
+def test_unformatted_json_is_rejected(repo_root: Path) -> None:
+    path = write_nb(repo_root / "notebooks" / NAME, good_notebook())
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(data, indent=1))
+    assert_only(nbl.lint_notebook(path, REPO, REF, root=repo_root), r"not nbfmt-clean")
+
+
+def test_top_level_cell_ids_in_nbformat_4_0_are_rejected(repo_root: Path) -> None:
+    """nbfmt writes nbformat 4.0 but keeps 4.5-style top-level cell ids: invalid for Jupyter/nbval."""
+    nb = good_notebook()
+    nb["cells"][3]["id"] = "a-section"
+    assert_only(lint(repo_root, nb), r"invalid nbformat .*'id' was unexpected")
+
+
+def test_bad_file_name_is_rejected(repo_root: Path) -> None:
+    name = "Lesson-1.ipynb"
+    assert_only(lint(repo_root, good_notebook(f"notebooks/{name}"), name), r"does not match NN_snake_name")
+
+
+def test_links_to_missing_notebooks_are_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][11] = _md("## Summary\n\nNext: [lesson 2](" + nbl.colab_url("notebooks/02_next.ipynb") + ")")
+    assert_only(lint(repo_root, nb), r"cell 11: Colab link points to notebooks/02_next\.ipynb, which does not exist")
+
+
+# ----------------------------------------------------------------------------------------------
+# --fix
+# ----------------------------------------------------------------------------------------------
+
+
+def test_fix_turns_a_messy_notebook_clean(repo_root: Path, capsys) -> None:
+    nb = good_notebook(repo="someone-else/fork", ref="old")  # badge + setup cell of a fork
+    nb["nbformat_minor"] = 5
+    for i, cell in enumerate(nb["cells"]):
+        cell["id"] = f"cell-{i}"  # nbformat 4.5 top-level ids
+    nb["cells"][4]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["2\n"]}]
+    nb["cells"][4]["execution_count"] = 7
+    nb["cells"][2]["execution_count"] = 1
+    nb["metadata"]["accelerator"] = "GPU"
+    nb["metadata"]["colab"] = {"gpuType": "T4", "provenance": []}
+    nb["metadata"]["widgets"] = {"state": {}}
+    path = repo_root / "notebooks" / NAME
+    path.write_text(json.dumps(nb, indent=1))  # not nbfmt layout either
+    assert nbl.lint_notebook(path, REPO, REF, root=repo_root)
+
+    assert nbl.lint_main(["--fix", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "stripped outputs" in out and "1 notebook(s) clean" in out
+    assert nbl.lint_notebook(path, REPO, REF, root=repo_root) == []
+    fixed = json.loads(path.read_text())
+    assert fixed["cells"][6]["metadata"]["tags"] == ["raises-exception"]  # kept through nbfmt
+    before = path.read_bytes()
+    assert nbl.lint_main(["--fix", str(path)]) == 0
+    assert path.read_bytes() == before
+
+
+def test_lint_main_reports_and_exits_1(repo_root: Path, capsys) -> None:
+    nb = good_notebook()
+    nb["metadata"].pop("accelerator")
+    path = write_nb(repo_root / "notebooks" / NAME, nb)
+    assert nbl.lint_main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}: metadata.accelerator missing" in out
+    assert "1 problem(s) in 1 of 1 notebook(s)" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# Repo consistency and set-repo
+# ----------------------------------------------------------------------------------------------
+
+
+def test_real_repo_is_consistent() -> None:
+    assert nbl.consistency_problems(ROOT) == []
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """The parts of the repo that name the GitHub slug, plus one correct lesson and a README row."""
+    root = tmp_path / "repo"
+    (root / "course_utils").mkdir(parents=True)
+    shutil.copy2(ROOT / "course_utils" / "_repo.py", root / "course_utils" / "_repo.py")
+    if (ROOT / "notebooks").is_dir():
+        shutil.copytree(ROOT / "notebooks", root / "notebooks")
+    write_nb(root / "notebooks" / NAME, good_notebook())
+    readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").is_file() else "# Course\n"
+    readme += (
+        f"\n| 01 | example | [![Open In Colab]({nbl.COLAB_BADGE_SVG})]({nbl.colab_url(f'notebooks/{NAME}')}) |\n"
+        "| 99 | not written yet | |\n"
+        f"\n[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/{REPO}/{REF})\n"
+        f"\n    git clone https://github.com/{REPO}.git\n"
+        f"\nSee https://github.com/{REPO}. Unrelated: https://github.com/{REPO}-extras\n"
+    )
+    (root / "README.md").write_text(readme)
+    assert nbl.consistency_problems(root) == []
+    return root
+
+
+def test_set_repo_rewrites_everything(repo_copy: Path, capsys) -> None:
+    new_repo, new_ref = "my-user/memory.efficient_tf", "dev"
+    assert nbl.set_repo_main([new_repo, "--ref", new_ref, "--root", str(repo_copy)]) == 0
+    out = capsys.readouterr().out
+    assert "course_utils/_repo.py" in out and f"notebooks/{NAME}" in out and "README.md" in out
+
+    assert nbl.consistency_problems(repo_copy) == []
+    assert nbl.read_repo_settings(repo_copy) == (new_repo, new_ref)
+    repo_py = (repo_copy / "course_utils" / "_repo.py").read_text()
+    assert f'REPO = "{new_repo}"' in repo_py and f'REF = "{new_ref}"' in repo_py
+    nb_path = repo_copy / "notebooks" / NAME
+    nb = json.loads(nb_path.read_text())
+    assert nbl.badge_markdown(f"notebooks/{NAME}", new_repo, new_ref) in nbl.cell_source(nb["cells"][0])
+    assert nbl.cell_source(nb["cells"][2]) == nbl.setup_cell_source(new_repo, new_ref)
+    readme = (repo_copy / "README.md").read_text()
+    assert nbl.colab_url(f"notebooks/{NAME}", new_repo, new_ref) in readme
+    assert f"https://mybinder.org/v2/gh/{new_repo}/{new_ref}" in readme
+    assert f"git clone https://github.com/{new_repo}.git" in readme
+    assert f"See https://github.com/{new_repo}. Unrelated: https://github.com/{REPO}-extras" in readme
+    # Every rewritten notebook is still fully lint-clean (nbfmt layout kept) against the new slug.
+    for path in sorted((repo_copy / "notebooks").glob("*.ipynb")):
+        assert nbl.lint_notebook(path, new_repo, new_ref, root=repo_copy) == [], path.name
+
+    # Idempotent.
+    snapshot = {p: p.read_bytes() for p in repo_copy.rglob("*") if p.is_file()}
+    assert nbl.set_repo_main([new_repo, "--ref", new_ref, "--root", str(repo_copy)]) == 0
+    assert "nothing changed" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in repo_copy.rglob("*") if p.is_file()} == snapshot
+
+    # And back: the original bytes return.
+    assert nbl.set_repo_main([REPO, "--ref", REF, "--root", str(repo_copy)]) == 0
+    assert nbl.consistency_problems(repo_copy) == []
+    assert nb_path.read_bytes() == nbl.nbfmt_bytes(good_notebook(), nb_path)
+
+
+@pytest.mark.parametrize("slug", ["not a slug", "owner", "owner/name/extra", "owner/na me", "https://github.com/a/b"])
+def test_set_repo_rejects_invalid_slug(repo_copy: Path, capsys, slug: str) -> None:
+    before = (repo_copy / "course_utils" / "_repo.py").read_bytes()
+    assert nbl.set_repo_main([slug, "--root", str(repo_copy)]) == 2
+    assert "expected OWNER/NAME" in capsys.readouterr().err
+    assert (repo_copy / "course_utils" / "_repo.py").read_bytes() == before
+
+
+def test_consistency_catches_a_stale_readme_and_setup_cell(repo_copy: Path) -> None:
+    readme = repo_copy / "README.md"
+    readme.write_text(readme.read_text() + f"\n[02]({nbl.colab_url('notebooks/02_missing.ipynb')})\n"
+                      + nbl.colab_url(f"notebooks/{NAME}", "old/fork", "main") + "\n")
+    nb_path = repo_copy / "notebooks" / NAME
+    nb = good_notebook()
+    nb["cells"][2] = _code(nbl.setup_cell_source("old/fork", REF))
+    write_nb(nb_path, nb)
+    problems = nbl.consistency_problems(repo_copy)
+    assert any("02_missing.ipynb, which does not exist" in p for p in problems), problems
+    assert any("README.md: line" in p and "old/fork@main" in p for p in problems), problems
+    assert any(f"notebooks/{NAME}: setup cell lacks" in p for p in problems), problems

@@ -12,13 +12,23 @@ import sys as _sys
 
 __version__ = "0.1.0"
 
-# Quieter TensorFlow start-up (CUDA probing on CPU machines) unless the learner asked otherwise.
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Quieter TensorFlow start-up unless the learner asked otherwise. Without an NVIDIA device, TF still
+# probes CUDA and logs "failed call to cuInit" at ERROR level — alarming and meaningless there, so
+# level 3 hides it; real failures still surface as Python exceptions.
+_os.environ.setdefault(
+    "TF_CPP_MIN_LOG_LEVEL", "2" if _os.path.exists("/dev/nvidia0") or _os.path.exists("/dev/nvidiactl") else "3"
+)
 # The course runs Keras 3 on TensorFlow. Colab may preset another backend (e.g. JAX on TPU
 # runtimes); the backend is fixed when keras is first imported, so set it before that happens.
 _PREVIOUS_KERAS_BACKEND = _os.environ.get("KERAS_BACKEND")
 if "keras" not in _sys.modules:
     _os.environ["KERAS_BACKEND"] = "tensorflow"
+
+import warnings as _warnings  # noqa: E402
+
+# Keras 3.15 warns on every fit(tf.data.Dataset) that its default shuffle=True is ignored; the
+# course's datasets are shuffled in the pipeline, so the warning is noise for learners.
+_warnings.filterwarnings("ignore", message=r"`shuffle=True` was passed, but will be ignored")
 
 from . import config  # noqa: E402
 from ._repo import REF, REPO  # noqa: E402

@@ -539,15 +539,16 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
     if outside:
         raise Incorrect(
             f"the model was built outside `strategy.scope()`: {len(outside)} of {len(weights)} weights "
-            f"(e.g. `{outside[0].path}`) do not belong to this strategy, so `fit` would fail with "
-            "'Need to be inside strategy.scope()'. Create the model inside `with strategy.scope():`, "
+            f"(e.g. `{outside[0].path}`) do not belong to this strategy: with one replica the model silently "
+            "ignores the strategy, with several `fit` fails. Create the model inside `with strategy.scope():`, "
             "using the `strategy` passed to `make_model`."
         )
     if not _optimizer_in_scope(optimizer, strategy):
         raise Incorrect(
             "the optimizer was created outside the scope (an optimizer object made before the `with` block, "
-            "or `compile()` called after it); `fit` would fail with 'Mixing different tf.distribute.Strategy "
-            "objects'. Create it inside the scope, or pass a string like `optimizer='adam'` to `compile()` "
+            "or `compile()` called after it); once it creates its state (Adam's moments, momentum) `fit` fails "
+            "with 'Mixing different tf.distribute.Strategy objects'. Create it inside the scope, or pass a "
+            "string like `optimizer='adam'` to `compile()` "
             "inside the scope."
         )
     return (

@@ -25,16 +25,19 @@ class Claim:
         return VERDICTS[self.holds] + (f" — {self.note}" if self.note else "")
 
 
-class ClaimsTable:
-    """Renders as a Markdown table in a notebook and as plain text in logs."""
+class Table:
+    """A small table: Markdown in a notebook (last expression of a cell), aligned text in logs."""
 
-    columns = ("Claim", "Source", "Expected", "Measured here", "Verdict")
-
-    def __init__(self, claims: list[Claim]):
-        self.claims = list(claims)
+    def __init__(self, rows: list[dict] | list[tuple], columns: tuple[str, ...] | None = None):
+        rows = list(rows)
+        if rows and isinstance(rows[0], dict):
+            columns = columns or tuple(rows[0])
+            rows = [tuple(r.get(c, "") for c in columns) for r in rows]
+        self.columns = tuple(columns or ())
+        self._rows = [tuple(str(v) for v in r) for r in rows]
 
     def rows(self) -> list[tuple[str, ...]]:
-        return [(c.claim, c.source, c.expected, c.measured, c.verdict) for c in self.claims]
+        return self._rows
 
     def _repr_markdown_(self) -> str:
         def esc(s: str) -> str:
@@ -43,6 +46,25 @@ class ClaimsTable:
         lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
         lines += ["| " + " | ".join(esc(v) for v in row) + " |" for row in self.rows()]
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        widths = [max(len(c), *(len(r[i]) for r in self.rows())) if self.rows() else len(c) for i, c in enumerate(self.columns)]
+        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+        return "\n".join([line(self.columns), line(["-" * w for w in widths])] + [line(r) for r in self.rows()])
+
+    __repr__ = __str__
+
+
+class ClaimsTable(Table):
+    """The lesson's claims with what was measured here; Markdown in a notebook, numbered text in logs."""
+
+    columns = ("Claim", "Source", "Expected", "Measured here", "Verdict")
+
+    def __init__(self, claims: list[Claim]):
+        self.claims = list(claims)
+
+    def rows(self) -> list[tuple[str, ...]]:
+        return [(c.claim, c.source, c.expected, c.measured, c.verdict) for c in self.claims]
 
     def __str__(self) -> str:
         out = []

@@ -383,26 +383,35 @@ def _preview_split(per_replica_batch: int, image_shape=(32, 32, 3)) -> dict:
     }
 
 
-def preview_on_cpu_replicas(replicas: int, per_replica_batch: int, timeout: float = 120) -> dict:
-    """See how a global batch is split on ``replicas`` CPU replicas, from any notebook.
+def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
+    """Run Python ``code`` in a fresh process whose CPU is split into ``replicas`` devices; return its stdout.
 
-    TensorFlow fixes the device list when it starts, so this runs in a fresh Python process with
-    ``COURSE_CPU_REPLICAS=replicas`` and returns what that process saw.
+    TensorFlow fixes its device list when it starts, so a notebook that already runs on one device
+    cannot become a 4-replica machine — but a fresh process can. Inside ``code``,
+    ``course_utils.detect().strategy`` is a ``MirroredStrategy`` over ``replicas`` CPU devices.
     """
     env = dict(os.environ, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [sys.executable, "-m", "course_utils.runtime", "--preview-split", str(per_replica_batch)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"the {replicas}-replica preview process failed:\n{tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"the {replicas}-replica process failed:\n{tail}")
+    return proc.stdout
+
+
+def preview_on_cpu_replicas(replicas: int, per_replica_batch: int, timeout: float = 180) -> dict:
+    """How ``experimental_distribute_dataset`` splits one global batch on ``replicas`` CPU replicas.
+
+    Returns ``{"replicas", "global_batch", "per_replica_shapes", "devices"}`` from a fresh process.
+    """
+    code = (
+        "import json, course_utils.runtime as r\n"
+        f"print(json.dumps(r._preview_split({int(per_replica_batch)})))"
+    )
+    return json.loads(run_on_cpu_replicas(replicas, code, timeout).strip().splitlines()[-1])
 
 
 def _main(argv: list[str]) -> int:
-    """``python -m course_utils.runtime [--json] [--fit] [--preview-split N]`` (used by tests and previews)."""
-    if argv[:1] == ["--preview-split"]:
-        print(json.dumps(_preview_split(int(argv[1]))))
-        return 0
+    """``python -m course_utils.runtime [--json] [--fit]``: print the runtime (used by tests)."""
     rt = detect()
     result = rt.as_dict()
     if "--fit" in argv:

@@ -15,7 +15,7 @@ class Timing:
     warmup_s: float  # the first call(s): tracing, compilation, caches — not counted
 
     def __str__(self) -> str:
-        return f"median {self.median_s * 1e3:.2f} ms over {len(self.times_s)} runs (warm-up {self.warmup_s * 1e3:.1f} ms excluded)"
+        return f"median {self.median_s * 1e3:.2f} ms over {len(self.times_s)} runs, warm-up {self.warmup_s * 1e3:.1f} ms excluded"
 
 
 def _block(result: Any) -> None:
@@ -63,3 +63,29 @@ class _null:
 
     def __exit__(self, *exc):
         return False
+
+
+def epoch_timer():
+    """A Keras callback that records each epoch's wall time in ``.epoch_s``.
+
+    The first epoch includes tracing and compilation; compare later epochs (``.steady_s``: their median).
+    """
+    import keras
+
+    class EpochTimer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epoch_s: list[float] = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch_s.append(time.perf_counter() - self._t0)
+
+        @property
+        def steady_s(self) -> float:
+            later = self.epoch_s[1:] or self.epoch_s
+            return statistics.median(later)
+
+    return EpochTimer()

@@ -1,0 +1,172 @@
+"""Runtime detection: the strategy for 1 and 4 CPU replicas, the TPU path and its fallbacks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from course_utils import runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _runtime_in_fresh_process(replicas: int) -> dict:
+    """TensorFlow fixes its devices at start-up, so each CPU split needs its own process."""
+    env = dict(os.environ, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "course_utils.runtime", "--fit"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "replicas, strategy_name",
+    [(1, "OneDeviceStrategy"), (4, "MirroredStrategy")],
+)
+def test_cpu_strategy_has_the_requested_replicas_and_fit_works(replicas, strategy_name):
+    info = _runtime_in_fresh_process(replicas)
+    assert info["kind"] == "CPU"
+    assert info["strategy_name"] == strategy_name
+    assert info["num_replicas"] == replicas
+    assert info["strategy_replicas"] == replicas  # the real strategy agrees with the summary
+    assert info["device_names"] == [f"/device:CPU:{i}" for i in range(replicas)]
+    assert len(info["fit_losses"]) == 2 and all(math.isfinite(v) for v in info["fit_losses"])
+    assert any("device='cpu' requested" in n for n in info["notes"])  # it says why it is on CPU
+
+
+def test_preview_splits_the_global_batch_evenly():
+    split = runtime.preview_on_cpu_replicas(replicas=2, per_replica_batch=8)
+    assert split["replicas"] == 2
+    assert split["global_batch"] == 16
+    assert split["per_replica_shapes"] == [[8, 32, 32, 3], [8, 32, 32, 3]]
+    assert [d.split(":")[-1] for d in split["devices"]] == ["0", "1"]
+
+
+def test_run_on_cpu_replicas_reports_a_failing_snippet_clearly():
+    with pytest.raises(RuntimeError, match=r"(?s)2-replica process failed.*ZeroDivisionError: division by zero"):
+        runtime.run_on_cpu_replicas(2, "1 / 0")
+
+
+def test_no_tpu_evidence_means_tpu_is_skipped_with_a_reason(monkeypatch):
+    monkeypatch.setattr(runtime, "tpu_hints", lambda: [])
+    called = []
+    rt = runtime.detect(resolver_factory=lambda **kw: called.append(kw), use_cache=False)
+    assert called == []  # no TPU evidence: the resolver is not even constructed
+    assert rt.kind in ("CPU", "GPU", "multi-GPU")
+    assert rt.fallbacks[0].startswith("TPU — none found")
+
+
+def test_tpu_resolver_failure_falls_back_and_records_why():
+    def broken_resolver(tpu):
+        raise ConnectionError(f"simulated: nothing at {tpu}")
+
+    rt = runtime.detect(probe_tpu=True, resolver_factory=broken_resolver, use_cache=False)
+    assert rt.kind != "TPU"
+    assert "ConnectionError: simulated: nothing at local" in rt.fallbacks[0]
+    assert "Fell back: TPU did not connect" in rt.summary()
+    assert rt.strategy.num_replicas_in_sync == rt.num_replicas  # the fallback strategy is usable
+
+
+def test_tpu_initialize_failure_falls_back(monkeypatch):
+    import tensorflow as tf
+
+    def failing_init(resolver):
+        raise tf.errors.NotFoundError(None, None, "TPUs not found in the cluster")
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", failing_init)
+    rt = runtime.detect(probe_tpu=True, resolver_factory=lambda tpu: object(), use_cache=False)
+    assert rt.kind != "TPU"
+    assert "NotFoundError: TPUs not found in the cluster" in rt.fallbacks[0]
+
+
+def test_tpu_path_runs_the_four_calls_in_order(monkeypatch):
+    """With a (fake) TPU that answers, detect uses resolver(tpu="local") → connect → initialize → TPUStrategy."""
+    import tensorflow as tf
+
+    calls = []
+    resolver = object()
+
+    def factory(tpu):
+        calls.append(("resolver", tpu))
+        return resolver
+
+    class FakeTPUStrategy:
+        def __init__(self, r):
+            calls.append(("strategy", r is resolver))
+            self.num_replicas_in_sync = 1
+            self.extended = types.SimpleNamespace(worker_devices=("/job:worker/replica:0/task:0/device:TPU:0",))
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r is resolver)))
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("initialize", r is resolver)))
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", FakeTPUStrategy)
+    rt = runtime.detect(probe_tpu=True, resolver_factory=factory, use_cache=False)
+    assert calls == [("resolver", "local"), ("connect", True), ("initialize", True), ("strategy", True)]
+    assert (rt.kind, rt.num_replicas, rt.strategy_name, rt.fallbacks) == ("TPU", 1, "TPUStrategy", [])
+    assert rt.tpu_resolver is resolver
+    assert "TPU · 1 replica (TPUStrategy) · devices: TPU:0" in rt.summary()
+
+
+def test_tpu_hints_read_pci_ids_and_device_files(tmp_path, monkeypatch):
+    for name in runtime.TPU_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    pci, dev = tmp_path / "pci", tmp_path / "dev"
+    (pci / "0000:00:04.0").mkdir(parents=True)
+    (pci / "0000:00:04.0" / "vendor").write_text("0x1ae0\n")
+    (pci / "0000:00:04.0" / "device").write_text("0x0063\n")
+    (pci / "0000:00:05.0").mkdir()
+    (pci / "0000:00:05.0" / "vendor").write_text("0x8086\n")  # an Intel device: not a TPU
+    (pci / "0000:00:05.0" / "device").write_text("0x0063\n")
+    dev.mkdir()
+    assert runtime.tpu_hints(str(pci), str(dev)) == ["PCI device 0x1ae0:0x0063 (TPU v5e)"]
+    (dev / "vfio").mkdir()
+    (dev / "vfio" / "0").write_text("")
+    assert runtime.tpu_hints(str(tmp_path / "none"), str(dev))[0].endswith("(TPU v5e/v6e device file)")
+    assert runtime.tpu_hints(str(tmp_path / "none"), str(tmp_path / "none")) == []
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+    assert runtime.tpu_hints(str(tmp_path / "none"), str(tmp_path / "none")) == ["TPU_ACCELERATOR_TYPE=v5litepod-1"]
+
+
+def test_cpu_split_after_tensorflow_started_is_reported_not_raised():
+    import tensorflow as tf
+
+    tf.constant(1.0).numpy()  # TensorFlow has started in this process with its CPU devices fixed
+    have = len(tf.config.list_logical_devices("CPU"))
+    wanted = have + 1
+    rt = runtime.detect(cpu_replicas=wanted, device="cpu", use_cache=False)
+    assert rt.num_replicas == have
+    assert any(f"could not split the CPU into {wanted} replicas" in f and "restart" in f for f in rt.fallbacks)
+
+
+def test_invalid_settings_are_clear_errors():
+    from course_utils.config import ConfigError
+
+    with pytest.raises(ConfigError, match="cpu_replicas=0 is out of range"):
+        runtime.detect(cpu_replicas=0)
+    with pytest.raises(ConfigError, match="device='npu' is not one of auto, tpu, gpu, cpu"):
+        runtime.detect(device="npu")
+
+
+def test_device_cpu_skips_faster_kinds_and_says_so():
+    rt = runtime.detect(device="cpu", use_cache=False)
+    assert rt.kind == "CPU"
+    assert any("device='cpu' requested" in n for n in rt.notes)
+    assert not any(f.startswith("TPU") for f in rt.fallbacks)  # not tried, so not a fallback
+
+
+def test_setup_prints_the_summary(capsys):
+    import course_utils
+
+    rt = course_utils.setup()
+    out = capsys.readouterr().out
+    assert out.startswith(f"Runtime: {rt.kind} · {rt.num_replicas} replica")
+    assert f"TensorFlow {rt.tf_version} · Keras {rt.keras_version} (backend: tensorflow)" in out
+    assert "Config: mode=" in out

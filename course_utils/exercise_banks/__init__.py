@@ -1,0 +1,1 @@
+"""One module per lesson's exercises; ``course_utils.exercises.load(name)`` imports them all."""

@@ -97,7 +97,9 @@ if "google.colab" in sys.modules:
         if not (on_tpu and _pip("tensorflow-tpu==2.20.0")):
             print("No TPU build installed: installing tensorflow==2.20.0 (runs on CPU/GPU).")
             _pip("tensorflow==2.20.0")
-    _pip(f"course_utils @ git+https://github.com/{COURSE_REPO}@{COURSE_REF}")
+    if not _pip(f"course_utils @ git+https://github.com/{COURSE_REPO}@{COURSE_REF}"):
+        raise RuntimeError(f"Could not install course_utils from github.com/{COURSE_REPO} at {COURSE_REF!r}. "
+                           "Check the repository name and your connection, then run this cell again.")
 
 import course_utils
 

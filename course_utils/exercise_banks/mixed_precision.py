@@ -1,0 +1,224 @@
+"""Exercise bank "mixed_precision" (lesson 03: mixed precision)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable
+
+# ----------------------------------------------------------------------------------------------
+# 1. Compute dtype and variable dtype of a Dense layer under mixed_bfloat16
+# ----------------------------------------------------------------------------------------------
+
+
+def _dtype_name(value: Any) -> str | None:
+    import tensorflow as tf
+
+    try:
+        return tf.as_dtype(getattr(value, "name", value)).name
+    except Exception:
+        return None
+
+
+def _check_layer_dtypes(answer: Any) -> str:
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        raise Incorrect(
+            f"Expected a pair `(compute_dtype, variable_dtype)`, got {describe(answer)}; "
+            "e.g. `('float16', 'float32')`."
+        )
+    names = tuple(_dtype_name(v) for v in answer)
+    if None in names:
+        raise Incorrect(f"Expected two dtype names such as 'float32' or 'bfloat16', got {describe(tuple(answer))}.")
+    if names == ("bfloat16", "float32"):
+        return "Computation in bfloat16 (fast, half the activation memory), variables in float32 (updates do not vanish)."
+    if names == ("float32", "bfloat16"):
+        raise Incorrect("You swapped them: the policy computes in bfloat16 and keeps the variables in float32.")
+    if names == ("bfloat16", "bfloat16"):
+        raise Incorrect("That is the pure 'bfloat16' policy. 'mixed_' means the variables stay float32.")
+    if "float16" in names:
+        raise Incorrect("float16 belongs to 'mixed_float16' (GPUs). 'mixed_bfloat16' uses bfloat16.")
+    raise Incorrect(f"Got {names}. Build `keras.layers.Dense(4, dtype='mixed_bfloat16')` and print both attributes.")
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. A custom training step with loss scaling (mixed_float16)
+# ----------------------------------------------------------------------------------------------
+
+_LR = 1.0
+_SCALE = 2.0**15
+
+
+def _loss_fn(y, pred):
+    """A mean squared error weighted by 1e-6: its gradients underflow float16 without loss scaling."""
+    import tensorflow as tf
+
+    return 1e-6 * tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
+
+
+def _setup():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+    x = tf.constant(rng.normal(size=(128, 32)).astype(np.float32))
+    y = tf.constant(rng.normal(0, 0.1, size=(128, 16)).astype(np.float32))
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, kernel_initializer=keras.initializers.GlorotUniform(seed=1))])
+    finally:
+        keras.config.set_dtype_policy(previous)
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(_LR), initial_scale=_SCALE)
+    optimizer.build(model.trainable_variables)
+    # The float32 reference gradient of the bias (which starts at zero).
+    with tf.GradientTape() as tape:
+        pred = tf.matmul(x, model.layers[0].kernel) + model.layers[0].bias
+        loss = _loss_fn(y, pred)
+    expected_bias = -_LR * tape.gradient(loss, model.layers[0].bias).numpy()
+    return model, optimizer, x, y, expected_bias
+
+
+def _check_scaled_step(answer: Any) -> str:
+    import numpy as np
+
+    fn = require_callable(answer, "train_step(model, optimizer, loss_fn, x, y)", arity=5)
+    model, optimizer, x, y, expected = _setup()
+    call_learner(
+        fn, model, optimizer, _loss_fn, x, y,
+        shown_as="train_step(model, optimizer, loss_fn, x, y)",
+        on_error="`optimizer` is a keras.optimizers.LossScaleOptimizer; use `optimizer.scale_loss(loss)` and `optimizer.apply(grads)`.",
+    )
+    got = model.layers[0].bias.numpy()
+    if not np.any(got):
+        raise Incorrect(
+            "The weights did not change: the gradients underflowed to zero in float16. Take the gradient of "
+            "`optimizer.scale_loss(loss)` inside the tape, not of `loss`."
+        )
+    ratio = float(np.median(got / np.where(expected == 0, np.nan, expected)))
+    if abs(ratio - 1) < 0.05:
+        return (
+            "Scaled loss inside the tape, gradients of the scaled loss, `optimizer.apply` unscales them and "
+            "skips the step if any is inf/NaN: the update matches float32 within 5%."
+        )
+    if abs(ratio * _SCALE - 1) < 0.05:
+        raise Incorrect(
+            "The update is 1/32768 of the right size: you unscaled the gradients yourself, and "
+            "`LossScaleOptimizer.apply` unscales them again. Pass the scaled gradients straight to `optimizer.apply`."
+        )
+    if abs(ratio / _SCALE - 1) < 0.05:
+        raise Incorrect(
+            "The update is 32768× too large: the gradients were never unscaled. Apply them with the "
+            "LossScaleOptimizer itself (`optimizer.apply`), not its `inner_optimizer`."
+        )
+    raise Incorrect(f"The update is {ratio:.3g}× the float32 one; expected 1×. Compare with `solution()`.")
+
+
+_STEP_SOLUTION = '''\
+import tensorflow as tf
+
+def train_step(model, optimizer, loss_fn, x, y):
+    """One step for a mixed_float16 model; `optimizer` is a keras.optimizers.LossScaleOptimizer."""
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled_loss = optimizer.scale_loss(loss)  # × 2**15: small gradients stay above float16's floor
+    grads = tape.gradient(scaled_loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)  # unscales; skips the step on inf/NaN
+    return loss
+'''
+
+
+def _step_reference(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+    return loss
+
+
+def _step_unscaled(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return loss
+
+
+def _step_double_unscale(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    grads = [g / optimizer.dynamic_scale for g in tape.gradient(scaled, model.trainable_variables)]
+    optimizer.apply(grads, model.trainable_variables)
+    return loss
+
+
+def _step_inner(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    optimizer.inner_optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+    return loss
+
+
+register_bank(
+    "mixed_precision",
+    [
+        Exercise(
+            name="layer_dtypes",
+            question="Under the 'mixed_bfloat16' policy, what are a Dense layer's `(compute_dtype, variable_dtype)`?",
+            checker=_check_layer_dtypes,
+            answer_name="answer",
+            hints=(
+                "'mixed' means two dtypes: one for the math, one for the stored weights.",
+                "Which of the two must stay float32 so that small updates do not vanish?",
+            ),
+            solution_code='answer = ("bfloat16", "float32")  # compute in bfloat16, keep variables in float32\n',
+            stub="answer = ...  # a pair of dtype names: (compute_dtype, variable_dtype)\n",
+            reference=lambda: ("bfloat16", "float32"),
+            wrong_examples=(
+                ("swapped", lambda: ("float32", "bfloat16"), "swapped"),
+                ("pure bf16", lambda: ("bfloat16", "bfloat16"), "pure 'bfloat16' policy"),
+                ("float16", lambda: ("float16", "float32"), "mixed_float16"),
+                ("one string", lambda: "bfloat16", "Expected a pair"),
+                ("not dtypes", lambda: ("fast", "slow"), "Expected two dtype names"),
+            ),
+        ),
+        Exercise(
+            name="loss_scaled_step",
+            question=(
+                "Write `train_step(model, optimizer, loss_fn, x, y)` for a mixed_float16 model in a custom loop; "
+                "`optimizer` is a `keras.optimizers.LossScaleOptimizer`. Return the (unscaled) loss."
+            ),
+            checker=_check_scaled_step,
+            answer_name="train_step",
+            hints=(
+                "Without scaling, gradients below ~6e-8 become 0 in float16. Multiply the loss before "
+                "differentiating: `optimizer.scale_loss(loss)`, inside the tape.",
+                "Differentiate the scaled loss and hand the gradients to `optimizer.apply(grads, model.trainable_variables)`: "
+                "it divides by the scale itself.",
+            ),
+            solution_code=_STEP_SOLUTION,
+            stub='''\
+def train_step(model, optimizer, loss_fn, x, y):
+    """One step for a mixed_float16 model; `optimizer` is a keras.optimizers.LossScaleOptimizer."""
+    ...  # your code here; return the loss
+''',
+            reference=lambda: _step_reference,
+            wrong_examples=(
+                ("no scaling", lambda: _step_unscaled, "underflowed to zero"),
+                ("unscaled twice", lambda: _step_double_unscale, "1/32768"),
+                ("inner optimizer", lambda: _step_inner, "32768× too large"),
+                ("result, not function", lambda: 0.5, "Pass the function itself"),
+                ("wrong arity", lambda: (lambda model, optimizer, x, y: None), "exactly 5 parameters"),
+            ),
+        ),
+    ],
+)

@@ -1,0 +1,456 @@
+"""Memory accounting: bytes of variables by dtype, a training-memory estimate, and measured peak memory.
+
+Three helpers, each saying exactly what it counts (COURSE_DESIGN §6):
+
+- :func:`variable_bytes` — the bytes a model's variables occupy, split by dtype (exact).
+- :func:`estimate_training_memory` — parameters + gradients + optimizer slots (exact for the
+  optimizers it knows) + activations (an estimate: every top-level layer's output kept for backprop),
+  under a dtype policy. Under ``mixed_bfloat16``/``mixed_float16`` the **variables stay float32**, so
+  parameters, gradients and optimizer slots do not shrink; only activations (compute dtype) halve.
+  Only a pure ``bfloat16``/``float16`` policy halves the parameter bytes.
+- :func:`measure_peak` — run a function and measure the peak memory it needed: reset the allocator's
+  statistics, run, read ``tf.config.experimental.get_memory_info(device)["peak"]`` (TPU, GPU, and CPU
+  when oneDNN is on), otherwise fall back to the process's peak resident memory (RSS) growth. The
+  result always names the method used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any, Callable
+
+__all__ = [
+    "MemoryEstimate",
+    "PeakMemory",
+    "VariableBytes",
+    "estimate_training_memory",
+    "format_bytes",
+    "measure_peak",
+    "optimizer_slots_per_variable",
+    "variable_bytes",
+]
+
+MIB = 2**20
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` → ``'1.5 KiB'``; binary units, as memory tools report them."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _dtype_name(dtype: Any) -> str:
+    """A dtype's canonical name ('float32', 'bfloat16', ...) from a string, tf.DType, numpy dtype, ..."""
+    import tensorflow as tf
+
+    if isinstance(dtype, str):
+        return tf.as_dtype(dtype).name
+    return tf.as_dtype(getattr(dtype, "name", dtype)).name
+
+
+def _itemsize(dtype: Any) -> int:
+    import tensorflow as tf
+
+    return tf.as_dtype(_dtype_name(dtype)).size
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in tuple(shape):
+        if d is None:
+            raise ValueError(f"shape {tuple(shape)} has an unknown dimension; build the model with keras.Input first")
+        n *= int(d)
+    return n
+
+
+def _is_float(dtype_name: str) -> bool:
+    return dtype_name.startswith(("float", "bfloat"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Variable bytes
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableBytes:
+    """Bytes of a set of variables: ``total`` and ``by_dtype`` (``{"float32": 4004000}``)."""
+
+    total: int
+    by_dtype: dict[str, int]
+    count: int = 0  # number of variables counted
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k}: {v:,} B" for k, v in sorted(self.by_dtype.items()))
+        return f"{self.total:,} bytes ({format_bytes(self.total)}) in {self.count} variables [{parts}]"
+
+
+def _variables_of(model_or_variables: Any) -> list:
+    obj = model_or_variables
+    if hasattr(obj, "weights") and not isinstance(obj, (list, tuple)):
+        variables = list(obj.weights)  # trainable + non-trainable (e.g. BatchNorm moving statistics)
+    elif hasattr(obj, "variables") and not isinstance(obj, (list, tuple)):
+        variables = list(obj.variables)  # e.g. a tf.Module or an optimizer
+    elif hasattr(obj, "dtype") and hasattr(obj, "shape"):
+        variables = [obj]
+    else:
+        variables = list(obj)
+    seen, unique = set(), []
+    for v in variables:  # a shared variable counts once
+        if id(v) not in seen:
+            seen.add(id(v))
+            unique.append(v)
+    return unique
+
+
+def variable_bytes(model_or_variables: Any) -> VariableBytes:
+    """Exact bytes of a model's (or layer's, optimizer's, list's) variables, split by dtype.
+
+    ``Dense(1000)`` on 1000 inputs with a bias: 1,001,000 numbers → 4,004,000 B in float32,
+    2,002,000 B in bfloat16. Counts every variable (trainable and not) once.
+    """
+    by_dtype: dict[str, int] = {}
+    variables = _variables_of(model_or_variables)
+    for v in variables:
+        name = _dtype_name(v.dtype)
+        by_dtype[name] = by_dtype.get(name, 0) + _numel(v.shape) * _itemsize(name)
+    return VariableBytes(total=sum(by_dtype.values()), by_dtype=by_dtype, count=len(variables))
+
+
+# ----------------------------------------------------------------------------------------------
+# Training-memory estimate
+# ----------------------------------------------------------------------------------------------
+
+# Per trainable variable, how many same-shaped slot variables the optimizer keeps.
+_SLOTS_BY_NAME = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2, "adagrad": 1, "rmsprop": 1, "nadam": 2, "adamax": 2, "lion": 1}
+# Besides its slots, every Keras 3 optimizer keeps an int64 iteration counter and a float32 learning rate.
+_OPTIMIZER_SCALAR_BYTES = 8 + 4
+
+
+def optimizer_slots_per_variable(optimizer: Any) -> int:
+    """Slot variables per trainable variable: "sgd" 0, "sgd_momentum" 1, "adam" 2 (3 with amsgrad), ...
+
+    Accepts a name or a Keras optimizer instance (SGD, Adam, AdamW, Adamax, Nadam, RMSprop, Adagrad, Lion;
+    a LossScaleOptimizer counts its inner optimizer).
+    """
+    if isinstance(optimizer, str):
+        key = optimizer.lower().replace("-", "_")
+        if key not in _SLOTS_BY_NAME:
+            raise ValueError(f"unknown optimizer {optimizer!r}; use one of {sorted(_SLOTS_BY_NAME)} or a keras optimizer")
+        return _SLOTS_BY_NAME[key]
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        return optimizer_slots_per_variable(inner)
+    kind = type(optimizer).__name__.lower()
+    config = optimizer.get_config() if hasattr(optimizer, "get_config") else {}
+    if kind == "sgd":
+        return 1 if float(config.get("momentum", 0.0) or 0.0) > 0 else 0
+    if kind in ("adam", "adamw"):
+        return 3 if config.get("amsgrad") else 2
+    if kind == "rmsprop":
+        return 1 + (float(config.get("momentum", 0.0) or 0.0) > 0) + bool(config.get("centered"))
+    if kind in _SLOTS_BY_NAME:
+        return _SLOTS_BY_NAME[kind]
+    raise ValueError(
+        f"no slot count known for {type(optimizer).__name__}; pass one of {sorted(_SLOTS_BY_NAME)} "
+        "or build the optimizer and use variable_bytes(optimizer.variables)"
+    )
+
+
+def _optimizer_label(optimizer: Any) -> str:
+    return optimizer if isinstance(optimizer, str) else type(optimizer).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of training state for one model, batch size, optimizer and dtype policy.
+
+    ``parameters``, ``gradients`` and ``optimizer_slots`` are exact counts for the optimizers this
+    module knows; ``activations`` is an estimate (every top-level layer's output for the batch, in its
+    compute dtype, as kept for the backward pass; real kernels keep somewhat more or less).
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_slots: int
+    activations: int
+    batch_size: int
+    optimizer: str
+    policy: str
+    variable_dtype: str
+    compute_dtype: str
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_slots + self.activations
+
+    def rows(self) -> list[dict]:
+        def row(part, n, what):
+            return {"part": part, "bytes": f"{n:,}", "size": format_bytes(n), "counts": what}
+
+        return [
+            row("parameters", self.parameters, f"all variables, float ones in {self.variable_dtype}"),
+            row("gradients", self.gradients, f"one per trainable variable, {self.variable_dtype}"),
+            row("optimizer slots", self.optimizer_slots, f"{self.optimizer} state + step counter and learning rate"),
+            row("activations (est.)", self.activations, f"layer outputs for batch {self.batch_size}, {self.compute_dtype}"),
+            row("total", self.total, f"policy {self.policy}"),
+        ]
+
+    def table(self):
+        from .report import Table
+
+        return Table(self.rows(), columns=("part", "bytes", "size", "counts"))
+
+    def _repr_markdown_(self) -> str:
+        return self.table()._repr_markdown_()
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+    __repr__ = __str__
+
+
+def _policy(policy: Any):
+    import keras
+
+    if policy is None:
+        return None
+    if isinstance(policy, str):
+        return keras.dtype_policies.get(policy)
+    return policy
+
+
+def _layer_output_elements(layer) -> int:
+    """Elements per example in a layer's output(s) (batch dimension dropped)."""
+    import tensorflow as tf
+
+    try:
+        output = layer.output
+    except (AttributeError, ValueError, RuntimeError):
+        return 0
+    total = 0
+    for t in tf.nest.flatten(output):
+        total += _numel(tuple(t.shape)[1:])
+    return total
+
+
+def estimate_training_memory(model: Any, batch_size: int, optimizer: Any = "adam", policy: Any = None) -> MemoryEstimate:
+    """Estimate the memory one training step needs, split into parameters, gradients, optimizer slots, activations.
+
+    ``model``: a built Keras model (``keras.Input`` first). ``policy``: ``None`` counts the model as it
+    is; a policy name (``"float32"``, ``"bfloat16"``, ``"mixed_bfloat16"``, ``"mixed_float16"``) counts it
+    as if rebuilt under that policy: floating-point variables in the policy's *variable* dtype (float32
+    for both mixed policies, so parameter bytes do NOT halve under mixed precision), activations in
+    its *compute* dtype. Layers built with a ``dtype=`` different from the global policy at call time
+    keep theirs; a layer whose dtype equals it is assumed to follow it (so a ``dtype="float32"``
+    softmax in a float32-built model is counted as switching). For exact per-layer dtypes, build the
+    model under the policy and pass ``policy=None``.
+    """
+    import keras
+
+    if int(batch_size) < 1:
+        raise ValueError("batch_size must be at least 1")
+    batch_size = int(batch_size)
+    target = _policy(policy)
+    default = keras.config.dtype_policy()
+
+    def var_dtype(v) -> str:
+        name = _dtype_name(v.dtype)
+        if target is None or not _is_float(name) or name != _dtype_name(default.variable_dtype):
+            return name
+        return _dtype_name(target.variable_dtype)
+
+    def compute_dtype(layer) -> str:
+        own = _dtype_name(layer.compute_dtype)
+        if target is None or getattr(layer.dtype_policy, "name", None) != default.name:
+            return own
+        return _dtype_name(target.compute_dtype)
+
+    variables = _variables_of(model)
+    trainable_ids = {id(v) for v in model.trainable_weights}
+    parameters = sum(_numel(v.shape) * _itemsize(var_dtype(v)) for v in variables)
+    trainable_bytes = sum(_numel(v.shape) * _itemsize(var_dtype(v)) for v in variables if id(v) in trainable_ids)
+    slots = optimizer_slots_per_variable(optimizer)
+
+    # Activations: the input batch plus each top-level layer's output (kept for the backward pass).
+    activations = 0
+    for inp in getattr(model, "inputs", None) or []:
+        activations += _numel(tuple(inp.shape)[1:]) * batch_size * _itemsize(inp.dtype)
+    for layer in model.layers:
+        if type(layer).__name__ == "InputLayer":
+            continue
+        activations += _layer_output_elements(layer) * batch_size * _itemsize(compute_dtype(layer))
+
+    if target is None:  # describe the model as built, not the global policy
+        built = [l for l in model.layers if type(l).__name__ != "InputLayer"]
+        names = sorted({l.dtype_policy.name for l in built}, key=lambda n: -sum(l.dtype_policy.name == n for l in built))
+        label = "/".join(names) + " (as built)" if names else f"{default.name} (as built)"
+        var_label = "/".join(sorted({var_dtype(v) for v in variables if _is_float(var_dtype(v))})) or "float32"
+        compute_label = "/".join(sorted({compute_dtype(l) for l in built})) or _dtype_name(default.compute_dtype)
+    else:
+        label = target.name
+        var_label, compute_label = _dtype_name(target.variable_dtype), _dtype_name(target.compute_dtype)
+    return MemoryEstimate(
+        parameters=parameters,
+        gradients=trainable_bytes,
+        optimizer_slots=slots * trainable_bytes + _OPTIMIZER_SCALAR_BYTES,
+        activations=activations,
+        batch_size=batch_size,
+        optimizer=_optimizer_label(optimizer),
+        policy=label,
+        variable_dtype=var_label,
+        compute_dtype=compute_label,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Measured peak memory
+# ----------------------------------------------------------------------------------------------
+
+MEMORY_INFO = "tf.config.experimental.get_memory_info"
+
+
+@dataclasses.dataclass
+class PeakMemory:
+    """A measured peak: ``peak_bytes`` on ``device``, measured by ``method``; ``result`` is what fn returned."""
+
+    peak_bytes: int
+    method: str
+    device: str
+    result: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak_bytes / MIB
+
+    def __str__(self) -> str:
+        return f"peak {self.peak_bytes / MIB:.1f} MiB on {self.device} ({self.method})"
+
+    def __repr__(self) -> str:
+        return f"PeakMemory({self})"
+
+
+def default_device() -> str:
+    """The device TensorFlow places ops on by default: 'TPU:0', else 'GPU:0', else 'CPU:0'."""
+    import tensorflow as tf
+
+    for kind in ("TPU", "GPU"):
+        if tf.config.list_logical_devices(kind):
+            return f"{kind}:0"
+    return "CPU:0"
+
+
+def _short_device(device: Any) -> str:
+    """'/job:localhost/replica:0/task:0/device:TPU:0' or a strategy → 'TPU:0'."""
+    if hasattr(device, "extended"):  # a tf.distribute strategy: its first replica's device
+        device = device.extended.worker_devices[0]
+    text = str(device)
+    if "device:" in text:
+        text = text.split("device:")[-1]
+    text = text.lstrip("/").upper()
+    if text.count(":") == 0:
+        text += ":0"
+    return text
+
+
+def _block_all(result: Any) -> None:
+    import tensorflow as tf
+
+    for t in tf.nest.flatten(result):
+        if hasattr(t, "numpy"):
+            t.numpy()
+
+
+class _RssSampler:
+    """Samples this process's resident memory in a thread; ``peak`` is the highest value seen."""
+
+    def __init__(self, interval_s: float = 0.001):
+        import psutil
+
+        self._process = psutil.Process()
+        self._interval = interval_s
+        self.start_rss = self._process.memory_info().rss
+        self.peak = self.start_rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._process.memory_info().rss)
+            time.sleep(self._interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.peak = max(self.peak, self._process.memory_info().rss)
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
+def _maxrss_bytes() -> int | None:
+    try:
+        import resource
+        import sys
+
+        scale = 1 if sys.platform == "darwin" else 1024  # Linux reports KiB, macOS bytes
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    except Exception:  # Windows has no `resource`
+        return None
+
+
+def measure_peak(fn: Callable[..., Any], *args: Any, device: Any = None, **kwargs: Any) -> PeakMemory:
+    """Run ``fn(*args, **kwargs)`` once, wait for its result, and return the peak memory it needed.
+
+    ``device``: ``"CPU:0"``, ``"GPU:0"``, ``"TPU:0"``, a full device name, or a strategy (its first
+    replica's device); default: the device TensorFlow uses by default here. Method 1: reset the
+    allocator's statistics, run, read ``tf.config.experimental.get_memory_info(device)["peak"]``
+    (TPU, GPU, and CPU when oneDNN is on). Method 2 (when the allocator does not report): the growth of
+    the process's resident memory during the call, sampled every millisecond (psutil; or
+    ``resource.getrusage`` peak RSS). Run ``fn`` once beforehand if you want tracing excluded; wrap it in
+    ``tf.function`` (eager mode keeps extra tensors alive).
+    """
+    import tensorflow as tf
+
+    dev = _short_device(device) if device is not None else default_device()
+    supported = True
+    try:
+        tf.config.experimental.reset_memory_stats(dev)
+        tf.config.experimental.get_memory_info(dev)
+    except (ValueError, RuntimeError, tf.errors.OpError):
+        supported = False
+
+    maxrss_before = _maxrss_bytes()
+    try:
+        sampler = _RssSampler()
+    except Exception:  # psutil missing
+        sampler = None
+    if sampler is not None:
+        with sampler:
+            result = fn(*args, **kwargs)
+            _block_all(result)
+    else:
+        result = fn(*args, **kwargs)
+        _block_all(result)
+
+    if supported:
+        info = tf.config.experimental.get_memory_info(dev)
+        if info.get("peak", 0) > 0:
+            return PeakMemory(int(info["peak"]), MEMORY_INFO, dev, result)
+    reason = "allocator reports no statistics" if not supported else "allocator reported 0"
+    if sampler is not None:
+        peak = max(0, sampler.peak - sampler.start_rss)
+        method = f"process peak RSS growth, psutil sampling ({reason})"
+    else:
+        after = _maxrss_bytes()
+        peak = max(0, (after or 0) - (maxrss_before or 0))
+        method = f"process peak RSS growth, resource.getrusage ({reason}; 0 if below an earlier peak)"
+    return PeakMemory(int(peak), method, f"process (asked for {dev})", result)

@@ -1,0 +1,202 @@
+"""Tests of course_utils.memory: exact variable bytes, exact estimate terms, measured peaks that scale."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from course_utils import memory
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    import keras
+
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy(before)
+
+
+def _dense(policy="float32", units=1000, inputs=1000):
+    import keras
+
+    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(units, dtype=policy)])
+
+
+def _mlp():
+    import keras
+
+    return keras.Sequential(
+        [
+            keras.Input((20,)),
+            keras.layers.Dense(30, activation="relu"),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(5),
+            keras.layers.Activation("softmax", dtype="float32"),
+        ]
+    )
+
+
+def test_dense_1000x1000_float32_vs_bfloat16_exact():
+    f32 = memory.variable_bytes(_dense("float32"))
+    bf16 = memory.variable_bytes(_dense("bfloat16"))
+    assert f32.total == 4_004_000 and f32.by_dtype == {"float32": 4_004_000}
+    assert bf16.total == 2_002_000 and bf16.by_dtype == {"bfloat16": 2_002_000}
+    assert f32.count == bf16.count == 2
+    mixed = memory.variable_bytes(_dense("mixed_bfloat16"))
+    assert mixed.by_dtype == {"float32": 4_004_000}  # mixed precision keeps float32 variables
+
+
+def test_variable_bytes_accepts_lists_layers_and_counts_shared_once():
+    import keras
+    import tensorflow as tf
+
+    model = _dense(units=10, inputs=10)
+    layer = model.layers[0]
+    assert memory.variable_bytes(layer).total == 440
+    assert memory.variable_bytes([layer.kernel, layer.kernel, layer.bias]).total == 440
+    assert memory.variable_bytes(tf.Variable(tf.zeros((3, 3), tf.float16))).by_dtype == {"float16": 18}
+    bn = keras.layers.BatchNormalization()
+    bn.build((None, 7))  # gamma, beta trainable; moving mean/variance not: all count
+    assert memory.variable_bytes(bn).total == 4 * 7 * 4
+
+
+@pytest.mark.parametrize(
+    "name, factory",
+    [
+        ("adam", lambda k: k.optimizers.Adam()),
+        ("sgd", lambda k: k.optimizers.SGD()),
+        ("sgd_momentum", lambda k: k.optimizers.SGD(momentum=0.9)),
+        (None, lambda k: k.optimizers.Adam(amsgrad=True)),
+        (None, lambda k: k.optimizers.RMSprop(momentum=0.5, centered=True)),
+        (None, lambda k: k.optimizers.AdamW()),
+    ],
+)
+def test_estimate_parameter_gradient_optimizer_terms_exact(name, factory):
+    import keras
+
+    model = _mlp()
+    optimizer = factory(keras)
+    est = memory.estimate_training_memory(model, 8, optimizer=name or optimizer)
+    params = 20 * 30 + 30 + 4 * 30 + 30 * 5 + 5
+    trainable = params - 2 * 30  # BatchNorm moving mean/variance are not trained
+    assert est.parameters == params * 4
+    assert est.gradients == trainable * 4
+    optimizer.build(model.trainable_variables)  # the real optimizer state, counted by dtype
+    assert est.optimizer_slots == memory.variable_bytes(optimizer.variables).total
+    assert est.total == est.parameters + est.gradients + est.optimizer_slots + est.activations
+
+
+def test_estimate_known_values_adam_and_sgd():
+    model = _dense()
+    adam = memory.estimate_training_memory(model, 32, optimizer="adam")
+    sgd = memory.estimate_training_memory(model, 32, optimizer="sgd")
+    assert (adam.parameters, adam.gradients, adam.optimizer_slots) == (4_004_000, 4_004_000, 8_008_000 + 12)
+    assert (sgd.parameters, sgd.gradients, sgd.optimizer_slots) == (4_004_000, 4_004_000, 12)
+    assert adam.activations == sgd.activations == 32 * (1000 + 1000) * 4  # input + Dense output
+    text = str(adam)
+    assert "parameters" in text and "optimizer slots" in text and "4,004,000" in text
+    assert "| part |" in adam._repr_markdown_()
+
+
+def test_estimate_under_policies():
+    model = _mlp()
+    f32 = memory.estimate_training_memory(model, 16, "adam")
+    pure = memory.estimate_training_memory(model, 16, "adam", policy="bfloat16")
+    mixed = memory.estimate_training_memory(model, 16, "adam", policy="mixed_bfloat16")
+    # pure bf16: every float variable halves (the optimizer's own scalars do not)
+    assert pure.parameters * 2 == f32.parameters and pure.gradients * 2 == f32.gradients
+    assert pure.optimizer_slots - 12 == (f32.optimizer_slots - 12) // 2
+    # mixed: variables, gradients, slots stay float32; layer outputs (not the input batch) halve
+    assert (mixed.parameters, mixed.gradients, mixed.optimizer_slots) == (f32.parameters, f32.gradients, f32.optimizer_slots)
+    input_bytes = 16 * 20 * 4
+    assert mixed.activations == input_bytes + (f32.activations - input_bytes) // 2
+    assert mixed.variable_dtype == "float32" and mixed.compute_dtype == "bfloat16"
+
+
+def test_estimate_of_a_model_built_under_mixed_policy_is_exact_per_layer():
+    import keras
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = _mlp()  # its softmax is explicitly float32
+    keras.config.set_dtype_policy("float32")
+    est = memory.estimate_training_memory(model, 16, "adam")
+    assert est.policy == "mixed_bfloat16/float32 (as built)" and est.compute_dtype == "bfloat16/float32"
+    input_bytes, softmax_bytes = 16 * 20 * 4, 16 * 5 * 4
+    bf16_outputs = 16 * (30 + 30 + 5) * 2  # Dense, BatchNorm, Dense in bfloat16
+    assert est.activations == input_bytes + bf16_outputs + softmax_bytes
+    assert est.parameters == memory.variable_bytes(model).total
+    assert memory.variable_bytes(model).by_dtype == {"float32": est.parameters}
+
+
+def test_estimate_rejects_unknown_optimizer():
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        memory.estimate_training_memory(_dense(units=2, inputs=2), 4, optimizer="lbfgs")
+
+
+def _matmul_fn():
+    import tensorflow as tf
+
+    w = tf.random.normal((512, 512))
+
+    @tf.function
+    def fn(batch):
+        x = tf.random.normal((batch, 512))
+        return tf.reduce_sum(tf.nn.relu(x @ w) @ w)
+
+    return fn
+
+
+def test_measure_peak_larger_batch_larger_peak_names_method():
+    fn = _matmul_fn()
+    fn(64), fn(4096)  # trace both shapes first
+    small = memory.measure_peak(fn, 64)
+    large = memory.measure_peak(fn, 4096)
+    assert large.peak_bytes > small.peak_bytes > 0
+    assert large.method and large.method == small.method
+    assert str(large).startswith("peak ") and large.method in str(large)
+    assert large.result is not None
+    if memory.default_device() == "CPU:0":
+        import tensorflow.python.util._pywrap_util_port as port
+
+        if port.IsMklEnabled():  # oneDNN on: the CPU allocator reports statistics
+            assert large.method == memory.MEMORY_INFO and large.device == "CPU:0"
+            # x, relu(x @ w) in float32: at least 2 × 4096 × 512 × 4 bytes
+            assert large.peak_bytes >= 2 * 4096 * 512 * 4
+
+
+def test_measure_peak_accepts_strategy_and_kwargs():
+    import tensorflow as tf
+
+    fn = _matmul_fn()
+    fn(256)
+    peak = memory.measure_peak(fn, batch=256, device=tf.distribute.OneDeviceStrategy("/cpu:0"))
+    assert peak.device in ("CPU:0", "process (asked for CPU:0)") and peak.peak_bytes > 0
+
+
+def test_measure_peak_falls_back_to_rss_when_allocator_is_silent():
+    code = (
+        "from course_utils import memory\n"
+        "import numpy as np, tensorflow as tf\n"
+        "fn = lambda n: tf.constant(np.ones((n, 1024), np.float32)) * 2.0\n"
+        "p = memory.measure_peak(fn, 64 * 1024)\n"  # 256 MiB
+        "print(p.method, '|', p.peak_bytes)\n"
+    )
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    method, peak = out.stdout.strip().splitlines()[-1].split(" | ")
+    if method == memory.MEMORY_INFO:
+        pytest.skip("this CPU build reports allocator statistics even without oneDNN")
+    assert method.startswith("process peak RSS growth")
+    assert int(peak) > 200 * 2**20
+
+
+def test_format_bytes():
+    assert memory.format_bytes(512) == "512 B"
+    assert memory.format_bytes(1536) == "1.5 KiB"
+    assert memory.format_bytes(3 * 2**20) == "3.0 MiB"

@@ -200,3 +200,64 @@ def test_format_bytes():
     assert memory.format_bytes(512) == "512 B"
     assert memory.format_bytes(1536) == "1.5 KiB"
     assert memory.format_bytes(3 * 2**20) == "3.0 MiB"
+
+
+@pytest.mark.parametrize(
+    "kind, cc, policy",
+    [
+        ("TPU", None, "mixed_bfloat16"),
+        ("CPU", None, "mixed_bfloat16"),
+        ("GPU", (7, 5), "mixed_float16"),  # T4 (Colab's free GPU)
+        ("GPU", (7, 0), "mixed_float16"),  # V100
+        ("GPU", (8, 0), "mixed_bfloat16"),  # A100
+        ("multi-GPU", (9, 0), "mixed_bfloat16"),  # H100
+        ("GPU", (8, 9), "mixed_bfloat16"),  # L4
+    ],
+)
+def test_recommended_policy(kind, cc, policy):
+    chosen, why = memory.recommended_policy(kind, gpu_compute_capability=cc)
+    assert chosen == policy and why
+    if cc is not None:
+        assert f"{cc[0]}.{cc[1]}" in why
+
+
+def test_recommended_policy_unknown_gpu_and_runtime_objects(monkeypatch):
+    import types
+
+    monkeypatch.setattr(memory, "detect_gpu_compute_capability", lambda gpu=None: None)
+    chosen, why = memory.recommended_policy("GPU")
+    assert chosen == "mixed_float16" and "unknown" in why
+    monkeypatch.setattr(memory, "detect_gpu_compute_capability", lambda gpu=None: (8, 6))
+    assert memory.recommended_policy(types.SimpleNamespace(kind="GPU"))[0] == "mixed_bfloat16"
+    assert memory.recommended_policy(types.SimpleNamespace(kind="TPU"))[0] == "mixed_bfloat16"
+    with pytest.raises(ValueError, match="unknown runtime kind"):
+        memory.recommended_policy("IPU")
+
+
+def test_detect_gpu_compute_capability_is_none_without_gpu():
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        assert memory.detect_gpu_compute_capability() is None
+
+
+_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) CPU
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f {extra}
+
+processor\t: 1
+flags\t\t: fpu vme sse sse2 avx avx2 avx512f {extra}
+"""
+
+
+def test_cpu_bf16_support_from_fake_cpuinfo():
+    assert memory.cpu_bf16_support(_CPUINFO.format(extra="")) == (False, [])
+    assert memory.cpu_bf16_support(_CPUINFO.format(extra="avx512_bf16")) == (True, ["avx512_bf16"])
+    assert memory.cpu_bf16_support(_CPUINFO.format(extra="amx_tile amx_bf16 avx512_bf16")) == (
+        True,
+        ["avx512_bf16", "amx_bf16"],
+    )
+    assert memory.cpu_bf16_support("no flags here") == (None, [])
+    supported, found = memory.cpu_bf16_support()  # this machine: any answer, consistent
+    assert supported in (True, False, None) and (supported is True) == bool(found)

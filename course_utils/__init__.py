@@ -39,6 +39,11 @@ def setup(cpu_replicas: int | None = None, device: str | None = None, verbose: b
     from . import runtime
 
     rt = runtime.detect(cpu_replicas=cpu_replicas, device=device)
+    import tensorflow as tf
+
+    # Under Jupyter, MirroredStrategy logs every cross-replica reduction at INFO level: keep
+    # warnings and errors, drop that noise (one place, not a line in every lesson).
+    tf.get_logger().setLevel("WARNING")
     if _PREVIOUS_KERAS_BACKEND not in (None, "tensorflow") and rt.keras_backend == "tensorflow":
         note = f"KERAS_BACKEND was {_PREVIOUS_KERAS_BACKEND!r}; set to 'tensorflow' for this course"
         if note not in rt.notes:

@@ -26,3 +26,23 @@ def small_cnn(num_classes: int = 10, width: int = 32, image_size: int = 32, name
         ],
         name=name,
     )
+
+
+def build_under_policy(policy: str, make=None, strategy=None, **small_cnn_kwargs):
+    """Build a model under a Keras dtype policy, then restore the global policy (even on error).
+
+    ``make``: a zero-argument builder (default: ``small_cnn(**small_cnn_kwargs)``). With ``strategy``,
+    the model is built inside ``strategy.scope()``. This is lesson 02's "set the policy, rebuild" step;
+    copy the weights over with ``new_model.set_weights(old_model.get_weights())``.
+    """
+    import contextlib
+
+    import keras
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            return make() if make is not None else small_cnn(**small_cnn_kwargs)
+    finally:
+        keras.config.set_dtype_policy(previous)

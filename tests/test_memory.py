@@ -261,3 +261,23 @@ def test_cpu_bf16_support_from_fake_cpuinfo():
     assert memory.cpu_bf16_support("no flags here") == (None, [])
     supported, found = memory.cpu_bf16_support()  # this machine: any answer, consistent
     assert supported in (True, False, None) and (supported is True) == bool(found)
+
+
+def test_build_under_policy_builds_in_scope_and_restores_the_policy():
+    import keras
+    import tensorflow as tf
+
+    from course_utils import models
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = models.build_under_policy("bfloat16", strategy=strategy, num_classes=10, width=4)
+    assert {w.dtype for w in model.weights} == {"bfloat16"}
+    assert all(strategy.extended.variable_created_in_scope(w.value) for w in model.weights)
+    assert keras.config.dtype_policy().name == "float32"
+
+    def broken():
+        raise ValueError("builder failed")
+
+    with pytest.raises(ValueError, match="builder failed"):
+        models.build_under_policy("mixed_bfloat16", broken)
+    assert keras.config.dtype_policy().name == "float32"  # restored even when the builder raises

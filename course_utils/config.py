@@ -10,6 +10,8 @@ Environment variables (all optional):
 ``COURSE_CPU_REPLICAS``     split the CPU into N logical devices (1-8) for ``MirroredStrategy``
 ``COURSE_DATA``             ``tfds`` | ``synthetic`` | ``npz:PATH`` (smoke default: ``synthetic``)
 ``COURSE_DEVICE``           ``auto`` (default) | ``tpu`` | ``gpu`` | ``cpu``: skip faster kinds
+``COURSE_JIT``              ``1`` = the lessons' measured steps compile with XLA (``jit_compile=True``),
+                            as every step on a TPU does; ``0`` (default) = plain graph mode
 ==========================  ==================================================================
 """
 
@@ -78,6 +80,7 @@ class CourseConfig:
     data_reason: str  # why this data source was chosen, shown to the learner
     sizes: Sizes
     seed: int = 42
+    jit: bool = False  # compile the lessons' measured steps with XLA (how a TPU always runs them)
 
     @property
     def mode(self) -> str:
@@ -87,8 +90,14 @@ class CourseConfig:
         return (
             f"mode={self.mode} (sizes: batch/replica={self.sizes.per_replica_batch}, "
             f"train={self.sizes.train_examples}, epochs={self.sizes.epochs}), "
-            f"data={self.data} ({self.data_reason}), cpu_replicas={self.cpu_replicas}, device={self.device}"
+            f"data={self.data} ({self.data_reason}), cpu_replicas={self.cpu_replicas}, device={self.device}, "
+            f"jit={'on (XLA, as on a TPU)' if self.jit else 'off'}"
         )
+
+    @property
+    def xla_label(self) -> str:
+        """'with XLA' or 'without XLA': how this run's measured steps were compiled (for claims and prose)."""
+        return "with XLA" if self.jit else "without XLA"
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -139,6 +148,7 @@ def load(env: Mapping[str, str] | None = None) -> CourseConfig:
             f"COURSE_DEVICE={device!r} is not one of {', '.join(DEVICE_CHOICES)}. "
             "Leave it unset to use the fastest device found."
         )
+    jit = _parse_bool("COURSE_JIT", env.get("COURSE_JIT", ""))
     if env.get("COURSE_DATA", "").strip():
         data, reason = _parse_data(env["COURSE_DATA"]), "set by COURSE_DATA"
     elif smoke:
@@ -152,6 +162,7 @@ def load(env: Mapping[str, str] | None = None) -> CourseConfig:
         data=data,
         data_reason=reason,
         sizes=SMOKE_SIZES if smoke else FULL_SIZES,
+        jit=jit,
     )
 
 

@@ -1,14 +1,86 @@
 """The "Claims vs. measured on your hardware" table every lesson ends with.
 
 Each row: the claim as the lesson states it, where it comes from, what to expect, what this
-notebook measured here, and a verdict: holds / does not hold here / not measurable here (with why).
+notebook measured here, and a verdict:
+
+- ✅ holds;
+- ❌ does not hold here — a real failure of the claim on this hardware;
+- ⚠️ differs on this hardware — it does not hold here, for a stated hardware reason (``differs_here``:
+  e.g. mixed precision is slower on a CPU); the lesson says what to expect on a TPU/GPU;
+- 〰️ inconclusive here (noise) — repeated measurements straddle the threshold;
+- ➖ not measurable here — this hardware cannot test it (say why in ``note``).
+
+Measured ratios (speed-ups, memory ratios) should come from repeats: :meth:`Claim.from_samples`
+takes the repeats, prints median and spread, and decides from the spread, never from one run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
+from typing import Iterable
 
-VERDICTS = {True: "✅ holds", False: "❌ does not hold here", None: "➖ not measurable here"}
+HOLDS, FAILS, DIFFERS, NOISE, UNMEASURABLE = (
+    "✅ holds", "❌ does not hold here", "⚠️ differs on this hardware", "〰️ inconclusive here (noise)",
+    "➖ not measurable here")
+VERDICTS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}
+
+
+@dataclasses.dataclass
+class Samples:
+    """Repeated measurements of one quantity: median and spread.
+
+    The spread is min–max for up to 4 values and the interquartile range (middle half) from 5 on,
+    so one outlier among many repeats does not make every verdict inconclusive."""
+
+    values: list[float]
+
+    def __post_init__(self):
+        self.values = [float(v) for v in self.values]
+        if not self.values:
+            raise ValueError("no measurements: repeat the measurement at least once")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def _spread(self) -> tuple[float, float]:
+        if len(self.values) < 5:
+            return min(self.values), max(self.values)
+        q1, _, q3 = statistics.quantiles(self.values, n=4, method="inclusive")
+        return q1, q3
+
+    @property
+    def low(self) -> float:
+        return self._spread()[0]
+
+    @property
+    def high(self) -> float:
+        return self._spread()[1]
+
+    @property
+    def spread_name(self) -> str:
+        return "min–max" if len(self.values) < 5 else "middle half"
+
+    def format(self, fmt: str = ".2f", unit: str = "") -> str:
+        if len(self.values) == 1:
+            return f"{self.median:{fmt}}{unit} (1 run)"
+        return (f"{self.median:{fmt}}{unit} (median of {len(self.values)}; {self.spread_name} "
+                f"{self.low:{fmt}}–{self.high:{fmt}})")
+
+    def compare(self, op: str, threshold: float) -> bool | str:
+        """True when the whole spread satisfies ``op threshold``, False when none of it does, else
+        "noise" (the spread straddles the threshold)."""
+        if op not in (">", ">=", "<", "<="):
+            raise ValueError(f"op must be one of > >= < <=, got {op!r}")
+        test = {">": lambda v: v > threshold, ">=": lambda v: v >= threshold,
+                "<": lambda v: v < threshold, "<=": lambda v: v <= threshold}[op]
+        results = [test(self.low), test(self.median), test(self.high)]
+        if all(results):
+            return True
+        if not any(results):
+            return False
+        return "noise"
 
 
 @dataclasses.dataclass
@@ -17,12 +89,35 @@ class Claim:
     source: str
     expected: str
     measured: str
-    holds: bool | None  # None: this hardware cannot test it (say why in `note`)
+    holds: bool | None | str  # True / False / None (not measurable here) / "noise" (inconclusive)
     note: str = ""
+    differs_here: str = ""  # a stated hardware reason why the claim is not expected to hold on this machine
+
+    @classmethod
+    def from_samples(cls, claim: str, source: str, expected: str, samples: Samples | Iterable[float],
+                     op: str, threshold: float, fmt: str = ".2f", unit: str = "×", note: str = "",
+                     differs_here: str = "") -> "Claim":
+        """A claim about a repeated measurement: holds when every repeat is on the right side of
+        ``threshold``, does not hold when none is, and is inconclusive (noise) otherwise."""
+        samples = samples if isinstance(samples, Samples) else Samples(list(samples))
+        return cls(claim, source, expected, samples.format(fmt, unit), samples.compare(op, threshold),
+                   note=note, differs_here=differs_here)
+
+    @property
+    def status(self) -> str:
+        if self.holds == "noise":
+            return NOISE
+        if self.holds is False and self.differs_here:
+            return DIFFERS
+        if self.holds not in VERDICTS:
+            raise ValueError(f"holds must be True, False, None or 'noise', got {self.holds!r}")
+        return VERDICTS[self.holds]
 
     @property
     def verdict(self) -> str:
-        return VERDICTS[self.holds] + (f" — {self.note}" if self.note else "")
+        why = [self.differs_here] if self.status == DIFFERS else []
+        why += [self.note] if self.note else []
+        return self.status + (f" — {'; '.join(why)}" if why else "")
 
 
 class Table:
@@ -78,3 +173,8 @@ class ClaimsTable(Table):
     def all_hold(self) -> bool:
         """No claim measured false here (rows that cannot be measured do not count against it)."""
         return all(c.holds is not False for c in self.claims)
+
+    @property
+    def unexplained_failures(self) -> list[Claim]:
+        """Claims that do not hold here with no stated hardware reason: a bug in the lesson or the code."""
+        return [c for c in self.claims if c.status == FAILS]

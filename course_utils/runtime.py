@@ -398,6 +398,32 @@ def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     return proc.stdout
 
 
+def run_with_replicas(replicas: int, strategy, fn: Callable[..., Any], timeout: float = 300, **kwargs) -> dict:
+    """``fn(strategy, **kwargs)`` on a strategy with ``replicas`` replicas: here when ``strategy`` has that
+    many, else in a fresh process whose CPU is split into ``replicas`` devices (:func:`run_on_cpu_replicas`).
+
+    ``fn`` is a module-level function that returns a JSON-able dict (the lessons' experiments are);
+    ``kwargs`` must be JSON-able too. Returns ``fn``'s dict plus ``"where"`` (which of the two ran it).
+    """
+    import importlib
+    import json
+
+    if not callable(fn) or "<" in getattr(fn, "__qualname__", "<"):
+        raise TypeError(f"fn must be a module-level function, got {fn!r}")
+    if strategy is not None and strategy.num_replicas_in_sync == replicas:
+        return dict(fn(strategy, **kwargs), where="this notebook's strategy")
+    module, name = fn.__module__, fn.__qualname__
+    if getattr(importlib.import_module(module), name, None) is not fn:
+        raise TypeError(f"{module}.{name} is not importable in a fresh process")
+    code = (
+        "import importlib, json, course_utils\n"
+        f"fn = getattr(importlib.import_module({module!r}), {name!r})\n"
+        f"print(json.dumps(fn(course_utils.detect().strategy, **json.loads({json.dumps(json.dumps(kwargs))}))))"
+    )
+    out = run_on_cpu_replicas(replicas, code, timeout=timeout)
+    return dict(json.loads(out.strip().splitlines()[-1]), where=f"a fresh process with {replicas} CPU replicas")
+
+
 def preview_on_cpu_replicas(replicas: int, per_replica_batch: int, timeout: float = 180) -> dict:
     """How ``experimental_distribute_dataset`` splits one global batch on ``replicas`` CPU replicas.
 

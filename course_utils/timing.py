@@ -89,3 +89,25 @@ def epoch_timer():
             return statistics.median(later)
 
     return EpochTimer()
+
+
+def speedup_samples(slow: Callable[[], Any], fast: Callable[[], Any], rounds: int = 5, repeats: int = 3,
+                    warmup: int = 1):
+    """How many times faster ``fast`` is than ``slow``, measured ``rounds`` times, interleaved.
+
+    Each round times both (median of ``repeats`` calls each, after ``warmup`` untimed calls in the
+    first round) and records ``slow / fast``; interleaving keeps drifts of the machine (another
+    process, thermal limits) out of the ratio. Returns :class:`course_utils.report.Samples`: feed it
+    to ``report.Claim.from_samples`` so a verdict comes from the spread, not from one run.
+    """
+    from .report import Samples
+
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
+    ratios = []
+    for i in range(rounds):
+        w = warmup if i == 0 else 0
+        a = time_fn(slow, repeats=repeats, warmup=w)
+        b = time_fn(fast, repeats=repeats, warmup=w)
+        ratios.append(a.median_s / b.median_s)
+    return Samples(ratios)

@@ -18,6 +18,12 @@ __version__ = "0.1.0"
 _os.environ.setdefault(
     "TF_CPP_MIN_LOG_LEVEL", "2" if _os.path.exists("/dev/nvidia0") or _os.path.exists("/dev/nvidiactl") else "3"
 )
+# Peak memory on a CPU, measured like on a TPU/GPU: TensorFlow's default CPU allocator keeps no
+# statistics (tf.config.experimental.get_memory_info("CPU:0") raises), its BFC allocator (the one GPUs
+# use) does. It must be chosen before TensorFlow starts; set TF_CPU_ALLOCATOR_USE_BFC=false to opt out
+# (memory.measure_peak then falls back to sampling the process's resident memory, and says so).
+if "tensorflow" not in _sys.modules:
+    _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 # The course runs Keras 3 on TensorFlow. Colab may preset another backend (e.g. JAX on TPU
 # runtimes); the backend is fixed when keras is first imported, so set it before that happens.
 _PREVIOUS_KERAS_BACKEND = _os.environ.get("KERAS_BACKEND")

@@ -9,9 +9,10 @@ all-reduce cannot run inside one. Both tools here avoid that ``cond`` entirely:
 
 :class:`AccumulatingModel` — for ``model.fit``. Wraps a built model. ``fit`` receives batches of the
     *effective* size (``k`` × micro-batch); each training step splits its per-replica share into
-    ``k`` micro-batches, runs forward + backward on one at a time (serialized, so only one
-    micro-batch's activations are alive), sums the gradients in local tensors and applies their mean
-    once. One ``fit`` step = one optimizer update.
+    ``k`` micro-batches and runs forward + backward on one at a time inside a ``tf.while_loop`` that
+    carries only the gradient sums, so only one micro-batch's activations are alive — also under XLA
+    (``jit_compile=True``, how every TPU step runs), which is free to reorder an unrolled Python loop
+    into the big batch's peak. Then it applies the mean once. One ``fit`` step = one optimizer update.
 
 :class:`GradientAccumulator` — for custom loops over micro-batches streamed from a distributed
     dataset. ``micro_step(batch)`` (a ``tf.function`` running ``strategy.run``) adds one
@@ -35,8 +36,11 @@ the micro-step counter (``optimizer._iterations``), so a 100-step warm-up ends a
 Mixed precision: ``mixed_bfloat16`` needs nothing (variables and accumulators stay float32). With
 ``mixed_float16`` wrap the optimizer in ``keras.optimizers.LossScaleOptimizer`` (``compile`` does it
 for ``fit``; custom loops must do it themselves): each micro-step's loss is multiplied by the current
-scale, the accumulated scaled gradients are unscaled once in ``apply_gradients``, and if any
-micro-batch overflowed the whole update is skipped and the scale halved.
+scale, the accumulated scaled gradients are unscaled once when applied, and if any micro-batch on
+any replica overflowed the whole update is skipped on every replica and the scale halved. (Keras'
+``LossScaleOptimizer.apply_gradients`` cannot be called from a custom loop under ``MirroredStrategy``:
+it decides inside each replica with a ``cond`` around an all-reduce; :func:`apply_per_replica_gradients`
+decides once, across replicas.)
 
 Caveat: layers that update state in the forward pass (BatchNormalization's moving statistics) do so
 once per micro-batch, from micro-batch statistics — accumulation is exactly equivalent to the big
@@ -51,18 +55,10 @@ __all__ = [
     "AccumulatingModel",
     "GradientAccumulator",
     "distributed_train_step",
-    # measurements the lesson and the tests use
-    "batchnorm_caveat",
-    "builtin_accumulation",
-    "compare_with_big_batch",
-    "loss_averaging_effect",
-    "loss_scaling_demo",
-    "max_abs_diff",
-    "run_with_replicas",
-    "schedule_units",
-    "tiny_classifier",
-    "toy_data",
+    "apply_per_replica_gradients",
 ]
+# The lesson's measurements (equal weights to the big batch, the averaging bugs, the caveats) are in
+# course_utils.experiments.accumulation.
 
 
 def _tf():
@@ -108,41 +104,95 @@ def _build_accumulating_model_class():
         def call(self, inputs, training=None):
             return self.model(inputs, training=training)
 
-        @tf.autograph.experimental.do_not_convert  # plain Python loop over k on purpose: no AutoGraph
+        def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+            """``keras.Model.fit``, after checking that every batch splits into ``steps`` micro-batches
+            on every replica — before training, not after an epoch's worth of updates.
+
+            Arrays: ``batch_size`` must be a multiple of replicas × steps; an incomplete last batch is
+            dropped with a warning (its mean would be over a different number of examples). A
+            ``tf.data.Dataset`` must be batched with ``drop_remainder=True`` (a static batch size) that is
+            a multiple of replicas × steps."""
+            replicas = self.distribute_strategy.num_replicas_in_sync
+            k = self.accumulation_steps
+            unit = replicas * k
+            if isinstance(x, tf.data.Dataset):
+                first = tf.nest.flatten(x.element_spec)[0]
+                size = first.shape[0] if first.shape.rank else None
+                if size is None:
+                    raise ValueError(
+                        f"AccumulatingModel(steps={k}) needs a fixed batch size: batch the dataset with "
+                        "drop_remainder=True (a ragged last batch cannot split into equal micro-batches)")
+                if size % unit:
+                    raise ValueError(
+                        f"AccumulatingModel(steps={k}) on {replicas} replica(s): the batch size {size} must be a "
+                        f"multiple of replicas × steps = {unit}")
+            elif x is not None and hasattr(x, "__len__") and not isinstance(x, (dict, list, tuple)):
+                batch = 32 if batch_size is None else int(batch_size)
+                if batch % unit:
+                    raise ValueError(
+                        f"AccumulatingModel(steps={k}) on {replicas} replica(s): batch_size={batch} must be a "
+                        f"multiple of replicas × steps = {unit}")
+                n = len(x)
+                keep = n - n % batch
+                if keep != n:
+                    import warnings
+
+                    warnings.warn(
+                        f"AccumulatingModel: dropping the last {n - keep} of {n} examples (an incomplete batch "
+                        f"of {batch} cannot split into {k} equal micro-batches per replica)", stacklevel=2)
+                    x = x[:keep]
+                    y = None if y is None else y[:keep]
+                    if kwargs.get("sample_weight") is not None:
+                        kwargs["sample_weight"] = kwargs["sample_weight"][:keep]
+            return super().fit(x, y, batch_size, *args, **kwargs)
+
+        @tf.autograph.experimental.do_not_convert  # the loop below is an explicit tf.while_loop
         def train_step(self, data):
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
             k = self.accumulation_steps
+            leaves = [t for t in tf.nest.flatten((x, y, sample_weight)) if t is not None]
+            n = tf.shape(leaves[0])[0]
+            tf.debugging.assert_equal(
+                n % k, 0, message=f"AccumulatingModel(steps={k}): each replica's batch must be divisible "
+                f"by {k}; drop the ragged last batch (dataset.batch(..., drop_remainder=True))")
+            micro = n // k
 
-            def split(structure):  # k structures like `structure`, each leaf cut into k equal parts
+            def split(structure):  # leaf [k*m, ...] -> [k, m, ...]; micro-batch i is [i]
                 if structure is None:
-                    return [None] * k
-                pieces = [tf.split(t, k, axis=0) for t in tf.nest.flatten(structure)]  # raises if not divisible
-                return [tf.nest.pack_sequence_as(structure, [p[i] for p in pieces]) for i in range(k)]
+                    return None
+                return tf.nest.map_structure(
+                    lambda t: tf.reshape(t, tf.concat([[k, micro], tf.shape(t)[1:]], 0)), structure)
 
             xs, ys, ws = split(x), split(y), split(sample_weight)
-
             variables = self.trainable_weights
-            acc = None
-            metrics = {}
-            for i in range(k):  # unrolled: k copies of forward+backward, chained below
-                xb, yb, wb = xs[i], ys[i], ws[i]
-                if acc is not None:  # start micro-batch i only after micro-batch i-1's gradients exist,
-                    with tf.control_dependencies(acc):  # so only one micro-batch's activations are alive
-                        xb = tf.nest.map_structure(tf.identity, xb)
+
+            def pick(structure, i):
+                if structure is None:
+                    return None
+                return tf.nest.map_structure(lambda t: tf.gather(t, i), structure)
+
+            def body(i, acc):
+                xb, yb, wb = pick(xs, i), pick(ys, i), pick(ws, i)
                 with tf.GradientTape() as tape:
                     y_pred = self(xb, training=True)
                     loss = self.compute_loss(x=xb, y=yb, y_pred=y_pred, sample_weight=wb, training=True)
-                    self._loss_tracker.update_state(
-                        _unscale(loss), sample_weight=tf.shape(tf.nest.flatten(xb)[0])[0]
-                    )
+                    self._loss_tracker.update_state(_unscale(loss), sample_weight=micro)
                     scaled = self.optimizer.scale_loss(loss) if self.optimizer is not None else loss
                 grads = tape.gradient(scaled, variables)
                 grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-                acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
-                metrics = self.compute_metrics(xb, yb, y_pred, sample_weight=wb)
+                self.compute_metrics(xb, yb, y_pred, sample_weight=wb)
+                return i + 1, [a + tf.cast(g, a.dtype) for a, g in zip(acc, grads)]
+
+            # One micro-batch per iteration of a real loop: its forward and backward run, their
+            # activations are freed, and only the gradient sums are carried to the next iteration.
+            # A Python loop (unrolled) would rely on control dependencies that XLA is free to
+            # reorder — under jit_compile (every TPU step) its peak grew to that of the big batch.
+            zeros = [tf.zeros(v.shape, dtype=v.dtype) for v in variables]
+            _, acc = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), zeros),
+                                   parallel_iterations=1, maximum_iterations=k)
             mean = [a / tf.cast(k, a.dtype) for a in acc]
             self.optimizer.apply_gradients(zip(mean, variables))  # all-reduces (SUM) across replicas
-            return metrics
+            return self.get_metrics_result()
 
         def get_config(self):
             return {"model": keras.saving.serialize_keras_object(self.model),
@@ -158,10 +208,12 @@ def _build_accumulating_model_class():
 
 
 def _unscale(loss):
-    """Keras scales each replica's loss by 1/replicas for the SUM all-reduce; undo it for logging."""
-    from keras.src.losses import loss as loss_module
+    """Keras scales each replica's loss by 1/replicas for the SUM all-reduce (its
+    ``unscale_loss_for_distribution`` undoes it the same way); undo it for logging."""
+    tf = _tf()
 
-    return loss_module.unscale_loss_for_distribution(loss)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
 
 
 _CLASSES: dict[str, Any] = {}
@@ -236,6 +288,7 @@ class GradientAccumulator:
                 )
                 for v in model.trainable_weights
             ]
+        _build_optimizer(self.strategy, optimizer, model.trainable_weights)
         signature = None if element_spec is None else [element_spec]
         # autograph=False: no data-dependent Python control flow here, so nothing to convert.
         self._micro_step_fn = tf.function(self._distributed_micro_step, input_signature=signature, autograph=False)
@@ -245,11 +298,18 @@ class GradientAccumulator:
     def _replica_micro_step(self, batch):
         tf = _tf()
         x, y = batch[0], batch[1]
+        weight = batch[2] if len(batch) > 2 else None  # (x, y, sample_weight) batches
+        tf.debugging.assert_equal(
+            tf.shape(tf.nest.flatten(x)[0])[0] * self.strategy.num_replicas_in_sync, self.global_micro_batch,
+            message=f"GradientAccumulator: every micro-batch must hold global_micro_batch="
+            f"{self.global_micro_batch} examples ({self.global_micro_batch // self.strategy.num_replicas_in_sync}"
+            " per replica); batch the dataset with drop_remainder=True")
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
-            per_example = self.per_example_loss(y, y_pred)
+            per_example = tf.cast(self.per_example_loss(y, y_pred), tf.float32)
             loss = tf.nn.compute_average_loss(
-                tf.cast(per_example, tf.float32), global_batch_size=self.effective_global_batch
+                per_example, sample_weight=None if weight is None else tf.cast(weight, tf.float32),
+                global_batch_size=self.effective_global_batch,
             )
             if self.model.losses:  # regularization: counted once per update, split over replicas
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses)) / self.steps
@@ -259,16 +319,17 @@ class GradientAccumulator:
             if g is not None:
                 acc.assign_add(tf.cast(g, acc.dtype))
         for metric in self.metrics:
-            metric.update_state(y, y_pred)
+            metric.update_state(y, y_pred, sample_weight=weight)
         return loss
 
-    def _replica_apply(self):
+    def _replica_read(self):
         tf = _tf()
-        grads = [tf.identity(acc) for acc in self.accumulators]  # this replica's sum (ON_READ: local copy)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_weights))  # SUM all-reduce, unscale
-        with tf.control_dependencies(grads):
-            for acc in self.accumulators:
-                acc.assign(tf.zeros_like(acc))
+        return [tf.identity(acc) for acc in self.accumulators]  # this replica's sum (ON_READ: local copy)
+
+    def _replica_reset(self):
+        tf = _tf()
+        for acc in self.accumulators:
+            acc.assign(tf.zeros_like(acc))
         return tf.constant(0)
 
     # -- across replicas -----------------------------------------------------------------------
@@ -278,8 +339,12 @@ class GradientAccumulator:
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def _distributed_apply(self):
-        self.strategy.run(self._replica_apply)
-        return self.optimizer.iterations
+        tf = _tf()
+        grads = self.strategy.run(self._replica_read)
+        applied = apply_per_replica_gradients(self.strategy, self.optimizer, grads, self.model.trainable_weights)
+        with tf.control_dependencies([applied]):
+            self.strategy.run(self._replica_reset)
+            return tf.identity(applied)
 
     def micro_step(self, batch):
         """Add one distributed micro-batch's gradient. Returns its share of the update's mean loss
@@ -288,7 +353,9 @@ class GradientAccumulator:
         return self._micro_step_fn(batch)
 
     def apply(self):
-        """Apply the accumulated mean gradient once and reset. Returns ``optimizer.iterations``."""
+        """Apply the accumulated mean gradient once and reset. Returns whether it was applied
+        (``False``: a ``LossScaleOptimizer`` found an inf/NaN on some replica, skipped the update on
+        every replica and halved its scale)."""
         if self.micro_steps_done != self.steps:
             raise RuntimeError(
                 f"apply() after {self.micro_steps_done} micro-steps, expected {self.steps}: the mean would be "
@@ -335,7 +402,7 @@ def distributed_train_step(strategy, model, optimizer, per_example_loss, global_
     """
     tf = _tf()
 
-    def replica_step(batch):
+    def replica_grads(batch):
         x, y = batch[0], batch[1]
         with tf.GradientTape() as tape:
             per_example = tf.cast(per_example_loss(y, model(x, training=True)), tf.float32)
@@ -344,322 +411,80 @@ def distributed_train_step(strategy, model, optimizer, per_example_loss, global_
             else:
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_weights)
-        optimizer.apply_gradients(zip(grads, model.trainable_weights))
-        return loss
+        return tape.gradient(scaled, model.trainable_weights), loss
 
     def step(batch):
-        per_replica = strategy.run(replica_step, args=(batch,))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        grads, per_replica = strategy.run(replica_grads, args=(batch,))
+        applied = apply_per_replica_gradients(strategy, optimizer, grads, model.trainable_weights)
+        with tf.control_dependencies([applied]):
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
+    _build_optimizer(strategy, optimizer, model.trainable_weights)
     return tf.function(step, input_signature=None if element_spec is None else [element_spec], autograph=False)
 
 
-# ----------------------------------------------------------------------------------------------
-# Small helpers for comparisons
-# ----------------------------------------------------------------------------------------------
-
-
-def max_abs_diff(weights_a, weights_b) -> float:
-    """Largest |a - b| over two lists of weight arrays (``model.get_weights()``)."""
-    import numpy as np
-
-    if len(weights_a) != len(weights_b):
-        raise ValueError(f"different numbers of weights: {len(weights_a)} vs {len(weights_b)}")
-    return max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) if np.size(a) else 0.0
-               for a, b in zip(weights_a, weights_b))
-
-
-def tiny_classifier(features: int = 8, hidden: int = 16, classes: int = 3, seed: int = 0, batch_norm: bool = False):
-    """A small MLP with float32 logits (build it in ``strategy.scope()``); deterministic weights."""
+def _is_loss_scale_optimizer(optimizer) -> bool:
     import keras
 
-    keras.utils.set_random_seed(seed)
-    layers = [keras.Input((features,)), keras.layers.Dense(hidden, activation="relu")]
-    if batch_norm:
-        layers.append(keras.layers.BatchNormalization())
-    layers += [keras.layers.Dense(classes), keras.layers.Activation("linear", dtype="float32")]
-    return keras.Sequential(layers)
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
-def toy_data(n: int, features: int = 8, classes: int = 3, seed: int = 0):
-    """``n`` examples for :func:`tiny_classifier`: float32 features, int64 labels (learnable, noisy)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, features)).astype("float32")
-    y = (np.argmax(x[:, :classes] + 0.5 * rng.normal(size=(n, classes)), axis=1)).astype("int64")
-    return x, y
+def _build_optimizer(strategy, optimizer, variables) -> None:
+    """Create the optimizer's variables (slots, loss scale) in the strategy's scope, before tracing."""
+    if not optimizer.built:
+        with strategy.scope():
+            optimizer.build(variables)
 
 
-def compare_with_big_batch(
-    strategy,
-    steps: int,
-    micro_batch: int = 8,
-    updates: int = 3,
-    paths: tuple[str, ...] = ("fit", "loop"),
-    policy: str = "float32",
-    learning_rate: float = 0.1,
-    seed: int = 0,
-) -> dict:
-    """Train a tiny model with plain SGD on big batches of ``steps × micro_batch`` per replica, and
-    copies of it (same initial weights, same examples in the same order) accumulating ``steps``
-    micro-batches of ``micro_batch`` per replica through each of ``paths``: ``"fit"`` =
-    :class:`AccumulatingModel` with ``fit``, ``"loop"`` = :class:`GradientAccumulator` in a custom loop.
+def apply_per_replica_gradients(strategy, optimizer, grads, variables):
+    """Apply per-replica gradients (the result of ``strategy.run``) once: SUM all-reduce and update.
+    Call it in cross-replica context, inside a ``tf.function``. Returns a bool tensor: applied.
 
-    Returns ``{"max_abs_diff": {path: float}, "updates_acc": {path: int}, "updates_big", "micro_steps",
-    "moved" (largest weight change of the big-batch run), "replicas", "steps", "policy"}``.
+    A plain optimizer applies in each replica (its ``apply_gradients`` all-reduces). A
+    ``LossScaleOptimizer`` cannot do that under ``MirroredStrategy``: its ``apply_gradients`` decides
+    "finite → apply, else skip" with a ``cond`` *in the replica*, and the all-reduce inside that
+    branch fails ("You must feed a value for placeholder tensor 'cond/else/...'"), on any number of
+    replicas, for float16 and float32 alike. Here the decision is made once, across replicas: every
+    replica reports whether its gradients are finite (all-reduced, so all agree); if all are, each
+    replica applies its unscaled gradients through the inner optimizer (one all-reduce); if any
+    replica overflowed, no replica updates and the scale is halved — the same rules as Keras'.
     """
-    import keras
-    import tensorflow as tf
+    tf = _tf()
+    if not _is_loss_scale_optimizer(optimizer):
+        def replica_apply(g):
+            optimizer.apply_gradients(zip(g, variables))
+            return tf.constant(True)
 
-    unknown = [p for p in paths if p not in ("fit", "loop")]
-    if unknown:
-        raise ValueError(f"paths must be 'fit' and/or 'loop', got {unknown}")
-    replicas = strategy.num_replicas_in_sync
-    global_micro = micro_batch * replicas
-    big = steps * global_micro
-    x, y = toy_data(big * updates, seed=seed)
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(policy)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    result = {"max_abs_diff": {}, "updates_acc": {}, "replicas": replicas, "steps": steps, "policy": policy,
-              "micro_steps": len(x) // global_micro}
-    try:
-        with strategy.scope():
-            reference = tiny_classifier(seed=seed)
-            reference.compile(optimizer=keras.optimizers.SGD(learning_rate), loss=loss)
-        initial = reference.get_weights()
-        reference.fit(x, y, batch_size=big, shuffle=False, epochs=1, verbose=0)
-        result["updates_big"] = int(reference.optimizer.iterations.numpy())
-        result["moved"] = max_abs_diff(initial, reference.get_weights())
-        for path in paths:
-            with strategy.scope():
-                model = tiny_classifier(seed=seed)
-                model.set_weights(initial)
-                optimizer = keras.optimizers.SGD(learning_rate)
-                if path == "fit":
-                    wrapped = __getattr__("AccumulatingModel")(model, steps=steps)
-                    wrapped.compile(optimizer=optimizer, loss=loss)
-            if path == "fit":
-                wrapped.fit(x, y, batch_size=big, shuffle=False, epochs=1, verbose=0)
-            else:
-                ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_micro, drop_remainder=True)
-                dist = strategy.experimental_distribute_dataset(ds)
-                with strategy.scope():
-                    acc = GradientAccumulator(model, optimizer, per_example, steps=steps,
-                                              global_micro_batch=global_micro, strategy=strategy,
-                                              element_spec=dist.element_spec)
-                acc.train(dist)
-            result["max_abs_diff"][path] = max_abs_diff(reference.get_weights(), model.get_weights())
-            result["updates_acc"][path] = int(optimizer.iterations.numpy())
-        return result
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
+        return strategy.experimental_local_results(strategy.run(replica_apply, args=(grads,)))[0]
 
+    def replica_finite(g):
+        local_ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in g if t is not None])
+        bad = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(local_ok), tf.float32))
+        return tf.equal(bad, 0.0)
 
-# ----------------------------------------------------------------------------------------------
-# Measurements the lesson shows (each returns a small JSON-able dict)
-# ----------------------------------------------------------------------------------------------
+    finite = strategy.experimental_local_results(strategy.run(replica_finite, args=(grads,)))[0]
+    scale = optimizer.dynamic_scale
 
+    def replica_apply_unscaled(g):
+        unscaled = [None if t is None else t / tf.cast(scale, t.dtype) for t in g]
+        optimizer.inner_optimizer.apply_gradients(zip(unscaled, variables))  # SUM all-reduce, update
+        return tf.constant(True)
 
-def run_with_replicas(replicas: int, strategy, name: str, **kwargs) -> dict:
-    """``<name>(strategy, **kwargs)`` from this module on a strategy with ``replicas`` replicas: here if
-    ``strategy`` has that many, else in a fresh process whose CPU is split into ``replicas`` devices
-    (``course_utils.runtime.run_on_cpu_replicas``). Returns the function's dict (plus ``"where"``)."""
-    import json
+    def apply():
+        strategy.run(replica_apply_unscaled, args=(grads,))
+        grow = tf.equal(optimizer.step_counter, optimizer.dynamic_growth_steps - 1)
+        new_scale = tf.where(grow, scale * 2.0, tf.identity(scale))
+        new_counter = tf.where(grow, tf.zeros_like(optimizer.step_counter), optimizer.step_counter + 1)
+        with tf.control_dependencies([new_scale, new_counter]):
+            optimizer.dynamic_scale.assign(new_scale)
+            optimizer.step_counter.assign(new_counter)
+        return tf.constant(True)
 
-    if strategy is not None and strategy.num_replicas_in_sync == replicas:
-        return dict(globals()[name](strategy, **kwargs), where="this notebook's strategy")
-    from . import runtime
+    def skip():
+        new_scale = scale * 0.5
+        optimizer.dynamic_scale.assign(new_scale)
+        optimizer.step_counter.assign(tf.zeros_like(optimizer.step_counter))
+        return tf.constant(False)
 
-    code = (
-        "import json, course_utils\nfrom course_utils import accumulation as a\n"
-        f"print(json.dumps(a.{name}(course_utils.detect().strategy, **json.loads({json.dumps(json.dumps(kwargs))}))))"
-    )
-    out = runtime.run_on_cpu_replicas(replicas, code)
-    return dict(json.loads(out.strip().splitlines()[-1]), where=f"a fresh process with {replicas} CPU replicas")
-
-
-def loss_averaging_effect(strategy, per_replica_batch: int = 8, learning_rate: float = 0.1, seed: int = 0) -> dict:
-    """One custom-loop step with the right loss (``compute_average_loss`` over the global batch) and
-    one with ``reduce_mean`` per replica, from the same weights; compares both with one step of
-    ``fit`` (which averages correctly). ``update_ratio`` = |wrong update| / |right update|."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    replicas = strategy.num_replicas_in_sync
-    global_batch = per_replica_batch * replicas
-    x, y = toy_data(global_batch, seed=seed)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    with strategy.scope():
-        reference = tiny_classifier(seed=seed)
-        reference.compile(optimizer=keras.optimizers.SGD(learning_rate),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    initial = reference.get_weights()
-    reference.fit(x, y, batch_size=global_batch, shuffle=False, verbose=0)
-    out = {"replicas": replicas, "global_batch": global_batch}
-    for label, wrong in (("right", False), ("wrong", True)):
-        with strategy.scope():
-            model = tiny_classifier(seed=seed)
-            model.set_weights(initial)
-            optimizer = keras.optimizers.SGD(learning_rate)
-        dist = strategy.experimental_distribute_dataset(ds)
-        step = distributed_train_step(strategy, model, optimizer, per_example, global_batch,
-                                      element_spec=dist.element_spec, per_replica_mean=wrong)
-        out[f"loss_{label}"] = float(step(next(iter(dist))))
-        delta = np.concatenate([(a - b).ravel() for a, b in zip(model.get_weights(), initial)])
-        out[f"update_{label}"] = float(np.abs(delta).max())
-        out[f"diff_vs_fit_{label}"] = max_abs_diff(model.get_weights(), reference.get_weights())
-    out["update_ratio"] = out["update_wrong"] / out["update_right"]
-    return out
-
-
-def builtin_accumulation(strategy=None, steps: int = 4, micro_batch: int = 8, updates: int = 2,
-                         learning_rate: float = 0.1, seed: int = 0) -> dict:
-    """Keras' own ``SGD(gradient_accumulation_steps=steps)`` against big batches, under ``strategy``
-    (``None``: no strategy). Returns the weight difference and both iteration counters, or the error."""
-    import keras
-
-    strategy = strategy or __import__("tensorflow").distribute.get_strategy()
-    replicas = strategy.num_replicas_in_sync
-    big = steps * micro_batch * replicas
-    x, y = toy_data(big * updates, seed=seed)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    with strategy.scope():
-        reference = tiny_classifier(seed=seed)
-        reference.compile(optimizer=keras.optimizers.SGD(learning_rate), loss=loss)
-        model = tiny_classifier(seed=seed)
-        model.set_weights(reference.get_weights())
-        optimizer = keras.optimizers.SGD(learning_rate, gradient_accumulation_steps=steps)
-        model.compile(optimizer=optimizer, loss=loss)
-    model.fit(x, y, batch_size=micro_batch * replicas, shuffle=False, verbose=0)  # raises under a strategy
-    reference.fit(x, y, batch_size=big, shuffle=False, verbose=0)
-    return {
-        "max_abs_diff": max_abs_diff(reference.get_weights(), model.get_weights()),
-        "iterations": int(optimizer.iterations.numpy()),  # updates
-        "micro_step_counter": int(optimizer._iterations.numpy()),  # what its LR schedule sees
-        "updates_big": int(reference.optimizer.iterations.numpy()),
-    }
-
-
-def batchnorm_caveat(strategy, steps: int = 4, micro_batch: int = 8, updates: int = 1, seed: int = 0) -> dict:
-    """The same comparison as :func:`compare_with_big_batch` with a BatchNormalization layer: the
-    moving statistics are updated once per micro-batch (``steps`` times per update) from micro-batch
-    statistics, and the normalization itself uses micro-batch statistics, so weights differ too."""
-    import keras
-    import numpy as np
-
-    replicas = strategy.num_replicas_in_sync
-    big = steps * micro_batch * replicas
-    x, y = toy_data(big * updates, seed=seed)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    with strategy.scope():
-        reference = tiny_classifier(seed=seed, batch_norm=True)
-        reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
-        model = tiny_classifier(seed=seed, batch_norm=True)
-        model.set_weights(reference.get_weights())
-        wrapped = __getattr__("AccumulatingModel")(model, steps=steps)
-        wrapped.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
-    initial = reference.get_weights()
-    reference.fit(x, y, batch_size=big, shuffle=False, verbose=0)
-    wrapped.fit(x, y, batch_size=big, shuffle=False, verbose=0)
-    bn = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)][0]
-    bn_ref = [layer for layer in reference.layers if isinstance(layer, keras.layers.BatchNormalization)][0]
-    trainable = [np.asarray(v) for v in model.trainable_weights]
-    trainable_ref = [np.asarray(v) for v in reference.trainable_weights]
-    start_mean = initial[[i for i, w in enumerate(reference.weights) if w is bn_ref.moving_mean][0]]
-    return {
-        "moving_mean_moved_big": float(np.abs(np.asarray(bn_ref.moving_mean) - start_mean).max()),
-        "moving_mean_moved_acc": float(np.abs(np.asarray(bn.moving_mean) - start_mean).max()),
-        "moving_mean_diff": float(np.abs(np.asarray(bn.moving_mean) - np.asarray(bn_ref.moving_mean)).max()),
-        "trainable_diff": max_abs_diff(trainable, trainable_ref),
-        "updates": int(wrapped.optimizer.iterations.numpy()),
-        "replicas": replicas,
-    }
-
-
-def schedule_units(steps: int = 4, updates: int = 2, warmup: int = 8, micro_batch: int = 8,
-                   peak_lr: float = 0.1, seed: int = 0) -> dict:
-    """Where a linear warm-up schedule (``warmup`` steps to ``peak_lr``) stands after ``updates``
-    updates of ``steps`` micro-batches: with big batches, with the course's AccumulatingModel, and
-    with Keras' built-in accumulation (one device). Values: ``{"lr", "iterations", "schedule_step"}``."""
-    import keras
-
-    def schedule():
-        return keras.optimizers.schedules.PolynomialDecay(
-            0.0, warmup, end_learning_rate=peak_lr, power=1.0)  # 0 → peak_lr over `warmup` steps
-
-    big = steps * micro_batch
-    x, y = toy_data(big * updates, seed=seed)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    out = {}
-    for name in ("big batch", "AccumulatingModel", "Keras built-in"):
-        model = tiny_classifier(seed=seed)
-        if name == "Keras built-in":
-            optimizer = keras.optimizers.SGD(schedule(), gradient_accumulation_steps=steps)
-            model.compile(optimizer=optimizer, loss=loss)
-            model.fit(x, y, batch_size=micro_batch, shuffle=False, verbose=0)
-            seen = int(optimizer._iterations.numpy())
-        else:
-            optimizer = keras.optimizers.SGD(schedule())
-            trained = model if name == "big batch" else __getattr__("AccumulatingModel")(model, steps=steps)
-            trained.compile(optimizer=optimizer, loss=loss)
-            trained.fit(x, y, batch_size=big, shuffle=False, verbose=0)
-            seen = int(optimizer.iterations.numpy())
-        out[name] = {"iterations": int(optimizer.iterations.numpy()), "schedule_step": seen,
-                     "lr": float(optimizer.learning_rate.numpy())}
-    out["warmup"], out["updates"], out["steps"] = warmup, updates, steps
-    return out
-
-
-def loss_scaling_demo(strategy, steps: int = 4, micro_batch: int = 8, loss_weight: float = 1e-5,
-                      learning_rate: float = 1.0, seed: int = 0) -> dict:
-    """One accumulated update of a tiny model whose loss is multiplied by ``loss_weight`` (small
-    gradients, as a small loss weight or a large effective batch gives), under float32, mixed_float16
-    without and with ``LossScaleOptimizer``, and mixed_bfloat16. For each: the share of first-layer
-    kernel gradients that vanished (0 where float32 is not) and the largest error relative to the
-    float32 update."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    replicas = strategy.num_replicas_in_sync
-    global_micro = micro_batch * replicas
-    x, y = toy_data(global_micro * steps, seed=seed)
-    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-    def per_example(y_true, y_pred):
-        return loss_weight * ce(y_true, y_pred)
-
-    previous = keras.mixed_precision.global_policy()
-    deltas = {}
-    try:
-        for name, policy, scaled in (("float32", "float32", False),
-                                     ("mixed_float16, no loss scaling", "mixed_float16", False),
-                                     ("mixed_float16 + LossScaleOptimizer", "mixed_float16", True),
-                                     ("mixed_bfloat16", "mixed_bfloat16", False)):
-            keras.mixed_precision.set_global_policy(policy)
-            with strategy.scope():
-                model = tiny_classifier(seed=seed)
-                initial = model.get_weights()
-                optimizer = keras.optimizers.SGD(learning_rate)
-                if scaled:
-                    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-                acc = GradientAccumulator(model, optimizer, per_example, steps=steps,
-                                          global_micro_batch=global_micro, strategy=strategy)
-            dist = strategy.experimental_distribute_dataset(
-                tf.data.Dataset.from_tensor_slices((x, y)).batch(global_micro, drop_remainder=True))
-            acc.train(dist)
-            deltas[name] = (np.asarray(model.get_weights()[0]) - initial[0]).astype(np.float64)
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-    ref = deltas["float32"]
-    out = {"replicas": replicas, "loss_weight": loss_weight}
-    for name, d in deltas.items():
-        out[name] = {"vanished": float(np.mean((d == 0) & (ref != 0))),
-                     "rel_error": float(np.abs(d - ref).max() / np.abs(ref).max())}
-    return out
+    return tf.cond(finite, apply, skip)

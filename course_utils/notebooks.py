@@ -82,24 +82,22 @@ RAISES_TAGS = ("raises-exception", "nbval-raises-exception")
 SECTION_ORDER = ("## Exercises", "## Claims vs. measured", "## Summary")
 
 _SETUP_TEMPLATE = '''\
-# Course setup: the same cell in every notebook. In Colab it installs course_utils (and, on a TPU
-# runtime that has no TensorFlow, the TPU build); elsewhere it only imports. Then it prints what
-# hardware this notebook will use.
-import importlib.util, os, subprocess, sys
+# Course setup: the same cell in every notebook. In Colab it installs course_utils, then, on a TPU
+# runtime that has no TensorFlow, the TPU build (course_utils.runtime.install_tensorflow says what it
+# ran and what failed); elsewhere it only imports. Then it prints what hardware this notebook will use.
+import subprocess, sys
 
 COURSE_REPO, COURSE_REF = "@@REPO@@", "@@REF@@"
 if "google.colab" in sys.modules:
-    def _pip(*args):
-        return subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args]).returncode == 0
-
-    if importlib.util.find_spec("tensorflow") is None:  # Colab's TPU runtimes ship without TensorFlow
-        on_tpu = os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
-        if not (on_tpu and _pip("tensorflow-tpu==2.20.0")):
-            print("No TPU build installed: installing tensorflow==2.20.0 (runs on CPU/GPU).")
-            _pip("tensorflow==2.20.0")
-    if not _pip(f"course_utils @ git+https://github.com/{COURSE_REPO}@{COURSE_REF}"):
-        raise RuntimeError(f"Could not install course_utils from github.com/{COURSE_REPO} at {COURSE_REF!r}. "
+    _url = f"course_utils @ git+https://github.com/{COURSE_REPO}@{COURSE_REF}"
+    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", _url], capture_output=True, text=True)
+    if _pip.returncode != 0:
+        raise RuntimeError(f"`pip install {_url}` exited with code {_pip.returncode}: "
+                           f"{(_pip.stderr.strip().splitlines() or ['no output'])[-1]}. "
                            "Check the repository name and your connection, then run this cell again.")
+    from course_utils.runtime import install_tensorflow
+
+    install_tensorflow()  # only where TensorFlow is missing (Colab's TPU runtimes); lesson 01 explains
 
 import course_utils
 

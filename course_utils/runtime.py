@@ -40,7 +40,14 @@ TPU_PCI_DEVICE_IDS = {
     "0x006f": "TPU v6e",
 }
 TPU_ENV_VARS = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_SKIP_MDS_QUERY")
-TPU_INSTALL_FIX = 'pip install "tensorflow-tpu==2.20.0"   (then restart the runtime)'
+# The TPU build of TensorFlow, installed as Colab documents it (googlecolab/colabtools#5164, #5228):
+# with --find-links to Google's libtpu release index. 2.20.0 is the newest TensorFlow with a TPU build.
+TF_VERSION = "2.20.0"
+LIBTPU_TF_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+TPU_PIP_ARGS = (f"tensorflow-tpu=={TF_VERSION}", f"--find-links={LIBTPU_TF_INDEX}")
+CPU_GPU_PIP_ARGS = (f"tensorflow=={TF_VERSION}",)
+TPU_INSTALL_FIX = f'pip install "tensorflow-tpu=={TF_VERSION}" --find-links={LIBTPU_TF_INDEX}   (then restart the runtime)'
+LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 
 
 def in_colab() -> bool:
@@ -69,6 +76,132 @@ def tpu_hints(pci_root: str = "/sys/bus/pci/devices", dev_root: str = "/dev") ->
             break
     hints += [f"{name}={os.environ[name]}" for name in TPU_ENV_VARS if os.environ.get(name)]
     return hints
+
+
+def _dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (pip's name), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _dist_requires(name: str) -> list[str]:
+    """The requirements distribution ``name`` declares ([] when it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return list(metadata.requires(name) or [])
+    except metadata.PackageNotFoundError:
+        return []
+
+
+def libtpu_check(version: Callable[[str], str | None] = _dist_version,
+                 requires: Callable[[str], list[str]] = _dist_requires) -> tuple[str, list[str]]:
+    """Which libtpu is installed, and whether TensorFlow's TPU build and JAX both accept it.
+
+    Colab's TPU image ships JAX, whose ``tpu`` extra pins its own libtpu; ``tensorflow-tpu`` declares
+    another requirement (2.20.0: ``libtpu~=0.0.14``). Both load the same installed libtpu. Returns
+    ``(summary, problems)``: one line saying what is installed and who asks for what, and one plain
+    sentence per mismatch. Reads package metadata only (no TensorFlow, no JAX import).
+    """
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover - packaging comes with pip, TensorFlow and JAX
+        return "libtpu: cannot check (the 'packaging' module is missing)", []
+
+    installed = {name: version(name) for name in LIBTPU_DISTRIBUTIONS}
+    have = [f"{n} {v}" for n, v in installed.items() if v]
+    parts = ["libtpu installed: " + (", ".join(have) if have else "none")]
+    problems = []
+    if len(have) > 1:
+        problems.append(f"two libtpu packages are installed ({' and '.join(have)}); keep the one "
+                        "tensorflow-tpu asks for (pip uninstall the other), then restart the runtime.")
+    for owner, label in (("tensorflow-tpu", "tensorflow-tpu"), ("jax", "JAX")):
+        owner_version = version(owner)
+        if not owner_version:
+            continue
+        for line in requires(owner):
+            req = Requirement(line)
+            if req.name not in LIBTPU_DISTRIBUTIONS or (req.marker and not req.marker.evaluate({"extra": "tpu"})):
+                continue
+            got = installed.get(req.name)
+            ok = got is not None and req.specifier.contains(got, prereleases=True)
+            parts.append(f"{label} {owner_version} asks for {req.name}{req.specifier} "
+                         f"({'satisfied' if ok else 'NOT satisfied'})")
+            if ok:
+                continue
+            if owner == "tensorflow-tpu":
+                problems.append(
+                    f"libtpu mismatch: tensorflow-tpu {owner_version} needs {req.name}{req.specifier}, but "
+                    f"{req.name} {got or 'is not installed'}{' is installed' if got else ''}: TensorFlow "
+                    f"cannot be expected to start the TPU. Reinstall with: {TPU_INSTALL_FIX}")
+            elif got:  # JAX pins libtpu only for its TPU extra; no libtpu at all means JAX was not set up for TPU
+                problems.append(
+                    f"libtpu mismatch: the JAX on this image ({owner_version}) pins {req.name}{req.specifier}, "
+                    f"but {req.name} {got} is installed: JAX may no longer start on the TPU in this runtime "
+                    "(installing tensorflow-tpu can replace JAX's libtpu). Use one framework per TPU runtime.")
+    if installed["libtpu"] is None and installed["libtpu-nightly"] is None and version("tensorflow-tpu"):
+        problems.append(f"no libtpu is installed, so tensorflow-tpu cannot reach the TPU. Reinstall with: {TPU_INSTALL_FIX}")
+    return "; ".join(parts), problems
+
+
+def _pip_install(args: tuple[str, ...]) -> tuple[int, str]:
+    """``python -m pip install -q ARGS``: returns (exit code, last line pip printed)."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
+    lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
+    return proc.returncode, (lines[-1] if lines else "(pip printed nothing)")
+
+
+def install_tensorflow(on_tpu: bool | None = None,
+                       pip: Callable[[tuple[str, ...]], tuple[int, str]] = _pip_install,
+                       check: Callable[[], tuple[str, list[str]]] = libtpu_check) -> list[str]:
+    """Install TensorFlow where it is missing (Colab's TPU runtimes ship without it); print what happened.
+
+    Nothing happens when TensorFlow is importable. On a machine with a TPU (:func:`tpu_hints`, or
+    ``on_tpu=True``) it runs Colab's documented command, ``pip install tensorflow-tpu==2.20.0
+    --find-links=<Google's libtpu release index>``, then checks libtpu against JAX's pin
+    (:func:`libtpu_check`). If that fails, or there is no TPU, it installs ``tensorflow==2.20.0`` (CPU/GPU).
+    Every failure names the pip command, its exit code and pip's last line. Returns the printed lines;
+    raises ``RuntimeError`` only when no TensorFlow could be installed.
+    """
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is not None:
+        return []
+    on_tpu = bool(tpu_hints()) if on_tpu is None else on_tpu
+    out: list[str] = []
+
+    def say(line: str) -> None:
+        out.append(line)
+        print(line, flush=True)
+
+    def command(args: tuple[str, ...]) -> str:
+        return "pip install " + " ".join(args)
+
+    if on_tpu:
+        say(f"TensorFlow is missing on this TPU runtime: running `{command(TPU_PIP_ARGS)}` (a minute or two)…")
+        code, last = pip(TPU_PIP_ARGS)
+        if code == 0:
+            importlib.invalidate_caches()
+            summary, problems = check()
+            say(f"Installed the TPU build. {summary}")
+            for problem in problems:
+                say("⚠️ " + problem)
+            return out
+        say(f"The TPU build did not install: `{command(TPU_PIP_ARGS)}` exited with code {code}: {last}")
+        say("Falling back to the CPU/GPU build: this notebook will run on the TPU VM's CPU, not the TPU.")
+    say(f"Running `{command(CPU_GPU_PIP_ARGS)}`…")
+    code, last = pip(CPU_GPU_PIP_ARGS)
+    if code != 0:
+        raise RuntimeError(f"`{command(CPU_GPU_PIP_ARGS)}` exited with code {code}: {last}. No TensorFlow is "
+                           "installed: check the connection, then restart the runtime and run the setup cell again.")
+    importlib.invalidate_caches()
+    say(f"Installed tensorflow=={TF_VERSION} (CPU/GPU build).")
+    return out
 
 
 @dataclasses.dataclass
@@ -237,6 +370,8 @@ def detect(
     if device in ("auto", "tpu"):
         hints = tpu_hints()
         should_try = probe_tpu if probe_tpu is not None else (bool(hints) or device == "tpu")
+        if hints and _dist_version("tensorflow-tpu"):  # say a libtpu/JAX mismatch before it bites
+            notes.extend(libtpu_check()[1])
         if should_try:
             try:
                 resolver, strategy = connect_tpu(resolver_factory)
@@ -257,7 +392,7 @@ def detect(
             except Exception as exc:  # noqa: BLE001 - any failure means "no usable TPU"
                 seen = f" ({hints[0]})" if hints else ""
                 fix = ""
-                if hints and "tensorflow-tpu" not in sys.modules and not tf.config.list_physical_devices("TPU"):
+                if hints and not _dist_version("tensorflow-tpu") and not tf.config.list_physical_devices("TPU"):
                     fix = f". If this is a TPU runtime, this TensorFlow may lack TPU support: {TPU_INSTALL_FIX}"
                 fallbacks.append(f"TPU{seen} did not connect — {_first_line(exc)}{fix}")
         else:
@@ -330,59 +465,6 @@ def detect(
     return rt
 
 
-def resolver_recipes() -> list[dict]:
-    """Run the three TPU resolver recipes seen in tutorials and report what each does *here*.
-
-    Returns rows ``{"recipe", "era", "outcome"}``. The ``tpu="local"`` recipe is only connected when a
-    TPU is plausibly present (connecting on a machine without one changes TensorFlow's state).
-    """
-    import tensorflow as tf
-
-    Resolver = tf.distribute.cluster_resolver.TPUClusterResolver
-    rows = []
-    for recipe, era, build in [
-        ('TPUClusterResolver(tpu="grpc://" + os.environ["COLAB_TPU_ADDR"])', "TPU Node (retired)",
-         lambda: Resolver(tpu="grpc://" + os.environ["COLAB_TPU_ADDR"])),
-        ("TPUClusterResolver()", "TPU Node / Cloud TPU name", lambda: Resolver()),
-    ]:
-        try:
-            build()
-            outcome = "constructed (a TPU name or address is configured here)"
-        except Exception as exc:  # noqa: BLE001
-            outcome = "raises " + _first_line(exc, 90)
-        rows.append({"recipe": recipe, "era": era, "outcome": outcome})
-    if tpu_hints():
-        rt = detect()
-        outcome = (
-            f"connected: {rt.num_replicas} replica(s)" if rt.kind == "TPU" else "failed: " + rt.fallbacks[0]
-        )
-    else:
-        Resolver(tpu="local")
-        outcome = "constructed; not connected — no TPU on this machine, so the course falls back"
-    rows.append({"recipe": 'TPUClusterResolver(tpu="local")', "era": "TPU VM (today)", "outcome": outcome})
-    return rows
-
-
-def _preview_split(per_replica_batch: int, image_shape=(32, 32, 3)) -> dict:
-    """Runs inside a fresh process: distribute one global batch and report each replica's shape."""
-    import numpy as np
-    import tensorflow as tf
-
-    rt = detect(device="cpu")
-    strategy = rt.strategy
-    global_batch = per_replica_batch * strategy.num_replicas_in_sync
-    images = np.zeros((global_batch * 2, *image_shape), dtype="float32")
-    ds = tf.data.Dataset.from_tensor_slices(images).batch(global_batch, drop_remainder=True)
-    first = next(iter(strategy.experimental_distribute_dataset(ds)))
-    shapes = [list(t.shape) for t in strategy.experimental_local_results(first)]
-    return {
-        "replicas": strategy.num_replicas_in_sync,
-        "global_batch": global_batch,
-        "per_replica_shapes": shapes,
-        "devices": [str(d) for d in strategy.extended.worker_devices],
-    }
-
-
 def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     """Run Python ``code`` in a fresh process whose CPU is split into ``replicas`` devices; return its stdout.
 
@@ -422,18 +504,6 @@ def run_with_replicas(replicas: int, strategy, fn: Callable[..., Any], timeout: 
     )
     out = run_on_cpu_replicas(replicas, code, timeout=timeout)
     return dict(json.loads(out.strip().splitlines()[-1]), where=f"a fresh process with {replicas} CPU replicas")
-
-
-def preview_on_cpu_replicas(replicas: int, per_replica_batch: int, timeout: float = 180) -> dict:
-    """How ``experimental_distribute_dataset`` splits one global batch on ``replicas`` CPU replicas.
-
-    Returns ``{"replicas", "global_batch", "per_replica_shapes", "devices"}`` from a fresh process.
-    """
-    code = (
-        "import json, course_utils.runtime as r\n"
-        f"print(json.dumps(r._preview_split({int(per_replica_batch)})))"
-    )
-    return json.loads(run_on_cpu_replicas(replicas, code, timeout).strip().splitlines()[-1])
 
 
 def _main(argv: list[str]) -> int:

@@ -44,17 +44,99 @@ def time_fn(fn: Callable[[], Any], repeats: int = 10, warmup: int = 1) -> Timing
     return Timing(statistics.median(times), times, warm)
 
 
-def matmul_tflops(n: int, dtype: str = "float32", repeats: int = 10, device: str | None = None) -> tuple[float, Timing]:
-    """Measured TFLOP/s of an ``n×n @ n×n`` matmul (2·n³ floating-point operations) on this device."""
+@dataclasses.dataclass
+class MatmulRate:
+    """What :func:`matmul_tflops` measured: ``matmuls`` chained ``n×n`` matmuls per timed call."""
+
+    n: int
+    dtype: str
+    matmuls: int  # matmuls per timed call, all inside one tf.function
+    jit: bool  # compiled with XLA (jit_compile=True)?
+    device: str
+    timing: Timing  # one entry per timed call
+    result: float  # the scalar each call returned (and the timer waited for)
+
+    @property
+    def flops_per_call(self) -> int:
+        """2·n³ floating-point operations per matmul (n³ multiplies + n³ adds), times the chain length."""
+        return 2 * self.n**3 * self.matmuls
+
+    @property
+    def samples(self):
+        """TFLOP/s of every timed call, as :class:`course_utils.report.Samples` (median and spread)."""
+        from .report import Samples
+
+        return Samples([self.flops_per_call / t / 1e12 for t in self.timing.times_s])
+
+    @property
+    def tflops(self) -> float:
+        return self.samples.median
+
+    @property
+    def xla_label(self) -> str:
+        return "with XLA" if self.jit else "without XLA"
+
+    def __str__(self) -> str:
+        return (f"{self.n}×{self.n} {self.dtype}, {self.matmuls} matmuls per call, {self.xla_label}: "
+                f"{self.samples.format('.3f', ' TFLOP/s')}")
+
+
+def matmul_chain(jit: bool):
+    """A ``tf.function`` ``chain(x, b, matmuls)``: ``x ← x @ b`` repeated ``matmuls`` times in a
+    ``tf.while_loop``, returning ``x[0, 0]`` as a float32 scalar.
+
+    Each matmul feeds the next, so no compiler can drop one; the loop runs on the device, so one call
+    costs one dispatch; the caller waits for one scalar, not for an n×n copy to the host. ``matmuls`` is a
+    tensor: one trace (and one XLA compile) serves every chain length.
+    """
     import tensorflow as tf
 
+    @tf.function(jit_compile=jit)
+    def chain(x, b, matmuls):
+        _, x = tf.while_loop(lambda i, x: i < matmuls, lambda i, x: (i + 1, tf.matmul(x, b)), (tf.constant(0), x))
+        return tf.cast(x[0, 0], tf.float32)
+
+    return chain
+
+
+def matmul_operands(n: int, dtype: str = "float32", seed: int = 0):
+    """``(x, b)`` for :func:`matmul_chain`, as numpy float32 arrays before the cast to ``dtype``: x ~ N(0, 1)
+    and b ~ N(0, 1/n), so ``x @ b`` keeps x's scale and a long chain neither overflows nor vanishes."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, n)).astype("float32")
+    b = (rng.standard_normal((n, n)) / np.sqrt(n)).astype("float32")
+    return x, b
+
+
+def matmul_tflops(n: int, dtype: str = "float32", repeats: int = 10, device: str | None = None, *,
+                  jit: bool | None = None, matmuls: int | None = None, target_s: float = 0.05,
+                  seed: int = 0) -> MatmulRate:
+    """Measured TFLOP/s of ``n×n @ n×n`` matmuls on ``device``: a chain of ``matmuls`` of them per call.
+
+    ``jit``: compile with XLA (default: ``course_utils.config.get().jit``; a TPU always does).
+    ``matmuls``: chain length per call; default: enough for about ``target_s`` seconds per call (from one
+    calibration call), at least 2 — so dispatch and the 4-byte result copy are a small part of each call.
+    One untimed warm-up call (tracing, compilation) comes first; then ``repeats`` timed calls.
+    """
+    import tensorflow as tf
+
+    from . import config
+
+    jit = config.get().jit if jit is None else bool(jit)
+    x_np, b_np = matmul_operands(n, dtype, seed)
+    chain = matmul_chain(jit)
     with tf.device(device) if device else _null():
-        a = tf.random.normal((n, n), dtype=tf.float32)
-        a = tf.cast(a, dtype)
-        b = tf.cast(tf.random.normal((n, n)), dtype)
-        step = tf.function(lambda: tf.matmul(a, b))
-        timing = time_fn(step, repeats=repeats)
-    return 2 * n**3 / timing.median_s / 1e12, timing
+        x, b = tf.cast(tf.constant(x_np), dtype), tf.cast(tf.constant(b_np), dtype)
+        chain(x, b, tf.constant(1)).numpy()  # trace + compile, not timed
+        if matmuls is None:
+            one = time_fn(lambda: chain(x, b, tf.constant(1)), repeats=1, warmup=0).median_s
+            matmuls = int(min(10_000, max(2, round(target_s / max(one, 1e-6)))))
+        k = tf.constant(int(matmuls))
+        timing = time_fn(lambda: chain(x, b, k), repeats=repeats, warmup=1)
+        result = float(chain(x, b, k).numpy())
+    return MatmulRate(n, dtype, int(matmuls), jit, device or "default", timing, result)
 
 
 class _null:

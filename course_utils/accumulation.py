@@ -299,11 +299,6 @@ class GradientAccumulator:
         tf = _tf()
         x, y = batch[0], batch[1]
         weight = batch[2] if len(batch) > 2 else None  # (x, y, sample_weight) batches
-        tf.debugging.assert_equal(
-            tf.shape(tf.nest.flatten(x)[0])[0] * self.strategy.num_replicas_in_sync, self.global_micro_batch,
-            message=f"GradientAccumulator: every micro-batch must hold global_micro_batch="
-            f"{self.global_micro_batch} examples ({self.global_micro_batch // self.strategy.num_replicas_in_sync}"
-            " per replica); batch the dataset with drop_remainder=True")
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self.per_example_loss(y, y_pred), tf.float32)
@@ -349,6 +344,14 @@ class GradientAccumulator:
     def micro_step(self, batch):
         """Add one distributed micro-batch's gradient. Returns its share of the update's mean loss
         (the sum over ``steps`` micro-steps is the mean loss over the effective batch)."""
+        tf = _tf()
+        first = tf.nest.flatten(batch)[0]
+        sizes = [t.shape[0] for t in self.strategy.experimental_local_results(first)]
+        if all(isinstance(n, int) for n in sizes) and sum(sizes) != self.global_micro_batch:
+            raise ValueError(
+                f"GradientAccumulator: a micro-batch of {sum(sizes)} examples {sizes}, expected global_micro_batch="
+                f"{self.global_micro_batch}: batch the dataset with drop_remainder=True (a ragged micro-batch would "
+                "make the mean wrong)")
         self.micro_steps_done += 1
         return self._micro_step_fn(batch)
 

@@ -44,6 +44,9 @@ class Sizes:
     model_width: int  # filters of the first conv layer; later layers scale from it
     matmul_size: int  # square matrix side for throughput probes
     timing_repeats: int  # timed repeats after one warm-up; report the median
+    # examples per step in memory demos: enough that activations, not the fixed workspaces of
+    # TensorFlow's CPU convolution kernels (~32 MiB per conv layer without XLA), dominate the peak
+    memory_batch: int = 128
 
 
 FULL_SIZES = Sizes(
@@ -56,6 +59,7 @@ FULL_SIZES = Sizes(
     model_width=32,
     matmul_size=2048,
     timing_repeats=20,
+    memory_batch=256,
 )
 
 SMOKE_SIZES = Sizes(
@@ -68,6 +72,7 @@ SMOKE_SIZES = Sizes(
     model_width=8,
     matmul_size=512,
     timing_repeats=5,
+    memory_batch=128,
 )
 
 

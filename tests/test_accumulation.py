@@ -239,7 +239,7 @@ def test_ragged_last_batch_on_four_replicas_is_refused_before_training(four):
     assert "drop_remainder=True" in ragged["dataset_unbatched_size"], ragged
     assert ragged["arrays_dropped"]["updates"] == 404 // 128, ragged  # 3 updates, last 20 dropped
     assert "dropping the last 20 of 404" in ragged["arrays_dropped"]["warning"], ragged
-    assert "global_micro_batch=32" in ragged["accumulator_ragged"], ragged
+    assert "expected global_micro_batch=32" in ragged["accumulator_ragged"], ragged
 
 
 def test_gradient_accumulator_uses_sample_weights(one_replica):

@@ -47,3 +47,19 @@ def test_replicas_and_booleans_parse():
     assert config.load({"COURSE_CPU_REPLICAS": " 4 "}).cpu_replicas == 4
     assert config.load({"COURSE_SMOKE": "Yes"}).smoke is True
     assert config.load({"COURSE_SMOKE": "0"}).smoke is False
+
+
+def test_jit_setting():
+    from course_utils import config
+
+    assert config.load({}).jit is False and config.load({}).xla_label == "without XLA"
+    on = config.load({"COURSE_JIT": "1"})
+    assert on.jit is True and on.xla_label == "with XLA" and "jit=on" in on.describe()
+    with pytest.raises(config.ConfigError, match="COURSE_JIT"):
+        config.load({"COURSE_JIT": "maybe"})
+
+
+def test_memory_batch_is_a_size():
+    from course_utils import config
+
+    assert config.load({"COURSE_SMOKE": "1"}).sizes.memory_batch <= config.load({}).sizes.memory_batch

@@ -113,3 +113,11 @@ def test_command_line_entry_point_exits_zero_here():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Accelerator:" in proc.stdout and "Result: the course can run here" in proc.stdout
+
+
+def test_doctor_shows_the_xla_setting_in_a_fresh_process():
+    env = dict(os.environ, COURSE_JIT="1")
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "doctor", "--offline"],
+                          capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "jit=on (XLA, as on a TPU)" in proc.stdout

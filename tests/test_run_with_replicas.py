@@ -1,0 +1,37 @@
+"""runtime.run_with_replicas: an experiment, called by function, here or in a fresh N-replica process."""
+
+from __future__ import annotations
+
+import pytest
+
+from course_utils import runtime
+from course_utils.experiments import accumulation as exp
+
+
+def test_runs_here_when_the_strategy_has_that_many_replicas():
+    import tensorflow as tf
+
+    one = tf.distribute.OneDeviceStrategy("/cpu:0")
+    result = runtime.run_with_replicas(1, one, exp.loss_averaging_effect)
+    assert result["where"] == "this notebook's strategy" and result["replicas"] == 1
+    assert result["update_ratio"] == pytest.approx(1.0, rel=1e-4)  # reduce_mean is right on 1 replica
+
+
+def test_runs_in_a_fresh_process_with_n_cpu_replicas():
+    import tensorflow as tf
+
+    one = tf.distribute.OneDeviceStrategy("/cpu:0")
+    result = runtime.run_with_replicas(2, one, exp.loss_averaging_effect, per_replica_batch=4)
+    assert result["where"] == "a fresh process with 2 CPU replicas"
+    assert result["replicas"] == 2 and result["global_batch"] == 8  # the kwargs arrived
+    assert result["update_ratio"] == pytest.approx(2.0, rel=1e-3)
+
+
+def test_refuses_what_a_fresh_process_cannot_import():
+    def local(strategy):
+        return {}
+
+    with pytest.raises(TypeError, match="module-level"):
+        runtime.run_with_replicas(2, None, local)
+    with pytest.raises(TypeError, match="module-level"):
+        runtime.run_with_replicas(2, None, "loss_averaging_effect")

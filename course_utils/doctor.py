@@ -4,7 +4,11 @@ Prints one line per check (✔ fine, ! warning, ✘ problem), and under each war
 exact command that fixes it. Exit code 0 when the course can run — CPU-only counts, an unreachable
 dataset is only a warning that names the offline options — and 1 with the reasons otherwise.
 
-Options: ``--offline`` skips the network check (also ``COURSE_OFFLINE=1``).
+Options: ``--offline`` skips the network check (also ``COURSE_OFFLINE=1``); ``-h``/``--help``.
+
+The doctor is the safety net: whatever the settings or the machine, it prints findings and an exit
+code, never a traceback (a bad setting is a finding, an unreadable folder is a finding, a terminal
+that cannot print ✔ gets ASCII marks).
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ class Finding:
     detail: str
     fix: str = ""
 
-    def render(self) -> str:
-        mark = {"ok": "✔", "warn": "!", "problem": "✘"}[self.level]
+    def render(self, ascii_only: bool = False) -> str:
+        mark = ({"ok": "ok", "warn": "!", "problem": "X"} if ascii_only else {"ok": "✔", "warn": "!", "problem": "✘"})[self.level]
         text = f"  {mark} {self.name}: {self.detail}"
         if self.fix:
             text += "\n      fix: " + self.fix.replace("\n", "\n           ")
@@ -56,21 +60,80 @@ def _tf_install_fix() -> str:
     return "pip install -r requirements.txt   (from the course folder)"
 
 
-def _dataset_reachable(timeout: float = 3.0) -> tuple[bool, str]:
+def _plain_network_error(exc: OSError) -> str:
+    """A network error in plain words (not ``gaierror``)."""
+    if isinstance(exc, socket.gaierror):
+        return "cannot look up the host name (no internet connection or no DNS)"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "no answer in time (a firewall, or a very slow connection)"
+    if isinstance(exc, ConnectionRefusedError):
+        return "the connection was refused"
+    return f"cannot connect ({exc.strerror or exc.__class__.__name__})"
+
+
+def _dataset_reachable(timeout: float = 3.0, progress: Callable[[str], None] | None = None) -> tuple[bool, str]:
+    last = "no host tried"
     for host, port in DATASET_HOSTS:
+        if progress:
+            progress(f"checking {host} (up to {timeout:g} s)…")
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 return True, host
         except OSError as exc:
-            last = f"{host}: {exc.__class__.__name__}"
+            last = f"{host}: {_plain_network_error(exc)}"
     return False, last
 
 
 def _tfds_has_cifar10() -> str | None:
-    """Path of an already-downloaded CIFAR-10 in the tfds data dir, if any."""
+    """Path of an already-downloaded CIFAR-10 in the tfds data dir, if any (None if unreadable)."""
     data_dir = os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
     path = os.path.join(data_dir, "cifar10")
-    return path if os.path.isdir(path) and os.listdir(path) else None
+    try:
+        return path if os.path.isdir(path) and os.listdir(path) else None
+    except OSError:  # e.g. a folder this user cannot read: not usable, so not "downloaded"
+        return None
+
+
+def _npz_problem(path: str) -> str | None:
+    """Why the npz at ``path`` cannot be used by the course, or None if it can."""
+    import zipfile
+
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    if not os.path.exists(path):
+        return f"COURSE_DATA points at {path}, which does not exist"
+    if not os.path.isfile(path):
+        return f"COURSE_DATA points at {path}, which is not a file"
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+        if magic == b"\x93NUMPY":
+            return f"{path} is a single .npy array, not an .npz archive of x_train/y_train/x_test/y_test"
+        if not magic.startswith(b"PK"):
+            return f"{path} is not a readable .npz archive (not a zip file: another format, or corrupt)"
+        with np.load(path, allow_pickle=False) as f:
+            if not hasattr(f, "files"):
+                return f"{path} is a single .npy array, not an .npz archive of x_train/y_train/x_test/y_test"
+            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f.files]
+            if missing:
+                return f"{path} lacks the arrays {', '.join(missing)} (has: {', '.join(f.files) or 'none'})"
+            for k in ("x_train", "y_train", "x_test", "y_test"):
+                a = f[k]
+                if a.dtype == object:
+                    return f"{path}: {k} is an object array (pickled Python objects), not numbers"
+                if a.shape[0] == 0:
+                    return f"{path}: {k} is empty"
+    except PermissionError:
+        return f"{path} cannot be read (permission denied)"
+    except (zipfile.BadZipFile, EOFError, OSError) as exc:
+        return f"{path} is not a readable .npz archive (corrupt or truncated: {str(exc).splitlines()[0][:120]})"
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            return f"{path} holds pickled Python objects, which the course will not load (unsafe); save plain arrays"
+        return f"{path} is not a readable .npz archive ({str(exc).splitlines()[0][:120]})"
+    return None
 
 
 def run_checks(
@@ -133,20 +196,30 @@ def run_checks(
         out.append(Finding("ok", "tensorflow-datasets", tfds_version))
 
     hints = tpu_hints()
-    if tf_usable:
+    if tf_usable and cfg is None:
+        out.append(Finding("warn", "Accelerator", "not checked: fix the course setting above first",
+                           "unset or correct the variable named above, then run the doctor again"))
+    elif tf_usable:
         from . import runtime
 
         rt = runtime.detect(use_cache=False)
         why = "; ".join(rt.fallbacks) or "nothing to fall back from"
+        accelerator_fix = ("in Colab: Runtime → Change runtime type → v5e-1 TPU (or a GPU), then run the notebook "
+                           "again; elsewhere nothing to do: every lesson runs on a CPU, only slower")
         if rt.kind == "TPU":
             out.append(Finding("ok", "Accelerator", f"TPU, {rt.num_replicas} replica(s)"))
         elif hints:
             out.append(Finding("warn", "Accelerator", f"{rt.kind} — a TPU seems attached ({hints[0]}) but did not connect. Fell back: {why}",
                                TPU_INSTALL_FIX))
+        elif cfg.device == "tpu":
+            out.append(Finding("warn", "Accelerator", f"COURSE_DEVICE=tpu, but no TPU was found; using {rt.kind}. Fell back: {why}",
+                               "in Colab: Runtime → Change runtime type → v5e-1 TPU; or unset COURSE_DEVICE to use what "
+                               "this machine has"))
         else:
             out.append(Finding("warn" if rt.kind == "CPU" else "ok", "Accelerator",
                                f"{rt.kind}, {rt.num_replicas} replica(s). Fell back: {why}"
-                               + (" — the course runs on CPU, slower; timings will differ from TPU/GPU" if rt.kind == "CPU" else "")))
+                               + (" — the course runs on CPU, slower; timings will differ from TPU/GPU" if rt.kind == "CPU" else ""),
+                               accelerator_fix if rt.kind == "CPU" else ""))
         import tensorflow as tf
 
         has_tpu_support = bool(tf.config.list_physical_devices("TPU")) or importlib.util.find_spec("libtpu") is not None
@@ -174,24 +247,59 @@ def run_checks(
         else:
             out.append(Finding("warn", "Dataset", f"CIFAR-10 source not reachable ({where})", offline_options))
     if cfg is not None and cfg.data.startswith("npz:"):
-        path = cfg.data[4:]
-        if not os.path.isfile(path):
-            out.append(Finding("problem", "Dataset", f"COURSE_DATA points at {path}, which does not exist",
-                               "fix the path, or unset COURSE_DATA"))
+        problem = _npz_problem(os.path.expanduser(cfg.data[4:]))
+        if problem:
+            out.append(Finding("problem", "Dataset", problem,
+                               "point COURSE_DATA at a course npz (course_utils.data.write_npz makes one), "
+                               "or use COURSE_DATA=synthetic / tfds"))
     return out
+
+
+USAGE = "usage: python -m course_utils doctor [--offline] [-h]"
+HELP = f"""{USAGE}
+
+Checks Python, the course settings (COURSE_* variables), TensorFlow/Keras, the accelerator and TPU
+support, and whether CIFAR-10 can be loaded; prints the exact fix under each warning or problem.
+Exit code 0 when the course can run here (CPU-only counts), 1 otherwise.
+
+  --offline   skip the network check (also COURSE_OFFLINE=1)
+  -h, --help  show this help"""
+
+
+def _can_print(text: str) -> bool:
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        text.encode(encoding)
+        return True
+    except (UnicodeEncodeError, LookupError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv or [])
+    if "-h" in argv or "--help" in argv:
+        print(HELP)
+        return 0
     unknown = [a for a in argv if a not in ("--offline",)]
     if unknown:
-        print(f"doctor: unknown option(s) {' '.join(unknown)}; usage: python -m course_utils doctor [--offline]",
-              file=sys.stderr)
+        print(f"doctor: unknown option(s) {' '.join(unknown)}; {USAGE}", file=sys.stderr)
         return 2
+    ascii_only = not _can_print("✔✘—→·…×≥")
+    if ascii_only:  # e.g. a cp1252 or ASCII terminal: replace what it cannot show instead of crashing
+        try:
+            sys.stdout.reconfigure(errors="replace")
+        except (AttributeError, ValueError):
+            pass
     print("course_utils doctor — can this environment run the course?")
-    findings = run_checks(network="--offline" not in argv)
+    network = "--offline" not in argv and os.environ.get("COURSE_OFFLINE", "").strip().lower() not in _config.TRUE_WORDS
+    if network:
+        def progress(line):
+            print(f"  … {line}", flush=True)
+        findings = run_checks(network=True, reachable=lambda: _dataset_reachable(progress=progress))
+    else:
+        findings = run_checks(network=False)
     for f in findings:
-        print(f.render())
+        print(f.render(ascii_only))
     problems = [f for f in findings if f.level == "problem"]
     warnings = [f for f in findings if f.level == "warn"]
     if problems:

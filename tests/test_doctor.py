@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(autouse=True)
 def no_network_and_no_tpu(monkeypatch):
-    monkeypatch.setattr(doctor, "_dataset_reachable", lambda timeout=3.0: (False, "storage.googleapis.com: timeout"))
+    monkeypatch.setattr(doctor, "_dataset_reachable",
+                        lambda timeout=3.0, progress=None: (False, "storage.googleapis.com: timeout"))
     monkeypatch.setattr(doctor, "tpu_hints", lambda: [])
     monkeypatch.setattr(doctor, "_tfds_has_cifar10", lambda: None)
     for var in ("COURSE_DATA", "COURSE_CPU_REPLICAS", "COURSE_DEVICE", "COURSE_OFFLINE"):
@@ -44,7 +45,7 @@ def test_unreachable_dataset_is_a_warning_naming_offline_options(capsys):
 
 
 def test_reachable_dataset_is_fine(monkeypatch, capsys):
-    monkeypatch.setattr(doctor, "_dataset_reachable", lambda timeout=3.0: (True, "storage.googleapis.com"))
+    monkeypatch.setattr(doctor, "_dataset_reachable", lambda timeout=3.0, progress=None: (True, "storage.googleapis.com"))
     assert doctor.main([]) == 0
     assert "✔ Dataset: CIFAR-10 source reachable (storage.googleapis.com)" in capsys.readouterr().out
 
@@ -121,3 +122,132 @@ def test_doctor_shows_the_xla_setting_in_a_fresh_process():
                           capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "jit=on (XLA, as on a TPU)" in proc.stdout
+
+
+# -- issue 9 §2: the safety net must not fall ------------------------------------------------------
+
+BAD_SETTINGS = [
+    ("COURSE_SMOKE", "maybe"), ("COURSE_CPU_REPLICAS", "abc"), ("COURSE_CPU_REPLICAS", "0"),
+    ("COURSE_CPU_REPLICAS", "1000"), ("COURSE_DEVICE", "typo"), ("COURSE_DATA", "bogus"), ("COURSE_DATA", "npz:"),
+    ("COURSE_JIT", "perhaps"),
+]
+
+
+def _doctor(env_updates: dict, *args: str, encoding: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
+    env.update(env_updates, TF_CPP_MIN_LOG_LEVEL="3")
+    if encoding:
+        env["PYTHONIOENCODING"] = encoding
+    return subprocess.run([sys.executable, "-m", "course_utils", "doctor", "--offline", *args],
+                          cwd=ROOT, env=env, capture_output=True, timeout=300)
+
+
+@pytest.mark.parametrize("name, value", BAD_SETTINGS, ids=[f"{n}={v}" for n, v in BAD_SETTINGS])
+def test_each_bad_setting_is_one_clear_problem_in_a_fresh_process(name, value):
+    proc = _doctor({name: value})
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in out + err
+    problems = [line for line in out.splitlines() if line.strip().startswith("✘")]
+    assert len(problems) == 1 and name in problems[0], out
+    assert "not checked: fix the course setting above first" in out  # no detect() with a bad setting
+
+
+def test_help_is_not_an_unknown_option():
+    for flag in ("-h", "--help"):
+        proc = subprocess.run([sys.executable, "-m", "course_utils", "doctor", flag], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and "--offline" in proc.stdout and "unknown" not in proc.stderr
+
+
+def test_an_ascii_terminal_gets_ascii_marks_not_a_unicode_error():
+    proc = _doctor({}, encoding="ascii")
+    out = proc.stdout.decode("ascii")  # raises if anything non-ASCII came out
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr.decode(errors="replace")
+    assert "  ok Python:" in out and "Result: the course can run here" in out
+
+
+def _npz_cases(tmp_path):
+    import zipfile
+
+    import numpy as np
+
+    good = dict(x_train=np.zeros((4, 32, 32, 3), "uint8"), y_train=np.zeros(4, "int64"),
+                x_test=np.zeros((2, 32, 32, 3), "uint8"), y_test=np.zeros(2, "int64"))
+    cases = {}
+    (tmp_path / "random.npz").write_bytes(os.urandom(2048))
+    cases["random bytes"] = (tmp_path / "random.npz", "not a readable .npz")
+    np.savez(tmp_path / "full.npz", **good)
+    data = (tmp_path / "full.npz").read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(data[: len(data) // 2])
+    cases["truncated zip"] = (tmp_path / "truncated.npz", "not a readable .npz")
+    np.save(tmp_path / "single.npy", good["x_train"])
+    cases[".npy"] = (tmp_path / "single.npy", "single .npy array")
+    np.savez(tmp_path / "objects.npz", **dict(good, y_train=np.array([{"a": 1}] * 4, dtype=object)))
+    cases["object array"] = (tmp_path / "objects.npz", "pickled")
+    np.savez(tmp_path / "missing.npz", x_train=good["x_train"])
+    cases["missing members"] = (tmp_path / "missing.npz", "lacks the arrays")
+    np.savez(tmp_path / "empty.npz", **dict(good, x_train=np.zeros((0, 32, 32, 3), "uint8")))
+    cases["empty"] = (tmp_path / "empty.npz", "is empty")
+    with zipfile.ZipFile(tmp_path / "crc.npz", "w", zipfile.ZIP_STORED) as z:
+        for k, v in good.items():
+            import io
+            buf = io.BytesIO()
+            np.save(buf, v)
+            z.writestr(k + ".npy", buf.getvalue())
+    raw = bytearray((tmp_path / "crc.npz").read_bytes())
+    raw[200] ^= 0xFF  # flip a byte inside the first member's data: CRC mismatch
+    (tmp_path / "crc.npz").write_bytes(bytes(raw))
+    cases["CRC broken"] = (tmp_path / "crc.npz", "not a readable .npz")
+    cases["directory"] = (tmp_path, "not a file")
+    return cases
+
+
+def test_each_npz_defect_is_named(tmp_path):
+    for what, (path, expected) in _npz_cases(tmp_path).items():
+        problem = doctor._npz_problem(str(path))
+        assert problem is not None and expected in problem, (what, problem)
+    np = pytest.importorskip("numpy")
+    ok = tmp_path / "ok.npz"
+    np.savez(ok, x_train=np.zeros((4, 32, 32, 3), "uint8"), y_train=np.zeros(4, "int64"),
+             x_test=np.zeros((2, 32, 32, 3), "uint8"), y_test=np.zeros(2, "int64"))
+    assert doctor._npz_problem(str(ok)) is None
+
+
+def test_a_corrupt_npz_is_a_problem_in_a_fresh_process(tmp_path):
+    (tmp_path / "bad.npz").write_bytes(b"not a zip at all")
+    proc = _doctor({"COURSE_DATA": f"npz:{tmp_path / 'bad.npz'}"})
+    out = proc.stdout.decode()
+    assert proc.returncode == 1 and "Traceback" not in out + proc.stderr.decode()
+    assert "✘ Dataset:" in out and "not a readable .npz" in out
+
+
+def test_unreadable_tfds_folder_is_not_a_crash(tmp_path, monkeypatch):
+    folder = tmp_path / "cifar10"
+    folder.mkdir()
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(os, "listdir", lambda p: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    assert doctor._tfds_has_cifar10() is None
+
+
+def test_network_errors_in_plain_words():
+    import socket
+
+    assert "look up the host name" in doctor._plain_network_error(socket.gaierror(-2, "Name or service not known"))
+    assert "no answer in time" in doctor._plain_network_error(socket.timeout("timed out"))
+    assert "refused" in doctor._plain_network_error(ConnectionRefusedError(111, "Connection refused"))
+
+
+def test_every_warning_has_a_fix_line(monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "tpu")
+    from course_utils import config
+
+    config.reload()
+    try:
+        findings = doctor.run_checks(network=True, reachable=lambda: (False, "storage.googleapis.com: no answer"))
+    finally:
+        monkeypatch.delenv("COURSE_DEVICE")
+        config.reload()
+    warnings = [f for f in findings if f.level == "warn"]
+    assert warnings and all(f.fix for f in warnings), [f for f in warnings if not f.fix]
+    assert any("COURSE_DEVICE=tpu" in f.detail for f in warnings)

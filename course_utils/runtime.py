@@ -98,8 +98,8 @@ def _dist_requires(name: str) -> list[str]:
         return []
 
 
-def libtpu_check(version: Callable[[str], str | None] = _dist_version,
-                 requires: Callable[[str], list[str]] = _dist_requires) -> tuple[str, list[str]]:
+def libtpu_check(version: Callable[[str], str | None] | None = None,
+                 requires: Callable[[str], list[str]] | None = None) -> tuple[str, list[str]]:
     """Which libtpu is installed, and whether TensorFlow's TPU build and JAX both accept it.
 
     Colab's TPU image ships JAX, whose ``tpu`` extra pins its own libtpu; ``tensorflow-tpu`` declares
@@ -112,6 +112,7 @@ def libtpu_check(version: Callable[[str], str | None] = _dist_version,
     except ImportError:  # pragma: no cover - packaging comes with pip, TensorFlow and JAX
         return "libtpu: cannot check (the 'packaging' module is missing)", []
 
+    version, requires = version or _dist_version, requires or _dist_requires
     installed = {name: version(name) for name in LIBTPU_DISTRIBUTIONS}
     have = [f"{n} {v}" for n, v in installed.items() if v]
     parts = ["libtpu installed: " + (", ".join(have) if have else "none")]
@@ -157,7 +158,7 @@ def _pip_install(args: tuple[str, ...]) -> tuple[int, str]:
 
 def install_tensorflow(on_tpu: bool | None = None,
                        pip: Callable[[tuple[str, ...]], tuple[int, str]] = _pip_install,
-                       check: Callable[[], tuple[str, list[str]]] = libtpu_check) -> list[str]:
+                       check: Callable[[], tuple[str, list[str]]] | None = None) -> list[str]:
     """Install TensorFlow where it is missing (Colab's TPU runtimes ship without it); print what happened.
 
     Nothing happens when TensorFlow is importable. On a machine with a TPU (:func:`tpu_hints`, or
@@ -187,7 +188,7 @@ def install_tensorflow(on_tpu: bool | None = None,
         code, last = pip(TPU_PIP_ARGS)
         if code == 0:
             importlib.invalidate_caches()
-            summary, problems = check()
+            summary, problems = (check or libtpu_check)()
             say(f"Installed the TPU build. {summary}")
             for problem in problems:
                 say("⚠️ " + problem)

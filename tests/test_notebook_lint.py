@@ -200,11 +200,12 @@ def test_stock_nbfmt_output_is_rejected(repo_root: Path) -> None:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda s: s.replace("tensorflow-tpu==2.20.0", "tensorflow-tpu"), r"line 13 is .*tensorflow-tpu"),
+        (lambda s: s.replace("install_tensorflow()", "install_tensorflow(on_tpu=True)"),
+         r"line 16 is 'install_tensorflow\(on_tpu=True\)"),
         (lambda s: s + "\nprint('extra')", rf"has {_SETUP_LINES + 1} lines, expected {_SETUP_LINES}"),
         (lambda s: s.replace(REPO, "someone-else/fork"), r"setup cell points at .*someone-else/fork"),
     ],
-    ids=["changed-pin", "extra-line", "other-repo"],
+    ids=["changed-install-call", "extra-line", "other-repo"],
 )
 def test_modified_setup_cell_is_rejected(repo_root: Path, edit, message: str) -> None:
     nb = good_notebook()

@@ -42,11 +42,15 @@ def test_cpu_strategy_has_the_requested_replicas_and_fit_works(replicas, strateg
     assert any("device='cpu' requested" in n for n in info["notes"])  # it says why it is on CPU
 
 
-def test_preview_splits_the_global_batch_evenly():
-    split = runtime.preview_on_cpu_replicas(replicas=2, per_replica_batch=8)
+def test_one_global_batch_splits_evenly_across_replicas():
+    from course_utils.experiments.tpu import split_one_batch
+
+    split = runtime.run_with_replicas(2, None, split_one_batch, per_replica_batch=8)
+    assert split["where"] == "a fresh process with 2 CPU replicas"
     assert split["replicas"] == 2
     assert split["global_batch"] == 16
     assert split["per_replica_shapes"] == [[8, 32, 32, 3], [8, 32, 32, 3]]
+    assert split["per_replica_ids"] == [list(range(8)), list(range(8, 16))]  # consecutive slices, no overlap
     assert [d.split(":")[-1] for d in split["devices"]] == ["0", "1"]
 
 
@@ -170,3 +174,129 @@ def test_setup_prints_the_summary(capsys):
     assert out.startswith(f"Runtime: {rt.kind} · {rt.num_replicas} replica")
     assert f"TensorFlow {rt.tf_version} · Keras {rt.keras_version} (backend: tensorflow)" in out
     assert "Config: mode=" in out
+
+
+# --- Installing TensorFlow on a Colab TPU runtime, and the libtpu check (fakes: no pip, no TPU) ---
+
+JAX_REQUIRES = ['jaxlib<=0.10.2,>=0.10.2; extra == "tpu"', 'libtpu==0.0.42.*; extra == "tpu"']
+TF_TPU_REQUIRES = ["numpy>=1.26.0", "libtpu~=0.0.14", 'nvidia-nccl-cu12<3.0; extra == "and-cuda"']
+
+
+def _metadata(**versions):
+    names = {k.replace("_", "-"): v for k, v in versions.items()}
+    requires = {"jax": JAX_REQUIRES, "tensorflow-tpu": TF_TPU_REQUIRES}
+    return names.get, lambda name: requires.get(name, []) if names.get(name) else []
+
+
+def test_libtpu_check_accepts_a_libtpu_both_frameworks_allow():
+    summary, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.42", jax="0.10.2", tensorflow_tpu="2.20.0"))
+    assert problems == []
+    assert "libtpu installed: libtpu 0.0.42" in summary
+    assert "tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14 (satisfied)" in summary
+    assert "JAX 0.10.2 asks for libtpu==0.0.42.* (satisfied)" in summary
+
+
+def test_libtpu_check_names_a_jax_mismatch():
+    _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.14", jax="0.10.2", tensorflow_tpu="2.20.0"))
+    assert len(problems) == 1
+    assert "JAX on this image (0.10.2) pins libtpu==0.0.42.*, but libtpu 0.0.14 is installed" in problems[0]
+
+
+def test_libtpu_check_names_a_tensorflow_mismatch_and_the_fix():
+    _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.13", tensorflow_tpu="2.20.0"))
+    assert len(problems) == 1
+    assert "tensorflow-tpu 2.20.0 needs libtpu~=0.0.14, but libtpu 0.0.13 is installed" in problems[0]
+    assert runtime.LIBTPU_TF_INDEX in problems[0]
+
+
+def test_libtpu_check_flags_two_libtpus_and_a_missing_one():
+    _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.42", libtpu_nightly="0.1.dev20231213"))
+    assert problems and "two libtpu packages are installed" in problems[0]
+    _, problems = runtime.libtpu_check(*_metadata(tensorflow_tpu="2.20.0", jax="0.10.2"))
+    assert any("no libtpu is installed" in p for p in problems)
+    assert not any("JAX" in p for p in problems)  # JAX without libtpu was not set up for TPU: not a mismatch
+
+
+def test_detect_on_a_tpu_machine_notes_a_libtpu_mismatch(monkeypatch):
+    version, requires = _metadata(libtpu="0.0.13", tensorflow_tpu="2.20.0")
+    monkeypatch.setattr(runtime, "tpu_hints", lambda: ["/dev/vfio/0 exists (TPU v5e/v6e device file)"])
+    monkeypatch.setattr(runtime, "_dist_version", version)
+    monkeypatch.setattr(runtime, "_dist_requires", requires)
+
+    def broken_resolver(tpu):
+        raise ConnectionError("simulated")
+
+    rt = runtime.detect(resolver_factory=broken_resolver, use_cache=False)
+    assert rt.kind != "TPU"
+    assert any(n.startswith("libtpu mismatch: tensorflow-tpu 2.20.0 needs libtpu~=0.0.14") for n in rt.notes)
+    assert "Note: libtpu mismatch" in rt.summary()
+
+
+@pytest.fixture
+def no_tensorflow(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
+
+
+def _fake_pip(*results):
+    calls = []
+
+    def pip(args):
+        calls.append(tuple(args))
+        return results[len(calls) - 1]
+
+    return pip, calls
+
+
+def test_install_does_nothing_where_tensorflow_exists():
+    pip, calls = _fake_pip()
+    assert runtime.install_tensorflow(on_tpu=True, pip=pip) == []
+    assert calls == []
+
+
+def test_install_on_a_tpu_uses_the_documented_find_links_command(no_tensorflow, capsys):
+    pip, calls = _fake_pip((0, ""))
+    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.42",
+                                                                          ["libtpu mismatch: simulated"]))
+    assert calls == [("tensorflow-tpu==2.20.0",
+                      "--find-links=https://storage.googleapis.com/libtpu-tf-releases/index.html")]
+    assert "Installed the TPU build. libtpu installed: libtpu 0.0.42" in lines
+    assert "⚠️ libtpu mismatch: simulated" in lines
+    assert "⚠️ libtpu mismatch: simulated" in capsys.readouterr().out
+
+
+def test_a_failed_tpu_install_is_named_and_falls_back(no_tensorflow):
+    pip, calls = _fake_pip((1, "ERROR: No matching distribution found for libtpu~=0.0.14"), (0, ""))
+    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("", []))
+    assert calls == [runtime.TPU_PIP_ARGS, ("tensorflow==2.20.0",)]
+    failed = [ln for ln in lines if ln.startswith("The TPU build did not install")]
+    assert failed == ["The TPU build did not install: `pip install tensorflow-tpu==2.20.0 "
+                      f"--find-links={runtime.LIBTPU_TF_INDEX}` exited with code 1: "
+                      "ERROR: No matching distribution found for libtpu~=0.0.14"]
+    assert any("will run on the TPU VM's CPU" in ln for ln in lines)
+    assert lines[-1] == "Installed tensorflow==2.20.0 (CPU/GPU build)."
+
+
+def test_no_tpu_installs_the_cpu_gpu_build_only(no_tensorflow):
+    pip, calls = _fake_pip((0, ""))
+    runtime.install_tensorflow(on_tpu=False, pip=pip)
+    assert calls == [("tensorflow==2.20.0",)]
+
+
+def test_when_nothing_installs_the_error_names_the_command_and_exit_code(no_tensorflow):
+    pip, _ = _fake_pip((1, "tpu: no wheel"), (2, "ERROR: Could not find a version"))
+    with pytest.raises(RuntimeError, match=r"`pip install tensorflow==2\.20\.0` exited with code 2: ERROR: Could not find"):
+        runtime.install_tensorflow(on_tpu=True, pip=pip)
+
+
+def test_old_recipes_report_what_they_do_here(monkeypatch):
+    from course_utils.experiments.tpu import resolver_recipes
+
+    for name in (*runtime.TPU_ENV_VARS, "COLAB_TPU_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(runtime, "tpu_hints", lambda: [])
+    rows = resolver_recipes()
+    assert [r["outcome"].split(":")[0] for r in rows[:2]] == ["raises KeyError", "raises ValueError"]
+    assert rows[2]["outcome"].startswith("constructed; not connected")

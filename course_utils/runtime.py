@@ -223,10 +223,13 @@ class Runtime:
     tpu_resolver: Any = None
     _strategy: Any = dataclasses.field(default=None, repr=False)
     _factory: Callable[[], Any] | None = dataclasses.field(default=None, repr=False)
+    _stale: str = dataclasses.field(default="", repr=False)  # why this object no longer matches the devices
 
     @property
     def strategy(self):
         """The ``tf.distribute.Strategy`` to build models under (``with runtime.strategy.scope():``)."""
+        if self._stale and self._strategy is None:
+            raise RuntimeError(f"this Runtime is out of date: {self._stale}")
         if self._strategy is None:
             self._strategy = self._factory()
             actual = self._strategy.num_replicas_in_sync
@@ -249,6 +252,8 @@ class Runtime:
         ]
         if self.fallbacks:
             lines.append("Fell back: " + "; ".join(self.fallbacks))
+        if self._stale:
+            lines.append(f"OUT OF DATE: {self._stale}")
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -293,23 +298,23 @@ def connect_tpu(resolver_factory: Callable[..., Any] | None = None):
     return resolver, tf.distribute.TPUStrategy(resolver)
 
 
-def _split_cpu(tf, n: int) -> tuple[int, str | None]:
-    """Configure n logical CPU devices; returns (replicas obtained, problem or None)."""
+def _split_cpu(tf, n: int | None) -> tuple[int, str | None]:
+    """Configure n logical CPU devices (``None``: keep whatever split this process already has);
+    returns (replicas obtained, problem or None). Never lists devices before configuring them:
+    listing starts TensorFlow, after which the split cannot change."""
     cpu = tf.config.list_physical_devices("CPU")[0]
-    wanted = [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+    current = tf.config.get_logical_device_configuration(cpu) or []
+    configured = max(1, len(current))
+    if n is None or n == configured:
+        return configured, None
     try:
-        current = tf.config.get_logical_device_configuration(cpu)
-        if (current and len(current) == n) or (not current and n == 1):
-            return n, None
-        tf.config.set_logical_device_configuration(cpu, wanted if n > 1 else None)
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
         return n, None
-    except RuntimeError:
-        have = len(tf.config.list_logical_devices("CPU"))
-        if have == n:
-            return n, None
-        return have, (
-            f"could not split the CPU into {n} replicas because TensorFlow already started with {have}; "
-            f"restart the kernel and run the setup cell first (or set COURSE_CPU_REPLICAS={n} before starting)"
+    except RuntimeError:  # TensorFlow already started with `configured` devices
+        return configured, (
+            f"could not split the CPU into {n} replica(s): this process already started TensorFlow with "
+            f"{configured}; restart the kernel and run the setup cell first"
+            + ("" if _config.get().cpu_replicas == n else f" (or set COURSE_CPU_REPLICAS={n} before starting)")
         )
 
 
@@ -333,6 +338,7 @@ def detect(
     resolver_factory: replaces ``TPUClusterResolver`` (tests make it fail).
     """
     cfg = _config.get()
+    explicit = cpu_replicas is not None
     n = cfg.cpu_replicas if cpu_replicas is None else int(cpu_replicas)
     if not 1 <= n <= _config.MAX_CPU_REPLICAS:
         raise _config.ConfigError(f"cpu_replicas={n} is out of range: use 1 to {_config.MAX_CPU_REPLICAS}.")
@@ -438,8 +444,10 @@ def detect(
             return rt
         fallbacks.append("GPU — none visible to TensorFlow")
 
-    # 4. CPU
-    got, problem = _split_cpu(tf, n)
+    # 4. CPU. Re-running the setup cell (no explicit cpu_replicas) keeps the split this process has:
+    # after detect(cpu_replicas=4) TensorFlow cannot go back to one device anyway.
+    keep = not explicit and n == cfg.cpu_replicas and _cpu_split_in_use(tf)
+    got, problem = _split_cpu(tf, None if keep else n)
     if problem:
         fallbacks.append(f"CPU split — {problem}")
     names = tuple(f"/device:CPU:{i}" for i in range(got))
@@ -459,11 +467,17 @@ def detect(
         _factory=factory,
         **common,
     )
-    # Drop cached CPU runtimes with another split: their strategy would no longer match the devices.
-    for k in [k for k, v in _CACHE.items() if v.kind == "CPU" and v.num_replicas != got and v._strategy is None]:
-        del _CACHE[k]
+    # Cached CPU runtimes with another split no longer match the devices: drop them, and make any
+    # Runtime object a notebook still holds say so instead of silently reporting the old split.
+    for k in [k for k, v in _CACHE.items() if v.kind == "CPU" and v.num_replicas != got]:
+        _CACHE.pop(k)._stale = f"the CPU is now split into {got} device(s) by a later detect(); call detect() again"
     _CACHE[key] = rt
     return rt
+
+
+def _cpu_split_in_use(tf) -> bool:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    return len(tf.config.get_logical_device_configuration(cpu) or []) > 1
 
 
 def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:

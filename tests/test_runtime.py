@@ -147,7 +147,7 @@ def test_cpu_split_after_tensorflow_started_is_reported_not_raised():
     wanted = have + 1
     rt = runtime.detect(cpu_replicas=wanted, device="cpu", use_cache=False)
     assert rt.num_replicas == have
-    assert any(f"could not split the CPU into {wanted} replicas" in f and "restart" in f for f in rt.fallbacks)
+    assert any(f"could not split the CPU into {wanted} replica(s)" in f and "restart" in f for f in rt.fallbacks)
 
 
 def test_invalid_settings_are_clear_errors():
@@ -300,3 +300,62 @@ def test_old_recipes_report_what_they_do_here(monkeypatch):
     rows = resolver_recipes()
     assert [r["outcome"].split(":")[0] for r in rows[:2]] == ["raises KeyError", "raises ValueError"]
     assert rows[2]["outcome"].startswith("constructed; not connected")
+
+
+# -- issue 9 §3: re-running the setup cell, stale runtimes (each in a fresh process: the split is global) --
+
+def _fresh(code: str) -> str:
+    import subprocess
+    import sys
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
+    env.update(COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_setup_cell_can_be_rerun_after_a_four_replica_split():
+    out = _fresh(
+        "import course_utils\n"
+        "course_utils.setup(verbose=False)\n"
+        "rt4 = course_utils.detect(cpu_replicas=4)\n"
+        "rt4.strategy\n"
+        "again = course_utils.setup(verbose=False)\n"
+        "print(again.num_replicas, again.strategy.num_replicas_in_sync, bool(again.fallbacks[-1:] and 'CPU split' in again.fallbacks[-1]))\n"
+    )
+    assert out.split() == ["4", "4", "False"]  # keeps the split, quietly
+
+
+def test_a_runtime_replaced_by_another_split_says_it_is_out_of_date():
+    out = _fresh(
+        "import course_utils\n"
+        "rt4 = course_utils.detect(cpu_replicas=4)\n"
+        "rt2 = course_utils.detect(cpu_replicas=2)\n"
+        "print(rt2.strategy.num_replicas_in_sync)\n"
+        "print('OUT OF DATE' in rt4.summary())\n"
+        "try:\n    rt4.strategy\nexcept RuntimeError as e:\n    print('raised:', e)\n"
+    )
+    lines = out.splitlines()
+    assert lines[0] == "2" and lines[1] == "True"
+    assert lines[2].startswith("raised: this Runtime is out of date") and "call detect() again" in lines[2]
+
+
+def test_a_split_too_late_names_the_fix_without_repeating_a_variable_already_set():
+    code = (
+        "import course_utils, tensorflow as tf\n"
+        "tf.constant(1)\n"  # TensorFlow has started with one CPU device
+        "rt = course_utils.detect(cpu_replicas=4)\n"
+        "print(rt.num_replicas); print(rt.fallbacks[-1])\n"
+    )
+    out = _fresh(code)
+    assert out.splitlines()[0] == "1" and "restart the kernel" in out and "COURSE_CPU_REPLICAS=4" in out
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
+    env.update(COURSE_DEVICE="cpu", COURSE_CPU_REPLICAS="4", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert "restart the kernel" in proc.stdout and "set COURSE_CPU_REPLICAS=4" not in proc.stdout

@@ -24,7 +24,7 @@ from . import config as _config
 from .runtime import TPU_INSTALL_FIX, in_colab, tpu_hints
 
 PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (COURSE_DESIGN §2)
-MIN_PYTHON = (3, 10)
+MIN_PYTHON = (3, 11)  # Keras 3.13 and later (Colab's) need Python 3.11
 # Where tensorflow-datasets fetches CIFAR-10: its GCS mirror first, then the original host.
 DATASET_HOSTS = (("storage.googleapis.com", 443), ("www.cs.toronto.edu", 443))
 
@@ -150,8 +150,8 @@ def run_checks(
     if (py.major, py.minor) >= MIN_PYTHON:
         out.append(Finding("ok", "Python", f"{py.major}.{py.minor}.{py.micro}"))
     else:
-        out.append(Finding("problem", "Python", f"{py.major}.{py.minor} is too old (need ≥ 3.10)",
-                           "use Python 3.10-3.12 (Colab's is fine)"))
+        out.append(Finding("problem", "Python", f"{py.major}.{py.minor} is too old (need ≥ 3.11: Keras 3.13 and later need it)",
+                           "use Python 3.11, 3.12 or 3.13 (Colab's is fine): python3.12 -m venv .venv"))
 
     try:
         cfg = _config.load()

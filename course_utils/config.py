@@ -44,8 +44,8 @@ class Sizes:
     model_width: int  # filters of the first conv layer; later layers scale from it
     matmul_size: int  # square matrix side for throughput probes
     timing_repeats: int  # timed repeats after one warm-up; report the median
-    # examples per step in memory demos: enough that activations, not the fixed workspaces of
-    # TensorFlow's CPU convolution kernels (~32 MiB per conv layer without XLA), dominate the peak
+    # examples per step in memory demos: enough that activations dominate the peak, not the part of a
+    # CPU step's peak that does not grow with the batch (conv scratch space, whole allocator blocks)
     memory_batch: int = 128
 
 

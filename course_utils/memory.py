@@ -12,6 +12,9 @@ Three helpers, each saying exactly what it counts (COURSE_DESIGN §6):
   statistics, run, read ``tf.config.experimental.get_memory_info(device)["peak"]`` (TPU, GPU, and CPU
   when oneDNN is on), otherwise fall back to the process's peak resident memory (RSS) growth. The
   result always names the method used.
+- :func:`measure_peak_isolated` / :func:`measure_peaks_isolated` — the same, for a step built in a
+  **fresh process**, so that nothing this process ran before changes the figure (on a CPU; on a
+  TPU/GPU, which belongs to this process, they measure here and say so).
 
 Two hardware helpers for choosing and interpreting mixed precision:
 
@@ -24,9 +27,13 @@ Two hardware helpers for choosing and interpreting mixed precision:
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 __all__ = [
     "MemoryEstimate",
@@ -37,6 +44,8 @@ __all__ = [
     "estimate_training_memory",
     "format_bytes",
     "measure_peak",
+    "measure_peak_isolated",
+    "measure_peaks_isolated",
     "optimizer_slots_per_variable",
     "recommended_policy",
     "variable_bytes",
@@ -328,12 +337,16 @@ MEMORY_INFO = "tf.config.experimental.get_memory_info"
 
 @dataclasses.dataclass
 class PeakMemory:
-    """A measured peak: ``peak_bytes`` on ``device``, measured by ``method``; ``result`` is what fn returned."""
+    """A measured peak: ``peak_bytes`` on ``device``, measured by ``method``; ``result`` is what fn returned.
+
+    ``samples``: every repeat's peak in bytes when the peak was measured more than once
+    (:func:`measure_peaks_isolated`; ``peak_bytes`` is then their median), else empty."""
 
     peak_bytes: int
     method: str
     device: str
     result: Any = dataclasses.field(default=None, repr=False)
+    samples: list = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def peak_mib(self) -> float:
@@ -464,6 +477,144 @@ def measure_peak(fn: Callable[..., Any], *args: Any, device: Any = None, **kwarg
         peak = max(0, (after or 0) - (maxrss_before or 0))
         method = f"process peak RSS growth, resource.getrusage ({reason}; 0 if below an earlier peak)"
     return PeakMemory(int(peak), method, f"process (asked for {dev})", result)
+
+
+# ----------------------------------------------------------------------------------------------
+# Peak memory of a step in isolation
+# ----------------------------------------------------------------------------------------------
+
+# Why a fresh process: on a CPU (and a GPU) TensorFlow's BFC allocator keeps every block it ever got and
+# counts whole chunks as "in use". A request that needs more than half of a free chunk gets all of it,
+# and new regions grow in powers of two, so a step's peak depends on which chunks earlier work left
+# behind (measured: the same bfloat16 forward pass reads 20 or 36 MiB depending on what ran before;
+# keras.backend.clear_session() frees none of those chunks). A fresh process first reserves one large
+# block and frees it (uninitialised: it costs only the allocator's bookkeeping, ~3% of its size in RAM),
+# so the step's tensors are cut from that block at their own sizes: the figure is the step's own, and
+# the same on every run.
+RESERVE_MIB = 1024
+
+
+def _reserve_block(mib: int, device: str = "CPU:0") -> None:
+    """Allocate ``mib`` MiB through TensorFlow's allocator without touching it, and free it at once."""
+    import tensorflow as tf
+
+    if mib > 0:
+        with tf.device(device):
+            block = tf.raw_ops.Empty(shape=[int(mib) * MIB], dtype=tf.uint8, init=False)
+        del block
+
+
+def _isolated_child(module: str, name: str, kwargs: dict, repeats: int, reserve_mib: int, device: str) -> dict:
+    """Runs in the fresh process: reserve, build the step, warm it up, measure it ``repeats`` times."""
+    import importlib
+
+    _reserve_block(reserve_mib, device)
+    step = getattr(importlib.import_module(module), name)(**kwargs)
+    _block_all(step())  # warm-up: tracing and compiling are not part of the step's peak
+    samples = []
+    for _ in range(repeats):
+        peak = measure_peak(step, device=device)
+        peak.result = None  # do not keep one repeat's output alive during the next
+        samples.append(peak.peak_bytes)
+    return {"samples": samples, "method": peak.method, "device": peak.device}
+
+
+def _median_peak(samples: list, method: str, device: str) -> PeakMemory:
+    import statistics
+
+    return PeakMemory(int(statistics.median(samples)), method, device, None, list(samples))
+
+
+def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],
+                           repeats: int = 3, reserve_mib: int = RESERVE_MIB, parallel: int = 4,
+                           fresh_process: bool | None = None, timeout: float = 300) -> dict[str, PeakMemory]:
+    """Peak memory of one step per variant, each measured in its own fresh Python process.
+
+    ``make_step``: a module-level function; ``make_step(**variants[label])`` builds whatever the step
+    needs (a model under a policy, its inputs) and returns a zero-argument callable — the step, e.g. a
+    ``tf.function`` — that returns tensors. Each process reserves ``reserve_mib`` MiB in TensorFlow's
+    allocator and frees it (see above), builds the step, calls it once (tracing/compiling excluded),
+    then measures it ``repeats`` times with :func:`measure_peak`. Up to ``parallel`` processes run at
+    once (each starts TensorFlow: a few seconds). Returns ``{label: PeakMemory}`` with
+    ``peak_bytes`` = the median and ``samples`` = every repeat.
+
+    ``fresh_process``: ``None`` (default) = a fresh process when this process computes on the CPU; on
+    a TPU or GPU (which belongs to this process) the steps are measured here, one after another, and
+    the method says so. ``kwargs`` values must be JSON-able.
+    """
+    import importlib
+
+    if not callable(make_step) or "<" in getattr(make_step, "__qualname__", "<"):
+        raise TypeError(f"make_step must be a module-level function, got {make_step!r}")
+    module, name = make_step.__module__, make_step.__qualname__
+    if getattr(importlib.import_module(module), name, None) is not make_step:
+        raise TypeError(f"{module}.{name} is not importable in a fresh process")
+    if int(repeats) < 1:
+        raise ValueError("repeats must be at least 1")
+    variants = {str(k): dict(v) for k, v in variants.items()}
+    device = default_device()
+    if fresh_process is None:
+        fresh_process = device == "CPU:0"
+    if not fresh_process:
+        out = {}
+        for label, kwargs in variants.items():
+            step = make_step(**kwargs)
+            _block_all(step())
+            samples = []
+            for _ in range(int(repeats)):
+                peak = measure_peak(step, device=device)
+                peak.result = None
+                samples.append(peak.peak_bytes)
+            out[label] = _median_peak(samples, peak.method + ", in this process (after what ran before it: "
+                                      "the figure can depend on that)", peak.device)
+        return out
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p and os.path.isdir(p))
+    code = (
+        "import json, sys\n"
+        "from course_utils import memory\n"
+        "print('\\n' + json.dumps(memory._isolated_child(*json.loads(sys.argv[1]))))\n"
+    )
+    pending = list(variants.items())
+    running: list[tuple[str, subprocess.Popen]] = []
+    results: dict[str, dict] = {}
+
+    def finish(label: str, proc: subprocess.Popen) -> None:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise RuntimeError(f"measuring {label!r} in a fresh process took longer than {timeout} s") from None
+        if proc.returncode != 0:
+            tail = "\n".join(stderr.strip().splitlines()[-5:])
+            raise RuntimeError(f"measuring {label!r} in a fresh process failed:\n{tail}")
+        results[label] = json.loads(stdout.strip().splitlines()[-1])
+
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, int(parallel)):
+                label, kwargs = pending.pop(0)
+                args = json.dumps([module, name, kwargs, int(repeats), int(reserve_mib), "CPU:0"])
+                running.append((label, subprocess.Popen([sys.executable, "-c", code, args], env=env, text=True,
+                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+            finish(*running.pop(0))
+    finally:
+        for _, proc in running:  # after an error: stop the processes still running
+            proc.kill()
+            proc.communicate()
+    where = f"in a fresh process ({reserve_mib} MiB reserved first)" if reserve_mib > 0 else "in a fresh process"
+    return {label: _median_peak(r["samples"], f"{r['method']}, {where}", r["device"])
+            for label, r in ((label, results[label]) for label in variants)}
+
+
+def measure_peak_isolated(make_step: Callable[..., Callable[[], Any]], repeats: int = 3,
+                          reserve_mib: int = RESERVE_MIB, fresh_process: bool | None = None,
+                          timeout: float = 300, **kwargs: Any) -> PeakMemory:
+    """:func:`measure_peaks_isolated` for one step: ``make_step(**kwargs)`` measured in a fresh process."""
+    return measure_peaks_isolated(make_step, {"step": kwargs}, repeats=repeats, reserve_mib=reserve_mib,
+                                  fresh_process=fresh_process, timeout=timeout)["step"]
 
 
 # ----------------------------------------------------------------------------------------------

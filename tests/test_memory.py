@@ -281,3 +281,55 @@ def test_build_under_policy_builds_in_scope_and_restores_the_policy():
     with pytest.raises(ValueError, match="builder failed"):
         models.build_under_policy("mixed_bfloat16", broken)
     assert keras.config.dtype_policy().name == "float32"  # restored even when the builder raises
+
+
+# ----------------------------------------------------------------------------------------------
+# Peak memory in a fresh process
+# ----------------------------------------------------------------------------------------------
+
+MIB = 2**20
+
+
+def allocating_step(mib: int):
+    """A step whose only large tensor is ``mib`` MiB of float32 (module-level: fresh processes import it)."""
+    import tensorflow as tf
+
+    n = mib * MIB // 4
+    return tf.function(lambda: tf.reduce_sum(tf.random.uniform([n])))
+
+
+def failing_step(mib: int):
+    raise ValueError(f"cannot build a {mib} MiB step")
+
+
+def test_isolated_peak_is_the_steps_own_size_in_fresh_processes():
+    peaks = memory.measure_peaks_isolated(allocating_step, {"40 MiB": {"mib": 40}, "100 MiB": {"mib": 100}},
+                                          repeats=2, fresh_process=True)
+    assert list(peaks) == ["40 MiB", "100 MiB"]  # the order asked for
+    for label, mib in (("40 MiB", 40), ("100 MiB", 100)):
+        p = peaks[label]
+        assert len(p.samples) == 2 and p.peak_bytes == int(sum(p.samples) / 2)  # the median of two
+        assert "fresh process" in p.method and "1024 MiB reserved" in p.method
+        if p.method.startswith(memory.MEMORY_INFO):
+            # exact: the tensor plus at most 1 MiB of small buffers, not a power-of-two region (64, 128 MiB)
+            assert mib * MIB <= p.peak_bytes <= (mib + 1) * MIB, (label, p.samples)
+        else:  # an allocator without statistics: resident-memory growth, coarser
+            assert p.peak_bytes >= 0.8 * mib * MIB
+
+
+def test_isolated_without_reserve_shows_the_region_rounding_it_avoids():
+    unreserved = memory.measure_peak_isolated(allocating_step, repeats=1, reserve_mib=0, fresh_process=True, mib=40)
+    if not unreserved.method.startswith(memory.MEMORY_INFO):
+        pytest.skip("this allocator reports no statistics")
+    # TensorFlow's BFC allocator grows in power-of-two regions and does not split a free chunk for a request
+    # of more than half of it: 40 MiB is counted as the 64 MiB region it landed in.
+    assert unreserved.peak_bytes >= 64 * MIB and "reserved" not in unreserved.method
+
+
+def test_isolated_in_this_process_and_errors():
+    here = memory.measure_peaks_isolated(allocating_step, {"a": {"mib": 8}}, repeats=3, fresh_process=False)["a"]
+    assert len(here.samples) == 3 and here.peak_bytes >= 8 * MIB * 0.8 and "in this process" in here.method
+    with pytest.raises(TypeError, match="module-level"):
+        memory.measure_peaks_isolated(lambda mib: None, {"a": {"mib": 1}})
+    with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
+        memory.measure_peak_isolated(failing_step, repeats=1, fresh_process=True, mib=3)

@@ -85,7 +85,7 @@ def _check_convert(answer: Any) -> str:
             _make_model,
             original,
             shown_as="to_bfloat16(make_model, model)",
-            on_error="Build the new model by calling `make_model()` while the 'bfloat16' policy is set.",
+            on_error="Construct the new model by calling `make_model()` while the 'bfloat16' policy is set.",
         )
         left_policy = keras.config.dtype_policy().name
     finally:
@@ -113,9 +113,12 @@ def _check_convert(answer: Any) -> str:
             "For half-size weights use the pure 'bfloat16' policy."
         )
     if dtypes != ["bfloat16"]:
-        raise Incorrect(f"Expected all variables in bfloat16, got {dtypes}; build the new model under the 'bfloat16' policy.")
+        raise Incorrect(
+            f"Expected all variables in bfloat16, got {dtypes}; construct the new model (call `make_model()`) while the "
+            "'bfloat16' policy is set: a layer takes the policy active when it is constructed."
+        )
     if len(result.weights) != len(original.weights):
-        raise Incorrect("The new model has a different architecture; build it with the `make_model` you were given.")
+        raise Incorrect("The new model has a different architecture; construct it with the `make_model` you were given.")
     for a, w in zip(original_values, result.weights):
         expected = a.astype(w.numpy().dtype)
         if not np.array_equal(expected.astype(np.float32), w.numpy().astype(np.float32)):
@@ -136,7 +139,7 @@ def to_bfloat16(make_model, model):
     """Return a bfloat16 copy of the float32 `model` (built by `make_model`)."""
     keras.config.set_dtype_policy("bfloat16")
     try:
-        new_model = make_model()  # same architecture, bfloat16 variables
+        new_model = make_model()  # constructed under the policy: bfloat16 variables
     finally:
         keras.config.set_dtype_policy("float32")  # never leave the global policy changed
     new_model.set_weights(model.get_weights())  # float32 values are rounded to bfloat16
@@ -184,6 +187,18 @@ def _convert_mixed(make_model, model):
     finally:
         keras.config.set_dtype_policy("float32")
     new_model.set_weights(model.get_weights())
+    return new_model
+
+
+def _convert_policy_after_construct(make_model, model):
+    import keras
+
+    new_model = make_model()  # constructed under float32: setting the policy afterwards changes nothing
+    keras.config.set_dtype_policy("bfloat16")
+    try:
+        new_model.set_weights(model.get_weights())
+    finally:
+        keras.config.set_dtype_policy("float32")
     return new_model
 
 
@@ -266,7 +281,8 @@ register_bank(
             checker=_check_convert,
             answer_name="to_bfloat16",
             hints=(
-                "A layer's variable dtype is fixed when it is built: set the 'bfloat16' policy, then call `make_model()`.",
+                "A layer takes its dtype policy when it is constructed: set the 'bfloat16' policy, then call "
+                "`make_model()` (setting it after construction changes nothing).",
                 "Copy the weights with `new_model.set_weights(model.get_weights())`, and put the policy back to "
                 "'float32' in a `finally:`.",
             ),
@@ -281,6 +297,7 @@ def to_bfloat16(make_model, model):
                 ("forgets set_weights", lambda: _convert_no_weights, "set_weights"),
                 ("policy left changed", lambda: _convert_policy_left, "global dtype policy is still 'bfloat16'"),
                 ("mixed policy", lambda: _convert_mixed, "that is mixed_bfloat16"),
+                ("policy set after construction", lambda: _convert_policy_after_construct, "active when it is constructed"),
                 ("private attribute", lambda: _convert_private_attr, "returned the float32 model itself"),
                 ("result, not function", _make_model, "Pass the function itself"),
             ),

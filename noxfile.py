@@ -1,0 +1,35 @@
+"""Run the course's test suite against other package sets (issue 9 §5): `pip install nox`, then
+
+    nox -s pinned    # requirements.txt — what CI runs (.ci/run)
+    nox -s colab     # requirements-colab.txt — the versions Colab's runtime ships
+    nox -s latest    # requirements-latest.txt — the newest releases
+
+Extra arguments go to pytest: `nox -s colab -- -x tests/`. Each session builds its own virtual
+environment under .nox/ with the Python running nox (the course supports 3.11-3.13).
+"""
+
+import nox
+
+nox.options.sessions = ["pinned"]
+
+
+def _suite(session: nox.Session, requirements: str) -> None:
+    session.install("-r", requirements)
+    session.run("python", "-m", "course_utils", "doctor", "--offline")
+    session.run("python", "-c", "import tensorflow as tf, keras; print('TensorFlow', tf.__version__, '· Keras', keras.__version__)")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def pinned(session: nox.Session) -> None:
+    _suite(session, "requirements.txt")
+
+
+@nox.session
+def colab(session: nox.Session) -> None:
+    _suite(session, "requirements-colab.txt")
+
+
+@nox.session
+def latest(session: nox.Session) -> None:
+    _suite(session, "requirements-latest.txt")

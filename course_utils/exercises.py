@@ -11,12 +11,13 @@ How a lesson uses it (the setup cell already imported ``course_utils``)::
     ex.replicas_on_v5e.hint()                        # prints hint 1, then hint 2, ...
     ex.replicas_on_v5e.solution()                    # prints the reference solution as code
 
-``check()`` never raises and never prints: it returns a :class:`CheckResult` whose status is
-``"correct"``, ``"incorrect"``, ``"unanswered"`` (an untouched stub: ``...``, ``None``, a function
-that returns ``None``/``...`` or raises ``NotImplementedError``) or ``"error"`` (the learner's code
-raised, or ``check`` was called without the context it needs). Exercises that need objects from
-the notebook declare them in ``needs`` and receive them by keyword:
-``ex.build_in_scope.check(make_model, strategy=strategy)``.
+``check()`` never raises (not even ``SystemExit`` from learner code), never prints and never hangs:
+it returns a :class:`CheckResult` whose status is ``"correct"``, ``"incorrect"``, ``"unanswered"``
+(an untouched stub: ``...``, ``None``, a function that returns ``None``/``...`` or raises
+``NotImplementedError``) or ``"error"`` (the learner's code raised or ran past the time bound, or
+``check`` was called without the context it needs). Its message is one line. Exercises that need
+objects from the notebook declare them in ``needs`` and receive them by keyword or in that order:
+``ex.build_in_scope.check(make_model, strategy=strategy)`` or ``…check(make_model, strategy)``.
 
 Hints and solutions live here, not in the notebook, so a learner sees them only on request.
 
@@ -28,7 +29,11 @@ with its hints, solution, stub, a ``reference`` and some ``wrong_examples``, and
 bank automatically: the reference passes, each wrong example fails with its expected message, every
 stub counts as unanswered, and each printed solution, executed, passes.
 Helpers for checkers: :func:`call_learner` (runs learner code and turns stubs and crashes into the
-right result), :func:`require_callable`, :func:`require_int`, :func:`describe`.
+right result), :func:`read_dataset` (one bounded pass over a learner's dataset: a `.repeat()` is
+caught, not iterated forever), :func:`require_callable`, :func:`require_int`, :func:`require_number`,
+:func:`describe` (use it, not ``repr``/f-strings, to show a learner's value: a huge int or a hostile
+``__repr__`` cannot make it fail). Every ``check()`` runs under a time bound (:data:`CHECK_TIMEOUT_S`,
+``COURSE_CHECK_TIMEOUT``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import itertools
+import math
+import os
 import re
+import signal
+import threading
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = [
@@ -46,12 +57,17 @@ __all__ = [
     "Incorrect",
     "UnknownBankError",
     "available_banks",
+    "CHECK_TIMEOUT_S",
+    "DATASET_LIMIT",
     "call_learner",
+    "check_timeout_s",
     "describe",
     "load",
+    "read_dataset",
     "register_bank",
     "require_callable",
     "require_int",
+    "require_number",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -68,7 +84,11 @@ _PREFIX = {
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
-    """What ``check()`` returns. Shown as one line, e.g. ``✅ Correct — v5e-1 is one chip…``."""
+    """What ``check()`` returns. Shown as one line, e.g. ``✅ Correct — v5e-1 is one chip…``.
+
+    The message is always one clean line: terminal colour codes (Keras puts them in its errors) and
+    control characters are removed, whitespace is collapsed and it is cut at 1,000 characters.
+    """
 
     status: str  # "correct" | "incorrect" | "unanswered" | "error"
     message: str
@@ -76,6 +96,7 @@ class CheckResult:
     def __post_init__(self):
         if self.status not in _PREFIX:
             raise ValueError(f"status must be one of {sorted(_PREFIX)}, got {self.status!r}")
+        object.__setattr__(self, "message", _one_line(self.message))
 
     @property
     def passed(self) -> bool:
@@ -123,41 +144,385 @@ def _error(message: str) -> _Verdict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Helpers for checkers
+# Text that is safe to show: one line, no terminal colour codes, bounded length
 # ----------------------------------------------------------------------------------------------
 
+# CSI sequences (colours, cursor moves: ESC [ … letter), OSC sequences (ESC ] … BEL or ESC \),
+# other two-character escapes; then the C0/C1 control characters that are not whitespace.
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]"
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_MESSAGE_LIMIT = 1000  # characters in a CheckResult message
 
-def _short(text: str, limit: int = 200) -> str:
-    text = re.sub(r"\s+", " ", str(text)).strip()
+
+def _safe_text(value: Any, limit: int = _MESSAGE_LIMIT) -> str:
+    """``str(value)`` that never raises (a learner's ``__str__`` may) and is cut to a few × ``limit``."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+        if not isinstance(text, str):
+            raise TypeError
+    except BaseException:  # noqa: BLE001 - SystemExit from a hostile __str__ must not escape either
+        text = f"<{type(value).__name__} that cannot be shown>"
+    return str.__getitem__(text, slice(0, limit * 4))
+
+
+def _one_line(value: Any, limit: int = _MESSAGE_LIMIT) -> str:
+    """One clean line: colour codes and control characters removed, whitespace collapsed, ≤ ``limit``."""
+    text = _CONTROL.sub("", _ANSI.sub("", _safe_text(value, limit)))
+    text = re.sub(r"\s+", " ", text).strip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _short(text: Any, limit: int = 200) -> str:
+    return _one_line(text, limit)
+
+
+# ----------------------------------------------------------------------------------------------
+# describe(): a learner's value in a few words, never crashing and never slow
+# ----------------------------------------------------------------------------------------------
+
+_BRIEF_ITEMS = 6  # items shown per container
+_BRIEF_DEPTH = 3  # container levels shown
+_BIG_INT_BITS = 200  # ints above ~60 digits are shown by their size (str() of 10**5000 raises)
+
+
+def _module_of(value: Any) -> str:
+    module = getattr(type(value), "__module__", "")
+    return module if isinstance(module, str) else ""
+
+
 def _is_tensor(value: Any) -> bool:
-    return (
-        type(value).__module__.startswith("tensorflow")
-        and hasattr(value, "dtype")
-        and hasattr(value, "shape")
-    )
+    try:
+        return (
+            _module_of(value).startswith("tensorflow")
+            and hasattr(value, "dtype")
+            and hasattr(value, "shape")
+        )
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises something odd
+        return False
+
+
+def _digits(n: int) -> str:
+    return f"about {int(abs(n).bit_length() * 0.30103) + 1} digits"
+
+
+def _brief(value: Any, depth: int = 0) -> str:
+    """A bounded ``repr`` of Python's own scalars and containers; other objects by type name only.
+
+    It never calls a learner's ``__repr__``, shows at most ``_BRIEF_ITEMS`` items per container and
+    ``_BRIEF_DEPTH`` levels, and shows huge ints by their size, so any value costs microseconds.
+    """
+    if value is None or value is ... or isinstance(value, bool):
+        return repr(bool(value)) if isinstance(value, bool) else repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > _BIG_INT_BITS:
+            return f"<{'negative ' if value < 0 else ''}int with {_digits(value)}>"
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
+    if isinstance(value, complex):
+        return complex.__repr__(value)
+    if isinstance(value, str):
+        head = str.__getitem__(value, slice(0, 50))
+        return str.__repr__(head) + ("…" if str.__len__(value) > 50 else "")
+    if isinstance(value, (bytes, bytearray)):
+        head = bytes(value[:50])
+        return bytes.__repr__(head) + ("…" if len(value) > 50 else "")
+    containers = {list: "[]", tuple: "()", set: "{}", frozenset: "{}", dict: "{}"}
+    kind = next((k for k in containers if isinstance(value, k)), None)
+    if kind is not None:
+        opening, closing = containers[kind]
+        size = len(value)
+        if size == 0:
+            return {list: "[]", tuple: "()", set: "set()", frozenset: "frozenset()", dict: "{}"}[kind]
+        if depth >= _BRIEF_DEPTH:
+            return f"{opening}…{closing}"
+        if kind is dict:
+            items = itertools.islice(dict.items(value), _BRIEF_ITEMS)
+            parts = [f"{_brief(k, depth + 1)}: {_brief(v, depth + 1)}" for k, v in items]
+        else:
+            parts = [_brief(v, depth + 1) for v in itertools.islice(iter(value), _BRIEF_ITEMS)]
+        if size > _BRIEF_ITEMS:
+            parts.append(f"… {size} items in all")
+        elif kind is tuple and size == 1:
+            parts[0] += ","
+        return opening + ", ".join(parts) + closing
+    if inspect.isfunction(value) or inspect.ismethod(value):
+        return f"<function {getattr(value, '__name__', '?')}>"
+    if _module_of(value) == "numpy" and getattr(value, "ndim", None) == 0:
+        try:
+            item = value.item()
+        except Exception:  # noqa: BLE001
+            return f"<numpy.{type(value).__name__}>"
+        if isinstance(item, (bool, int, float, complex, str, bytes)):
+            return _brief(item, depth)
+    return f"<{type(value).__name__}>"
 
 
 def describe(value: Any) -> str:
-    """A short, learner-readable description of a value: ``str '1'``, ``float 64.0``, ``tf.Tensor …``."""
+    """A short, learner-readable description of a value: ``str '1'``, ``float 64.0``, ``tf.Tensor …``.
+
+    Never raises and never takes long, whatever the value: huge ints are shown by their size, long
+    or deeply nested containers are cut, and a learner's own ``__repr__`` is never called.
+    """
+    try:
+        return _describe(value)
+    except BaseException:  # noqa: BLE001 - describing a value must never be the thing that fails
+        try:
+            return f"an object of type {type(value).__name__}"
+        except BaseException:  # noqa: BLE001
+            return "an object"
+
+
+def _describe(value: Any) -> str:
     if value is None or value is ...:
         return repr(value)
     if _is_tensor(value):
         dtype = getattr(value.dtype, "name", value.dtype)
-        return f"tf.Tensor (shape {tuple(value.shape)}, dtype {dtype})"
-    module = type(value).__module__
-    if module == "numpy":
-        if hasattr(value, "ndim") and value.ndim > 0:
-            return f"numpy array (shape {value.shape}, dtype {value.dtype})"
-        return f"numpy.{type(value).__name__} {_short(repr(value.item()), 60)}"
+        try:
+            shape = tuple(value.shape)
+        except Exception:  # noqa: BLE001 - unknown rank
+            shape = "unknown"
+        return f"tf.Tensor (shape {shape}, dtype {_short(dtype, 40)})"
+    if _module_of(value) == "numpy":
+        ndim = getattr(value, "ndim", None)
+        if isinstance(ndim, int) and ndim > 0:
+            return f"numpy array (shape {tuple(value.shape)}, dtype {value.dtype})"
+        return f"numpy.{type(value).__name__} {_short(_brief(value), 60)}"
     if inspect.isfunction(value) or inspect.ismethod(value):
-        return f"function {value.__name__}"
-    if isinstance(value, (str, bool, int, float, list, tuple, dict, set)):
-        return f"{type(value).__name__} {_short(repr(value), 60)}"
+        return f"function {_short(getattr(value, '__name__', '?'), 60)}"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _BIG_INT_BITS:
+        sign = "a negative int" if value < 0 else "an int"
+        return f"{sign} with {_digits(value)}"
+    if isinstance(value, (str, bytes, bool, int, float, complex, list, tuple, dict, set, frozenset)):
+        return f"{type(value).__name__} {_short(_brief(value), 60)}"
     return f"an object of type {type(value).__name__}"
 
+
+# ----------------------------------------------------------------------------------------------
+# A time bound for checking: learner code can loop, sleep or read a `.repeat()` dataset forever
+# ----------------------------------------------------------------------------------------------
+
+CHECK_TIMEOUT_S = 30.0
+"""Seconds one ``check()`` may take, learner code included; ``COURSE_CHECK_TIMEOUT`` overrides it.
+
+Generous on purpose: the checker's own work (building a small model, tracing a ``tf.function``) takes a
+few seconds on a slow CPU, and a false "took too long" is worse than waiting for a real one."""
+
+
+def check_timeout_s() -> float:
+    """The time bound of one ``check()``: ``COURSE_CHECK_TIMEOUT`` (seconds, > 0) or :data:`CHECK_TIMEOUT_S`.
+
+    ``COURSE_CHECK_TIMEOUT=0`` (or ``off``) removes the bound. An unreadable value is ignored: a check
+    must never fail because of a setting.
+    """
+    raw = os.environ.get("COURSE_CHECK_TIMEOUT", "").strip().lower()
+    if raw in {"0", "off", "none", "no"}:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        value = float(CHECK_TIMEOUT_S)
+    return value
+
+
+class _TimedOut(BaseException):
+    """Raised inside the running check when its time bound is hit.
+
+    A ``BaseException``, so a learner's ``except Exception:`` (and the checkers' own) cannot swallow it.
+    """
+
+
+_REFIRE_S = 0.02  # after the bound, fire again this often: a bare `except:` in a loop cannot hold it
+
+
+class _TimeBound:
+    """``with _TimeBound(seconds): ...`` raises :class:`_TimedOut` in this thread after ``seconds``.
+
+    Why this design (and not a worker thread with ``join(timeout)``): the learner's code runs in the
+    caller's thread, as it would in the notebook. TensorFlow and Keras keep thread-local state that a
+    check depends on: ``strategy.scope()``, gradient tapes, and Keras 3's global dtype policy (set by
+    ``keras.mixed_precision.set_global_policy`` in the notebook); in a worker thread that state is
+    missing, and a thread that loops forever cannot be killed anyway: it would go on burning CPU and
+    memory (a ``.repeat()`` dataset grows by tens of MB/s) while the kernel looked free.
+
+    * Main thread with ``signal.setitimer`` (Linux, macOS; Jupyter and Colab run cells there):
+      ``SIGALRM`` raises :class:`_TimedOut` at the next Python bytecode, and it interrupts
+      ``time.sleep``. An outer ``SIGALRM`` timer (e.g. pytest-timeout) is kept: it still fires on time.
+    * Elsewhere (another thread, Windows): a watchdog thread injects :class:`_TimedOut` with
+      ``PyThreadState_SetAsyncExc``. That lands at the next bytecode too, but cannot cut a
+      ``time.sleep`` short: the check ends when the sleep does.
+
+    Neither can stop a single long-running C++ call: a TensorFlow op (a huge matmul, ``ds.reduce`` over
+    an infinite dataset, a ``tf.function`` with an endless ``tf.while_loop``) ends only when it returns.
+    Python-level iteration over a dataset is interruptible between elements, which is why checkers read
+    datasets element by element (see :func:`read_dataset`). After firing, the bound fires again every
+    ``_REFIRE_S`` until the block is left, so a learner's bare ``except:`` does not keep it running.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self._armed = False
+        self._mode = None
+
+    # -- entering --------------------------------------------------------------------------------
+    def __enter__(self) -> "_TimeBound":
+        if not (self.seconds > 0 and math.isfinite(self.seconds)):
+            return self
+        self._start = time.monotonic()
+        if (
+            hasattr(signal, "setitimer")
+            and hasattr(signal, "SIGALRM")
+            and threading.current_thread() is threading.main_thread()
+        ):
+            try:
+                self._enter_alarm()
+                return self
+            except (ValueError, OSError):  # an embedded interpreter without signals: use the watchdog
+                self._mode = None
+        self._enter_watchdog()
+        return self
+
+    def _enter_alarm(self) -> None:
+        self._old_handler = signal.getsignal(signal.SIGALRM)
+        self._armed = True
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        self._mode = "alarm"
+        try:
+            signal.siginterrupt(signal.SIGALRM, False)  # let other threads' system calls restart
+        except (AttributeError, OSError, ValueError):
+            pass
+        old_delay, self._old_interval = signal.setitimer(signal.ITIMER_REAL, self.seconds, _REFIRE_S)
+        self._outer_deadline = self._start + old_delay if old_delay > 0 else None
+        if old_delay > 0 and old_delay < self.seconds:  # the outer timer comes first: fire for it then
+            signal.setitimer(signal.ITIMER_REAL, old_delay, _REFIRE_S)
+
+    def _on_alarm(self, signum, frame):
+        if not self._armed:
+            return None
+        outer = self._outer_deadline
+        if outer is not None and time.monotonic() >= outer - 0.01 and callable(self._old_handler):
+            self._outer_deadline = None
+            remaining = self.seconds - (time.monotonic() - self._start)
+            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), _REFIRE_S)
+            return self._old_handler(signum, frame)
+        raise _TimedOut(self.seconds)
+
+    def _enter_watchdog(self) -> None:
+        try:
+            import ctypes
+
+            set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        except (ImportError, AttributeError):  # not CPython: no bound rather than a wrong one
+            return
+        target = ctypes.c_ulong(threading.get_ident())
+        self._done = threading.Event()
+        self._armed = True
+        self._mode = "watchdog"
+
+        def watch():
+            wait = self.seconds
+            while not self._done.wait(wait):
+                set_async_exc(target, ctypes.py_object(_TimedOut))
+                wait = _REFIRE_S
+
+        self._clear = lambda: set_async_exc(target, None)
+        self._watchdog = threading.Thread(target=watch, name="course-check-timeout", daemon=True)
+        self._watchdog.start()
+
+    # -- leaving ---------------------------------------------------------------------------------
+    def __exit__(self, *exc_info) -> None:
+        # A late firing can raise _TimedOut inside this method; retry until everything is restored.
+        while True:
+            try:
+                self._disarm()
+                return None
+            except _TimedOut:
+                continue
+
+    def _disarm(self) -> None:
+        self._armed = False
+        if self._mode == "alarm":
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._old_handler if self._old_handler is not None else signal.SIG_DFL)
+            if self._outer_deadline is not None:  # give the outer timer its remaining time back
+                remaining = self._outer_deadline - time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), self._old_interval)
+        elif self._mode == "watchdog":
+            self._done.set()
+            self._watchdog.join()
+            self._clear()  # drop an exception injected just before the watchdog stopped
+        self._mode = None
+
+
+def _timeout_message(seconds: float) -> str:
+    return (
+        f"your code did not finish within {seconds:g} s, the time limit of a check: an infinite loop, "
+        "a long `time.sleep`, or a dataset that never ends (`.repeat()` with no count)? Fix it and run the "
+        "check again. (Set `COURSE_CHECK_TIMEOUT` to change the limit.)"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers for checkers
+# ----------------------------------------------------------------------------------------------
+
+_COUNT_BITS = 63  # require_int: anything larger is no count, batch size or byte size of this course
+
+DATASET_LIMIT = 10_000
+"""Default bound on the elements :func:`read_dataset` reads from one learner dataset."""
+
+
+def read_dataset(
+    ds: Any, *, shown_as: str, limit: int = DATASET_LIMIT, what: str = "elements", on_error: str = ""
+) -> list:
+    """Read one pass of a learner's ``tf.data.Dataset`` into a list, bounded to ``limit`` elements.
+
+    Raises :class:`Incorrect` when ``ds`` is not a dataset, never ends (``.repeat()``: its cardinality
+    is infinite) or has more than ``limit`` elements (it reads ``ds.take(limit + 1)``, so a dataset of
+    unknown length cannot run away with time or memory); an error raised while reading (the learner's
+    ``map`` function, a shape mismatch in ``batch``) becomes a one-line "error" like
+    :func:`call_learner`'s. ``shown_as`` names the dataset for the learner, e.g.
+    ``"make_pipeline(ds, 8)"``; ``what`` names its elements (``"batches"``). Each call is a new pass (a
+    new epoch: ``shuffle`` reshuffles).
+    """
+    import tensorflow as tf
+
+    if not isinstance(ds, tf.data.Dataset):
+        raise Incorrect(f"`{shown_as}` returned {describe(ds)}; return the tf.data.Dataset.")
+    limit = int(limit)
+    try:
+        cardinality = int(ds.cardinality())
+    except Exception:  # noqa: BLE001 - unknown: the take() below still bounds it
+        cardinality = int(tf.data.UNKNOWN_CARDINALITY)
+    if cardinality == int(tf.data.INFINITE_CARDINALITY):
+        raise Incorrect(
+            f"the dataset from `{shown_as}` never ends: it has a `.repeat()` with no count. Remove it: "
+            "Keras repeats epochs for you, and the check reads one pass."
+        )
+    if cardinality > limit:
+        raise Incorrect(
+            f"the dataset from `{shown_as}` has {cardinality} {what}; one pass of the check's data has at "
+            f"most {limit}. Did you `.repeat()` it or batch too small?"
+        )
+    elements = []
+    try:
+        for element in ds.take(limit + 1):
+            elements.append(element)
+    except Exception as exc:  # the learner's pipeline failed while running: their bug, one line
+        message = (
+            f"Reading the dataset from `{shown_as}` raised {type(exc).__name__}: {_short(exc)}."
+        )
+        raise _error(f"{message} {on_error}".strip()) from None
+    if len(elements) > limit:
+        raise Incorrect(
+            f"the dataset from `{shown_as}` has more than {limit} {what}; one pass of the check's data has "
+            f"at most {limit}. Did you `.repeat()` it?"
+        )
+    return elements
 
 def require_int(value: Any, what: str = "an int") -> int:
     """Return ``value`` as a Python int (numpy ints accepted), or raise :class:`Incorrect` naming the type."""
@@ -166,8 +531,11 @@ def require_int(value: Any, what: str = "an int") -> int:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         raise Incorrect(f"Expected {what}, got {describe(value)}; True/False are not counts, write a number.")
     if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, str):
+        number = int(value)
+        if number.bit_length() > _COUNT_BITS:
+            raise Incorrect(f"Expected {what}, got {describe(number)}; that is far too large for this answer.")
+        return number
+    if isinstance(value, (str, bytes)):
         raise Incorrect(
             f"Expected {what}, got {describe(value)}; remove the quotes so it is a number, not text."
         )
@@ -184,6 +552,43 @@ def require_int(value: Any, what: str = "an int") -> int:
     raise Incorrect(f"Expected {what}, got {describe(value)}.")
 
 
+def require_number(value: Any, what: str = "a number") -> float:
+    """Return ``value`` as a Python float, or raise :class:`Incorrect` naming what came instead.
+
+    Accepts Python and numpy real numbers and 0-d numeric tensors/arrays; rejects True/False, text
+    (``"1"``, ``b"1"``), non-scalar arrays/tensors, ints too large for a float, and any other object,
+    without calling anything on it that a learner's class could make raise.
+    """
+    import numbers
+
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise Incorrect(f"Expected {what}, got {describe(value)}; True/False are not numbers, write a number.")
+    if isinstance(value, (str, bytes)):
+        raise Incorrect(f"Expected {what}, got {describe(value)}; remove the quotes so it is a number, not text.")
+    if isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except (OverflowError, TypeError, ValueError):
+            raise Incorrect(f"Expected {what}, got {describe(value)}; that is far too large for this answer.") from None
+    if _is_tensor(value) or (_module_of(value) == "numpy" and isinstance(getattr(value, "ndim", None), int)):
+        try:
+            shape = tuple(value.shape)
+        except Exception:  # noqa: BLE001
+            shape = None
+        if shape != ():
+            raise Incorrect(f"Expected {what} (a single number), got {describe(value)}.")
+        try:
+            import numpy as np
+
+            array = np.asarray(value)
+            if array.dtype.kind not in "iuf" and array.dtype.name != "bfloat16":
+                raise TypeError(array.dtype)
+            return float(array)
+        except Exception:  # noqa: BLE001 - a string tensor, an object array
+            raise Incorrect(f"Expected {what}, got {describe(value)}.") from None
+    raise Incorrect(f"Expected {what}, got {describe(value)}.")
+
+
 def require_callable(value: Any, call: str, arity: int) -> Callable:
     """Check that the learner passed a function that can be called with ``arity`` positional args.
 
@@ -191,7 +596,7 @@ def require_callable(value: Any, call: str, arity: int) -> Callable:
     """
     name = call.split("(")[0]
     if not callable(value):
-        if isinstance(value, (int, float)) or _is_tensor(value) or type(value).__module__ == "numpy":
+        if isinstance(value, (int, float)) or _is_tensor(value) or _module_of(value) == "numpy":
             raise Incorrect(
                 f"Expected the function `{name}`, got {describe(value)} (a result). "
                 f"Pass the function itself: `check({name})`, not `check({call})`."
@@ -200,15 +605,21 @@ def require_callable(value: Any, call: str, arity: int) -> Callable:
             f"Expected the function `{name}`, got {describe(value)}; "
             f"pass the function itself: `check({name})`."
         )
+    if isinstance(value, type):
+        raise Incorrect(
+            f"Expected the function `{name}`, got the class `{_short(value.__name__, 60)}`; "
+            f"define `def {call}:` and pass it: `check({name})`."
+        )
     try:
         signature = inspect.signature(value)
-    except (TypeError, ValueError):  # builtins and some C callables have no signature: just try it
+    except Exception:  # noqa: BLE001 - builtins and some C callables have no signature: just try it
         return value
     try:
         signature.bind(*([None] * arity))
     except TypeError:
+        params = _short(", ".join(signature.parameters), 120)  # names only: defaults may not print
         raise Incorrect(
-            f"Your function's parameters are {signature}, but check calls it as `{call}`; "
+            f"Your function's parameters are ({params}), but check calls it as `{call}`; "
             f"define it with exactly {arity} parameter{'s' if arity != 1 else ''}."
         ) from None
     return value
@@ -218,7 +629,9 @@ def call_learner(fn: Callable, *args: Any, shown_as: str, on_error: str = "") ->
     """Call learner code; turn stubs into "unanswered" and exceptions into a one-line "error".
 
     ``shown_as`` is how the call is described to the learner (``"make_model(strategy)"``);
-    ``on_error`` says what to check when their code raises.
+    ``on_error`` says what to check when their code raises. ``sys.exit()``/``exit()`` and a
+    ``KeyboardInterrupt`` in the learner's code are reported too, not passed on; only the check's time
+    bound (see :data:`CHECK_TIMEOUT_S`) goes through, to end the whole check.
     """
     try:
         result = fn(*args)
@@ -226,7 +639,19 @@ def call_learner(fn: Callable, *args: Any, shown_as: str, on_error: str = "") ->
         raise _unanswered(
             "your function still raises NotImplementedError; replace that line with your code."
         ) from None
-    except Exception as exc:  # the learner's bug: report it in one line, no traceback
+    except _TimedOut:
+        raise
+    except SystemExit as exc:
+        raise _error(
+            f"Your code called `exit()`/`sys.exit()` (SystemExit: {_short(exc.code, 60)}) when called as "
+            f"`{shown_as}`; a function that is checked must return its result, not end the program."
+        ) from None
+    except KeyboardInterrupt:
+        raise _error(
+            f"Your code was interrupted (KeyboardInterrupt) while running `{shown_as}`; "
+            "run the check again when it is ready."
+        ) from None
+    except BaseException as exc:  # the learner's bug: report it in one line, no traceback
         message = f"Your code raised {type(exc).__name__}: {_short(exc)} when called as `{shown_as}`."
         raise _error(f"{message} {on_error}".strip()) from None
     if result is None:
@@ -277,32 +702,82 @@ class Exercise:
         context = "".join(f", {key}={key}" for key in self.needs)
         return f"ex.{self.name}.check({self.answer_name}{context})"
 
-    def check(self, answer: Any = ..., /, **context: Any) -> CheckResult:
-        """Check ``answer``; never raises, never prints. Show the result as a cell's last expression."""
+    def check(self, answer: Any = ..., /, *args: Any, **context: Any) -> CheckResult:
+        """Check ``answer``; never raises, never prints, never hangs. Show the result as a cell's last expression.
+
+        Context may be passed by keyword (``check(make_model, strategy=strategy)``) or positionally in
+        the order of ``needs`` (``check(make_model, strategy)``); the answer may be passed by keyword
+        too (``check(answer=1)``). The whole check is bounded by :func:`check_timeout_s` seconds.
+        """
+        seconds = 0.0
         try:
+            answer, context = self._arguments(answer, args, context)
             if answer is ...:
                 raise _unanswered("replace the `...` with your answer, then run this cell again.")
             if answer is None:
                 raise _unanswered(f"`{self.answer_name}` is None; replace it with your answer.")
-            missing = [key for key in self.needs if context.get(key) is None]
-            unknown = [key for key in context if key not in self.needs]
-            if missing or unknown:
-                problems = []
-                if missing:
-                    needed = ", ".join(f"`{k}=`" for k in missing)
-                    problems.append(f"check() needs {needed} to test your code")
-                if unknown:
-                    problems.append("check() does not take " + ", ".join(f"`{k}=`" for k in unknown))
-                raise _error("; ".join(problems) + f". Call it as `{self.call_hint}`.")
-            return CheckResult("correct", self.checker(answer, **context))
+            self._require_context(context)
+            seconds = check_timeout_s()
+            with _TimeBound(seconds):
+                message = self.checker(answer, **context)
+            return CheckResult("correct", message)
         except _Verdict as verdict:
             return verdict.result
+        except _TimedOut:
+            return CheckResult("error", _timeout_message(seconds))
+        except KeyboardInterrupt:
+            return CheckResult("error", "the check was interrupted (KeyboardInterrupt); run it again.")
         except Exception as exc:  # a bug in the checker itself must not look like the learner's
             return CheckResult(
                 "error",
                 f"the checker itself failed ({type(exc).__name__}: {_short(exc)}); this is a course bug, "
                 "please report it. Compare your code with `solution()` meanwhile.",
             )
+        except BaseException as exc:  # noqa: BLE001 - SystemExit & co. from learner code reached via the checker
+            return CheckResult(
+                "error",
+                f"the check was stopped by {type(exc).__name__} ({_short(exc, 80)}), raised while it ran your "
+                "code; does your code call `exit()` or `sys.exit()`? A checked function must return its result.",
+            )
+
+    def _arguments(self, answer: Any, args: tuple, context: dict) -> tuple[Any, dict]:
+        """Normalise how ``check`` was called into ``(answer, context)``, or raise an "error" verdict."""
+        context = dict(context)
+        for key in dict.fromkeys((self.answer_name, "answer")):  # check(answer=1), check(make_model=...)
+            if key in context and key not in self.needs:
+                value = context.pop(key)
+                if answer is not ...:
+                    raise _error(
+                        f"check() got your answer twice (positionally and as `{key}=`); pass it once: "
+                        f"`{self.call_hint}`."
+                    )
+                answer = value
+        if args:
+            if len(args) > len(self.needs):
+                takes = "only your answer" if not self.needs else (
+                    "your answer and " + ", ".join(f"`{k}`" for k in self.needs)
+                )
+                raise _error(
+                    f"check() takes {takes}, but got {1 + len(args)} values. Call it as `{self.call_hint}`."
+                )
+            for key, value in zip(self.needs, args):
+                if key in context:
+                    raise _error(f"check() got `{key}` twice; pass it once: `{self.call_hint}`.")
+                context[key] = value
+        return answer, context
+
+    def _require_context(self, context: dict) -> None:
+        missing = [key for key in self.needs if context.get(key) is None]
+        unknown = [key for key in context if key not in self.needs]
+        if missing or unknown:
+            problems = []
+            if missing:
+                needed = ", ".join(f"`{k}=`" for k in missing)
+                problems.append(f"check() needs {needed} to test your code")
+            if unknown:
+                shown = ", ".join(f"`{_short(k, 40)}=`" for k in unknown[:5])
+                problems.append(f"check() does not take {shown}")
+            raise _error("; ".join(problems) + f". Call it as `{self.call_hint}`.")
 
     def hint(self) -> None:
         """Print the next hint: hint 1, then hint 2, …; after the last one it repeats it."""

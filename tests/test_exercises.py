@@ -7,6 +7,11 @@ stub (including the notebook's own stub code) counts as unanswered; learner cras
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
+import time
+
 import pytest
 
 from course_utils import exercises
@@ -215,3 +220,254 @@ def test_unknown_exercise_lists_available():
 def test_register_bank_rejects_duplicates():
     with pytest.raises(ValueError, match="already registered"):
         exercises.register_bank("tpu_initialization", [])
+
+
+# ----------------------------------------------------------------------------------------------
+# Hardening (issue 9 §1): one test per class of bug in the core
+# ----------------------------------------------------------------------------------------------
+
+
+def _toy(checker, needs=()):
+    """An unregistered exercise around ``checker`` (registering it would add it to every bank test)."""
+    return exercises.Exercise(
+        name="toy", question="?", checker=checker, answer_name="fn", hints=("h",), solution_code="fn = 1",
+        stub="fn = ...", reference=lambda: 1, needs=needs,
+    )
+
+
+def _calls(answer, **context):
+    value = exercises.call_learner(answer, shown_as="fn()")
+    return f"got {exercises.describe(value)}"
+
+
+def test_context_may_be_positional(context):
+    ex = exercises.load("tpu_initialization").build_in_scope
+    assert ex.check(ex.reference(), context["strategy"]).passed
+    too_many = ex.check(ex.reference(), context["strategy"], 3)
+    assert too_many.status == "error" and ex.call_hint in too_many.message, too_many
+    twice = ex.check(ex.reference(), context["strategy"], strategy=context["strategy"])
+    assert twice.status == "error" and "twice" in twice.message, twice
+    none_needed = exercises.load("tpu_initialization").replicas_on_v5e.check(1, context["strategy"])
+    assert none_needed.status == "error" and "only your answer" in none_needed.message, none_needed
+
+
+def test_answer_may_be_a_keyword(context):
+    ex = exercises.load("tpu_initialization")
+    assert ex.replicas_on_v5e.check(answer=1).passed
+    assert ex.replicas_on_v5e.check(answer=8).status == "incorrect"
+    assert ex.build_in_scope.check(make_model=ex.build_in_scope.reference(), strategy=context["strategy"]).passed
+    twice = ex.replicas_on_v5e.check(1, answer=1)
+    assert twice.status == "error" and "twice" in twice.message, twice
+    assert ex.replicas_on_v5e.check().status == "unanswered"
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), BaseException("odd"), GeneratorExit()],
+                         ids=["SystemExit", "KeyboardInterrupt", "BaseException", "GeneratorExit"])
+def test_base_exceptions_from_learner_code_do_not_escape(exc):
+    def learner():
+        raise exc
+
+    result = _toy(_calls).check(learner)
+    assert result.status == "error" and "\n" not in result.message, result
+    assert type(exc).__name__ in result.message or "exit()" in result.message, result
+
+    def checker(answer):  # raised outside call_learner (e.g. from the learner's object inside the checker)
+        raise exc
+
+    result = _toy(checker).check(1)
+    assert result.status == "error", result
+
+
+def test_sys_exit_message_names_exit():
+    result = _toy(_calls).check(lambda: sys.exit("bye"))
+    assert result.status == "error" and "sys.exit()" in result.message and "bye" in result.message, result
+
+
+def _loop():
+    while True:
+        pass
+
+
+def _sleep():
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("learner", [_loop, _sleep], ids=["loop", "sleep"])
+def test_learner_code_is_bounded_in_time(learner, monkeypatch):
+    monkeypatch.setenv("COURSE_CHECK_TIMEOUT", "0.3")
+    start = time.monotonic()
+    result = _toy(_calls).check(learner)
+    assert time.monotonic() - start < 5
+    assert result.status == "error" and "did not finish within 0.3 s" in result.message, result
+    assert "`.repeat()`" in result.message and "COURSE_CHECK_TIMEOUT" in result.message
+    # the timer and handler are gone: nothing fires later
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None, signal.default_int_handler)
+
+
+def test_time_bound_swallowing_exceptions_in_learner_code(monkeypatch):
+    """`except Exception` in the learner's loop cannot hold the bound: it is a BaseException."""
+    monkeypatch.setenv("COURSE_CHECK_TIMEOUT", "0.3")
+
+    def stubborn():
+        while True:
+            try:
+                sum(range(100))
+            except Exception:
+                pass
+
+    result = _toy(_calls).check(stubborn)
+    assert result.status == "error" and "did not finish" in result.message, result
+
+
+def test_time_bound_in_another_thread(monkeypatch):
+    """Off the main thread (no SIGALRM there) a watchdog thread bounds the check instead."""
+    monkeypatch.setenv("COURSE_CHECK_TIMEOUT", "0.3")
+    results = []
+    worker = threading.Thread(target=lambda: results.append(_toy(_calls).check(_loop)))
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive() and results[0].status == "error", results
+    assert "did not finish" in results[0].message
+    assert _toy(_calls).check(lambda: 5).passed  # and nothing was left pending in this thread
+
+
+def test_time_bound_keeps_an_outer_timer():
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        assert _toy(_calls).check(lambda: 5).passed
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < remaining <= 0.5
+        time.sleep(1)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("raw, expected", [("2.5", 2.5), ("0", 0.0), ("off", 0.0), ("junk", None), ("-3", None),
+                                           ("nan", None), ("", None)])
+def test_timeout_setting(raw, expected, monkeypatch):
+    monkeypatch.setenv("COURSE_CHECK_TIMEOUT", raw)
+    assert exercises.check_timeout_s() == (exercises.CHECK_TIMEOUT_S if expected is None else expected)
+
+
+def test_read_dataset_bounds_elements():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.range(5)
+    assert [int(x) for x in exercises.read_dataset(ds, shown_as="f()")] == [0, 1, 2, 3, 4]
+    with pytest.raises(exercises.Incorrect, match=r"never ends: it has a `\.repeat\(\)`"):
+        exercises.read_dataset(ds.repeat(), shown_as="f()")
+    with pytest.raises(exercises.Incorrect, match="has 50 batches; .* at most 10"):
+        exercises.read_dataset(ds.repeat(10), shown_as="f()", limit=10, what="batches")
+    unknown = ds.repeat().filter(lambda x: x >= 0)  # unknown cardinality, endless: take() bounds it
+    assert int(unknown.cardinality()) == int(tf.data.UNKNOWN_CARDINALITY)
+    with pytest.raises(exercises.Incorrect, match="more than 10 elements"):
+        exercises.read_dataset(unknown, shown_as="f()", limit=10)
+    with pytest.raises(exercises.Incorrect, match="returned list"):
+        exercises.read_dataset([1, 2], shown_as="f()")
+    broken = ds.map(lambda x: tf.gather(tf.constant([1, 2, 3]), x))  # ids 3 and 4 are out of range
+    with pytest.raises(exercises._Verdict) as info:
+        exercises.read_dataset(broken, shown_as="f()")
+    assert info.value.result.status == "error" and "Reading the dataset from `f()` raised" in info.value.result.message
+
+
+def test_repeat_dataset_in_a_checker_is_bounded(monkeypatch):
+    """A checker that iterates a learner's `.repeat()` dataset itself ends at the time bound."""
+    import tensorflow as tf
+
+    monkeypatch.setenv("COURSE_CHECK_TIMEOUT", "0.5")
+
+    def checker(answer):
+        for _ in exercises.call_learner(answer, shown_as="fn()"):
+            pass
+        return "done"
+
+    result = _toy(checker).check(lambda: tf.data.Dataset.range(3).repeat())
+    assert result.status == "error" and "did not finish" in result.message, result
+
+
+class _BadRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+def _deep(depth):
+    outer = inner = []
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+def _self_ref():
+    items = []
+    items.append(items)
+    return items
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: 10**400, "an int with about 401 digits"),
+        (lambda: -(10**5000), "a negative int with about 5001 digits"),
+        (lambda: _deep(100_000), "list [[[[…]]]]"),
+        (_self_ref, "list [[[[…]]]]"),
+        (_BadRepr, "an object of type _BadRepr"),
+        (lambda: [_BadRepr(), 10**5000], "list [<_BadRepr>, <int with about 5001 digits>]"),
+        (lambda: [0] * 5_000_000, "… 5000000 items in all]"),
+        (lambda: {"a": [1, {"b": (2,)}]}, "dict {'a': [1, {'b': (…)}]}"),
+        (lambda: "x" * 10**6, "str 'xxxx"),
+        (lambda: b"1", "bytes b'1'"),
+        (lambda: (1,), "tuple (1,)"),
+        (lambda: __import__("numpy").float32(2.0), "numpy.float32 2.0"),
+    ],
+    ids=["int-400", "int-5000", "deep-list", "self-list", "bad-repr", "mixed-list", "5M-list", "dict", "long-str",
+         "bytes", "tuple-1", "numpy-scalar"],
+)
+def test_describe_never_fails_and_is_fast(make, words):
+    value = make()
+    start = time.perf_counter()
+    text = exercises.describe(value)
+    assert time.perf_counter() - start < 0.05
+    assert words in text and len(text) < 120 and "\n" not in text, text
+
+
+def test_describe_survives_hostile_objects():
+    class Hostile:
+        def __getattr__(self, name):
+            raise RuntimeError(name)
+
+    assert exercises.describe(Hostile()) == "an object of type Hostile"
+    assert "digits" in _toy(lambda a: exercises.require_int(a)).check(10**5000).message
+
+
+def test_messages_are_one_line_without_terminal_codes():
+    def learner():
+        raise ValueError("\x1b[1m\x1b[31mInvalid dtype\x1b[0m:\n  expected \x1b]8;;http://x\x07link\x1b]8;;\x07 float32\r\n")
+
+    result = _toy(_calls).check(learner)
+    assert result.status == "error", result
+    assert "\x1b" not in result.message and "\n" not in result.message and "\r" not in result.message
+    assert "Invalid dtype: expected link float32" in result.message, result
+    made = exercises.CheckResult("incorrect", "a\n\tb \x1b[0m" + "c" * 5000)
+    assert made.message.startswith("a b c") and len(made.message) == 1000 and made.message.endswith("…")
+
+
+def test_require_number():
+    import numpy as np
+    import tensorflow as tf
+
+    assert exercises.require_number(np.float32(2.5)) == 2.5
+    assert exercises.require_number(tf.constant(1.5)) == 1.5
+    assert exercises.require_number(np.array(3)) == 3.0
+    for junk, words in [(True, "True/False"), ("1", "quotes"), (b"1", "quotes"), (10**400, "far too large"),
+                        (np.array([1.0, 2.0]), "a single number"), (tf.constant("x"), "Expected"),
+                        (_BadRepr(), "_BadRepr")]:
+        with pytest.raises(exercises.Incorrect, match=words):
+            exercises.require_number(junk)

@@ -123,7 +123,7 @@ def train_step(model, optimizer, loss_fn, x, y):
         loss = loss_fn(y, model(x, training=True))
         scaled_loss = optimizer.scale_loss(loss)  # × 2**15: small gradients stay above float16's floor
     grads = tape.gradient(scaled_loss, model.trainable_variables)
-    optimizer.apply(grads, model.trainable_variables)  # unscales; skips the step on inf/NaN
+    optimizer.apply(grads, model.trainable_variables)  # unscales (apply_gradients too); skips the step on inf/NaN
     return loss
 '''
 
@@ -200,7 +200,7 @@ register_bank(
             checker=_check_scaled_step,
             answer_name="train_step",
             hints=(
-                "Without scaling, gradients below ~6e-8 become 0 in float16. Multiply the loss before "
+                "Without scaling, float16 rounds gradients below ~3e-8 to 0. Multiply the loss before "
                 "differentiating: `optimizer.scale_loss(loss)`, inside the tape.",
                 "Differentiate the scaled loss and hand the gradients to `optimizer.apply(grads, model.trainable_variables)`: "
                 "it divides by the scale itself.",

@@ -1,0 +1,99 @@
+"""Lesson 03's experiments (course_utils.experiments.precision) and the Keras behaviour the lesson teaches."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from course_utils import memory
+from course_utils.experiments import precision
+
+
+@pytest.fixture(scope="module")
+def confident():
+    return precision.confident_logits(2048, 10, seed=42)
+
+
+def test_confident_logits_are_confident_and_labelled_zero(confident):
+    logits, labels = confident
+    assert logits.shape == (2048, 10) and logits.dtype == np.float32
+    assert labels.dtype == np.int64 and not labels.any()
+    assert np.mean(logits.argmax(axis=1) == 0) > 0.75  # class 0 carries the +8 (chance: 0.1)
+
+
+def test_relative_error_per_row_and_elementwise():
+    ref = np.array([[1.0, -1.0], [2.0, 2.0]])
+    val = np.array([[1.0, -2.0], [2.0, 2.0]])
+    np.testing.assert_allclose(precision.relative_error(val, ref, axis=1), [0.5, 0.0])
+    np.testing.assert_allclose(precision.relative_error(val[0], ref[0]), [0.0, 1.0])
+
+
+def test_float32_softmax_output_gives_the_from_logits_loss_exactly(confident):
+    logits, labels = confident
+    for logits_dtype in ("float32", "bfloat16"):
+        via_softmax = precision.cross_entropy(logits, labels, logits_dtype, "float32")
+        via_logits = precision.cross_entropy(logits, labels, logits_dtype, None)
+        np.testing.assert_array_equal(via_softmax["loss"], via_logits["loss"])
+        np.testing.assert_array_equal(via_softmax["grad"], via_logits["grad"])
+
+
+def test_bfloat16_softmax_rounds_to_one_but_keeps_loss_and_almost_every_gradient(confident):
+    logits, labels = confident
+    ref = precision.cross_entropy(logits, labels)
+    bf = precision.cross_entropy(logits, labels, "bfloat16", "bfloat16")
+    at_one = bf["probs"][:, 0] == 1.0
+    assert 0.1 < at_one.mean() < 0.5
+    assert bf["loss"][at_one].min() > 0  # clip + renormalise: never exactly 0
+    zero = np.all(bf["grad"] == 0, axis=1)
+    assert zero[at_one].mean() < 0.01
+    # a gradient vanishes only where every entry is clipped: an example whose float32 loss is already tiny
+    assert np.all(ref["loss"][zero] < 1e-6)
+    assert np.all(bf["probs"][zero][:, 1:] < 1e-7)
+    # coarse probabilities: steps of 2^-8 below 1
+    top = bf["probs"].max(axis=1)
+    assert len(np.unique(top[top > 0.99])) <= 4
+    assert np.abs(bf["probs"].sum(axis=1) - 1).max() > 1e-3
+    # and the clip-and-log path errs far more on the most confident rows than the logits path
+    f32_out = precision.cross_entropy(logits, labels, "bfloat16", "float32")
+    assert precision.relative_error(bf["loss"], ref["loss"]).max() > 5 * precision.relative_error(
+        f32_out["loss"], ref["loss"]).max()
+
+
+def test_loss_scale_optimizer_apply_gradients_unscales_like_apply():
+    updates = []
+    for use_apply_gradients in (False, True):
+        w = tf.Variable([1.0])
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+        opt.build([w])
+        grads = [tf.constant([0.5]) * opt.dynamic_scale]
+        if use_apply_gradients:
+            opt.apply_gradients(zip(grads, [w]))
+        else:
+            opt.apply(grads, [w])
+        updates.append(float(1.0 - w.numpy()[0]))
+    assert updates == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("policy,jit", [("float32", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True),
+                                        ("mixed_float16", False)])
+def test_training_step_trains_under_the_policy(policy, jit):
+    step = precision.training_step(policy, width=4, batch=8, jit=jit)
+    model = step.model
+    before = [w.numpy().copy() for w in model.trainable_weights]
+    loss = float(step())
+    assert np.isfinite(loss)
+    assert all(not np.array_equal(b, w.numpy()) for b, w in zip(before, model.trainable_weights))
+    assert all(w.dtype == "float32" for w in model.trainable_weights)  # mixed: float32 variables
+    assert model.layers[1].compute_dtype == {"float32": "float32", "mixed_bfloat16": "bfloat16",
+                                             "mixed_float16": "float16"}[policy]
+
+
+def test_training_step_peaks_measure_each_policy_in_a_fresh_process():
+    peaks = precision.training_step_peaks(None, ("float32", "mixed_bfloat16"), repeats=1, width=8, batch=256)
+    assert set(peaks) == {"float32", "mixed_bfloat16"}
+    assert all(p.peak_bytes > 0 and "fresh process" in p.method for p in peaks.values())
+    # activations dominate at this batch: the mixed step's peak is lower
+    assert peaks["mixed_bfloat16"].peak_bytes < peaks["float32"].peak_bytes
+    assert memory.default_device() == "CPU:0"

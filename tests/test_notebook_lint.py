@@ -409,3 +409,17 @@ def test_consistency_catches_a_stale_readme_and_setup_cell(repo_copy: Path) -> N
     assert any("02_missing.ipynb, which does not exist" in p for p in problems), problems
     assert any("README.md: line" in p and "old/fork@main" in p for p in problems), problems
     assert any(f"notebooks/{NAME}: setup cell lacks" in p for p in problems), problems
+
+
+def test_notebooks_follow_googles_docs_style():
+    """tensorflow-docs' nblint, Google style: second person (no "we"), inclusive language (no "native")."""
+    import re
+    import subprocess
+    import sys
+
+    notebooks = sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb"))
+    proc = subprocess.run([sys.executable, "-m", "tensorflow_docs.tools.nblint", "--styles=google", *notebooks],
+                          capture_output=True, text=True, timeout=300)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
+    found = [line for line in plain.splitlines() if "Found:" in line]
+    assert proc.returncode == 0, "nblint (google style) found:\n" + "\n".join(found[:20])

@@ -1,5 +1,8 @@
-"""Data for the lessons: CIFAR-10 from an explicitly chosen source, the tf.data pipeline, and the
-checks lesson 04 teaches (every example exactly once across replicas, input- or compute-bound).
+"""Data for the lessons: CIFAR-10 from an explicitly chosen source, the tf.data pipeline, handing it to a
+strategy (global vs per-replica batch), and TFRecord files with an auto-shard policy.
+
+Lesson 04's measurements (every example exactly once, auto-shard tables, timings) are experiments:
+:mod:`course_utils.experiments.pipeline`.
 
 Sources (``load_cifar10(source=...)``; default ``COURSE_DATA``, smoke mode → ``synthetic``):
 
@@ -20,9 +23,7 @@ Offline data is only ever used when chosen explicitly or in smoke mode, and it i
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -374,18 +375,6 @@ def build_pipeline(
     return ds
 
 
-def pipeline_throughput(ds, epochs: int = 2, max_batches: int | None = None) -> float:
-    """Images per second the pipeline alone delivers, over ``epochs`` full passes (no training)."""
-    import tensorflow as tf
-
-    count, start = 0, time.perf_counter()
-    for _ in range(epochs):
-        it = ds.take(max_batches) if max_batches else ds
-        for batch in it:
-            count += int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    return count / (time.perf_counter() - start)
-
-
 # ----------------------------------------------------------------------------------------------
 # Distribution: global vs per-replica batch, and proofs that every example arrives exactly once
 # ----------------------------------------------------------------------------------------------
@@ -401,6 +390,12 @@ def distribute(strategy, ds, global_batch_size: int, api: str = APIS[0], *, drop
     * ``distribute_datasets_from_function``: your function receives an ``InputContext`` and batches
       with the **per-replica** batch ``ctx.get_per_replica_batch_size(global_batch_size)``; you shard
       per input pipeline yourself (``ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)``).
+
+    With ``drop_remainder=False`` the ragged last step differs: the first API splits the last global
+    batch evenly; the second cuts per-replica batches and deals them to the replicas in turn, so the
+    remainder fills whole per-replica batches first, then one partial one, then empty ones (680 ids,
+    4 replicas × 32: ``[32, 8, 0, 0]``). Shuffle ``ds`` with a ``seed`` (or shuffle after sharding):
+    an unseeded shuffle before ``shard`` gives every worker its own order, so shares overlap.
     """
     import tensorflow as tf
 
@@ -416,76 +411,6 @@ def distribute(strategy, ds, global_batch_size: int, api: str = APIS[0], *, drop
 
         return strategy.distribute_datasets_from_function(dataset_fn)
     raise ValueError(f"api must be one of {APIS}, got {api!r}")
-
-
-def local_shapes(strategy, per_replica_value) -> list[list[int]]:
-    """The shape each replica received for one distributed batch."""
-    return [list(t.shape) for t in strategy.experimental_local_results(per_replica_value)]
-
-
-def seen_ids(strategy, dist_ds) -> tuple[list[int], list[list[list[int]]]]:
-    """Iterate one epoch of a distributed dataset of example ids; returns (all ids, shapes per step)."""
-    ids, shapes = [], []
-    for batch in dist_ds:
-        parts = strategy.experimental_local_results(batch)
-        shapes.append([list(p.shape) for p in parts])
-        for p in parts:
-            ids.extend(int(v) for v in np.asarray(p).reshape(-1))
-    return ids, shapes
-
-
-def exactly_once(ids, n: int) -> dict:
-    """How often each of the ids ``0..n-1`` was seen: counts of missing and duplicated ids."""
-    counts = np.bincount(np.asarray(ids, np.int64), minlength=n) if len(ids) else np.zeros(n, np.int64)
-    return {
-        "seen": int(len(ids)),
-        "missing": int((counts[:n] == 0).sum()),
-        "duplicated": int((counts[:n] > 1).sum()),
-        "exactly_once": bool(len(counts) == n and (counts == 1).all()),
-    }
-
-
-def replica_checks(strategy, n_examples: int, per_replica_batch: int) -> list[dict]:
-    """Every example once? For both APIs, with and without ``drop_remainder``, on ``strategy``.
-
-    The dataset is ``range(n_examples)`` (each example is its own id). Returns one row per case:
-    api, drop_remainder, replicas, global batch, steps, first/last step's per-replica sizes, seen,
-    missing, duplicated, exactly_once.
-    """
-    import tensorflow as tf
-
-    n_rep = strategy.num_replicas_in_sync
-    global_batch = per_replica_batch * n_rep
-    rows = []
-    for api in APIS:
-        for drop in (False, True):
-            dist = distribute(strategy, tf.data.Dataset.range(n_examples), global_batch, api, drop_remainder=drop)
-            ids, shapes = seen_ids(strategy, dist)
-            row = {
-                "api": api,
-                "drop_remainder": drop,
-                "replicas": n_rep,
-                "examples": n_examples,
-                "global_batch": global_batch,
-                "steps": len(shapes),
-                "first_step": [s[0] for s in shapes[0]] if shapes else [],
-                "last_step": [s[0] for s in shapes[-1]] if shapes else [],
-            }
-            row.update(exactly_once(ids, n_examples))
-            rows.append(row)
-    return rows
-
-
-def replica_checks_on_cpu(replicas: int, n_examples: int, per_replica_batch: int) -> list[dict]:
-    """:func:`replica_checks` in a fresh process whose CPU is split into ``replicas`` devices."""
-    from .runtime import run_on_cpu_replicas
-
-    code = (
-        "import json, course_utils\nfrom course_utils import data\n"
-        "s = course_utils.detect().strategy\n"
-        f"print(json.dumps(data.replica_checks(s, {int(n_examples)}, {int(per_replica_batch)})))"
-    )
-    return json.loads(run_on_cpu_replicas(replicas, code).strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -548,112 +473,3 @@ def tfrecord_dataset(paths: list[str], policy: str = "AUTO", cycle_length: int =
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
     return ds.with_options(options)
-
-
-def shard_as_worker(ds, input_context):
-    """Apply tf.distribute's auto-shard rewrite as the worker ``input_context`` describes.
-
-    This is the rewrite ``experimental_distribute_dataset`` applies on each worker of a multi-worker
-    strategy (``MultiWorkerMirroredStrategy``, TPU pods), run here in one process so we can look at every
-    worker's share. It uses TensorFlow's internal ``_AutoShardDataset`` (no public API exposes the
-    rewrite without a real cluster).
-    """
-    from tensorflow.python.data.experimental.ops import distribute as _dist
-
-    return _dist._AutoShardDataset(
-        ds, input_context.num_input_pipelines, input_context.input_pipeline_id, input_context.num_replicas_in_sync
-    )
-
-
-def auto_shard_table(paths: list[str], num_workers: int, policies=("FILE", "DATA", "OFF")) -> list[dict]:
-    """Which example ids each simulated worker reads under each auto-shard policy.
-
-    Rows: policy, worker, ids (or the error), count; plus per policy a summary row (worker ``"all"``) with
-    duplicates and missing ids over the whole dataset.
-    """
-    import tensorflow as tf
-
-    n_total = sum(1 for p in paths for _ in tf.data.TFRecordDataset(p))
-    rows = []
-    for policy in policies:
-        all_ids, failed = [], False
-        for w in range(num_workers):
-            ctx = tf.distribute.InputContext(num_input_pipelines=num_workers, input_pipeline_id=w,
-                                             num_replicas_in_sync=num_workers)
-            try:
-                ids = sorted(int(e["id"]) for e in shard_as_worker(tfrecord_dataset(paths, policy), ctx))
-                rows.append({"policy": policy, "worker": w, "count": len(ids), "ids": _short_ids(ids) or "(nothing)"})
-                all_ids += ids
-            except Exception as exc:  # noqa: BLE001 - FILE with too few files fails: show it
-                msg = str(exc).split("Could not apply FILE based sharding:")[-1].strip().splitlines()[0]
-                msg = msg.split(" If you are using")[0]
-                rows.append({"policy": policy, "worker": w, "count": 0, "ids": f"{type(exc).__name__}: {msg}"})
-                failed = True
-        counts = np.bincount(np.asarray(all_ids, np.int64), minlength=n_total) if all_ids else np.zeros(n_total)
-        rows.append({
-            "policy": policy, "worker": "all", "count": len(all_ids), "failed": failed,
-            "duplicated": int((counts > 1).sum()), "missing": int((counts == 0).sum()),
-            "ids": ("FAILED on some workers; " if failed else "")
-            + f"{int((counts > 1).sum())} ids duplicated, {int((counts == 0).sum())} missing of {n_total}",
-        })
-    return rows
-
-
-def _short_ids(ids: list[int], limit: int = 6) -> str:
-    """Sorted ids as runs: ``0–31, 64–95``; at most ``limit`` runs, then ``…``."""
-    runs: list[list[int]] = []
-    for i in ids:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    text = ", ".join(f"{a}–{b}" if b > a else f"{a}" for a, b in runs[:limit])
-    return text + (", …" if len(runs) > limit else "")
-
-
-# ----------------------------------------------------------------------------------------------
-# Input-bound or compute-bound?
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class BottleneckReport:
-    pipeline_images_per_s: float  # the input pipeline alone, no training
-    step_images_per_s: float  # the training step alone, on one batch already in memory
-    batch_size: int
-
-    @property
-    def bottleneck(self) -> str:
-        return "input pipeline" if self.pipeline_images_per_s < self.step_images_per_s else "training step"
-
-    @property
-    def ratio(self) -> float:
-        """How many times faster the pipeline is than the step (< 1: input-bound)."""
-        return self.pipeline_images_per_s / self.step_images_per_s
-
-    def __str__(self) -> str:
-        verdict = (
-            "INPUT-BOUND: the accelerator waits for data — tune the pipeline (parallel map, cache, prefetch)"
-            if self.bottleneck == "input pipeline"
-            else "COMPUTE-BOUND: the pipeline keeps up — speed up the step (bigger batch, mixed precision, XLA)"
-        )
-        return (
-            f"pipeline alone: {self.pipeline_images_per_s:,.0f} images/s · training step alone: "
-            f"{self.step_images_per_s:,.0f} images/s (pipeline/step = {self.ratio:.2f}×) → {verdict}"
-        )
-
-
-def input_bound_check(model, ds, steps: int = 10, repeats: int = 5) -> BottleneckReport:
-    """Measure the pipeline alone (``steps`` batches, after one warm-up batch) and the compiled model's
-    training step alone (on one batch already in memory, median of ``repeats``); say which is slower."""
-    from .timing import time_fn
-
-    it = iter(ds.repeat())
-    x, y = next(it)  # warm-up: starts the pipeline's threads and fills buffers
-    batch_size = int(x.shape[0])
-    start = time.perf_counter()
-    for _ in range(steps):
-        next(it)
-    pipeline = steps * batch_size / (time.perf_counter() - start)
-    step = time_fn(lambda: model.train_on_batch(x, y, return_dict=True)["loss"], repeats=repeats, warmup=2)
-    return BottleneckReport(pipeline, batch_size / step.median_s, batch_size)

@@ -1,0 +1,153 @@
+"""Tests of lesson 04's experiments (course_utils.experiments.pipeline): every example exactly once on 1, 2
+and 4 replicas, how the ragged last step is dealt out, auto-shard policies, shuffle before shard, and the
+timing helpers."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from course_utils import data
+from course_utils.experiments import pipeline as exp
+from course_utils.runtime import run_with_replicas
+
+
+def test_naive_pipeline_has_no_cache_parallelism_or_prefetch():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((8, 32, 32, 3), np.uint8), np.zeros(8, np.int64)))
+    naive = data.build_pipeline(ds, 4, parallel=False, cache=False, prefetch=False)
+    tuned = data.build_pipeline(ds, 4)
+    assert "Prefetch" in type(tuned).__name__ and "Prefetch" not in type(naive).__name__
+    assert exp.pipeline_throughput(naive, epochs=1) > 0
+
+
+def test_input_bound_check_names_a_slow_pipeline():
+    import keras
+    import tensorflow as tf
+
+    x = np.zeros((64, 32, 32, 3), np.uint8)
+    ds = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int64)))
+
+    def slow(image, label):
+        tf.py_function(lambda: time.sleep(0.01), [], [])
+        return image, label
+
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    slow_ds = ds.map(slow).batch(16).map(data.to_float)
+    slow_report = exp.input_bound_check(model, slow_ds, steps=3, repeats=3)
+    assert slow_report.bottleneck == "input pipeline" and "INPUT-BOUND" in str(slow_report)
+    fast_ds = data.build_pipeline(ds, 16).cache()
+    assert exp.input_bound_check(model, fast_ds, steps=3, repeats=3).pipeline_images_per_s > 0
+
+
+# ---------------------------------------------------------------------------------------------- replicas
+
+N, PER_REPLICA = 100, 8  # 100 is not a multiple of any global batch here: the last batch is ragged
+
+
+def _assert_exactly_once(rows, replicas):
+    assert {(r["api"], r["drop_remainder"]) for r in rows} == {(a, d) for a in data.APIS for d in (False, True)}
+    for r in rows:
+        assert r["replicas"] == replicas and r["global_batch"] == PER_REPLICA * replicas
+        assert r["first_step"] == [PER_REPLICA] * replicas, r
+        assert r["duplicated"] == 0, r
+        if r["drop_remainder"]:
+            assert r["missing"] == N % r["global_batch"] and r["seen"] == N - N % r["global_batch"], r
+            assert r["last_step"] == [PER_REPLICA] * replicas, r
+        else:
+            assert r["exactly_once"] and r["seen"] == N and r["missing"] == 0, r
+            assert sum(r["last_step"]) == N % r["global_batch"], r  # the ragged final step
+
+
+def test_each_example_exactly_once_on_one_replica():
+    import tensorflow as tf
+
+    _assert_exactly_once(exp.replica_checks(tf.distribute.OneDeviceStrategy("/cpu:0"), N, PER_REPLICA)["rows"], 1)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_each_example_exactly_once_on_cpu_replicas(replicas):
+    result = run_with_replicas(replicas, None, exp.replica_checks, n_examples=N, per_replica_batch=PER_REPLICA)
+    assert result["replicas"] == replicas and "fresh process" in result["where"]
+    _assert_exactly_once(result["rows"], replicas)
+
+
+def test_exactly_once_counts():
+    assert exp.exactly_once([0, 1, 2], 3)["exactly_once"]
+    assert exp.exactly_once([0, 0, 2], 3) == {"seen": 3, "missing": 1, "duplicated": 1, "exactly_once": False}
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+def test_auto_shard_policies(tmp_path):
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((16, 32, 32, 3), np.uint8), np.arange(16, dtype=np.int64)))
+    four = data.write_tfrecords(str(tmp_path / "four"), ds, num_files=4)
+    rows = exp.auto_shard_table(four, num_workers=2)
+    summary = {r["policy"]: r for r in rows if r["worker"] == "all"}
+    assert summary["FILE"]["count"] == 16 and "0 ids duplicated, 0 missing" in summary["FILE"]["ids"]
+    assert summary["DATA"]["count"] == 16 and "0 ids duplicated, 0 missing" in summary["DATA"]["ids"]
+    assert summary["OFF"]["count"] == 32 and "16 ids duplicated" in summary["OFF"]["ids"]
+    first = next(iter(data.tfrecord_dataset(four)))
+    assert first["image"].shape == (32, 32, 3) and first["image"].dtype == tf.uint8
+    two = data.write_tfrecords(str(tmp_path / "two"), ds, num_files=2)
+    failed = exp.auto_shard_table(two, num_workers=4, policies=("FILE",))
+    assert "FAILED" in failed[-1]["ids"]
+    assert any("not enough for the required 4 shards" in r["ids"] for r in failed)
+
+def test_remainder_is_dealt_in_per_replica_batches():
+    result = run_with_replicas(4, None, exp.remainder_split, per_replica_batch=32, examples=[659, 680, 740])
+    last = {r["examples"]: r for r in result["rows"]}
+    assert last[680]["distribute_datasets_from_function"] == [32, 8, 0, 0]  # not [40, 0, 0, 0]
+    assert last[659]["distribute_datasets_from_function"] == [19, 0, 0, 0]
+    assert last[740]["distribute_datasets_from_function"] == [32, 32, 32, 4]
+    assert last[680]["experimental_distribute_dataset"] == [10, 10, 10, 10]  # split evenly
+    for r in result["rows"]:
+        assert r["distribute_datasets_from_function"] == r["predicted (dealt in turn)"]
+        assert sum(r["experimental_distribute_dataset"]) == r["remainder"]
+
+
+def test_dealt_last_step_prediction():
+    assert exp.dealt_last_step(680, 32, 4) == [32, 8, 0, 0]
+    assert exp.dealt_last_step(640, 32, 4) == [32, 32, 32, 32]  # no remainder: a full last step
+
+
+def test_unseeded_shuffle_before_shard_overlaps_and_the_fixes_do_not():
+    rows = {r["case"]: r for r in exp.shuffle_shard_cases(64, num_workers=4)}
+    bad = rows["unseeded shuffle → shard"]
+    assert bad["count"] == 64 and bad["duplicated"] > 0 and bad["missing"] > 0
+    for case in ("seeded shuffle → shard", "shard → shuffle"):
+        assert rows[case]["duplicated"] == rows[case]["missing"] == 0 and rows[case]["count"] == 64
+        assert sorted(i for ids in rows[case]["per_worker"] for i in ids) == list(range(64))
+    with pytest.raises(ValueError, match="case must be one of"):
+        exp.worker_pipeline("nope", 8, 2, 0)
+
+
+def test_without_auto_prefetch_switches_off_tf_datas_own_overlap():
+    import tensorflow as tf
+
+    plain = exp.without_auto_prefetch(tf.data.Dataset.range(8).map(lambda i: i * 2).batch(4))
+    opt = plain.options().experimental_optimization
+    assert opt.inject_prefetch is False and opt.map_parallelization is False
+    assert exp.drain(plain) == 8
+    assert exp.simulated_accelerator(plain, step_s=0.0)() == 2  # one wait per batch
+
+
+def test_interleaved_times_and_ratio():
+    times = exp.interleaved_times({"slow": lambda: time.sleep(0.004), "fast": lambda: None}, rounds=3, warmup=0)
+    assert len(times["slow"]) == len(times["fast"]) == 3
+    assert exp.ratio_samples(times, "slow", "fast").low > 1
+
+
+def test_plots_are_built_from_measurements():
+    rows = exp.shuffle_shard_cases(16, num_workers=2)
+    fig = exp.plot_worker_ids({r["case"]: r["per_worker"] for r in rows}, n=16)
+    assert len(fig.axes) == len(rows)
+    fig2 = exp.plot_speedups({"a": exp.Samples([1.1, 1.2, 1.3]), "b": exp.Samples([0.9, 1.0, 1.1])})
+    assert len(fig2.axes[0].patches) == 2

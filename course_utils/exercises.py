@@ -570,7 +570,7 @@ def require_number(value: Any, what: str = "a number") -> float:
             return float(value)
         except (OverflowError, TypeError, ValueError):
             raise Incorrect(f"Expected {what}, got {describe(value)}; that is far too large for this answer.") from None
-    if _is_tensor(value) or (_module_of(value) == "numpy" and isinstance(getattr(value, "ndim", None), int)):
+    if _is_tensor(value) or (_module_of(value) in ("numpy", "ml_dtypes") and isinstance(getattr(value, "ndim", None), int)):
         try:
             shape = tuple(value.shape)
         except Exception:  # noqa: BLE001
@@ -580,10 +580,13 @@ def require_number(value: Any, what: str = "a number") -> float:
         try:
             import numpy as np
 
-            array = np.asarray(value)
+            readable = value
+            if _is_tensor(value) and type(value).__name__ == "EagerTensor":
+                readable = value.numpy()  # np.asarray cannot read a bfloat16 EagerTensor; .numpy() gives ml_dtypes
+            array = np.asarray(readable)
             if array.dtype.kind not in "iuf" and array.dtype.name != "bfloat16":
                 raise TypeError(array.dtype)
-            return float(array)
+            return float(array.astype(np.float64))  # bfloat16 (ml_dtypes) has no direct float()
         except Exception:  # noqa: BLE001 - a string tensor, an object array
             raise Incorrect(f"Expected {what}, got {describe(value)}.") from None
     raise Incorrect(f"Expected {what}, got {describe(value)}.")

@@ -1,6 +1,6 @@
 """Every exercise of every bank, fed malformed answers: nothing escapes, nothing hangs, nothing passes.
 
-A table of 40 malformed answers (values, and functions that misbehave: wrong arity, raise, exit, loop,
+A table of 43 malformed answers (values, and functions that misbehave: wrong arity, raise, exit, loop,
 sleep, return junk or a dataset that never ends) goes through the public ``check()`` of each exercise
 that ``exercises.load()`` gives for each registered bank. For each pair the test asserts:
 
@@ -190,25 +190,11 @@ MALFORMED = [
 ]
 
 # Wrong answers a bank accepts today: (bank, exercise, case id) -> reason. Bank bugs, to fix in the bank.
-_FLOAT_IT = "_check_vanishing_update calls float(answer) on anything; use exercises.require_number"
-KNOWN_ACCEPTED: dict[tuple[str, str, str], str] = {
-    ("bfloat16", "vanishing_update", "true"): "True == 1.0; " + _FLOAT_IT,
-    ("bfloat16", "vanishing_update", "str-1"): 'float("1") == 1.0; ' + _FLOAT_IT,
-    ("bfloat16", "vanishing_update", "bytes-1"): 'float(b"1") == 1.0; ' + _FLOAT_IT,
-}
+# Empty: every bank rejects every malformed answer (issue 9 §1). A new entry needs the bug named.
+KNOWN_ACCEPTED: dict[tuple[str, str, str], str] = {}
 
-# Malformed answers that make a checker crash ("the checker itself failed"): bank bugs as well.
-_AS_NUMBER = "_as_number: float(10**5000) overflows and hasattr(value, 'numpy') runs the learner's __getattr__; " \
-             "use exercises.require_number"
-KNOWN_CHECKER_FAILURES: dict[tuple[str, str, str], str] = {
-    ("bfloat16", "vanishing_update", "huge-int"): "OverflowError from float(answer); " + _FLOAT_IT,
-    ("bfloat16", "vanishing_update", "giant-int"): "OverflowError from float(answer); " + _FLOAT_IT,
-    **{("gradient_accumulation", name, case): _AS_NUMBER
-       for name in ("accumulation_steps", "replica_loss", "builtin_warmup_steps")
-       for case in ("fn-returns-giant-int", "fn-returns-hostile")},
-    ("tpu_initialization", "global_batch_size", "fn-returns-giant-int"):
-        "_check_global_batch_size formats the result with repr(v) (ValueError over 4300 digits); use describe()",
-}
+# Malformed answers that make a checker crash ("the checker itself failed"): bank bugs as well. Empty too.
+KNOWN_CHECKER_FAILURES: dict[tuple[str, str, str], str] = {}
 
 ALL = [(bank, ex.name) for bank in exercises.available_banks() for ex in exercises.load(bank)]
 

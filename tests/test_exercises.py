@@ -466,8 +466,289 @@ def test_require_number():
     assert exercises.require_number(np.float32(2.5)) == 2.5
     assert exercises.require_number(tf.constant(1.5)) == 1.5
     assert exercises.require_number(np.array(3)) == 3.0
+    # bfloat16/float16 scalars: what lesson 02's exercise asks learners to compute
+    import ml_dtypes
+
+    assert exercises.require_number(tf.constant(1.5, tf.bfloat16)) == 1.5
+    assert exercises.require_number(tf.constant(1.5, tf.float16)) == 1.5
+    assert exercises.require_number(ml_dtypes.bfloat16(0.5)) == 0.5
     for junk, words in [(True, "True/False"), ("1", "quotes"), (b"1", "quotes"), (10**400, "far too large"),
                         (np.array([1.0, 2.0]), "a single number"), (tf.constant("x"), "Expected"),
                         (_BadRepr(), "_BadRepr")]:
         with pytest.raises(exercises.Incorrect, match=words):
             exercises.require_number(junk)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bank bugs (issue 9 §1): answers that were accepted wrongly, rejected wrongly, crashed the checker
+# or got a misleading message. Wrong answers that must be rejected are also `wrong_examples` of their
+# exercise (run by test_wrong_example_fails_with_targeted_message); here are the rest.
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
+def test_answer_by_keyword_is_checked_not_unanswered(bank, ex, context):
+    for keyword in {"answer", ex.answer_name}:
+        result = ex.check(**{keyword: ex.reference()}, **_ctx(ex, context))
+        assert result.status == "correct", (keyword, result)
+
+
+@pytest.mark.parametrize("junk", [True, "1", b"1", 10**400, 10**5000, [1.0], __import__("numpy").array([1.0, 1.0])],
+                         ids=["True", "str", "bytes", "10**400", "10**5000", "list", "array"])
+def test_vanishing_update_takes_only_a_number(junk):
+    result = exercises.load("bfloat16").vanishing_update.check(junk)
+    assert result.status == "incorrect", result
+    assert "checker itself failed" not in result.message
+
+
+def test_vanishing_update_takes_numpy_and_tensor_scalars():
+    import numpy as np
+    import tensorflow as tf
+
+    ex = exercises.load("bfloat16").vanishing_update
+    import ml_dtypes
+
+    for value in (1.0, 1, np.float32(1.0), ml_dtypes.bfloat16(1.0), tf.constant(1.0),
+                  tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16), tf.constant(1.0, tf.float16)):
+        assert ex.check(value).passed, value
+
+
+def test_param_bytes_as_a_numpy_array():
+    import numpy as np
+
+    ex = exercises.load("bfloat16").param_bytes
+    params = 256 * 512 + 512
+    assert ex.check(np.array([params * 2, params * 4])).passed
+    assert ex.check((np.int64(params * 2), np.int64(params * 4))).passed
+    wrong = ex.check(np.array([params * 4, params * 2]))
+    assert wrong.status == "incorrect" and "swapped" in wrong.message, wrong
+    assert ex.check(np.array([1, 2, 3])).status == "incorrect"
+
+
+def test_global_batch_size_via_worker_devices():
+    ex = exercises.load("tpu_initialization").global_batch_size
+    assert ex.check(lambda per, strategy: per * len(strategy.extended.worker_devices)).passed
+    other = ex.check(lambda per, strategy: strategy.extended.num_replicas_in_sync)
+    assert other.status == "error" and "num_replicas_in_sync" in other.message, other
+
+
+def test_global_batch_size_shows_huge_results_without_failing():
+    ex = exercises.load("tpu_initialization").global_batch_size
+    for value in (10**5000, 10**400):
+        result = ex.check(lambda per, strategy, v=value: v)
+        assert result.status == "incorrect" and "digits" in result.message, result
+
+
+def test_build_in_scope_default_strategy_still_sees_the_scope():
+    """With the default strategy as context every variable 'belongs' to it: the check uses a real one."""
+    import keras
+    import tensorflow as tf
+
+    from course_utils.exercise_banks import tpu_initialization as bank
+
+    ex = exercises.load("tpu_initialization").build_in_scope
+    default = tf.distribute.get_strategy()
+    outside = ex.check(bank._make_model_built_outside, strategy=default)
+    assert outside.status == "incorrect" and "built outside `strategy.scope()`" in outside.message, outside
+
+    def ignores_the_scope(strategy):
+        model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return model
+
+    assert ex.check(ignores_the_scope, strategy=default).status == "incorrect"
+    assert ex.check(ex.reference(), strategy=default).passed
+
+
+def test_build_in_scope_takes_a_subclassed_model(context):
+    import keras
+    import numpy as np
+
+    class Classifier(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.flatten = keras.layers.Flatten()
+            self.dense = keras.layers.Dense(10)
+
+        def call(self, x):
+            return self.dense(self.flatten(x))
+
+    def make_model(strategy):
+        with strategy.scope():
+            model = Classifier()
+            model(np.zeros((1, 32, 32, 3), np.float32))  # creates the weights, in the scope
+            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, **context).passed
+
+
+def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
+    import numpy as np
+    import tensorflow as tf
+
+    ex = exercises.load("mixed_precision").layer_dtypes
+    assert ex.check((tf.bfloat16, tf.float32)).passed
+    assert ex.check(("bfloat16", np.float32)).passed
+    assert ex.check(["bfloat16", np.dtype("float32")]).passed
+    for junk in [(14, 1), (tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum), (True, 1), (b"bfloat16", b"float32")]:
+        result = ex.check(junk)
+        assert result.status == "incorrect" and "dtype names" in result.message, (junk, result)
+
+
+def test_scale_loss_outside_the_tape_is_one_plain_line():
+    from course_utils.exercise_banks import mixed_precision as bank
+
+    result = exercises.load("mixed_precision").loss_scaled_step.check(bank._step_scale_outside_tape)
+    assert result.status == "incorrect", result
+    assert "inside the `with` block" in result.message
+    for internal in ("Cond.call", "Arguments received", "\x1b", "LossScaleOptimizer._"):
+        assert internal not in result.message, result
+
+
+@pytest.mark.parametrize("value", [2.0, "np.float32", "np.int64", "tensor"])
+def test_accumulation_steps_accepts_whole_numbers_alike(value):
+    import numpy as np
+    import tensorflow as tf
+
+    convert = {2.0: float, "np.float32": np.float32, "np.int64": np.int64, "tensor": tf.constant}[value]
+    ex = exercises.load("gradient_accumulation").accumulation_steps
+    result = ex.check(lambda t, p, s: convert(t // (p * s.num_replicas_in_sync)))
+    assert result.passed, result
+
+
+def test_accumulation_steps_rule_for_fractions():
+    import numpy as np
+
+    ex = exercises.load("gradient_accumulation").accumulation_steps
+    for convert in (float, np.float32):
+        result = ex.check(lambda t, p, s, c=convert: c(t / (p * s.num_replicas_in_sync) + 0.5))
+        assert result.status == "incorrect", result
+        assert "must be a whole number" in result.message and "such as 2.0" in result.message, result
+    float_tip = ex.check(lambda t, p, s: t / (p * s.num_replicas_in_sync))
+    assert float_tip.passed and "`//`" in float_tip.message, float_tip
+    assert "`//`" not in ex.check(ex.reference()).message
+
+
+@pytest.mark.parametrize("case", ["fn-returns-giant-int", "fn-returns-hostile", "fn-returns-str"])
+@pytest.mark.parametrize("name", ["accumulation_steps", "replica_loss", "builtin_warmup_steps"])
+def test_gradient_accumulation_results_are_described_safely(name, case):
+    class Hostile:
+        def __getattr__(self, item):
+            raise RuntimeError(item)
+
+        def __repr__(self):
+            raise RuntimeError("repr")
+
+    value = {"fn-returns-giant-int": 10**5000, "fn-returns-hostile": Hostile(), "fn-returns-str": "1"}[case]
+    ex = getattr(exercises.load("gradient_accumulation"), name)
+    result = ex.check(lambda *args: value)
+    assert result.status == "incorrect", result
+    assert "checker itself failed" not in result.message
+
+
+def test_replica_loss_needs_a_gradient_path():
+    import numpy as np
+    import tensorflow as tf
+
+    ex = exercises.load("gradient_accumulation").replica_loss
+    for no_path in (
+        lambda pe, gb: float(tf.reduce_sum(pe)) / gb,
+        lambda pe, gb: np.float32(np.sum(pe.numpy()) / gb),
+        lambda pe, gb: tf.constant(float(tf.reduce_sum(pe)) / gb),
+        lambda pe, gb: tf.stop_gradient(tf.reduce_sum(pe) / gb),
+    ):
+        result = ex.check(no_path)
+        assert result.status == "incorrect" and "no gradient path" in result.message, result
+    assert ex.check(lambda pe, gb: tf.reduce_sum(pe) / gb).passed
+
+
+def _solution_returns(ex):
+    lines = [line.split("#")[0].strip() for line in ex.solution_code.splitlines()]
+    return [line[len("return "):].strip() for line in lines if line.startswith("return ")]
+
+
+@pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
+def test_no_hint_is_the_solution(bank, ex):
+    squeeze = lambda text: "".join(text.replace("`", "").split())  # noqa: E731
+    for expression in _solution_returns(ex):
+        if expression.isidentifier():  # `return model`: no giveaway
+            continue
+        for hint in ex.hints:
+            assert squeeze(expression) not in squeeze(hint), (ex.name, hint)
+
+
+def test_pipeline_order_teaches_caching_uint8():
+    """Lesson 04 §2 caches the uint8 images (4× smaller) and converts to float after the cache."""
+    ex = exercises.load("data_pipeline").pipeline_order
+    stub_doc = ex.stub.split('"""')[1]
+    assert "uint8" in stub_doc and stub_doc.index("cache") < stub_doc.index("to_float"), stub_doc
+    assert "uint8" in ex.hints[0] and "before `to_float`" in ex.hints[0], ex.hints[0]
+    code = ex.solution_code
+    assert code.index("ds.cache()") < code.index("data.to_float"), code
+
+
+def _pipeline(tail=None, cache_float=False):
+    def make_pipeline(ds, batch_size):
+        import tensorflow as tf
+
+        from course_utils import data
+
+        ds = ds.map(data.to_float).cache() if cache_float else ds.cache().map(data.to_float)
+        ds = ds.shuffle(1000).map(data.augment).batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        return tail(ds) if tail else ds
+
+    return make_pipeline
+
+
+def test_pipeline_order_accepts_with_options_at_the_end():
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = False
+    ex = exercises.load("data_pipeline").pipeline_order
+    result = ex.check(_pipeline(lambda ds: ds.with_options(options)))
+    assert result.passed, result
+    assert "Tip" not in result.message
+
+
+def test_pipeline_order_accepts_a_float32_cache_with_a_tip():
+    result = exercises.load("data_pipeline").pipeline_order.check(_pipeline(cache_float=True))
+    assert result.passed and "Tip: your cache holds float32" in result.message, result
+
+
+def test_dataset_fn_ids_out_of_range_are_one_clear_line():
+    import tensorflow as tf
+
+    ex = exercises.load("data_pipeline").dataset_fn
+
+    def shifted(input_context):
+        ds = tf.data.Dataset.range(1000).map(lambda i: i - 1)
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return ds.batch(input_context.get_per_replica_batch_size(64), drop_remainder=True)
+
+    result = ex.check(shifted)
+    assert result.status == "incorrect" and "ids outside 0–999 (e.g. -1)" in result.message, result
+
+    def gathers(input_context):
+        table = tf.range(500, dtype=tf.int64)
+        ds = tf.data.Dataset.range(1000).map(lambda i: tf.gather(table, i))
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return ds.batch(input_context.get_per_replica_batch_size(64), drop_remainder=True)
+
+    result = ex.check(gathers)
+    assert result.status == "error" and "Reading the dataset from `dataset_fn(" in result.message, result
+    assert "\n" not in result.message and "Traceback" not in result.message
+
+
+def test_build_in_scope_takes_any_image_size_model(context):
+    import keras
+
+    def make_model(strategy):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((None, None, 3)), keras.layers.Conv2D(4, 3),
+                                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, **context).passed

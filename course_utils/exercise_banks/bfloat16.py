@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
-from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable, require_int
+from ..exercises import (
+    Exercise,
+    Incorrect,
+    call_learner,
+    describe,
+    register_bank,
+    require_callable,
+    require_int,
+    require_number,
+)
 
 # ----------------------------------------------------------------------------------------------
 # 1. Parameter bytes of Dense(512) on 256 inputs under "bfloat16" and "mixed_bfloat16"
@@ -16,6 +24,8 @@ _BF16, _MIXED = 2 * _PARAMS, 4 * _PARAMS
 
 
 def _check_param_bytes(answer: Any) -> str:
+    if type(answer).__module__ == "numpy" and getattr(answer, "shape", None) == (2,):
+        answer = list(answer)  # np.array([a, b]): its items are numpy ints, which require_int accepts
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         raise Incorrect(
             f"Expected a pair `(bytes_bfloat16, bytes_mixed)`, got {describe(answer)}; "
@@ -119,6 +129,13 @@ def _check_convert(answer: Any) -> str:
         )
     if len(result.weights) != len(original.weights):
         raise Incorrect("The new model has a different architecture; construct it with the `make_model` you were given.")
+    kinds = [type(layer).__name__ for layer in result.layers]
+    if kinds != [type(layer).__name__ for layer in original.layers] or _output_dtype(result) != "float32":
+        raise Incorrect(
+            f"The new model's layers are {_layer_list(kinds)}, its output {_output_dtype(result) or 'unknown'}: it "
+            "lacks make_model's float32 output layer (`Activation('softmax', dtype='float32')`, which keeps the "
+            "softmax and the loss in float32). Construct the new model by calling `make_model()`, not by hand."
+        )
     for a, w in zip(original_values, result.weights):
         expected = a.astype(w.numpy().dtype)
         if not np.array_equal(expected.astype(np.float32), w.numpy().astype(np.float32)):
@@ -130,6 +147,23 @@ def _check_convert(answer: Any) -> str:
         "A new model built under 'bfloat16', holding the float32 weights rounded to bfloat16 — half the bytes, "
         "and the global policy is back to float32."
     )
+
+
+def _layer_list(kinds: list) -> str:
+    shown = ", ".join(str(k)[:40] for k in kinds[:6])
+    return f"[{shown}{', …' if len(kinds) > 6 else ''}]"
+
+
+def _output_dtype(model: Any) -> str | None:
+    """The dtype of ``model``'s output on a small float32 batch, or None if it cannot be run."""
+    import keras
+    import numpy as np
+
+    try:
+        output = model(np.zeros((2, 12), np.float32))
+        return keras.backend.standardize_dtype(output.dtype)
+    except Exception:  # noqa: BLE001 - a broken model: the caller reports the layers instead
+        return None
 
 
 _CONVERT_SOLUTION = '''\
@@ -202,6 +236,21 @@ def _convert_policy_after_construct(make_model, model):
     return new_model
 
 
+def _convert_by_hand(make_model, model):
+    """Rebuilds the layers by hand under 'bfloat16' and forgets the float32 output layer."""
+    import keras
+
+    keras.config.set_dtype_policy("bfloat16")
+    try:
+        new_model = keras.Sequential(
+            [keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3, activation="softmax")]
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    new_model.set_weights(model.get_weights())
+    return new_model
+
+
 def _convert_private_attr(make_model, model):
     import tensorflow as tf
 
@@ -216,14 +265,33 @@ def _convert_private_attr(make_model, model):
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_vanishing_update(answer: Any) -> str:
-    if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
+def _as_float32(value: Any) -> Any:
+    """A bfloat16/float16 tensor (`tf.cast(..., tf.bfloat16)`, what the hint suggests trying) or ml_dtypes
+    scalar as float32.
+
+    numpy cannot read a bfloat16 tensor directly (``np.asarray`` raises), so require_number would reject it;
+    the cast is exact. Anything else is returned unchanged, without touching it.
+    """
+    module = type(value).__module__
+    if module == "ml_dtypes" and type(value).__name__ in ("bfloat16", "float16"):  # `ml_dtypes.bfloat16(1.0)`
         try:
-            value = float(answer)  # a numpy/ml_dtypes scalar or a 0-d tensor
-        except Exception:
-            raise Incorrect(f"Expected a number, got {describe(answer)}.") from None
-    else:
-        value = float(answer)
+            return float(value)
+        except Exception:  # noqa: BLE001
+            return value
+    if not module.startswith("tensorflow"):
+        return value
+    import tensorflow as tf
+
+    try:
+        if isinstance(value, tf.Tensor) and value.dtype in (tf.bfloat16, tf.float16):
+            return tf.cast(value, tf.float32)
+    except Exception:  # noqa: BLE001 - left to require_number to reject
+        pass
+    return value
+
+
+def _check_vanishing_update(answer: Any) -> str:
+    value = require_number(_as_float32(answer), "a number")  # numpy scalars, 0-d tensors; not True, "1", b"1"
     if value == 1.0:
         return (
             "1.0: next to 1.0 bfloat16 can only store 0.99609375 (spacing 2⁻⁸ below 1). 0.999 is nearer to 1.0, "
@@ -239,7 +307,7 @@ def _check_vanishing_update(answer: Any) -> str:
             "0.99609375 is the next bfloat16 below 1.0, but casting rounds to the NEAREST: 0.999 is 0.001 from 1.0 "
             "and 0.0029 from 0.99609375."
         )
-    raise Incorrect(f"Got {value!r}. Try it: `tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16)` — then explain the result.")
+    raise Incorrect(f"Got {describe(value)}. Try it: `tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16)` — then explain the result.")
 
 
 register_bank(
@@ -299,6 +367,7 @@ def to_bfloat16(make_model, model):
                 ("mixed policy", lambda: _convert_mixed, "that is mixed_bfloat16"),
                 ("policy set after construction", lambda: _convert_policy_after_construct, "active when it is constructed"),
                 ("private attribute", lambda: _convert_private_attr, "returned the float32 model itself"),
+                ("no float32 output layer", lambda: _convert_by_hand, "lacks make_model's float32 output layer"),
                 ("result, not function", _make_model, "Pass the function itself"),
             ),
         ),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable
+from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable, require_number
 
 # ----------------------------------------------------------------------------------------------
 # 1. Compute dtype and variable dtype of a Dense layer under mixed_bfloat16
@@ -12,11 +12,23 @@ from ..exercises import Exercise, Incorrect, call_learner, describe, register_ba
 
 
 def _dtype_name(value: Any) -> str | None:
+    """The dtype's name for a name (``"bfloat16"``), a ``tf.DType``/``np.dtype`` or a numpy scalar type
+    (``np.float32``); None for anything else — numbers included: ``tf.as_dtype(1)`` would read the int as
+    a DataType enum value (float32), and an answer of ``(14, 1)`` is no dtype name."""
+    import numpy as np
     import tensorflow as tf
 
+    if isinstance(value, str):
+        name = value
+    elif isinstance(value, (tf.DType, np.dtype)):
+        name = value.name
+    elif isinstance(value, type) and issubclass(value, np.generic):
+        name = np.dtype(value).name
+    else:
+        return None
     try:
-        return tf.as_dtype(getattr(value, "name", value)).name
-    except Exception:
+        return tf.as_dtype(name).name
+    except Exception:  # noqa: BLE001 - not a dtype name
         return None
 
 
@@ -56,6 +68,9 @@ def _loss_fn(y, pred):
 
 
 def _setup():
+    """A mixed_float16 Dense layer with zero weights, its LossScaleOptimizer and data, plus what one correct
+    step gives in float32: each weight's update and the loss. Zero start weights make every update exactly
+    measurable (a float32 kernel of ~0.3 could not hold a ~1e-7 change)."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -66,41 +81,62 @@ def _setup():
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, kernel_initializer=keras.initializers.GlorotUniform(seed=1))])
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, kernel_initializer="zeros")])
     finally:
         keras.config.set_dtype_policy(previous)
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(_LR), initial_scale=_SCALE)
     optimizer.build(model.trainable_variables)
-    # The float32 reference gradient of the bias (which starts at zero).
-    with tf.GradientTape() as tape:
-        pred = tf.matmul(x, model.layers[0].kernel) + model.layers[0].bias
-        loss = _loss_fn(y, pred)
-    expected_bias = -_LR * tape.gradient(loss, model.layers[0].bias).numpy()
-    return model, optimizer, x, y, expected_bias
+    kernel, bias = model.layers[0].kernel, model.layers[0].bias
+    with tf.GradientTape() as tape:  # the float32 reference step
+        loss = _loss_fn(y, tf.matmul(x, kernel) + bias)
+    grads = tape.gradient(loss, [kernel, bias])
+    expected = {"kernel": -_LR * grads[0].numpy(), "bias": -_LR * grads[1].numpy()}
+    return model, optimizer, x, y, expected, float(loss)
+
+
+class _NoGradients:
+    """Returned instead of the learner's result when ``optimizer.apply`` got only None gradients."""
+
+
+def _guard_no_gradients(fn):
+    def step(*args):
+        try:
+            return fn(*args)
+        except ValueError as exc:
+            if "No gradients provided" in str(exc):
+                return _NoGradients()
+            raise
+
+    return step
 
 
 def _check_scaled_step(answer: Any) -> str:
     import numpy as np
 
     fn = require_callable(answer, "train_step(model, optimizer, loss_fn, x, y)", arity=5)
-    model, optimizer, x, y, expected = _setup()
-    call_learner(
-        fn, model, optimizer, _loss_fn, x, y,
+    model, optimizer, x, y, expected, expected_loss = _setup()
+    returned = call_learner(
+        _guard_no_gradients(fn), model, optimizer, _loss_fn, x, y,
         shown_as="train_step(model, optimizer, loss_fn, x, y)",
         on_error="`optimizer` is a keras.optimizers.LossScaleOptimizer; use `optimizer.scale_loss(loss)` and `optimizer.apply(grads)`.",
     )
-    got = model.layers[0].bias.numpy()
-    if not np.any(got):
+    if isinstance(returned, _NoGradients):
+        raise Incorrect(
+            "`optimizer.apply` got no gradients (all None): the tape only sees what runs inside "
+            "`with tf.GradientTape() as tape:`. Compute the loss and `optimizer.scale_loss(loss)` inside the "
+            "`with` block, then take `tape.gradient(scaled_loss, model.trainable_variables)`."
+        )
+    layer = model.layers[0]
+    got = {"kernel": layer.kernel.numpy(), "bias": layer.bias.numpy()}  # they started at zero: the update
+    if not any(np.any(v) for v in got.values()):
         raise Incorrect(
             "The weights did not change: the gradients underflowed to zero in float16. Take the gradient of "
             "`optimizer.scale_loss(loss)` inside the tape, not of `loss`."
         )
-    ratio = float(np.median(got / np.where(expected == 0, np.nan, expected)))
-    if abs(ratio - 1) < 0.05:
-        return (
-            "Scaled loss inside the tape, gradients of the scaled loss, `optimizer.apply` unscales them and "
-            "skips the step if any is inf/NaN: the update matches float32 within 5%."
-        )
+    everything = np.concatenate([got[k].ravel() for k in expected])
+    reference = np.concatenate([expected[k].ravel() for k in expected])
+    nonzero = reference != 0
+    ratio = float(np.median(everything[nonzero] / reference[nonzero]))
     if abs(ratio * _SCALE - 1) < 0.05:
         raise Incorrect(
             "The update is 1/32768 of the right size: you unscaled the gradients yourself, and "
@@ -111,7 +147,31 @@ def _check_scaled_step(answer: Any) -> str:
             "The update is 32768× too large: the gradients were never unscaled. Apply them with the "
             "LossScaleOptimizer itself (`optimizer.apply`), not its `inner_optimizer`."
         )
-    raise Incorrect(f"The update is {ratio:.3g}× the float32 one; expected 1×. Compare with `solution()`.")
+    for name in expected:
+        want, have = expected[name], got[name]
+        if not np.allclose(have, want, rtol=0.05, atol=0.05 * float(np.abs(want).max())):
+            size = float(np.abs(have).max() / np.abs(want).max())
+            detail = "it did not change" if not np.any(have) else f"its largest change is {size:.3g}× the float32 one"
+            raise Incorrect(
+                f"The {name}'s update does not match float32 ({detail}): apply the gradients of the scaled loss "
+                "to ALL of `model.trainable_variables` with `optimizer.apply(grads, model.trainable_variables)`."
+            )
+    loss = require_number(returned, "the loss your train_step returns (a scalar)")
+    if np.isclose(loss, expected_loss * _SCALE, rtol=0.01):
+        raise Incorrect(
+            f"The update is right, but you returned the SCALED loss ({loss:.3g}, 32768× too large); return the "
+            "loss itself (`loss`, not `optimizer.scale_loss(loss)`), so logs and metrics show the real value."
+        )
+    if not np.isclose(loss, expected_loss, rtol=0.01):
+        raise Incorrect(
+            f"The update is right, but you returned {describe(returned)}; expected the (unscaled) loss of the "
+            f"batch, about {expected_loss:.3g}: `return loss`, the value of `loss_fn(y, model(x))`."
+        )
+    return (
+        "Scaled loss inside the tape, gradients of the scaled loss, `optimizer.apply` unscales them and "
+        "skips the step if any is inf/NaN: every weight's update matches float32 within 5%, and the loss you "
+        "return is the real (unscaled) one."
+    )
 
 
 _STEP_SOLUTION = '''\
@@ -158,6 +218,37 @@ def _step_double_unscale(model, optimizer, loss_fn, x, y):
     return loss
 
 
+def _step_bias_only(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    bias = model.layers[0].bias
+    optimizer.apply([tape.gradient(scaled, bias)], [bias])
+    return loss
+
+
+def _step_returns_scaled(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+    return scaled
+
+
+def _step_scale_outside_tape(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    scaled = optimizer.scale_loss(loss)  # outside the tape: the tape never saw it
+    optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+    return loss
+
+
 def _step_inner(model, optimizer, loss_fn, x, y):
     import tensorflow as tf
 
@@ -189,6 +280,7 @@ register_bank(
                 ("float16", lambda: ("float16", "float32"), "mixed_float16"),
                 ("one string", lambda: "bfloat16", "Expected a pair"),
                 ("not dtypes", lambda: ("fast", "slow"), "Expected two dtype names"),
+                ("DataType enum ints", lambda: (14, 1), "Expected two dtype names"),
             ),
         ),
         Exercise(
@@ -216,6 +308,9 @@ def train_step(model, optimizer, loss_fn, x, y):
                 ("no scaling", lambda: _step_unscaled, "underflowed to zero"),
                 ("unscaled twice", lambda: _step_double_unscale, "1/32768"),
                 ("inner optimizer", lambda: _step_inner, "32768× too large"),
+                ("bias only", lambda: _step_bias_only, "The kernel's update does not match float32"),
+                ("returns the scaled loss", lambda: _step_returns_scaled, "returned the SCALED loss"),
+                ("scale_loss outside the tape", lambda: _step_scale_outside_tape, "got no gradients (all None)"),
                 ("result, not function", lambda: 0.5, "Pass the function itself"),
                 ("wrong arity", lambda: (lambda model, optimizer, x, y: None), "exactly 5 parameters"),
             ),

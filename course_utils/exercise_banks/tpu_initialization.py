@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import types
+import math
 from typing import Any
 
 from ..exercises import Exercise, Incorrect, _error, call_learner, describe, register_bank, require_callable, require_int
@@ -31,11 +31,25 @@ def _check_replicas_on_v5e(answer: Any) -> str:
     )
 
 
+class _FakeExtended:
+    """``strategy.extended`` of the fake strategy: one worker device per replica, like a real strategy."""
+
+    def __init__(self, n: int):
+        self.worker_devices = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(n))
+
+    def __getattr__(self, item: str):
+        raise AttributeError(
+            f"the test strategy's `extended` only has `worker_devices` (you asked for `{item}`); "
+            "`strategy.num_replicas_in_sync` is all the global batch size needs"
+        )
+
+
 class _FakeStrategy:
     """Stands in for a strategy with ``n`` replicas when checking ``global_batch_size``."""
 
     def __init__(self, n: int):
         self.num_replicas_in_sync = n
+        self.extended = _FakeExtended(n)
 
     def __getattr__(self, item: str):
         raise AttributeError(
@@ -64,11 +78,19 @@ def _check_global_batch_size(answer: Any) -> str:
         )
     import numbers
 
-    def is_number(v):
-        return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    def is_number(v):  # a plain number that arithmetic below cannot overflow on
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            return False
+        if isinstance(v, numbers.Integral):
+            return int(v).bit_length() <= 63
+        return isinstance(v, float) and math.isfinite(v)
 
-    def show(v):  # numbers as themselves, anything else with its type
-        return repr(v) if is_number(v) else describe(v)
+    def show(v):  # small ints and floats as themselves, anything else described (never repr: it may fail)
+        if is_number(v) and isinstance(v, int):
+            return int.__repr__(v)
+        if is_number(v) and isinstance(v, float):
+            return float.__repr__(v)
+        return describe(v)
 
     wrong = [(per, n, v) for (per, n), v in got.items() if not (is_number(v) and v == per * n)]
     per0, n0, value0 = wrong[0] if wrong else (0, 0, None)
@@ -118,6 +140,7 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
             "Call it as `ex.build_in_scope.check(make_model, strategy=strategy)`."
         )
     import keras
+    import tensorflow as tf
 
     if isinstance(answer, keras.Model):
         raise Incorrect(
@@ -125,6 +148,10 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
             "check calls `make_model(strategy)` so it can see where the model is built."
         )
     fn = require_callable(answer, "make_model(strategy)", arity=1)
+    if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
+        # The default strategy owns every variable, so "built outside the scope" could not be seen with it:
+        # check with a real one-device strategy instead (the learner's code must use the one it is given).
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     model = call_learner(
         fn,
         strategy,
@@ -149,6 +176,12 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
             "the model is not compiled: call `model.compile(optimizer='adam', loss=...)` "
             "inside the `with strategy.scope():` block, before returning the model."
         )
+    if getattr(model, "loss", None) is None:
+        raise Incorrect(
+            "the model was compiled without a loss, so `fit` cannot train it: pass one to `compile()`, e.g. "
+            "`loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)`."
+        )
+    _check_shapes(model)
     outside = [w for w in weights if not strategy.extended.variable_created_in_scope(getattr(w, "value", w))]
     if outside:
         raise Incorrect(
@@ -169,6 +202,45 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
         "every weight and the optimizer were created inside `strategy.scope()`, "
         "so `fit` can mirror the variables and update them on every replica."
     )
+
+
+def _check_shapes(model: Any) -> None:
+    """The model must take 32×32×3 images and give one output per class (at least two)."""
+    import keras
+
+    try:
+        inputs = list(model.inputs)  # Sequential/functional models; a subclassed model has no `inputs`
+        input_shape = tuple(inputs[0].shape) if len(inputs) == 1 else None
+    except Exception:  # noqa: BLE001
+        input_shape = None
+    fits = input_shape is not None and len(input_shape) == 4 and all(
+        d is None or d == want for d, want in zip(input_shape[1:], (32, 32, 3))
+    )  # `keras.Input(shape=(None, None, 3))` takes 32×32×3 images too
+    if input_shape is not None and not fits:
+        raise Incorrect(
+            f"your model takes inputs of shape {_shape_text(input_shape[1:])}, but the course's images are "
+            "32×32×3: start the model with `keras.Input(shape=(32, 32, 3))`."
+        )
+    try:  # symbolic: no computation, nothing placed on a device
+        output = model.compute_output_spec(keras.KerasTensor((2, 32, 32, 3)))
+        output_shape = tuple(output.shape)
+    except Exception:  # noqa: BLE001 - cannot tell symbolically: fit would tell them
+        if input_shape is None:
+            return
+        raise Incorrect(
+            "your model cannot take a batch of 32×32×3 images; start it with `keras.Input(shape=(32, 32, 3))` "
+            "and check its layers."
+        ) from None
+    units = output_shape[-1] if len(output_shape) == 2 else None
+    if units is None or units < 2:
+        raise Incorrect(
+            f"your model's output has shape {_shape_text(output_shape)} for a batch of 2 images; a classifier "
+            "needs one output per class for each image (10 for CIFAR-10): end it with `keras.layers.Dense(10)`."
+        )
+
+
+def _shape_text(shape: Any) -> str:
+    return "(" + ", ".join("None" if d is None else str(int(d)) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _optimizer_in_scope(optimizer: Any, strategy: Any) -> bool:
@@ -250,6 +322,27 @@ def _make_model_no_input_shape(strategy):
 
     with strategy.scope():
         return _compile(keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10)]))
+
+
+def _make_model_no_loss(strategy):
+    with strategy.scope():
+        model = _small_model()
+        model.compile(optimizer="adam")
+    return model
+
+
+def _make_model_mnist_input(strategy):
+    import keras
+
+    with strategy.scope():
+        return _compile(keras.Sequential([keras.Input(shape=(28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]))
+
+
+def _make_model_one_output(strategy):
+    import keras
+
+    with strategy.scope():
+        return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(1)]))
 
 
 def _model_in_default_strategy():
@@ -396,6 +489,9 @@ def make_model(strategy):
                 ),
                 ("not compiled", lambda: _make_model_not_compiled, "not compiled"),
                 ("no input shape", lambda: _make_model_no_input_shape, "input shape"),
+                ("no loss", lambda: _make_model_no_loss, "compiled without a loss"),
+                ("28x28x1 input", lambda: _make_model_mnist_input, "inputs of shape (28, 28, 1)"),
+                ("one output unit", lambda: _make_model_one_output, "one output per class"),
                 (
                     "returns a layer",
                     lambda: _make_model_returns_layer,

@@ -47,6 +47,9 @@ class Sizes:
     # examples per step in memory demos: enough that activations dominate the peak, not the part of a
     # CPU step's peak that does not grow with the batch (conv scratch space, whole allocator blocks)
     memory_batch: int = 128
+    # lesson 06: wall-clock seconds per training run (the baseline vs course comparison) and per ablation run
+    capstone_budget_s: float = 120.0
+    ablation_budget_s: float = 60.0
 
 
 FULL_SIZES = Sizes(
@@ -60,6 +63,8 @@ FULL_SIZES = Sizes(
     matmul_size=2048,
     timing_repeats=20,
     memory_batch=256,
+    capstone_budget_s=120.0,  # the "2 minutes on any hardware"
+    ablation_budget_s=60.0,
 )
 
 SMOKE_SIZES = Sizes(
@@ -73,6 +78,8 @@ SMOKE_SIZES = Sizes(
     matmul_size=512,
     timing_repeats=5,
     memory_batch=128,
+    capstone_budget_s=8.0,
+    ablation_budget_s=5.0,
 )
 
 
@@ -133,8 +140,8 @@ def _parse_data(raw: str) -> str:
     value = raw.strip()
     if value in ("tfds", "synthetic"):
         return value
-    if value.startswith("npz:") and len(value) > 4:
-        return value
+    if value.startswith("npz:") and value[4:].strip():
+        return "npz:" + os.path.expanduser(value[4:].strip())  # npz:~/cifar10.npz works as in a shell
     raise ConfigError(
         f"COURSE_DATA={raw!r} is not a data source. Use COURSE_DATA=tfds (real CIFAR-10), "
         "COURSE_DATA=synthetic (offline, generated) or COURSE_DATA=npz:/path/to/cifar10.npz "

@@ -9,10 +9,12 @@ Sources (``load_cifar10(source=...)``; default ``COURSE_DATA``, smoke mode → `
 ==============  ==================================================================================
 ``tfds``        real CIFAR-10 via tensorflow-datasets (on TPU VMs optionally read from the public GCS
                 copy, ``try_gcs=True``). A failed download raises :class:`DataSourceError` naming the
-                offline options — never a silent switch to fake data.
+                offline options — never a silent switch to fake data. Not downloaded yet and no
+                internet: fails within seconds (a probe of the hosts, :data:`PROBE_TIMEOUT_S`).
 ``synthetic``   generated offline, CIFAR-shaped, learnable (:func:`synthetic_cifar`).
 ``npz:PATH``    a local ``.npz`` with ``x_train, y_train, x_test, y_test`` (uint8 N×32×32×3 images,
-                integer labels 0-9), e.g. written by :func:`write_npz` on a connected machine.
+                integer labels 0-9, N ≥ 1), e.g. written by :func:`write_npz` on a connected machine;
+                ``~`` is expanded; any defect is one :class:`DataSourceError` (:func:`read_npz`).
 ==============  ==================================================================================
 
 Every source yields the same element spec: ``(uint8[32, 32, 3] image, int64[] label)``, unbatched.
@@ -136,25 +138,129 @@ def _check_arrays(path: str, name_x: str, x, name_y: str, y, image_size: int, nu
             f"{path}: {name_y} has shape {y.shape} but {name_x} has {len(x)} images; {fmt}"
             + (" (one-hot labels? use y.argmax(1))" if y.ndim == 2 else "") + "."
         )
+    if len(x) == 0:
+        split = name_x.split("_", 1)[-1]
+        raise DataSourceError(f"{path}: {name_x} has 0 images — the {split} split is empty; a course npz needs at "
+                              "least one train and one test example.")
     if len(y) and (y.min() < 0 or y.max() >= num_classes):
         raise DataSourceError(f"{path}: {name_y} has labels from {y.min()} to {y.max()}; expected 0-{num_classes - 1}.")
 
 
+NPZ_HOWTO = (
+    "To get a good file: on a connected machine, course_utils.data.write_npz(\"cifar10.npz\", "
+    "*[to_numpy(s) for s in (d.train, d.test)]) with d = load_cifar10(\"tfds\", n_train=-1, n_test=-1), then copy it "
+    "here; or use COURSE_DATA=synthetic (no file needed)."
+)
+
+
+def _npz_error(path: str, what: str) -> DataSourceError:
+    return DataSourceError(f"npz:{path} — {what}. {NPZ_HOWTO}")
+
+
+def _plain_reason(exc: BaseException) -> str:
+    """A library's error message, first line, without numpy's advice to load pickles."""
+    text = (str(exc).strip().splitlines() or [""])[0][:160]
+    return "" if "allow_pickle" in text else f" ({text})"
+
+
 def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
-    """Read and validate a CIFAR-10 ``.npz``; returns ``(x_train, y_train), (x_test, y_test)``."""
-    if not os.path.isfile(path):
+    """Read and validate a CIFAR-10 ``.npz``; returns ``(x_train, y_train), (x_test, y_test)``.
+
+    Every defect — a missing or unreadable file, something that is not an npz archive (random bytes, a
+    ``.npy``), a truncated or corrupt archive, pickled object arrays (never loaded: unsafe), a member that is
+    not an array, empty splits, wrong shapes, dtypes or labels — is one :class:`DataSourceError` that says
+    what is wrong and how to get a good file.
+    """
+    import zipfile
+    import zlib
+
+    path = os.path.expanduser(os.fspath(path))
+    if not os.path.exists(path):
         raise DataSourceError(f"npz:{path} — no such file. Fix the path in COURSE_DATA, or: {OFFLINE_OPTIONS}")
-    with np.load(path, allow_pickle=False) as f:
-        missing = [k for k in NPZ_KEYS if k not in f.files]
-        if missing:
-            raise DataSourceError(
-                f"{path} lacks the key(s) {', '.join(missing)} (it has: {', '.join(f.files) or 'none'}); "
-                f"a course npz needs exactly {', '.join(NPZ_KEYS)} — write one with course_utils.data.write_npz."
-            )
-        arrays = {k: f[k] for k in NPZ_KEYS}
-    for split in ("train", "test"):
-        _check_arrays(path, f"x_{split}", arrays[f"x_{split}"], f"y_{split}", arrays[f"y_{split}"], image_size, num_classes)
+    if os.path.isdir(path):
+        raise _npz_error(path, "is a folder, not a file; COURSE_DATA=npz: needs the path of the .npz file itself")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except PermissionError:
+        raise _npz_error(path, "cannot be read (permission denied): fix its permissions (chmod a+r) or copy it "
+                               "somewhere you can read") from None
+    except OSError as exc:
+        raise _npz_error(path, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
+    if magic == b"\x93NUMPY":
+        raise _npz_error(path, "is a single .npy array (np.save), not an .npz archive of "
+                               f"{', '.join(NPZ_KEYS)} (np.savez)")
+    if not magic.startswith(b"PK"):
+        what = "is empty (0 bytes)" if not magic else "is not a readable .npz archive (not a zip file: another format, or corrupt)"
+        raise _npz_error(path, what)
+    key = None
+    arrays = {}
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in NPZ_KEYS if k not in f.files]
+            if missing:
+                raise _npz_error(
+                    path, f"lacks the key(s) {', '.join(missing)} (it has: {', '.join(f.files) or 'none'}); "
+                          f"a course npz needs exactly {', '.join(NPZ_KEYS)}")
+            for key in NPZ_KEYS:
+                value = f[key]
+                if not isinstance(value, np.ndarray):  # numpy hands back the raw bytes of a non-.npy member
+                    raise _npz_error(path, f"member {key} is not a numpy array (raw bytes, not written by np.savez)")
+                arrays[key] = value
+    except DataSourceError:
+        raise
+    except PermissionError:
+        raise _npz_error(path, "cannot be read (permission denied)") from None
+    except ValueError as exc:
+        member = f"member {key}" if key else "the archive"
+        if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
+            raise _npz_error(path, f"{member} is an object array (pickled Python objects), which the course never "
+                                   "loads (unsafe); save plain numeric arrays (uint8 images, integer labels)") from None
+        raise _npz_error(path, f"{member} is not a valid numpy array{_plain_reason(exc)}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError, NotImplementedError) as exc:
+        where = f" in member {key}" if key else ""
+        raise _npz_error(path, f"is not a readable .npz archive: corrupt or truncated{where}{_plain_reason(exc)}; "
+                               "copy or download it again") from None
+    try:
+        for split in ("train", "test"):
+            _check_arrays(path, f"x_{split}", arrays[f"x_{split}"], f"y_{split}", arrays[f"y_{split}"], image_size,
+                          num_classes)
+    except DataSourceError as exc:
+        raise DataSourceError(f"{exc} {NPZ_HOWTO}") from None
     return (arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])
+
+
+def _uint8_images(name: str, x) -> np.ndarray:
+    """``x`` as uint8 0-255 without guessing a scale: integers in 0-255 (any integer dtype, or floats that
+    hold whole numbers 0-255, e.g. ``tf.cast`` of uint8 images) convert exactly; anything else is refused."""
+    x = np.asarray(x)
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype == object or not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise DataSourceError(f"write_npz: {name} has dtype {x.dtype}; images must be uint8 0-255.")
+    if x.size == 0:
+        return x.astype(np.uint8)
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise DataSourceError(f"write_npz: {name} contains NaN or infinite values; images must be uint8 0-255.")
+    low, high = x.min(), x.max()
+    whole = np.issubdtype(x.dtype, np.integer) or bool(np.all(x == np.round(x)))
+    if whole and low >= 0 and high <= 255 and (np.issubdtype(x.dtype, np.integer) or high > 1):
+        return x.astype(np.uint8)
+    if np.issubdtype(x.dtype, np.floating) and low >= 0 and high <= 1:
+        raise DataSourceError(
+            f"write_npz: {name} is {x.dtype} with values in [{low:g}, {high:g}] — images scaled to [0, 1]; casting "
+            "them to uint8 would make them all black, and write_npz does not guess a scale. Pass "
+            "np.round(x * 255).astype(np.uint8).")
+    raise DataSourceError(
+        f"write_npz: {name} is {x.dtype} with values in [{low:g}, {high:g}]; images must be whole numbers 0-255 "
+        "(uint8). Convert them yourself, e.g. np.clip(np.round(x), 0, 255).astype(np.uint8).")
+
+
+def _int_labels(name: str, y) -> np.ndarray:
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.floating) and y.size and np.isfinite(y).all() and np.all(y == np.round(y)):
+        return y.astype(np.int64)  # 3.0 → 3 exactly; 3.7 stays float and is refused by _check_arrays
+    return y.astype(np.int64) if np.issubdtype(y.dtype, np.integer) and y.dtype != np.int64 else y
 
 
 def write_npz(path: str, train, test) -> str:
@@ -163,15 +269,34 @@ def write_npz(path: str, train, test) -> str:
     On a connected machine: ``d = load_cifar10("tfds", n_train=-1, n_test=-1)``, then
     ``write_npz("cifar10.npz", to_numpy(d.train), to_numpy(d.test))``; hand out the file and set
     ``COURSE_DATA=npz:cifar10.npz``.
+
+    Images are stored as uint8 0-255 and never rescaled by guess: float images in [0, 1] are refused with
+    the conversion to use (``np.round(x * 255).astype(np.uint8)``) instead of being cast to all zeros;
+    whole-number images in 0-255 of another dtype convert exactly. The arrays are checked like
+    :func:`read_npz` checks them (shapes, labels 0-9, no empty split), so a file written here reads back.
+    ``~`` is expanded and ``.npz`` appended when missing (as numpy does); returns the path written.
     """
-    (x_train, y_train), (x_test, y_test) = train, test
-    np.savez_compressed(
-        path,
-        x_train=np.asarray(x_train, np.uint8),
-        y_train=np.asarray(y_train, np.int64),
-        x_test=np.asarray(x_test, np.uint8),
-        y_test=np.asarray(y_test, np.int64),
-    )
+    try:
+        (x_train, y_train), (x_test, y_test) = train, test
+    except (TypeError, ValueError):
+        raise DataSourceError("write_npz(path, train, test): train and test must each be a pair (x, y) of arrays, "
+                              "e.g. to_numpy(d.train).") from None
+    path = os.path.expanduser(os.fspath(path))
+    if not path.endswith(".npz"):
+        path += ".npz"
+    arrays = {}
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        arrays[f"x_{split}"] = _uint8_images(f"x_{split}", x)
+        arrays[f"y_{split}"] = _int_labels(f"y_{split}", y)
+        _check_arrays(path, f"x_{split}", arrays[f"x_{split}"], f"y_{split}", arrays[f"y_{split}"], 32, 10)
+    arrays = {k: (v.astype(np.int64) if k.startswith("y_") else v) for k, v in arrays.items()}
+    partial = path + ".partial.npz"
+    try:
+        np.savez_compressed(partial, **arrays)
+        os.replace(partial, path)  # never leave a half-written file under the real name
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
     return path
 
 
@@ -184,6 +309,98 @@ def to_numpy(ds):
     return np.stack(xs).astype(np.uint8), np.asarray(ys, np.int64)
 
 
+# Where tensorflow-datasets fetches CIFAR-10 when it is not in the data dir yet: the public GCS bucket
+# (prepared datasets and download mirror) and the original host.
+TFDS_HOSTS = (("storage.googleapis.com", 443), ("www.cs.toronto.edu", 443))
+PROBE_TIMEOUT_S = 5.0  # all hosts are probed at once: the whole probe takes at most this long
+NO_INTERNET_FIX = (
+    "Set COURSE_DATA=npz:/path/cifar10.npz (a copy of CIFAR-10) or COURSE_SMOKE=1 (small generated data) "
+    "BEFORE the setup cell runs — in a notebook: os.environ[\"COURSE_DATA\"] = \"npz:/path/cifar10.npz\" at the top, "
+    "or, if the setup cell already ran, restart the kernel/runtime and run again. To get CIFAR-10 for this "
+    "machine: on a connected one run load_cifar10(\"tfds\", n_train=-1, n_test=-1) and write_npz(...) "
+    "(see course_utils.data.write_npz), or copy its ~/tensorflow_datasets/cifar10 folder here."
+)
+
+
+def _plain_network_reason(exc: BaseException) -> str:
+    import socket
+
+    if isinstance(exc, socket.gaierror):
+        return "cannot look up the host name"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "no answer in time"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return f"cannot connect ({getattr(exc, 'strerror', None) or type(exc).__name__})"
+
+
+def _probe_hosts(hosts=None, timeout: float | None = None) -> tuple[bool, str]:
+    """Can this machine open a connection to any of ``hosts``? ``(True, host)`` or ``(False, why)``.
+
+    All hosts are tried at once in background threads, and the answer comes after at most ``timeout``
+    seconds — also when name lookup itself hangs (``getaddrinfo`` has no timeout of its own)."""
+    import queue
+    import socket
+    import threading
+    import time
+
+    hosts = TFDS_HOSTS if hosts is None else hosts
+    timeout = PROBE_TIMEOUT_S if timeout is None else timeout
+    answers: queue.Queue = queue.Queue()
+
+    def probe(host, port):
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                answers.put((True, host, ""))
+        except Exception as exc:  # noqa: BLE001 - OSError mostly; whatever it is, this host is not usable
+            answers.put((False, host, _plain_network_reason(exc)))
+
+    for host, port in hosts:
+        threading.Thread(target=probe, args=(host, port), daemon=True, name=f"probe-{host}").start()
+    deadline = time.monotonic() + timeout
+    failed: dict[str, str] = {}
+    while len(failed) < len(hosts):
+        try:
+            ok, host, why = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if ok:
+            return True, host
+        failed[host] = why
+    reasons = [f"{host}: {failed.get(host, f'no answer within {timeout:g} s')}" for host, _ in hosts]
+    return False, "; ".join(reasons)
+
+
+def _import_tfds():
+    """``tensorflow_datasets``, or a :class:`DataSourceError` saying why it cannot be imported and the fix."""
+    try:
+        import tensorflow_datasets as tfds
+    except Exception as exc:  # noqa: BLE001 - any import failure (e.g. protobuf VersionError) becomes one line
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "tensorflow_datasets":
+            raise DataSourceError(
+                "tensorflow-datasets is not installed: pip install 'tensorflow-datasets>=4.9' (then restart the "
+                "kernel), or set COURSE_DATA=npz:/path/cifar10.npz or COURSE_SMOKE=1 before the setup cell. "
+                + OFFLINE_OPTIONS) from None
+        from .runtime import describe_import_failure
+
+        what, fix = describe_import_failure("tensorflow-datasets", exc)
+        raise DataSourceError(
+            f"Cannot load real CIFAR-10: {what}. Fix: {fix}. Or skip tfds: set COURSE_DATA=npz:/path/cifar10.npz "
+            "or COURSE_SMOKE=1 before the setup cell (restart the kernel if it already ran).") from None
+    return tfds
+
+
+def _tfds_prepared(tfds, data_dir: str | None) -> bool:
+    """Is CIFAR-10 already downloaded and prepared in the local tfds data dir? (No network is used.)"""
+    try:
+        return bool(tfds.builder("cifar10", data_dir=data_dir).is_prepared())
+    except Exception:  # noqa: BLE001 - a copy tfds cannot read: if it is there, let tfds.load say what is wrong
+        import glob
+
+        root = data_dir or os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
+        return bool(glob.glob(os.path.join(root, "cifar10", "*", "dataset_info.json")))
+
+
 def _tfds_load(**kwargs):
     """Indirection so tests can make the download fail without touching the network."""
     import tensorflow_datasets as tfds
@@ -192,15 +409,21 @@ def _tfds_load(**kwargs):
 
 
 def _load_tfds(n_train: int | None, n_test: int | None, data_dir: str | None, try_gcs: bool):
+    """``(train, test, read_from_gcs)``. Fails fast, with the offline options, when CIFAR-10 is not in the local
+    data dir and none of its hosts can be reached (instead of minutes of download retries)."""
     def split(name, n):
         return name if n is None else f"{name}[:{n}]"
 
-    try:
-        import tensorflow_datasets  # noqa: F401
-    except ImportError as exc:
-        raise DataSourceError(
-            f"tensorflow-datasets is not installed ({exc}): pip install 'tensorflow-datasets>=4.9'. " + OFFLINE_OPTIONS
-        ) from exc
+    tfds = _import_tfds()
+    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
+    if _tfds_prepared(tfds, data_dir):
+        try_gcs = False  # the local copy: no network needed
+    elif not (os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")):  # behind a proxy: cannot tell
+        reachable, why = _probe_hosts()
+        if not reachable:
+            raise DataSourceError(
+                f"No internet connection: CIFAR-10 is not in the tfds data dir ({where}/cifar10) and cannot be "
+                f"downloaded ({why}). {NO_INTERNET_FIX}")
     try:
         train, test = _tfds_load(
             name="cifar10",
@@ -211,14 +434,13 @@ def _load_tfds(n_train: int | None, n_test: int | None, data_dir: str | None, tr
         )
     except Exception as exc:  # noqa: BLE001 - any failure: explain, never switch silently
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
         fix = f" (a dependency of the tfds download is missing: pip install {exc.name})" if isinstance(
             exc, ModuleNotFoundError) and exc.name else ""
         raise DataSourceError(
             f"Could not load real CIFAR-10 with tensorflow-datasets (data dir {where}): "
             f"{type(exc).__name__}: {first}{fix}. The course does not switch to fake data by itself. {OFFLINE_OPTIONS}"
         ) from exc
-    return train, test
+    return train, test, try_gcs
 
 
 def load_cifar10(
@@ -266,7 +488,7 @@ def load_cifar10(
             from .runtime import tpu_hints
 
             try_gcs = bool(tpu_hints())
-        train, test = _load_tfds(n_train, n_test, data_dir, try_gcs)
+        train, test, try_gcs = _load_tfds(n_train, n_test, data_dir, try_gcs)
         if try_gcs:
             reason += "; read from the public GCS copy of tfds (try_gcs=True)"
         train, test = train.map(_int64_label), test.map(_int64_label)

@@ -21,7 +21,7 @@ import sys
 from typing import Callable
 
 from . import config as _config
-from .runtime import TPU_INSTALL_FIX, in_colab, tpu_hints
+from .runtime import TPU_INSTALL_FIX, describe_import_failure, in_colab, tpu_hints
 
 PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (COURSE_DESIGN §2)
 MIN_PYTHON = (3, 11)  # Keras 3.13 and later (Colab's) need Python 3.11
@@ -45,11 +45,23 @@ class Finding:
 
 
 def _version_of(module: str) -> str | None:
-    """The module's ``__version__`` if it is importable, else None (kept small so tests can replace it)."""
-    if importlib.util.find_spec(module) is None:
-        return None
+    """The module's ``__version__``, None if it is not installed; an import that fails raises (kept small so
+    tests can replace it)."""
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ValueError, ImportError):  # a half-imported module left in sys.modules
+        pass
     mod = __import__(module)
     return getattr(mod, "__version__", "unknown")
+
+
+def _checked_version(version_of: Callable[[str], str | None], module: str) -> tuple[str | None, BaseException | None]:
+    """``(version, None)``, ``(None, None)`` when not installed, ``(None, error)`` when it fails to import."""
+    try:
+        return version_of(module), None
+    except Exception as exc:  # noqa: BLE001 - e.g. protobuf's VersionError: a finding, never a crash
+        return None, exc
 
 
 def _tf_install_fix() -> str:
@@ -95,44 +107,25 @@ def _tfds_has_cifar10() -> str | None:
 
 
 def _npz_problem(path: str) -> str | None:
-    """Why the npz at ``path`` cannot be used by the course, or None if it can."""
-    import zipfile
-
-    try:
-        import numpy as np
-    except ImportError:
-        return None
+    """Why the npz at ``path`` cannot be used by the course, or None if it can: the same checks as
+    ``course_utils.data.read_npz`` (the lessons' loader), so the doctor never says "can run" for a file the
+    lessons reject."""
     if not os.path.exists(path):
         return f"COURSE_DATA points at {path}, which does not exist"
     if not os.path.isfile(path):
         return f"COURSE_DATA points at {path}, which is not a file"
     try:
-        with open(path, "rb") as fh:
-            magic = fh.read(6)
-        if magic == b"\x93NUMPY":
-            return f"{path} is a single .npy array, not an .npz archive of x_train/y_train/x_test/y_test"
-        if not magic.startswith(b"PK"):
-            return f"{path} is not a readable .npz archive (not a zip file: another format, or corrupt)"
-        with np.load(path, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                return f"{path} is a single .npy array, not an .npz archive of x_train/y_train/x_test/y_test"
-            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f.files]
-            if missing:
-                return f"{path} lacks the arrays {', '.join(missing)} (has: {', '.join(f.files) or 'none'})"
-            for k in ("x_train", "y_train", "x_test", "y_test"):
-                a = f[k]
-                if a.dtype == object:
-                    return f"{path}: {k} is an object array (pickled Python objects), not numbers"
-                if a.shape[0] == 0:
-                    return f"{path}: {k} is empty"
-    except PermissionError:
-        return f"{path} cannot be read (permission denied)"
-    except (zipfile.BadZipFile, EOFError, OSError) as exc:
-        return f"{path} is not a readable .npz archive (corrupt or truncated: {str(exc).splitlines()[0][:120]})"
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            return f"{path} holds pickled Python objects, which the course will not load (unsafe); save plain arrays"
-        return f"{path} is not a readable .npz archive ({str(exc).splitlines()[0][:120]})"
+        from . import data
+    except ImportError:  # no numpy: TensorFlow is missing too, reported above
+        return None
+    try:
+        data.read_npz(path)
+    except data.DataSourceError as exc:
+        return str(exc).split(" " + data.NPZ_HOWTO)[0]  # the fix line says how to get a good file
+    except Exception as exc:  # noqa: BLE001 - the doctor never crashes
+        from .runtime import _first_line
+
+        return f"{path} could not be checked ({_first_line(exc)})"
     return None
 
 
@@ -160,9 +153,12 @@ def run_checks(
         out.append(Finding("problem", "Course settings", str(exc), "unset or correct the variable named above"))
         cfg = None
 
-    tf_version = version_of("tensorflow")
+    tf_version, tf_error = _checked_version(version_of, "tensorflow")
     tf_usable = False
-    if tf_version is None:
+    if tf_error is not None:
+        what, fix = describe_import_failure("tensorflow", tf_error)
+        out.append(Finding("problem", "TensorFlow", what.split(" is ", 1)[1], fix))
+    elif tf_version is None:
         out.append(Finding("problem", "TensorFlow", "not installed", _tf_install_fix()))
     else:
         major_minor = tuple(int(p) for p in tf_version.split(".")[:2] if p.isdigit())
@@ -177,9 +173,13 @@ def run_checks(
             tf_usable = True
             out.append(Finding("ok", "TensorFlow", tf_version))
 
-    keras_version = version_of("keras") if tf_usable else None
+    keras_version, keras_error = _checked_version(version_of, "keras") if tf_usable else (None, None)
     if tf_usable:
-        if keras_version is None or not keras_version.startswith("3"):
+        if keras_error is not None:
+            tf_usable = False
+            what, fix = describe_import_failure("keras", keras_error)
+            out.append(Finding("problem", "Keras", what.split(" is ", 1)[1], fix))
+        elif keras_version is None or not keras_version.startswith("3"):
             tf_usable = False
             out.append(Finding("problem", "Keras", f"{keras_version or 'not installed'}; the course needs Keras 3",
                                'pip install "keras>=3.10"'))
@@ -188,8 +188,13 @@ def run_checks(
             note = "" if backend == "tensorflow" else f" (KERAS_BACKEND={backend}: course_utils switches it to tensorflow)"
             out.append(Finding("ok", "Keras", keras_version + note))
 
-    tfds_version = version_of("tensorflow_datasets")
-    if tfds_version is None:
+    tfds_version, tfds_error = _checked_version(version_of, "tensorflow_datasets")
+    if tfds_error is not None:
+        what, fix = describe_import_failure("tensorflow-datasets", tfds_error)
+        out.append(Finding("warn", "tensorflow-datasets",
+                           f"{what.split(' is ', 1)[1]}; lesson 04 on cannot load real CIFAR-10 with it",
+                           f"{fix}\nor do without it: COURSE_DATA=npz:/path/cifar10.npz or COURSE_DATA=synthetic"))
+    elif tfds_version is None:
         out.append(Finding("warn", "tensorflow-datasets", "not installed (needed from lesson 04 on for real CIFAR-10)",
                            'pip install "tensorflow-datasets>=4.9"'))
     else:

@@ -273,10 +273,45 @@ class Runtime:
         }
 
 
-def _first_line(exc: BaseException, limit: int = 160) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
+def _shorten(text: str, limit: int) -> str:
+    """``text`` if it fits in ``limit`` characters, else cut at a word boundary (or a sentence end that keeps
+    most of it) and marked with "…" — never in the middle of a word."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    sentence_end = max(head.rfind(". "), head.rfind("; "))
+    if sentence_end >= limit * 0.75:  # a whole sentence (or clause) that keeps most of the text
+        return head[: sentence_end + 1] + " …"
+    space = head.rfind(" ")
+    cut = head[:space] if space >= limit // 2 else head  # one very long token (a path): cut it
+    return cut.rstrip(" ,;:") + "…"
+
+
+def _first_line(exc: BaseException, limit: int = 400) -> str:
+    """``TypeName: first line of the message``, shortened to about ``limit`` characters at a word boundary.
+
+    400 characters keep the part of a TPU error that says what to do (e.g. "…your TPU runtime version does
+    not match the TensorFlow version", "The TPU is already in use by process with pid …")."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = _shorten(lines[0], limit) if lines else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def describe_import_failure(package: str, exc: BaseException) -> tuple[str, str]:
+    """An import of ``package`` (pip name) that failed: ``(what happened, the fix)``, one line each.
+
+    The common case on Colab: a package's generated protobuf code is newer than the installed protobuf
+    runtime (``google.protobuf.runtime_version.VersionError``), which leaves the package half-imported —
+    only a restart clears it after the fix."""
+    what = f"{package} is installed but fails to import ({_first_line(exc, 240)})"
+    text = f"{type(exc).__name__} {exc}".lower()
+    if "protobuf" in text or type(exc).__name__ == "VersionError":
+        fix = 'pip install -U protobuf   (then restart the runtime/kernel: the failed import stays half-done until then)'
+    elif isinstance(exc, ModuleNotFoundError) and exc.name and not exc.name.startswith(package.replace("-", "_")):
+        fix = f"pip install {exc.name.split('.')[0]}   (a missing dependency; then restart the runtime/kernel)"
+    else:
+        fix = f'pip install -U "{package}"   (then restart the runtime/kernel)'
+    return what, fix
 
 
 def connect_tpu(resolver_factory: Callable[..., Any] | None = None):

@@ -359,3 +359,57 @@ def test_a_split_too_late_names_the_fix_without_repeating_a_variable_already_set
     env.update(COURSE_DEVICE="cpu", COURSE_CPU_REPLICAS="4", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
     assert "restart the kernel" in proc.stdout and "set COURSE_CPU_REPLICAS=4" not in proc.stdout
+
+
+# A TPU error as TensorFlow prints it when TensorFlow and the TPU runtime do not match: what to do comes late
+# in the first line, and a traceback-like tail follows on the next lines.
+TPU_MISMATCH = (
+    "Unable to find any devices for the requested device type TPU_SYSTEM. This usually means that the TPU worker "
+    "is not yet up, or that your TPU runtime version does not match the TensorFlow version (check the "
+    "tensorflow-tpu and libtpu versions of this VM). Available devices: /job:localhost/replica:0/task:0/device:CPU:0, "
+    "/job:localhost/replica:0/task:0/device:TPU_SYSTEM:0 (placeholder) with a long list of further devices "
+    "/job:localhost/replica:0/task:0/device:XLA_CPU:0 /job:localhost/replica:0/task:0/device:XLA_CPU:1 "
+    "/job:localhost/replica:0/task:0/device:XLA_CPU:2 /job:localhost/replica:0/task:0/device:XLA_CPU:3\n"
+    "\t [[{{node ConfigureDistributedTPU}}]]"
+)
+TPU_BUSY = (
+    "TPU initialization failed: open(/dev/vfio/0): Device or resource busy: Device or resource busy; Couldn't open "
+    "iommu group /dev/vfio/0. The TPU is already in use by process with pid 4242. Not attempting to load libtpu.so "
+    "in this process."
+)
+
+
+def test_first_line_keeps_the_key_part_of_a_tpu_error_and_cuts_at_a_word():
+    import tensorflow as tf
+
+    exc = tf.errors.InvalidArgumentError(None, None, TPU_MISMATCH)
+    line = runtime._first_line(exc)
+    assert line.startswith("InvalidArgumentError: Unable to find any devices for the requested device type TPU_SYSTEM.")
+    assert "your TPU runtime version does not match the TensorFlow version" in line  # the part that says what to do
+    assert "ConfigureDistributedTPU" not in line and "\n" not in line  # first line only
+    assert line.endswith("…") and len(line) <= len("InvalidArgumentError: ") + 400
+    body = line[len("InvalidArgumentError: "):-1].rstrip()
+    assert TPU_MISMATCH.startswith(body)  # a prefix of the message ...
+    assert TPU_MISMATCH[len(body)] in " .;,"  # ... that ends at a word boundary, not inside a word or device name
+
+    busy = runtime._first_line(RuntimeError(TPU_BUSY))
+    assert busy == f"RuntimeError: {TPU_BUSY}"  # short enough: whole, nothing cut
+    assert "already in use by process with pid 4242" in busy
+
+    assert runtime._first_line(ValueError("")) == "ValueError"
+    assert runtime._first_line(ValueError("\n\n  second line only\n")) == "ValueError: second line only"
+    token = runtime._first_line(OSError("x" * 1000), limit=50)  # one huge word: cut it anyway
+    assert token.endswith("…") and len(token) <= len("OSError: ") + 50
+
+
+def test_a_long_tpu_error_reaches_the_fallback_reason_whole(monkeypatch):
+    import tensorflow as tf
+
+    def failing_init(resolver):
+        raise tf.errors.InvalidArgumentError(None, None, TPU_MISMATCH)
+
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", failing_init)
+    rt = runtime.detect(probe_tpu=True, resolver_factory=lambda tpu: object(), use_cache=False)
+    assert "does not match the TensorFlow version" in rt.fallbacks[0]
+    assert "does not match the TensorFlow version" in rt.summary()

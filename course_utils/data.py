@@ -58,6 +58,9 @@ def synthetic_cifar(
     rng = np.random.default_rng(seed)
     block = image_size // 4
     templates = rng.normal(size=(num_classes, 4, 4, 3))
+    # mirror-symmetric, like real classes (a flipped cat is a cat): flip augmentation keeps the label;
+    # the mean of a pair of N(0,1) has variance 1/2, so scale by sqrt(2) to keep the contrast
+    templates = (templates + templates[:, :, ::-1, :]) / np.sqrt(2.0)
     templates = np.kron(templates, np.ones((1, block, block, 1)))
 
     def make(n: int):

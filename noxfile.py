@@ -5,7 +5,8 @@
     nox -s latest    # requirements-latest.txt — the newest releases
 
 Extra arguments go to pytest: `nox -s colab -- -x tests/`. Each session builds its own virtual
-environment under .nox/ with the Python running nox (the course supports 3.11-3.13).
+environment under .nox/ with the Python running nox (the course supports 3.11-3.13). Colab runs
+Python 3.13: `nox -s colab --force-python 3.13` matches it where a 3.13 interpreter is installed.
 """
 
 import nox

@@ -317,7 +317,8 @@ def to_numpy(ds):
 TFDS_HOSTS = (("storage.googleapis.com", 443), ("www.cs.toronto.edu", 443))
 PROBE_TIMEOUT_S = 5.0  # all hosts are probed at once: the whole probe takes at most this long
 NO_INTERNET_FIX = (
-    "Set COURSE_DATA=npz:/path/cifar10.npz (a copy of CIFAR-10) or COURSE_SMOKE=1 (small generated data) "
+    "Set COURSE_DATA=npz:/path/cifar10.npz (a copy of CIFAR-10), COURSE_DATA=synthetic (generated CIFAR-shaped "
+    "data, no download) or COURSE_SMOKE=1 (small generated data) "
     "BEFORE the setup cell runs — in a notebook: os.environ[\"COURSE_DATA\"] = \"npz:/path/cifar10.npz\" at the top, "
     "or, if the setup cell already ran, restart the kernel/runtime and run again. To get CIFAR-10 for this "
     "machine: on a connected one run load_cifar10(\"tfds\", n_train=-1, n_test=-1) and write_npz(...) "
@@ -377,7 +378,9 @@ def _probe_hosts(hosts=None, timeout: float | None = None) -> tuple[bool, str]:
 def _import_tfds():
     """``tensorflow_datasets``, or a :class:`DataSourceError` saying why it cannot be imported and the fix."""
     try:
-        import tensorflow_datasets as tfds
+        from ._imports import import_whole
+
+        tfds = import_whole("tensorflow_datasets")
     except Exception as exc:  # noqa: BLE001 - any import failure (e.g. protobuf VersionError) becomes one line
         if isinstance(exc, ModuleNotFoundError) and exc.name == "tensorflow_datasets":
             raise DataSourceError(

@@ -52,7 +52,12 @@ def _version_of(module: str) -> str | None:
             return None
     except (ValueError, ImportError):  # a half-imported module left in sys.modules
         pass
-    mod = __import__(module)
+    if module == "tensorflow_datasets":
+        from ._imports import import_whole  # tfds can swallow its own import error (protobuf clash on Colab)
+
+        mod = import_whole(module)
+    else:
+        mod = __import__(module)
     return getattr(mod, "__version__", "unknown")
 
 

@@ -388,11 +388,31 @@ def _broken_tfds_package(root):
     return root
 
 
-def test_a_tfds_that_fails_to_import_is_one_line_with_the_fix(tmp_path, monkeypatch):
+def _swallowing_tfds_package(root):
+    """As tensorflow-datasets 4.9.10 really behaves on Colab: its __init__ catches the VersionError, logs the
+    traceback through absl and leaves a module without `load` (so a plain import "succeeds")."""
+    package = root / "tensorflow_datasets"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "try:\n"
+        "    from tensorflow_datasets.public_api import *  # noqa\n"
+        "except Exception:\n"
+        "    from absl import logging\n"
+        "    logging.exception('tfds failed to import')\n")
+    (package / "public_api.py").write_text(
+        "from google.protobuf.runtime_version import VersionError\n"
+        "raise VersionError('Detected incompatible Protobuf Gencode/Runtime versions when loading "
+        "tensorflow_metadata/proto/v0/anomalies.proto: gencode 6.31.1 runtime 5.29.6.')\n")
+    return root
+
+
+@pytest.mark.parametrize("make_package", [_broken_tfds_package, _swallowing_tfds_package], ids=["raises", "swallows"])
+def test_a_tfds_that_fails_to_import_is_one_line_with_the_fix(tmp_path, monkeypatch, capfd, make_package):
     import sys
 
-    monkeypatch.delitem(sys.modules, "tensorflow_datasets", raising=False)
-    monkeypatch.syspath_prepend(str(_broken_tfds_package(tmp_path)))
+    for name in [m for m in sys.modules if m == "tensorflow_datasets" or m.startswith("tensorflow_datasets.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(make_package(tmp_path)))
     with pytest.raises(data.DataSourceError) as info:
         data.load_cifar10("tfds", n_train=4, n_test=4, try_gcs=False, verbose=False)
     message = str(info.value)
@@ -400,6 +420,7 @@ def test_a_tfds_that_fails_to_import_is_one_line_with_the_fix(tmp_path, monkeypa
     assert "tensorflow-datasets is installed but fails to import (VersionError: Detected incompatible Protobuf" in message
     for words in ("pip install -U protobuf", "restart", "COURSE_DATA=npz:", "COURSE_SMOKE=1"):
         assert words in message, words
+    assert "Traceback" not in capfd.readouterr().err  # tfds' own logged traceback is kept quiet
 
 
 def test_a_missing_tfds_names_the_install_and_the_offline_options(monkeypatch):

@@ -284,15 +284,22 @@ def test_a_module_that_fails_to_import_is_a_finding_not_a_crash(monkeypatch):
     assert 'pip install -U "tensorflow"' in tf.fix and "Accelerator" not in findings
 
 
-def test_a_tfds_that_fails_to_import_in_a_fresh_process(tmp_path):
-    """As on Colab when tensorflow-metadata's generated code is newer than the installed protobuf."""
+@pytest.mark.parametrize("swallows", [False, True], ids=["raises", "swallows"])
+def test_a_tfds_that_fails_to_import_in_a_fresh_process(tmp_path, swallows):
+    """As on Colab when tensorflow-metadata's generated code is newer than the installed protobuf. tfds 4.9.10
+    itself swallows the error in its __init__ (logs a traceback, leaves no `load`): both must be one warning."""
     package = tmp_path / "tensorflow_datasets"
     package.mkdir()
-    (package / "__init__.py").write_text(
+    failing = package / ("public_api.py" if swallows else "__init__.py")
+    failing.write_text(
         "from google.protobuf.runtime_version import VersionError\n"
         "raise VersionError('Detected incompatible Protobuf Gencode/Runtime versions when loading "
         "tensorflow_metadata/proto/v0/schema.proto: gencode 6.31.1 runtime 5.29.5. Runtime version cannot be older "
         "than the linked gencode version.')\n")
+    if swallows:
+        (package / "__init__.py").write_text(
+            "try:\n    from tensorflow_datasets.public_api import *  # noqa\n"
+            "except Exception:\n    from absl import logging\n    logging.exception('tfds failed to import')\n")
     proc = _doctor({"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     out, err = proc.stdout.decode(), proc.stderr.decode()
     assert "Traceback" not in out + err and proc.returncode == 0, out + err  # a warning: lessons 01-03 still run

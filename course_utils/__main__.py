@@ -3,6 +3,7 @@
   doctor     check this environment and print the exact fix for each problem
   lint       check every notebook against the course skeleton (maintainers)
   set-repo   point every badge and setup cell at another GitHub repository (forks)
+  capstone   train CIFAR-10 for a time budget (lesson 06; same as `python -m course_utils.capstone`)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": "course_utils.doctor:main",
         "lint": "course_utils.notebooks:lint_main",
         "set-repo": "course_utils.notebooks:set_repo_main",
+        "capstone": "course_utils.capstone:main",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())

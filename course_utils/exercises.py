@@ -697,6 +697,9 @@ class Exercise:
     reference: Callable[[], Any]
     wrong_examples: Sequence[tuple[str, Callable[[], Any], str]] = ()
     needs: tuple[str, ...] = ()
+    # seconds this exercise's checker needs beyond the usual bound, from its context (an exercise that trains
+    # for a budget); the check's bound is then the larger of the two
+    min_time_s: Callable[[dict], float] | None = None
     _hints_shown: int = dataclasses.field(default=0, repr=False, compare=False)
 
     @property
@@ -721,6 +724,8 @@ class Exercise:
                 raise _unanswered(f"`{self.answer_name}` is None; replace it with your answer.")
             self._require_context(context)
             seconds = check_timeout_s()
+            if seconds and self.min_time_s is not None:
+                seconds = max(seconds, float(self.min_time_s(context)))
             with _TimeBound(seconds):
                 message = self.checker(answer, **context)
             return CheckResult("correct", message)

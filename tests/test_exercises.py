@@ -27,7 +27,10 @@ def context():
     """Every context keyword a bank may declare in `needs`."""
     import tensorflow as tf
 
-    return {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0")}
+    from course_utils.exercise_banks import capstone as capstone_bank
+
+    return {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0"), "start": capstone_bank.example_start(),
+            "target": capstone_bank.EXAMPLE_TARGET}
 
 
 def _ctx(ex, context):
@@ -175,7 +178,7 @@ def test_solution_text_runs_and_passes(bank, ex, context, capsys):
     ex.solution()
     code = capsys.readouterr().out
     assert code.strip()
-    namespace: dict = {}
+    namespace: dict = dict(_ctx(ex, context))  # the notebook cell's names the solution may use (e.g. `start`)
     exec(code, namespace)
     result = ex.check(namespace[ex.answer_name], **_ctx(ex, context))
     assert result.status == "correct", result
@@ -580,7 +583,7 @@ def test_build_in_scope_takes_a_subclassed_model(context):
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, **context).passed
+    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, strategy=context["strategy"]).passed
 
 
 def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
@@ -751,4 +754,4 @@ def test_build_in_scope_takes_any_image_size_model(context):
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, **context).passed
+    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, strategy=context["strategy"]).passed

@@ -1,0 +1,238 @@
+"""Exercise bank "capstone" (lesson 06: the CIFAR-10 capstone under a time budget)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable, require_number
+
+# -- 1. scaled_learning_rate ------------------------------------------------------------------
+
+_LR_CASES = ((0.2, 256, 512), (0.2, 256, 128), (0.1, 128, 1024), (0.4, 512, 64), (0.05, 64, 64))
+
+
+def _check_scaled_learning_rate(answer: Any) -> str:
+    fn = require_callable(answer, "scaled_learning_rate(base_lr, base_batch, global_batch)", arity=3)
+    for base_lr, base_batch, batch in _LR_CASES:
+        got = call_learner(fn, base_lr, base_batch, batch,
+                           shown_as=f"scaled_learning_rate({base_lr}, {base_batch}, {batch})")
+        value = require_number(got, "a learning rate (a number)")
+        expected = base_lr * batch / base_batch
+        if math.isclose(value, expected, rel_tol=1e-6):
+            continue
+        quote = f"scaled_learning_rate({base_lr}, {base_batch}, {batch}) returned {value:.4g}, expected {expected:.4g}"
+        if math.isclose(value, base_lr * base_batch / batch, rel_tol=1e-6):
+            raise Incorrect(f"Upside down: {quote}. A bigger batch gets a bigger learning rate.")
+        if math.isclose(value, base_lr * math.sqrt(batch / base_batch), rel_tol=1e-6):
+            raise Incorrect(f"That is the square-root rule (used with Adam-type optimizers): {quote}. "
+                            "§1 uses the linear rule for SGD.")
+        if math.isclose(value, base_lr, rel_tol=1e-6):
+            raise Incorrect(f"The learning rate did not change with the batch: {quote}.")
+        raise Incorrect(f"Not quite: {quote}. Scale base_lr by global_batch / base_batch.")
+    return ("Linear scaling: twice the batch, twice the step — with a warm-up, and only up to about a thousand "
+            "examples per update for SGD.")
+
+
+# -- 2. epochs_that_fit -----------------------------------------------------------------------
+
+_FIT_CASES = ((120, 10, 11, 10), (120, 10, 10, 11), (600, 45, 30, 18), (60, 20, 50, 1), (30, 40, 5, 1),
+              (100, 0, 100, 1), (100, 0, 25, 4))
+
+
+def _check_epochs_that_fit(answer: Any) -> str:
+    fn = require_callable(answer, "epochs_that_fit(budget_s, setup_s, epoch_s)", arity=3)
+    for budget, setup, epoch, expected in _FIT_CASES:
+        got = call_learner(fn, budget, setup, epoch, shown_as=f"epochs_that_fit({budget}, {setup}, {epoch})")
+        value = require_number(got, "a whole number of epochs")
+        if value == expected and float(value).is_integer():
+            if isinstance(got, float):
+                raise Incorrect(f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}: epochs are "
+                                "whole, return an int (`int(...)` or `//`).")
+            continue
+        quote = f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}, expected {expected}"
+        if expected == 1 and value < 1:
+            raise Incorrect(f"{quote}: when not even one epoch fits, the run still trains one (at least 1).")
+        if math.isclose(value, (budget - setup) / epoch) and not float(value).is_integer():
+            raise Incorrect(f"{quote}: round down to whole epochs (`//`): a started epoch runs to its end.")
+        if value == budget // epoch and setup:
+            raise Incorrect(f"{quote}: the setup time comes out of the budget first.")
+        if value == math.ceil((budget - setup) / epoch):
+            raise Incorrect(f"{quote}: rounding up overruns the budget; round down.")
+        raise Incorrect(f"Not quite: {quote}. (budget − setup) // epoch, and at least 1.")
+    return ("Whole epochs after the setup, at least one: the trainer does this with the step time it measures in its "
+            "warm-up, then stretches the learning-rate schedule over exactly those epochs.")
+
+
+# -- 3. one_knob ------------------------------------------------------------------------------
+
+_NOT_KNOBS = ("out", "verbose", "resume", "tensorboard")  # what may differ without counting as a change
+TARGET_FRACTION = 0.9  # of the baseline recipe's accuracy with its own batch, same budget (the notebook's §2 run)
+
+
+def target_accuracy(reference_accuracy: float) -> float:
+    """The exercise's target: 90% of what the same recipe reached with its own settings in the same budget."""
+    return TARGET_FRACTION * float(reference_accuracy)
+
+
+def start_options(time_budget: float, out: str, **overrides):
+    """The exercise's deliberately poor start: the tutorial's recipe with 1024 examples per update."""
+    from .. import capstone
+
+    return capstone.Options(recipe="baseline", time_budget=time_budget, batch_size=1024, out=out, **overrides)
+
+
+def example_start():
+    """The start the course's own tests use: synthetic data, a 6 s budget, small splits."""
+    import os
+    import tempfile
+
+    return start_options(6.0, out=os.path.join(tempfile.gettempdir(), "course_capstone_exercise"), data="synthetic",
+                         train_examples=512, test_examples=256)
+
+
+EXAMPLE_TARGET = 0.25  # for example_start(): chance is 0.10
+
+
+def _changed(**change):
+    return lambda: dataclasses.replace(example_start(), **change)
+
+
+def _training_time(context: dict) -> float:
+    """The check trains once: its budget, plus set-up and evaluation, plus a generous margin."""
+    try:
+        budget = float(getattr(context.get("start"), "time_budget", 0) or 0)
+    except Exception:  # noqa: BLE001 - a malformed `start` is reported by the checker itself
+        budget = 0.0
+    return 2 * budget + 120 if 0 < budget < 86_400 else 0.0
+
+
+def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
+    from .. import capstone
+
+    if not isinstance(start, capstone.Options):
+        raise Incorrect(f"`start` should be the capstone.Options from the cell, got {describe(start)}.")
+    target = require_number(target, "the target accuracy (a number between 0 and 1)")
+    if not isinstance(answer, capstone.Options):
+        raise Incorrect(f"Expected capstone.Options, got {describe(answer)}: write "
+                        "`my_options = dataclasses.replace(start, <option>=<value>)`.")
+    changed = [f.name for f in dataclasses.fields(capstone.Options)
+               if f.name not in _NOT_KNOBS and getattr(answer, f.name) != getattr(start, f.name)]
+    if "time_budget" in changed or "epochs" in changed:
+        raise Incorrect(f"Keep the budget: the exercise is to do better in the same {start.time_budget:g} s "
+                        "(`time_budget` unchanged, `epochs` not set).")
+    if not changed:
+        raise Incorrect("These are the start options unchanged; change one option.")
+    if len(changed) > 1:
+        raise Incorrect(f"You changed {len(changed)} options ({', '.join(changed)}); change exactly one, so the "
+                        "run shows what that one is worth.")
+    try:
+        capstone.validate(answer)
+    except capstone.OptionsError as err:
+        raise Incorrect(f"The options are not valid: {err}") from None
+    knob = changed[0]
+    run_options = dataclasses.replace(answer, verbose=-1, resume=False)
+    result = capstone.train(run_options)
+    summary = capstone.load_result(run_options.out)["summary"]
+    accuracy = float(summary["test_accuracy"])
+    if summary.get("options", {}).get(knob) != result.summary.get("options", {}).get(knob):
+        raise Incorrect(f"summary.json in {run_options.out!r} does not match the run just made; run the check again.")
+    if accuracy < target:
+        raise Incorrect(f"With {knob}={describe(getattr(answer, knob))} the run reached {accuracy:.1%} in "
+                        f"{summary['wall_time_s']:.0f} s ({summary['epochs']} epochs), below the target "
+                        f"{target:.1%}. Try another option, or another value.")
+    why = (" With batch 1024 an epoch of a small data set is a handful of updates; a budget buys updates, not epochs."
+           if knob == "batch_size" else "")
+    return (f"{knob}={describe(getattr(answer, knob))}: {accuracy:.1%} in {summary['wall_time_s']:.0f} s "
+            f"(target {target:.1%}).{why}")
+
+
+register_bank(
+    "capstone",
+    [
+        Exercise(
+            name="scaled_learning_rate",
+            question="Write `scaled_learning_rate(base_lr, base_batch, global_batch)` by the linear scaling rule.",
+            checker=_check_scaled_learning_rate,
+            answer_name="scaled_learning_rate",
+            hints=(
+                "The learning rate grows in proportion to the global batch.",
+                "How many times larger than base_batch is global_batch? Multiply base_lr by that.",
+            ),
+            solution_code='''\
+def scaled_learning_rate(base_lr, base_batch, global_batch):
+    """The peak learning rate for global_batch, by the linear scaling rule."""
+    return base_lr * global_batch / base_batch
+''',
+            stub='''\
+def scaled_learning_rate(base_lr, base_batch, global_batch):
+    """The peak learning rate for global_batch, by the linear scaling rule."""
+    ...  # your code here
+''',
+            reference=lambda: (lambda lr, b0, b: lr * b / b0),
+            wrong_examples=(
+                ("inverse", lambda: (lambda lr, b0, b: lr * b0 / b), "Upside down"),
+                ("sqrt", lambda: (lambda lr, b0, b: lr * (b / b0) ** 0.5), "square-root"),
+                ("constant", lambda: (lambda lr, b0, b: lr), "did not change"),
+            ),
+        ),
+        Exercise(
+            name="epochs_that_fit",
+            question=("Write `epochs_that_fit(budget_s, setup_s, epoch_s)`: the most whole epochs that end within "
+                      "the budget after setup, at least 1."),
+            checker=_check_epochs_that_fit,
+            answer_name="epochs_that_fit",
+            hints=(
+                "Subtract the setup from the budget first; a started epoch runs to its end.",
+                "Round the number of epochs down, then make sure it is at least 1.",
+            ),
+            solution_code='''\
+def epochs_that_fit(budget_s, setup_s, epoch_s):
+    """Whole epochs that fit in the budget after setup; at least 1."""
+    return max(1, int((budget_s - setup_s) // epoch_s))
+''',
+            stub='''\
+def epochs_that_fit(budget_s, setup_s, epoch_s):
+    """Whole epochs that fit in the budget after setup; at least 1."""
+    ...  # your code here
+''',
+            reference=lambda: (lambda b, s, e: max(1, int((b - s) // e))),
+            wrong_examples=(
+                ("no setup", lambda: (lambda b, s, e: max(1, int(b // e))), "setup time"),
+                ("no minimum", lambda: (lambda b, s, e: int((b - s) // e)), "at least 1"),
+                ("float", lambda: (lambda b, s, e: max(1.0, (b - s) // e)), "return an int"),
+                ("ceil", lambda: (lambda b, s, e: max(1, math.ceil((b - s) / e))), "rounding up"),
+            ),
+        ),
+        Exercise(
+            name="one_knob",
+            question=("Change ONE option of `start` so the run reaches `target` test accuracy in the same budget; the "
+                      "checker trains with your options and reads summary.json."),
+            checker=_check_one_knob,
+            answer_name="my_options",
+            needs=("start", "target"),
+            min_time_s=_training_time,
+            hints=(
+                "Look at what `start` sets that the recipe's default does not, and at §1: what does a large batch "
+                "do to the number of updates a budget buys?",
+                "With 1024 examples per update a small data set gives a handful of updates per epoch.",
+            ),
+            solution_code='''\
+import dataclasses
+
+my_options = dataclasses.replace(start, batch_size=64)  # the tutorial's batch: 16× the updates per epoch
+''',
+            stub='''\
+my_options = ...  # e.g. dataclasses.replace(start, <one option>=<new value>)
+''',
+            reference=_changed(batch_size=64),
+            wrong_examples=(
+                ("two knobs", _changed(batch_size=64, label_smoothing=0.1), "change exactly one"),
+                ("more time", _changed(time_budget=60.0), "Keep the budget"),
+                ("unchanged", example_start, "unchanged"),
+                ("not options", lambda: {"batch_size": 128}, "Expected capstone.Options"),
+            ),
+        ),
+    ],
+)

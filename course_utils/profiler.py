@@ -1,0 +1,140 @@
+"""Read a TensorBoard profile: is the training step input-bound or compute-bound?
+
+Keras' ``TensorBoard(log_dir, profile_batch=(first, last))`` callback writes a profile of a few
+training steps (``log_dir/train/plugins/profile/<run>/<host>.xplane.pb``). TensorBoard's profile
+plugin (``tensorboard-plugin-profile``, which installs ``xprof``) shows it; :func:`read_input_bound`
+reads the same file with the plugin's own converter, so a notebook can print the answer:
+
+* on a TPU or GPU, the plugin's *input pipeline analysis* splits each step into device compute and
+  waiting for input ("infeed"/"input" time) and gives its own conclusion — :func:`read_input_bound`
+  returns that;
+* on a CPU-only host the analysis has no device steps ("No step time measured"), so the same
+  question is answered from the profile's trace: the time the step spends in ``IteratorGetNext``
+  (waiting for the next batch from ``tf.data``) as a share of the profiled steps' time (Keras
+  marks each profiled step as a "Profiled batch" event).
+
+Either way the figure is the share of step time spent waiting for input: above about 10–20% the
+step is input-bound (make the pipeline faster: lesson 04); near 0 it is compute-bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+
+INPUT_BOUND_ABOVE = 0.10  # share of step time waiting for input above which a step counts as input-bound
+INSTALL_HINT = "pip install tensorboard-plugin-profile"
+
+
+class ProfileError(RuntimeError):
+    """No profile to read, or no tool to read it with; the message says which and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileReading:
+    input_share: float  # share of the profiled steps' time spent waiting for input (0..1)
+    steps: int  # profiled steps the figure comes from
+    step_ms: float  # mean step time over them, in milliseconds
+    source: str  # which part of the profile the figure came from
+    conclusion: str  # the plugin's own words where it has them
+    path: str
+
+    @property
+    def bound(self) -> str:
+        return "input-bound" if self.input_share > INPUT_BOUND_ABOVE else "compute-bound"
+
+    def __str__(self) -> str:
+        text = (f"{self.bound}: {self.input_share:.1%} of each step waits for input "
+                f"({self.steps} profiled steps, {self.step_ms:.1f} ms each; from {self.source})")
+        return text + (f"\nprofiler: {self.conclusion}" if self.conclusion else "")
+
+
+def find_xplanes(log_dir: str) -> list[str]:
+    """The newest profile run's ``.xplane.pb`` files under ``log_dir`` (Keras writes one per host)."""
+    paths = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        raise ProfileError(f"no profile under {log_dir!r}: train with keras.callbacks.TensorBoard(log_dir, "
+                           "profile_batch=(first, last)) for a run of more than `last` steps")
+    newest = max(os.path.dirname(p) for p in paths)  # run folders are named by date and time
+    return sorted(p for p in paths if os.path.dirname(p) == newest)
+
+
+def _converter():
+    try:
+        from xprof.convert import raw_to_tool_data  # installed by tensorboard-plugin-profile
+    except ImportError:
+        try:
+            from tensorboard_plugin_profile.convert import raw_to_tool_data  # older plugin releases
+        except ImportError as err:
+            raise ProfileError(f"the TensorBoard profile plugin is not installed ({err.name or err}): "
+                               f"run `{INSTALL_HINT}`, then this cell again") from None
+    except Exception as err:  # noqa: BLE001 - e.g. protobuf's VersionError: xprof 2.20.9 needs protobuf >= 6.31.1
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        fix = ("run `pip install -U 'protobuf>=6.31.1'`, then restart the kernel/runtime"
+               if "gencode" in str(err) or "protobuf" in str(err).lower() else f"reinstall it: `{INSTALL_HINT}`")
+        raise ProfileError(f"the TensorBoard profile plugin cannot load ({type(err).__name__}: {first}): {fix}") from None
+    return raw_to_tool_data
+
+
+def _tool_json(convert, paths: list[str], tool: str):
+    data, _ = convert.xspace_to_tool_data(paths, tool, {})
+    if not data:
+        return None
+    return json.loads(data.decode() if isinstance(data, bytes) else data)
+
+
+def _from_analyzer(tables) -> tuple[float, int, float, str] | None:
+    """(input share, steps, mean step ms, conclusion) from the input pipeline analysis, if it timed steps."""
+    for table in tables or []:
+        props = table.get("p", {}) if isinstance(table, dict) else {}
+        if "input_conclusion" not in props:
+            continue
+        cols = [c.get("id") for c in table.get("cols", [])]
+        rows = table.get("rows", [])
+        if not rows or "stepTimeMs" not in cols:
+            return None
+        total = wait = 0.0
+        for row in rows:
+            values = dict(zip(cols, (cell.get("v") for cell in row.get("c", []))))
+            step = float(values.get("stepTimeMs") or 0.0)
+            total += step
+            wait += float(values.get("infeedTimeMs") or 0.0)
+        if total <= 0:
+            return None
+        return wait / total, len(rows), total / len(rows), props.get("input_conclusion", "")
+    return None
+
+
+def _from_trace(trace) -> tuple[float, int, float] | None:
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    steps = [e for e in events if e.get("ph") == "X" and e.get("name") == "Profiled batch"]
+    if not steps:
+        return None
+    step_us = sum(float(e.get("dur", 0)) for e in steps)
+    wait_us = sum(float(e.get("dur", 0)) for e in events
+                  if e.get("ph") == "X" and str(e.get("name", "")).startswith("IteratorGetNext"))
+    if step_us <= 0:
+        return None
+    return min(wait_us / step_us, 1.0), len(steps), step_us / len(steps) / 1000
+
+
+def read_input_bound(log_dir: str) -> ProfileReading:
+    """How much of each profiled training step waited for input, read from the profile in ``log_dir``.
+
+    Raises :class:`ProfileError` (one line, with the fix) when there is no profile or no plugin.
+    """
+    paths = find_xplanes(log_dir)
+    convert = _converter()
+    analysis = _from_analyzer(_tool_json(convert, paths, "input_pipeline_analyzer"))
+    if analysis is not None:
+        share, steps, step_ms, conclusion = analysis
+        return ProfileReading(share, steps, step_ms, "the input pipeline analysis", conclusion, paths[0])
+    traced = _from_trace(_tool_json(convert, paths, "trace_viewer"))
+    if traced is None:
+        raise ProfileError(f"the profile in {os.path.dirname(paths[0])!r} has no training steps: profile steps "
+                           "that run (profile_batch within the epoch's steps, steps_per_execution=1)")
+    share, steps, step_ms = traced
+    return ProfileReading(share, steps, step_ms, "the trace: time in IteratorGetNext / time in the step",
+                          "", paths[0])

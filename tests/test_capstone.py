@@ -1,0 +1,250 @@
+"""The capstone trainer (course_utils.capstone): CLI, recipes, budget, resume after SIGKILL, bad options.
+
+Synthetic data in smoke sizes throughout. The synthetic classes are colour patterns that are *not* mirror
+symmetric, so runs that must learn fast turn flip augmentation and flip TTA off (``--no-augment --no-tta``);
+the course recipe's other parts (ResNet, policy, schedule, label smoothing) stay on.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from course_utils import capstone, data
+
+ENV = dict(os.environ, COURSE_SMOKE="1", COURSE_CPU_REPLICAS="1", COURSE_DATA="synthetic")
+ENV.pop("COURSE_JIT", None)
+SMOKE = ["--data", "synthetic", "--train-examples", "1024", "--test-examples", "256", "--quiet"]
+LEARNABLE = ["--no-augment", "--no-tta", "--width", "8", "--batch-size", "64"]
+
+
+def cli(args, timeout=120):
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "course_utils.capstone", *args], env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc, time.perf_counter() - start
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 3-epoch run of the course recipe: the CLI smoke run and the resume test's yardstick."""
+    out = tmp_path_factory.mktemp("capstone") / "ref"
+    proc, seconds = cli([*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, proc, seconds
+
+
+def test_cli_smoke_run_learns_and_writes_its_files(reference):
+    out, proc, seconds = reference
+    assert seconds <= 60, f"smoke CLI run took {seconds:.1f} s"
+    summary, metrics = read(out / "summary.json"), read(out / "metrics.json")
+    assert [m["epoch"] for m in metrics] == [1, 2, 3]
+    assert summary["test_accuracy"] >= 0.5, summary["test_accuracy"]  # chance is 0.1
+    assert summary["recipe"] == "course" and summary["epochs"] == 3
+    assert summary["data"] == "synthetic" and summary["train_examples"] == 1024
+    for key in ("wall_time_s", "images_per_s_per_replica", "peak_memory_bytes", "peak_memory_method", "policy",
+                "tf_version", "keras_version", "hardware", "options"):
+        assert summary[key], key
+    assert summary["options"]["width"] == 8 and summary["options"]["augment"] is False
+    assert summary["peak_memory_bytes"] > 1 << 20
+    assert 0 < metrics[-1]["elapsed_s"] <= summary["wall_time_s"]
+    assert metrics[0]["elapsed_s"] < metrics[1]["elapsed_s"] < metrics[2]["elapsed_s"]
+    # One line per epoch with elapsed s, train loss, test accuracy, images/s.
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 3 and all("train loss" in x and "test acc" in x and "images/s" in x for x in lines)
+    assert (out / "best.weights.h5").exists()
+    assert not (out / "backup").exists()  # BackupAndRestore removes its backup after a finished run
+
+
+def test_npz_data_baseline_and_tensorboard(tmp_path):
+    path = str(tmp_path / "mini.npz")
+    data.write_npz(path, *data.synthetic_cifar(1024, 128, seed=3))
+    tb = tmp_path / "tb"
+    proc, _ = cli(["--data", f"npz:{path}", "--recipe", "baseline", "--epochs", "4", "--quiet",
+                   "--out", str(tmp_path / "out"), "--tensorboard", str(tb)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = read(tmp_path / "out" / "summary.json")
+    assert summary["data"] == f"npz:{path}"
+    assert (summary["train_examples"], summary["test_examples"]) == (1024, 128)
+    assert summary["recipe"] == "baseline" and summary["policy"] == "float32" and summary["global_batch"] == 64
+    assert summary["test_accuracy"] > 0.3
+    assert glob.glob(str(tb / "train" / "events.out.tfevents.*"))
+    assert glob.glob(str(tb / "train" / "plugins" / "profile" / "*" / "*.xplane.pb")), "no profile written"
+
+
+BAD_OPTIONS = [
+    (["--recipe", "fastest", "--epochs", "1"], "unknown recipe 'fastest'"),
+    (["--time-budget", "0"], "--time-budget must be a positive number"),
+    (["--time-budget", "-5"], "--time-budget must be a positive number"),
+    (["--epochs", "1", "--batch-size", "30", "--cpu-replicas", "4"], "not divisible by replicas × accumulate = 4 × 1"),
+    (["--epochs", "1", "--batch-size", "64", "--accumulate", "3"], "not divisible by replicas × accumulate = 1 × 3"),
+    (["--epochs", "1", "--accumulate", "0"], "--accumulate must be at least 1"),
+    (["--epochs", "1", "--data", "npz:/no/such/cifar.npz"], "no such file '/no/such/cifar.npz'"),
+    (["--epochs", "1", "--policy", "float8"], "unknown policy 'float8'"),
+    (["--epochs", "1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--data", "synthetic"], "give exactly one of --time-budget SECONDS or --epochs N"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_OPTIONS, ids=[m for _, m in BAD_OPTIONS])
+def test_bad_option_one_line_exit_2_before_tensorflow(args, message):
+    code = ("import sys; from course_utils import capstone; rc = capstone.main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("capstone: error: ") and message in lines[0], proc.stderr
+
+
+def test_bad_option_through_python_dash_m():
+    proc, seconds = cli(["--recipe", "nope", "--epochs", "1"])
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "capstone: error: unknown recipe 'nope'; use --recipe course or --recipe baseline (see --help)"]
+    assert proc.stdout == ""
+
+
+def test_unreadable_data_is_a_data_error_not_synthetic(tmp_path):
+    path = tmp_path / "broken.npz"
+    np.savez(path, x_train=np.zeros((4, 32, 32, 3), np.uint8))  # lacks y_train, x_test, y_test
+    proc, _ = cli(["--data", f"npz:{path}", "--epochs", "1", "--out", str(tmp_path / "o")])
+    assert proc.returncode == 1
+    assert "capstone: data error:" in proc.stderr and "lacks the key(s) y_train, x_test, y_test" in proc.stderr
+    assert "Traceback" not in proc.stderr and "SYNTHETIC" not in proc.stdout
+
+
+def test_tfds_failure_raises_data_source_error(monkeypatch, tmp_path):
+    def fail(**kwargs):
+        raise ConnectionError("no network here")
+
+    monkeypatch.setattr(data, "_tfds_load", fail)
+    with pytest.raises(data.DataSourceError, match="npz"):  # names the offline way out
+        capstone.train(capstone.Options(data="tfds", epochs=1, out=str(tmp_path / "o"), verbose=-1))
+
+
+def test_resume_after_sigkill_in_epoch_2(reference, tmp_path):
+    ref_out = reference[0]
+    out = tmp_path / "run"
+    args = [*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils.capstone", *args], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics_path = out / "metrics.json"
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and proc.poll() is None:
+            if metrics_path.exists() and len(read(metrics_path)) == 1:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before epoch 2: {proc.stderr.read()[-1500:]}"
+        epoch1 = read(metrics_path)[0]
+        time.sleep(0.2)  # inside epoch 2 (16 steps, more than a second), after epoch 1's files are written
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert [m["epoch"] for m in read(metrics_path)] == [1], "killed too late: epoch 2 had finished"
+    spent = read(out / "clock.json")["elapsed_s"]
+    assert spent >= epoch1["elapsed_s"]
+
+    resumed, _ = cli([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Resuming after epoch 1 of 3" in resumed.stdout
+    metrics = read(metrics_path)
+    assert [m["epoch"] for m in metrics] == [1, 2, 3]  # none repeated, none lost
+    assert metrics[0] == epoch1  # the first epoch's record is kept as it was
+    summary = read(out / "summary.json")
+    assert summary["resumed"] is True and summary["epochs"] == 3
+    assert summary["wall_time_s"] >= spent  # time before the kill counts
+    assert metrics[1]["elapsed_s"] > spent
+    ref = read(ref_out / "summary.json")["test_accuracy"]
+    assert abs(summary["test_accuracy"] - ref) <= 0.12, (summary["test_accuracy"], ref)
+    again, _ = cli([*args, "--resume"])  # a finished run: nothing to resume, one line, exit 2
+    assert again.returncode == 2 and "has finished (summary.json); nothing to resume" in again.stderr
+    assert read(metrics_path) == metrics
+    # The LR schedule continued where it was: the last epoch ends near zero, as in the uninterrupted run.
+    assert metrics[-1]["lr"] == pytest.approx(read(ref_out / "metrics.json")[-1]["lr"], abs=1e-6)
+
+
+def test_budget_run_ends_within_one_epoch_of_budget(tmp_path):
+    budget = 25
+    proc, seconds = cli([*SMOKE, *LEARNABLE, "--time-budget", str(budget), "--out", str(tmp_path / "b")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary, metrics = read(tmp_path / "b" / "summary.json"), read(tmp_path / "b" / "metrics.json")
+    epoch = max(m["epoch_time_s"] for m in metrics)
+    assert summary["budget_s"] == budget and summary["wall_time_s"] == summary["budget_used_s"]
+    assert summary["wall_time_s"] <= budget + epoch, (summary["wall_time_s"], epoch)
+    assert seconds <= budget + epoch + 3  # + the interpreter's start, before the clock starts
+    assert summary["wall_time_s"] >= budget - 2 * epoch - 3, "the budget was not used"
+    assert summary["epochs"] >= 2
+    assert summary["test_accuracy"] > 0.3
+
+
+def test_python_api_result_and_predictions(tmp_path):
+    opts = capstone.Options(data="synthetic", epochs=1, out=str(tmp_path / "api"), width=4, train_examples=256,
+                            test_examples=64, batch_size=64, verbose=-1)
+    result = capstone.train(opts)
+    assert result.summary == read(tmp_path / "api" / "summary.json")
+    assert result.history == read(tmp_path / "api" / "metrics.json")
+    preds = result.predict_test()
+    assert preds.tta is True and preds.images.shape == (64, 32, 32, 3) and preds.images.dtype == np.uint8
+    assert preds.predicted.shape == preds.labels.shape == (64,) and preds.probs.shape == (64, 10)
+    assert preds.accuracy == pytest.approx(result.summary["test_accuracy"])
+    plain = result.predict_test(tta=False)
+    assert plain.accuracy == pytest.approx(result.summary["test_accuracy_no_tta"])
+    assert result.summary["options"]["label_smoothing"] == 0.2 and result.summary["options"]["schedule"] == "onecycle"
+
+
+def test_options_defaults_and_lr_rule():
+    course, base = capstone.Options().resolved(), capstone.Options(recipe="baseline").resolved()
+    assert (course.augment, course.tta, course.label_smoothing, course.schedule) == (True, True, 0.2, "onecycle")
+    assert (base.augment, base.tta, base.label_smoothing, base.schedule, base.batch_size) == (
+        False, False, 0.0, "constant", 64)
+    assert capstone.peak_learning_rate(512) == pytest.approx(2 * capstone.peak_learning_rate(256))
+    with pytest.raises(capstone.OptionsError, match="exactly one"):
+        capstone.validate(capstone.Options(epochs=2, time_budget=10))
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    schedule = capstone._schedule_class()(0.4, "onecycle")
+    schedule.set_plan(10, 100)
+    values = [schedule.value(s) for s in range(100)]
+    assert values[0] < 0.05 and max(values) == pytest.approx(0.4) and int(np.argmax(values)) == 9
+    assert values[-1] == pytest.approx(0.4 / 90, rel=1e-3) and schedule.value(100) == 0.0
+    assert all(a >= b for a, b in zip(values[9:], values[10:]))
+    schedule.set_plan(10, 50)  # a shrunk plan: the decay now ends at step 50
+    assert schedule.value(50) == 0.0 and schedule.value(30) == pytest.approx(0.4 * 20 / 40)
+
+
+def test_steps_per_execution_under_mirrored_strategy_is_refused_clearly(tmp_path):
+    # Keras 3 fails inside fit with "You must feed a value for placeholder tensor" (keras-team/keras#19246).
+    proc, _ = cli([*SMOKE, "--epochs", "1", "--cpu-replicas", "2", "--steps-per-execution", "2",
+                   "--out", str(tmp_path / "o")])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("capstone: error: --steps-per-execution 2 fails under MirroredStrategy")
+    assert "Traceback" not in proc.stderr
+
+
+def test_auto_width_rule():
+    rule = capstone.AUTO_WIDTH
+    enough = int(rule["min_epochs"] * rule["cost_of_doubling"]) + 1
+    assert capstone.next_width(16, enough, [16]) == 32  # a doubled net still gets min_epochs
+    assert capstone.next_width(16, enough - 2, [16]) is None
+    assert capstone.next_width(32, enough, [16, 32]) == 64
+    assert capstone.next_width(64, 10 * enough, [16, 32, 64]) is None  # the widest
+    assert capstone.next_width(16, rule["narrow_below_epochs"] - 1, [16]) == 8
+    assert capstone.next_width(32, 1, [16, 32]) is None  # never turns back after widening
+    assert capstone.next_width(8, enough, [16, 8]) is None  # nor after narrowing

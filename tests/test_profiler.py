@@ -1,0 +1,64 @@
+"""course_utils.profiler reads a Keras TensorBoard profile: an input-bound step reads as input-bound,
+a compute-bound one as compute-bound; no profile or no plugin is one clear ProfileError."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from course_utils import profiler
+
+
+def _profiled_fit(log_dir, slow_input: bool) -> None:
+    import keras
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).random((640, 32, 32, 3), dtype=np.float32)
+    y = np.arange(640) % 10
+
+    def slow(image, label):  # 2 ms of host work per example, serial, no prefetch: the step waits
+        image = tf.numpy_function(lambda v: (__import__("time").sleep(0.002), v)[1], [image], tf.float32)
+        image.set_shape((32, 32, 3))
+        return image, label
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.map(slow).batch(32) if slow_input else ds.batch(32).cache().prefetch(4)
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ds, epochs=1, verbose=0, callbacks=[keras.callbacks.TensorBoard(str(log_dir), profile_batch=(4, 12))])
+
+
+@pytest.mark.parametrize("slow_input, expected", [(True, "input-bound"), (False, "compute-bound")])
+def test_reads_whether_the_step_waits_for_input(tmp_path, slow_input, expected):
+    _profiled_fit(tmp_path, slow_input)
+    try:
+        reading = profiler.read_input_bound(str(tmp_path))
+    except profiler.ProfileError as err:  # e.g. Colab's protobuf 5.29 with xprof 2.20.9 (needs >= 6.31)
+        if "cannot load" not in str(err):
+            raise
+        pytest.skip(str(err))
+    assert reading.bound == expected, reading
+    assert reading.steps == 9 and reading.step_ms > 0
+    if slow_input:
+        assert reading.input_share > 0.5, reading  # 64 ms of sleep in each step of ~70 ms
+    else:
+        assert reading.input_share < profiler.INPUT_BOUND_ABOVE, reading
+    assert expected in str(reading)
+
+
+def test_no_profile_is_a_clear_error(tmp_path):
+    with pytest.raises(profiler.ProfileError, match="no profile under .*profile_batch"):
+        profiler.read_input_bound(str(tmp_path))
+
+
+def test_missing_plugin_says_how_to_install(tmp_path, monkeypatch):
+    plane = tmp_path / "train" / "plugins" / "profile" / "2026_01_01_00_00_00" / "host.xplane.pb"
+    plane.parent.mkdir(parents=True)
+    plane.write_bytes(b"")
+    for name in ("xprof", "xprof.convert", "tensorboard_plugin_profile", "tensorboard_plugin_profile.convert"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    with pytest.raises(profiler.ProfileError, match="pip install tensorboard-plugin-profile"):
+        profiler.read_input_bound(str(tmp_path))

@@ -965,9 +965,10 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                 fits = done + max(0, int(left / epoch_s + 0.25))  # a quarter epoch over is still "within one"
                 fits = max(done, min(fits, cap))
                 # Hysteresis: change the plan only when it would end more than half an epoch late or leave
-                # more than 1.25 epochs unused (epoch times on a shared machine jitter by ±10-20 %).
+                # more than 1.25 epochs (and 10 % of the time left) unused: short epochs jitter by ±30 % on a
+                # shared machine, and re-planning 60 epochs for every jitter would only churn the schedule.
                 slack = left - (plan["epochs"] - done) * epoch_s
-                if -0.5 * epoch_s <= slack <= 1.25 * epoch_s:
+                if -0.5 * epoch_s <= slack <= max(1.25 * epoch_s, 0.1 * left):
                     return
                 if fits > plan["epochs"] and plan["epochs"] - done < 2:
                     return  # the LR has (almost) reached zero: do not raise it again for one more epoch

@@ -21,6 +21,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+
+@pytest.fixture
+def float32_policy():
+    """Run a test under Keras' float32 dtype policy and restore the previous one after it."""
+    import keras
+
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy(before)
+
 _DEFAULT_NOTEBOOK_BUDGET_S = 90.0
 _DEFAULT_TOTAL_BUDGET_S = 480.0
 

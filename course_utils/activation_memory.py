@@ -499,8 +499,12 @@ def make_gelu_stack_step(activation: str = "exact", bits: int = 2, jit: bool = F
             layers.append(keras.layers.Activation(output_saving_gelu))
         else:
             layers.append(keras.layers.Activation(lambda t: keras.activations.gelu(t, approximate=False)))
-    model = keras.Sequential(layers)
-    x = tf.random.normal([batch, width], seed=seed)
+    return _square_loss_step(keras.Sequential(layers), tf.random.normal([batch, width], seed=seed), jit)
+
+
+def _square_loss_step(model, x, jit: bool):
+    """One forward + backward of mean(model(x)²) in a tf.function (XLA when ``jit``): the measured step."""
+    import tensorflow as tf
 
     @tf.function(jit_compile=bool(jit))
     def step():
@@ -570,13 +574,4 @@ def make_layer_norm_stack_step(norm: str = "keras", jit: bool = False, batch: in
         layers.append(keras.layers.Dense(width))
         layers.append(__getattr__("OutputSavingLayerNormalization")() if norm == "output_saving"
                       else keras.layers.LayerNormalization())
-    model = keras.Sequential(layers)
-    x = tf.random.normal([batch, width], seed=seed)
-
-    @tf.function(jit_compile=bool(jit))
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x)))
-        return loss, tape.gradient(loss, model.trainable_variables)
-
-    return step
+    return _square_loss_step(keras.Sequential(layers), tf.random.normal([batch, width], seed=seed), jit)

@@ -16,14 +16,7 @@ import pytest
 from course_utils import activation_memory as am
 
 
-@pytest.fixture(autouse=True)
-def float32_policy():
-    import keras
-
-    before = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("float32")
-    yield
-    keras.config.set_dtype_policy(before)
+pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
 
 
 def _exact_gelu(x):

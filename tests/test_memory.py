@@ -11,14 +11,7 @@ import pytest
 from course_utils import memory
 
 
-@pytest.fixture(autouse=True)
-def float32_policy():
-    import keras
-
-    before = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("float32")
-    yield
-    keras.config.set_dtype_policy(before)
+pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
 
 
 def _dense(policy="float32", units=1000, inputs=1000):

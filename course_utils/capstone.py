@@ -22,8 +22,9 @@ runs a few real training and evaluation steps (weights and optimizer state are r
 measures the step time *without* the first call (which traces and compiles; its time is still counted
 against the budget because it has already been spent), and chooses the number of epochs that fits in
 what is left. The learning-rate schedule is stretched to end at that epoch. After every epoch the plan
-is checked against the measured epoch time and shrunk (never grown) if the rest would not fit, so the
-run ends within one epoch of the budget.
+is checked against the measured epoch time: shrunk when the rest would end more than half an epoch late,
+grown when more than 1.25 epochs and 10% of the time left would go unused (never in the last two epochs
+of the decay), so the run ends within one epoch of the budget.
 
 Fault tolerance: ``keras.callbacks.BackupAndRestore`` saves the weights and optimizer state after every
 epoch; a run killed mid-epoch and restarted with ``--resume`` continues after the last finished epoch
@@ -695,7 +696,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             plan.update(est, epoch_estimate_s=epoch_s, final_eval_estimate_s=final_s, planning_elapsed_s=clock())
             say(f"Budget {o.time_budget:g} s: warm-up measured {est['train_step_s'] * 1e3:.1f} ms/step "
                 f"(compile excluded: {est['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with evaluation; "
-                f"{clock():.1f} s used so far → {epochs} epochs")
+                f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
         else:
             epochs = o.epochs
         plan["epochs"] = plan["initial_epochs"] = epochs
@@ -809,7 +810,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     write_json_atomic(paths["summary"], summary)
     write_json_atomic(paths["clock"], {"elapsed_s": wall, "finished": True})
     say(f"Final test accuracy {100 * acc:.2f}%" + (f" with flip TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
-        + f"; {wall:.1f} s wall" + (f" of a {o.time_budget:g} s budget" if o.time_budget else ""))
+        + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
     preds = Predictions(x_test, y_test, probs.argmax(1), probs, o.tta)
     return Result(summary, history, net, o, (x_test, y_test), preds)
 
@@ -978,8 +979,9 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                     warmup = plan["warmup_steps"] if fits > old else min(plan["warmup_steps"], max(done, 1) * self.steps_per_epoch)
                     self.schedule.set_plan(warmup, fits * self.steps_per_epoch)
                     write_json_atomic(self.paths["plan"], plan)
+                    decay = "; the LR decay now ends there" if o.schedule == "onecycle" else ""
                     self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
-                                        f"{fits} epochs; the LR decay now ends there)")
+                                        f"{fits} epochs{decay})")
 
         return Progress(*args, **kwargs)
 

@@ -14,6 +14,12 @@ Three reusable pieces, each keeping less for the backward pass than the plain op
   layer keeps anyway, as its matmul input) and one inverse standard deviation per row, not its input.
 - :func:`output_saving_gelu` — Tempo's in-place GELU: the backward keeps the output and a 1-bit branch
   mask, and inverts GELU on that branch.
+- :class:`Recompute` — recomputation (gradient checkpointing) of any Keras layer or block with
+  ``tf.recompute_grad``: the block keeps only its input for the backward pass and recomputes its inside.
+  It works inside ``tf.function``, ``fit`` and XLA, where ``keras.RematScope``'s ``"full"``,
+  ``"larger_than"`` and ``"list_of_layers"`` modes fail on the TensorFlow backend (keras-team/keras#21207:
+  Keras passes ``training=``/``mask=`` as keywords to ``tf.custom_gradient``, which takes keywords only
+  eagerly).
 - :func:`chunked_dense_cross_entropy` — a large ``hidden @ kernel`` logits matrix and its
   cross-entropy computed in row chunks, each under ``tf.recompute_grad``, so the whole logits matrix is
   never kept for the backward pass.
@@ -36,6 +42,7 @@ __all__ = [
     "FewBitGELU",
     "OutputSavingLayerNormalization",
     "PiecewiseConstant",
+    "Recompute",
     "chunked_dense_cross_entropy",
     "dense_cross_entropy",
     "few_bit_gelu",
@@ -515,7 +522,45 @@ def _square_loss_step(model, x, jit: bool):
     return step
 
 
-_LAZY_CLASSES = {"FewBitGELU": _few_bit_gelu_class, "OutputSavingLayerNormalization": _output_saving_ln_class}
+def _recompute_class():
+    import keras
+
+    class Recompute(keras.layers.Layer):
+        """Wraps a layer (or a functional block) so its inside is recomputed in the backward pass.
+
+        ``Recompute(block)(x)`` returns ``block(x)``; for the backward pass it keeps only ``x`` (and reads
+        the weights again), and ``tf.recompute_grad`` runs ``block`` a second time to differentiate it.
+        Gradients equal the plain block's; memory drops by what the block keeps inside; time grows by
+        one more forward pass of the block. ``training`` reaches the block through a closure, not as a
+        keyword of the recomputed function (``tf.custom_gradient`` takes keywords only eagerly). Do not
+        wrap layers with random ops (dropout: the recomputation draws a new mask) or state updates
+        (BatchNormalization's moving averages would update twice).
+        """
+
+        def __init__(self, layer, **kwargs):
+            super().__init__(**kwargs)
+            self.layer = layer
+
+        def build(self, input_shape):
+            if not self.layer.built:
+                self.layer.build(input_shape)
+
+        def call(self, inputs, training=None):
+            import tensorflow as tf
+
+            return tf.recompute_grad(lambda x: self.layer(x, training=training))(inputs)
+
+        def compute_output_shape(self, input_shape):
+            return self.layer.compute_output_shape(input_shape)
+
+        def compute_output_spec(self, inputs, training=None):
+            return self.layer.compute_output_spec(inputs)
+
+    return Recompute
+
+
+_LAZY_CLASSES = {"FewBitGELU": _few_bit_gelu_class, "OutputSavingLayerNormalization": _output_saving_ln_class,
+                 "Recompute": _recompute_class}
 
 
 def __getattr__(name: str):

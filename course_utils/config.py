@@ -49,6 +49,18 @@ class Sizes:
     memory_batch: int = 128
     # lesson 06: wall-clock seconds per training run (each recipe, each ablation)
     capstone_budget_s: float = 120.0
+    # lesson 07: the block net (tokens × width, `block_depth` residual MLP blocks) measured at `block_batch`
+    block_width: int = 128
+    block_depth: int = 4
+    block_tokens: int = 64
+    block_batch: int = 64
+    # lesson 07: logits rows × classes for the chunked cross-entropy
+    logits_rows: int = 2048
+    logits_classes: int = 4096
+    # lesson 07: the few-bit GELU training run (a small CNN; images from the course's data source)
+    gelu_epochs: int = 15
+    gelu_width: int = 16
+    gelu_train_examples: int = 4096
 
 
 FULL_SIZES = Sizes(
@@ -63,6 +75,15 @@ FULL_SIZES = Sizes(
     timing_repeats=20,
     memory_batch=256,
     capstone_budget_s=120.0,  # 2 minutes on any hardware
+    block_width=128,
+    block_depth=4,
+    block_tokens=64,
+    block_batch=64,
+    logits_rows=2048,
+    logits_classes=4096,
+    gelu_epochs=15,
+    gelu_width=16,
+    gelu_train_examples=4096,  # the dev file's size: 15 epochs take about a minute per run on 2 CPU cores
 )
 
 SMOKE_SIZES = Sizes(
@@ -77,6 +98,15 @@ SMOKE_SIZES = Sizes(
     timing_repeats=5,
     memory_batch=128,
     capstone_budget_s=8.0,  # a handful of updates for the ResNet: the notebook says what that shows
+    block_width=64,
+    block_depth=2,
+    block_tokens=32,
+    block_batch=64,
+    logits_rows=1024,
+    logits_classes=2048,
+    gelu_epochs=2,
+    gelu_width=8,
+    gelu_train_examples=512,
 )
 
 

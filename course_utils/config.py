@@ -61,6 +61,7 @@ class Sizes:
     gelu_epochs: int = 15
     gelu_width: int = 16
     gelu_train_examples: int = 4096
+    gelu_seeds: int = 2  # pairs of runs (exact, few-bit), one per seed: one run's accuracy is noisy
 
 
 FULL_SIZES = Sizes(
@@ -84,6 +85,7 @@ FULL_SIZES = Sizes(
     gelu_epochs=15,
     gelu_width=16,
     gelu_train_examples=4096,  # the dev file's size: 15 epochs take about a minute per run on 2 CPU cores
+    gelu_seeds=2,
 )
 
 SMOKE_SIZES = Sizes(
@@ -107,6 +109,7 @@ SMOKE_SIZES = Sizes(
     gelu_epochs=2,
     gelu_width=8,
     gelu_train_examples=512,
+    gelu_seeds=1,
 )
 
 

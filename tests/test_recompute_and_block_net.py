@@ -74,7 +74,7 @@ def test_remat_scope_modes_on_this_keras():
 
     If this starts failing, Keras fixed the bug: update lesson 07 §2 (its claim row says the same)."""
     rows = {r["RematScope mode"]: r for r in exp.remat_scope_modes()}
-    compiled = "tf.function (fit, custom loops, XLA)"
+    compiled = "tf.function"
     assert all(r["eager"] == "runs" for r in rows.values())
     assert rows["activations"][compiled] == "runs"
     for mode in ("full", "larger_than", "list_of_layers"):

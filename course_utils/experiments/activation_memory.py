@@ -361,7 +361,7 @@ def remat_scope_modes() -> list[dict]:
             return tape.gradient(loss, model.trainable_variables)
 
         row = {"RematScope mode": mode}
-        for where, fn in (("eager", grads), ("tf.function (fit, custom loops, XLA)", tf.function(grads))):
+        for where, fn in (("eager", grads), ("tf.function", tf.function(grads))):
             try:
                 fn()
                 row[where] = "runs"

@@ -62,6 +62,7 @@ class Sizes:
     gelu_width: int = 16
     gelu_train_examples: int = 4096
     gelu_seeds: int = 2  # pairs of runs (exact, few-bit), one per seed: one run's accuracy is noisy
+    gelu_test_examples: int = 1024
 
 
 FULL_SIZES = Sizes(
@@ -86,6 +87,7 @@ FULL_SIZES = Sizes(
     gelu_width=16,
     gelu_train_examples=4096,  # the dev file's size: 15 epochs take about a minute per run on 2 CPU cores
     gelu_seeds=2,
+    gelu_test_examples=1024,  # the dev file has 1,017
 )
 
 SMOKE_SIZES = Sizes(
@@ -110,6 +112,7 @@ SMOKE_SIZES = Sizes(
     gelu_width=8,
     gelu_train_examples=512,
     gelu_seeds=1,
+    gelu_test_examples=256,
 )
 
 

@@ -4,6 +4,7 @@
   lint       check every notebook against the course skeleton (maintainers)
   set-repo   point every badge and setup cell at another GitHub repository (forks)
   capstone   train CIFAR-10 for a time budget (lesson 06; same as `python -m course_utils.capstone`)
+  cluster    run a program once per task of a TensorFlow cluster on localhost (lesson 08)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         "lint": "course_utils.notebooks:lint_main",
         "set-repo": "course_utils.notebooks:set_repo_main",
         "capstone": "course_utils.capstone:main",
+        "cluster": "course_utils.cluster:main",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())

@@ -1,0 +1,269 @@
+"""A TensorFlow cluster on this machine: N worker processes on 127.0.0.1, each with its own ``TF_CONFIG``.
+
+``MultiWorkerMirroredStrategy`` (and ``ParameterServerStrategy``) read the cluster from the ``TF_CONFIG``
+environment variable of each process: every task lists the whole cluster and says which task it is.
+:func:`run_cluster` starts one process per task on free localhost ports with a correct ``TF_CONFIG``,
+streams their output with a ``[worker 0]`` prefix, waits with a time limit, and always stops every process
+it started (on success, on a failing task, on a timeout and on KeyboardInterrupt) — including their
+children, since each task runs in its own process group. Usable from a notebook and from the command line::
+
+    python -m course_utils cluster --workers 2 -- python my_training_script.py --steps 10
+    python -m course_utils cluster --workers 2 --module course_utils.experiments.multiworker -- --steps 4
+
+Exit codes of the command: 0 all tasks succeeded, 1 a task failed or the cluster timed out, 2 usage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Sequence
+
+__all__ = ["ClusterError", "ClusterResult", "free_ports", "main", "run_cluster", "tf_config"]
+
+TASK_TYPES = ("chief", "worker", "ps")
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not start, a task failed, or it did not finish in time (the message says which)."""
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports that were free a moment ago (the OS picks them; another program could still take one)."""
+    socks, ports = [], []
+    try:
+        for _ in range(int(n)):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            return True
+    return False
+
+
+def tf_config(cluster: dict, task_type: str, index: int) -> str:
+    """The ``TF_CONFIG`` JSON for one task: the whole cluster, and which task this process is."""
+    if task_type not in cluster:
+        raise ValueError(f"task type {task_type!r} is not in the cluster {sorted(cluster)}")
+    if not 0 <= int(index) < len(cluster[task_type]):
+        raise ValueError(f"{task_type} index {index} is out of range: the cluster has {len(cluster[task_type])}")
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": int(index)}})
+
+
+@dataclasses.dataclass
+class ClusterResult:
+    """What the cluster did: per task (``"worker 0"``…) its exit code, output lines and process id."""
+
+    cluster: dict
+    returncodes: dict
+    logs: dict
+    pids: dict
+    seconds: float
+
+    def ok(self) -> bool:
+        return all(code == 0 for code in self.returncodes.values())
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
+def _stop_all(procs: dict, grace_s: float = 3.0) -> None:
+    """SIGTERM every task's process group, then SIGKILL what is left after ``grace_s``; reap them all.
+
+    A second Ctrl-C while it waits cuts the grace period short: the SIGKILL still goes out, then the
+    interrupt is raised again."""
+    interrupted = None
+    for proc in procs.values():
+        if proc.poll() is None:
+            _kill_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    try:
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    for proc in procs.values():
+        _kill_group(proc, signal.SIGKILL)  # the group: children of the task too, even if the task itself exited
+    for proc in procs.values():
+        while True:
+            try:
+                proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+                break
+            except KeyboardInterrupt as exc:  # keep reaping: SIGKILL has been sent, this is quick
+                interrupted = exc
+    deadline = time.monotonic() + 5.0  # SIGKILL is asynchronous: wait (briefly) until each group is empty
+    for proc in procs.values():
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError, OSError):
+                break
+            try:
+                time.sleep(0.02)
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+                break
+    if interrupted is not None:
+        raise interrupted
+
+
+def _tail(lines: list[str], n: int = 6) -> str:
+    return "\n".join("    " + line for line in lines[-n:]) or "    (no output)"
+
+
+def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bool = False,
+                timeout: float = 120.0, env: dict | None = None, cwd: str | None = None,
+                log: Callable[[str], None] | None = print, ports: Sequence[int] | None = None,
+                task_env: Callable[[str, int], dict] | None = None) -> ClusterResult:
+    """Run ``command`` once per task of a localhost cluster and wait for all of them.
+
+    ``command``: argv, e.g. ``[sys.executable, "train.py"]``; every task runs the same program and tells
+    itself apart by ``TF_CONFIG``. ``workers``/``ps``/``chief``: the cluster's tasks. ``ports``: one per
+    task in the order chief, workers, ps (default: free ports). ``log``: called with each output line,
+    prefixed ``[worker 0]`` (``None``: quiet). ``task_env(task_type, index)`` adds per-task variables.
+    Raises :class:`ClusterError` when a port is taken, when a task exits with an error (the others are
+    stopped at once: a collective would wait for the dead task forever) or after ``timeout`` seconds;
+    every process started is stopped before it returns or raises.
+    """
+    if not command or isinstance(command, str):
+        raise ValueError("command must be a non-empty argv list, e.g. [sys.executable, 'train.py']")
+    if int(workers) < 0 or int(ps) < 0 or int(workers) + int(ps) + int(bool(chief)) < 1:
+        raise ValueError("the cluster needs at least one task")
+    if not timeout or timeout <= 0:
+        raise ValueError("timeout must be a positive number of seconds")
+    tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
+    if ports is None:
+        ports = free_ports(len(tasks))
+    ports = [int(p) for p in ports]
+    if len(ports) != len(tasks):
+        raise ValueError(f"{len(tasks)} tasks need {len(tasks)} ports, got {len(ports)}")
+    taken = [p for p in ports if _port_in_use(p)]
+    if taken:
+        raise ClusterError(f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use by another program; "
+                           "choose other ports (or none: the launcher then picks free ones)")
+    cluster: dict = {}
+    for (task_type, _), port in zip(tasks, ports):
+        cluster.setdefault(task_type, []).append(f"127.0.0.1:{port}")
+
+    base_env = dict(os.environ if env is None else env)
+    base_env.setdefault("PYTHONUNBUFFERED", "1")
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict[str, list[str]] = {}
+    readers = []
+    start = time.monotonic()
+
+    def read(name: str, stream) -> None:
+        for line in iter(stream.readline, ""):
+            line = line.rstrip("\n")
+            logs[name].append(line)
+            if log is not None:
+                log(f"[{name}] {line}")
+        stream.close()
+
+    try:
+        for task_type, index in tasks:
+            name = f"{task_type} {index}"
+            task_vars = dict(base_env, TF_CONFIG=tf_config(cluster, task_type, index))
+            if task_env is not None:
+                task_vars.update({k: str(v) for k, v in task_env(task_type, index).items()})
+            logs[name] = []
+            procs[name] = subprocess.Popen(list(command), env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True, errors="replace",
+                                           start_new_session=True)  # its own process group: stopped as a whole
+            reader = threading.Thread(target=read, args=(name, procs[name].stdout), daemon=True)
+            reader.start()
+            readers.append(reader)
+
+        failed = None
+        while True:
+            codes = {name: proc.poll() for name, proc in procs.items()}
+            failed = next((name for name, code in codes.items() if code not in (None, 0)), None)
+            if failed or all(code is not None for code in codes.values()):
+                break
+            if time.monotonic() - start > timeout:
+                running = [name for name, code in codes.items() if code is None]
+                _stop_all(procs)
+                raise ClusterError(f"the cluster did not finish in {timeout:g} s ({', '.join(running)} still "
+                                   "running; all stopped). A task waiting for a peer that never came, or a "
+                                   "limit too short? Last output of " + running[0] + ":\n" + _tail(logs[running[0]]))
+            time.sleep(0.05)
+        if failed:
+            _stop_all(procs)
+            for reader in readers:
+                reader.join(timeout=2)
+            raise ClusterError(f"{failed} exited with code {procs[failed].returncode}; the other tasks were stopped "
+                               f"(a collective would wait for it forever). Last output of {failed}:\n"
+                               + _tail(logs[failed]))
+    except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind
+        _stop_all(procs)
+        raise
+    for reader in readers:
+        reader.join(timeout=5)
+    _stop_all(procs)  # reaps; also stops anything a task left running in its group
+    return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, logs,
+                         {n: p.pid for n, p in procs.items()}, time.monotonic() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils cluster --workers N [--ps N] [--chief] [--timeout S] [--module M] -- COMMAND...``"""
+    import argparse
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        split = argv.index("--")
+        own, command = argv[:split], argv[split + 1:]
+    else:
+        own, command = argv, []
+    parser = argparse.ArgumentParser(prog="python -m course_utils cluster",
+                                     description="Run a program once per task of a TensorFlow cluster on localhost.")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ps", type=int, default=0)
+    parser.add_argument("--chief", action="store_true")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before every task is stopped")
+    parser.add_argument("--module", help="run `python -m MODULE` (what follows -- are its arguments)")
+    try:
+        args = parser.parse_args(own)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else 2
+    if args.module:
+        command = [sys.executable, "-m", args.module, *command]
+    if not command:
+        print("error: give the program after --, e.g. `-- python train.py`, or --module MODULE", file=sys.stderr)
+        return 2
+    try:
+        result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout)
+    except (ClusterError, ValueError) as err:
+        print(f"cluster: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cluster: interrupted; every task was stopped", file=sys.stderr)
+        return 1
+    print(f"cluster: {len(result.returncodes)} task(s) finished in {result.seconds:.1f} s")
+    return 0

@@ -1,0 +1,115 @@
+"""Lesson 08's worker program: a tiny model trained with MultiWorkerMirroredStrategy and a custom loop.
+
+Run once per task by :func:`course_utils.cluster.run_cluster` (each process reads its ``TF_CONFIG``)::
+
+    python -m course_utils cluster --workers 2 --module course_utils.experiments.multiworker -- --steps 4 --out DIR
+
+Every worker writes ``DIR/worker{i}.npz`` (its final weights, losses and how many examples it saw). The
+loop is lesson 05's: the dataset is batched with the *global* batch and split across workers by
+``experimental_distribute_dataset`` (lesson 04: auto-sharding by DATA), each replica's loss is divided by
+the global batch (``tf.nn.compute_average_loss``), and the gradients are all-reduced by the optimizer.
+:func:`single_process_weights` trains the same model on the same global batches in one process: the
+weights must match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+GLOBAL_BATCH = 16
+FEATURES = 6
+
+
+def toy_data(n: int = 256, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = ((x[:, 0] + 0.5 * x[:, 1]) > 0).astype("int32")
+    return x, y
+
+
+def toy_model(seed: int = 0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(2)])
+
+
+def _dataset(steps: int, global_batch: int):
+    import tensorflow as tf
+
+    x, y = toy_data(steps * global_batch)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options)
+
+
+def train(strategy, steps: int, global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """``steps`` SGD updates of :func:`toy_model` under ``strategy``, custom loop; weights, losses, examples seen."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch))
+
+    @tf.function
+    def step(batch):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
+                                                  global_batch_size=global_batch)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss, tf.shape(x)[0]
+
+        loss, seen = strategy.run(replica, args=batch)
+        return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", seen, axis=None)
+
+    losses, local_seen = [], 0
+    for batch in dist:
+        loss, _ = step(batch)
+        losses.append(float(loss))
+        local_seen += int(sum(int(t.shape[0]) for t in strategy.experimental_local_results(batch[0])))
+    return {"weights": [w.numpy() for w in model.trainable_variables], "losses": losses, "local_examples": local_seen}
+
+
+def single_process_weights(steps: int, global_batch: int = GLOBAL_BATCH) -> dict:
+    """The same training in this process on one device: the reference the workers must equal."""
+    import tensorflow as tf
+
+    return train(tf.distribute.OneDeviceStrategy("/cpu:0"), steps, global_batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if "TF_CONFIG" not in os.environ:
+        print("TF_CONFIG is not set: run this through `python -m course_utils cluster`", file=sys.stderr)
+        return 2
+    import tensorflow as tf
+
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    result = train(strategy, args.steps)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{task['type']}{task['index']}.npz")
+    np.savez(path, *result["weights"], losses=np.array(result["losses"]),
+             local_examples=np.array(result["local_examples"]),
+             replicas=np.array(strategy.num_replicas_in_sync))
+    print(f"{task['type']} {task['index']}: {len(result['losses'])} steps on {strategy.num_replicas_in_sync} replicas, "
+          f"last loss {result['losses'][-1]:.4f}, saw {result['local_examples']} examples → {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""course_utils.cluster: a real 2-worker TensorFlow cluster on localhost, and every way it can fail.
+
+Each test checks that no process it started is left behind: the tasks (by pid) and a grandchild a task
+starts (by the pid it writes), since the launcher stops each task's whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from course_utils import cluster
+
+pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """The process has exited (or is a zombie) — allowing a killed grandchild a moment to finish dying."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _task_script(tmp_path, body: str) -> list[str]:
+    """A task that writes its pid and a sleeping grandchild's pid, then runs ``body`` (index ``i``)."""
+    script = tmp_path / "task.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, subprocess, sys, time
+        i = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        with open(os.path.join({str(tmp_path)!r}, f"pids{{i}}.json"), "w") as f:
+            json.dump([os.getpid(), child.pid], f)
+        print("task", i, "started", flush=True)
+    """) + textwrap.dedent(body))
+    return [sys.executable, str(script)]
+
+
+def _pids(tmp_path) -> list[int]:
+    out = []
+    for path in sorted(tmp_path.glob("pids*.json")):
+        out += json.loads(path.read_text())
+    return out
+
+
+def _wait_for_pid_files(tmp_path, n: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(tmp_path.glob("pids*.json"))) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_two_workers_train_identical_weights_equal_to_one_process(tmp_path):
+    from course_utils.experiments import multiworker
+
+    out = tmp_path / "weights"
+    lines = []
+    result = cluster.run_cluster([sys.executable, "-m", "course_utils.experiments.multiworker", "--steps", "4",
+                                  "--out", str(out)], workers=2, timeout=180, log=lines.append,
+                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.ok() and set(result.returncodes) == {"worker 0", "worker 1"}
+    assert any(line.startswith("[worker 1] worker 1: 4 steps on 2 replicas") for line in lines), lines[-5:]
+    w = [np.load(out / f"worker{i}.npz") for i in (0, 1)]
+    ref = multiworker.single_process_weights(4)
+    n = len(ref["weights"])
+    for k in range(n):
+        np.testing.assert_array_equal(w[0][f"arr_{k}"], w[1][f"arr_{k}"])  # all-reduce: the same update everywhere
+        np.testing.assert_allclose(w[0][f"arr_{k}"], ref["weights"][k], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(w[0]["losses"], ref["losses"], atol=1e-6)
+    # lesson 04's sharding: each worker read half of every global batch, together every example once
+    assert int(w[0]["local_examples"]) == int(w[1]["local_examples"]) == 4 * multiworker.GLOBAL_BATCH // 2
+    assert int(w[0]["replicas"]) == 2
+    assert all(_gone(pid) for pid in result.pids.values())
+
+
+def test_a_worker_that_crashes_on_import_fails_fast_and_stops_the_others(tmp_path):
+    command = _task_script(tmp_path, """
+        if i == 1:
+            time.sleep(0.5)  # let worker 0 start waiting, as it would for a collective
+            import no_such_module_for_the_course_test
+        time.sleep(120)  # worker 0: waits for its peer forever
+    """)
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterError) as info:
+        cluster.run_cluster(command, workers=2, timeout=60, log=None)
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert "worker 1 exited with code 1" in message and "ModuleNotFoundError" in message, message
+    assert elapsed < 20, elapsed
+    pids = _pids(tmp_path)
+    assert len(pids) == 4 and all(_gone(pid) for pid in pids), pids
+
+
+def test_timeout_stops_every_task_and_its_children(tmp_path):
+    command = _task_script(tmp_path, "time.sleep(120)\n")
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterError, match=r"did not finish in 3 s"):
+        cluster.run_cluster(command, workers=2, timeout=3, log=None)
+    assert time.monotonic() - start < 15
+    pids = _pids(tmp_path)
+    assert len(pids) == 4 and all(_gone(pid) for pid in pids), pids
+
+
+def test_keyboard_interrupt_stops_every_task(tmp_path, monkeypatch):
+    command = _task_script(tmp_path, "time.sleep(120)\n")
+    real_sleep = time.sleep
+    pressed = []
+
+    def interrupted_sleep(seconds):  # Ctrl-C once, while the launcher waits for running tasks
+        if not pressed and len(list(tmp_path.glob("pids*.json"))) == 2:
+            pressed.append(True)
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(cluster.time, "sleep", interrupted_sleep)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.run_cluster(command, workers=2, timeout=60, log=None)
+    _wait_for_pid_files(tmp_path, 2, timeout=1)
+    pids = _pids(tmp_path)
+    assert len(pids) == 4 and all(_gone(pid) for pid in pids), pids
+
+
+def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        free = cluster.free_ports(1)[0]
+        with pytest.raises(cluster.ClusterError, match=f"port {port} on 127.0.0.1 is in use"):
+            cluster.run_cluster(_task_script(tmp_path, ""), workers=2, ports=[port, free], log=None)
+    assert not list(tmp_path.glob("pids*.json"))  # no task was started
+
+
+def test_tf_config_and_argument_checks():
+    c = {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]}
+    assert json.loads(cluster.tf_config(c, "worker", 1)) == {"cluster": c, "task": {"type": "worker", "index": 1}}
+    with pytest.raises(ValueError, match="out of range"):
+        cluster.tf_config(c, "worker", 2)
+    with pytest.raises(ValueError, match="not in the cluster"):
+        cluster.tf_config(c, "chief", 0)
+    with pytest.raises(ValueError, match="argv list"):
+        cluster.run_cluster("python train.py")
+    with pytest.raises(ValueError, match="at least one task"):
+        cluster.run_cluster(["python"], workers=0)
+    with pytest.raises(ValueError, match="2 tasks need 2 ports"):
+        cluster.run_cluster(["python"], workers=2, ports=[1])
+    ports = cluster.free_ports(3)
+    assert len(set(ports)) == 3
+
+
+def test_command_line_exit_codes():
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "course_utils", "cluster", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    assert run().returncode == 2  # no program
+    ok = run("--workers", "2", "--", sys.executable, "-c", "print('hello')")
+    assert ok.returncode == 0 and "[worker 1] hello" in ok.stdout and "2 task(s) finished" in ok.stdout
+    bad = run("--workers", "2", "--timeout", "60", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert bad.returncode == 1 and "exited with code 3" in bad.stderr and "Traceback" not in bad.stderr
+    assert run("--workers", "two").returncode == 2

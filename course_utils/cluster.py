@@ -218,7 +218,10 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             _stop_all(procs)
             for reader in readers:
                 reader.join(timeout=2)
-            raise ClusterError(f"{failed} exited with code {procs[failed].returncode}; the other tasks were stopped "
+            code = procs[failed].returncode
+            how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+                   else f"exited with code {code}")
+            raise ClusterError(f"{failed} {how}; the other tasks were stopped "
                                f"(a collective would wait for it forever). Last output of {failed}:\n"
                                + _tail(logs[failed]))
     except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind

@@ -81,6 +81,66 @@ def train(strategy, steps: int, global_batch: int = GLOBAL_BATCH, lr: float = 0.
     return {"weights": [w.numpy() for w in model.trainable_variables], "losses": losses, "local_examples": local_seen}
 
 
+def _task() -> tuple[str, int]:
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    return task.get("type", "worker"), int(task.get("index", 0))
+
+
+def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_after: int | None = None,
+                    global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """:func:`train` with a checkpoint after every step, restored at start: a killed cluster resumes exactly.
+
+    The checkpoint holds the weights, the optimizer and the step counter; on restart the input skips the
+    global batches already used, so no step is lost or repeated. Worker 0 (the chief when there is no
+    ``chief`` task) writes ``ckpt_dir``; the others write a scratch directory (every worker must save: the
+    save is collective), as the TensorFlow multi-worker guide does. Each committed step is appended to
+    ``log_path``. ``crash_after``: SIGKILL this process right after committing that step (a test of the
+    fault tolerance, standing in for a preempted machine).
+    """
+    import signal
+
+    import keras
+    import tensorflow as tf
+
+    task_type, index = _task()
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+        done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, steps_done=done)
+    is_chief = task_type == "chief" or (task_type == "worker" and index == 0 and "chief" not in
+                                        json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}))
+    own_dir = ckpt_dir if is_chief else os.path.join(ckpt_dir, f"scratch_{task_type}{index}")
+    manager = tf.train.CheckpointManager(checkpoint, own_dir, max_to_keep=2)
+    latest = tf.train.latest_checkpoint(ckpt_dir)
+    if latest:
+        checkpoint.restore(latest)
+    start = int(done.numpy())
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start))
+
+    @tf.function
+    def step(batch):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
+                                                  global_batch_size=global_batch)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(replica, args=batch), axis=None)
+
+    for batch in dist:
+        step(batch)
+        done.assign_add(1)
+        manager.save(checkpoint_number=int(done.numpy()))
+        with open(log_path, "a") as f:
+            f.write(f"{int(done.numpy())}\n")
+        if crash_after is not None and int(done.numpy()) == crash_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
+
+
 def single_process_weights(steps: int, global_batch: int = GLOBAL_BATCH) -> dict:
     """The same training in this process on one device: the reference the workers must equal."""
     import tensorflow as tf
@@ -92,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--ckpt", help="checkpoint after every step here and resume from it")
+    parser.add_argument("--crash-worker", type=int, help="this worker SIGKILLs itself (with --crash-after)")
+    parser.add_argument("--crash-after", type=int, help="... right after committing this step")
     args = parser.parse_args(argv)
     if "TF_CONFIG" not in os.environ:
         print("TF_CONFIG is not set: run this through `python -m course_utils cluster`", file=sys.stderr)
@@ -100,8 +163,17 @@ def main(argv: list[str] | None = None) -> int:
 
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    result = train(strategy, args.steps)
     os.makedirs(args.out, exist_ok=True)
+    if args.ckpt:
+        crash = args.crash_after if args.crash_worker == task["index"] else None
+        log_path = os.path.join(args.out, f"{task['type']}{task['index']}_steps.txt")
+        result = train_resumable(strategy, args.steps, args.ckpt, log_path, crash_after=crash)
+        path = os.path.join(args.out, f"{task['type']}{task['index']}.npz")
+        np.savez(path, *result["weights"], start=np.array(result["start"]))
+        print(f"{task['type']} {task['index']}: resumed at step {result['start']}, trained to {args.steps} → {path}",
+              flush=True)
+        return 0
+    result = train(strategy, args.steps)
     path = os.path.join(args.out, f"{task['type']}{task['index']}.npz")
     np.savez(path, *result["weights"], losses=np.array(result["losses"]),
              local_examples=np.array(result["local_examples"]),

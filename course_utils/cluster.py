@@ -77,9 +77,10 @@ class ClusterResult:
     logs: dict
     pids: dict
     seconds: float
+    awaited: tuple = ()  # the tasks whose exit ended the run (the others were stopped: a negative code)
 
     def ok(self) -> bool:
-        return all(code == 0 for code in self.returncodes.values())
+        return all(self.returncodes[name] == 0 for name in (self.awaited or self.returncodes))
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -141,13 +142,16 @@ def _tail(lines: list[str], n: int = 6) -> str:
 def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bool = False,
                 timeout: float = 120.0, env: dict | None = None, cwd: str | None = None,
                 log: Callable[[str], None] | None = print, ports: Sequence[int] | None = None,
-                task_env: Callable[[str, int], dict] | None = None) -> ClusterResult:
+                task_env: Callable[[str, int], dict] | None = None,
+                wait_for: Sequence[str] | None = None) -> ClusterResult:
     """Run ``command`` once per task of a localhost cluster and wait for all of them.
 
     ``command``: argv, e.g. ``[sys.executable, "train.py"]``; every task runs the same program and tells
     itself apart by ``TF_CONFIG``. ``workers``/``ps``/``chief``: the cluster's tasks. ``ports``: one per
     task in the order chief, workers, ps (default: free ports). ``log``: called with each output line,
     prefixed ``[worker 0]`` (``None``: quiet). ``task_env(task_type, index)`` adds per-task variables.
+    ``wait_for``: the task types whose exit ends the run (default: every task); e.g. ``("chief",)`` for
+    parameter-server training, where workers and parameter servers serve until they are stopped.
     Raises :class:`ClusterError` when a port is taken, when a task exits with an error (the others are
     stopped at once: a collective would wait for the dead task forever) or after ``timeout`` seconds;
     every process started is stopped before it returns or raises.
@@ -205,7 +209,8 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
         while True:
             codes = {name: proc.poll() for name, proc in procs.items()}
             failed = next((name for name, code in codes.items() if code not in (None, 0)), None)
-            if failed or all(code is not None for code in codes.values()):
+            awaited = [code for name, code in codes.items() if wait_for is None or name.split()[0] in wait_for]
+            if failed or all(code is not None for code in awaited):
                 break
             if time.monotonic() - start > timeout:
                 running = [name for name, code in codes.items() if code is None]
@@ -230,8 +235,9 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     for reader in readers:
         reader.join(timeout=5)
     _stop_all(procs)  # reaps; also stops anything a task left running in its group
+    awaited = tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for)
     return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, logs,
-                         {n: p.pid for n, p in procs.items()}, time.monotonic() - start)
+                         {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited)
 
 
 def main(argv: list[str] | None = None) -> int:

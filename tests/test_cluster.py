@@ -43,8 +43,9 @@ def _task_script(tmp_path, body: str) -> list[str]:
     script.write_text(textwrap.dedent(f"""
         import json, os, subprocess, sys, time
         i = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        kind = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        with open(os.path.join({str(tmp_path)!r}, f"pids{{i}}.json"), "w") as f:
+        with open(os.path.join({str(tmp_path)!r}, f"pids_{{kind}}{{i}}.json"), "w") as f:
             json.dump([os.getpid(), child.pid], f)
         print("task", i, "started", flush=True)
     """) + textwrap.dedent(body))
@@ -53,14 +54,14 @@ def _task_script(tmp_path, body: str) -> list[str]:
 
 def _pids(tmp_path) -> list[int]:
     out = []
-    for path in sorted(tmp_path.glob("pids*.json")):
+    for path in sorted(tmp_path.glob("pids_*.json")):
         out += json.loads(path.read_text())
     return out
 
 
 def _wait_for_pid_files(tmp_path, n: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
-    while len(list(tmp_path.glob("pids*.json"))) < n and time.monotonic() < deadline:
+    while len(list(tmp_path.glob("pids_*.json"))) < n and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -121,7 +122,7 @@ def test_keyboard_interrupt_stops_every_task(tmp_path, monkeypatch):
     pressed = []
 
     def interrupted_sleep(seconds):  # Ctrl-C once, while the launcher waits for running tasks
-        if not pressed and len(list(tmp_path.glob("pids*.json"))) == 2:
+        if not pressed and len(list(tmp_path.glob("pids_*.json"))) == 2:
             pressed.append(True)
             raise KeyboardInterrupt
         real_sleep(seconds)
@@ -142,7 +143,7 @@ def test_a_port_in_use_is_refused_before_anything_starts(tmp_path):
         free = cluster.free_ports(1)[0]
         with pytest.raises(cluster.ClusterError, match=f"port {port} on 127.0.0.1 is in use"):
             cluster.run_cluster(_task_script(tmp_path, ""), workers=2, ports=[port, free], log=None)
-    assert not list(tmp_path.glob("pids*.json"))  # no task was started
+    assert not list(tmp_path.glob("pids_*.json"))  # no task was started
 
 
 def test_tf_config_and_argument_checks():
@@ -199,3 +200,26 @@ def test_a_worker_killed_mid_run_resumes_from_the_last_checkpoint(tmp_path):
         np.testing.assert_array_equal(w[0][f"arr_{k}"], w[1][f"arr_{k}"])
         np.testing.assert_allclose(w[0][f"arr_{k}"], expected, rtol=0, atol=1e-6)
     assert all(_gone(pid) for pid in result.pids.values())
+
+
+def test_parameter_server_layout_ends_when_the_chief_ends(tmp_path):
+    """wait_for=("chief",): workers and parameter servers serve until stopped, as in ParameterServerStrategy."""
+    command = _task_script(tmp_path, """
+        task = json.loads(os.environ["TF_CONFIG"])["task"]
+        if task["type"] == "chief":
+            import glob
+            deadline = time.time() + 30  # until every task has started (and written its pids)
+            while len(glob.glob(os.path.join(os.path.dirname(__file__), "pids_*.json"))) < 4 and time.time() < deadline:
+                time.sleep(0.05)
+            print("cluster", sorted(json.loads(os.environ["TF_CONFIG"])["cluster"]), flush=True)
+            sys.exit(0)
+        time.sleep(120)  # a server: never exits by itself
+    """)
+    lines = []
+    result = cluster.run_cluster(command, workers=2, ps=1, chief=True, timeout=60, log=lines.append,
+                                 wait_for=("chief",))
+    assert result.ok() and result.awaited == ("chief 0",)
+    assert result.returncodes["chief 0"] == 0 and all(result.returncodes[n] < 0 for n in ("worker 0", "worker 1", "ps 0"))
+    assert "[chief 0] cluster ['chief', 'ps', 'worker']" in lines
+    pids = _pids(tmp_path)
+    assert len(pids) == 8 and all(_gone(pid) for pid in pids) and all(_gone(pid) for pid in result.pids.values())

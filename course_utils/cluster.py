@@ -184,11 +184,15 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     start = time.monotonic()
 
     def read(name: str, stream) -> None:
-        for line in iter(stream.readline, ""):
+        show = log
+        for line in iter(stream.readline, ""):  # always drained: a full pipe would block the task
             line = line.rstrip("\n")
             logs[name].append(line)
-            if log is not None:
-                log(f"[{name}] {line}")
+            if show is not None:
+                try:
+                    show(f"[{name}] {line}")
+                except Exception:  # noqa: BLE001 - a broken log callback must not stall the task
+                    show = None
         stream.close()
 
     try:
@@ -198,9 +202,13 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             if task_env is not None:
                 task_vars.update({k: str(v) for k, v in task_env(task_type, index).items()})
             logs[name] = []
-            procs[name] = subprocess.Popen(list(command), env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, text=True, errors="replace",
-                                           start_new_session=True)  # its own process group: stopped as a whole
+            try:
+                procs[name] = subprocess.Popen(list(command), env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, errors="replace",
+                                               start_new_session=True)  # own process group: stopped as a whole
+            except OSError as err:
+                raise ClusterError(f"could not start {name} with {list(command)[:3]}: {err.strerror or err}; "
+                                   "check the program's path") from None
             reader = threading.Thread(target=read, args=(name, procs[name].stdout), daemon=True)
             reader.start()
             readers.append(reader)
@@ -232,9 +240,9 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind
         _stop_all(procs)
         raise
-    for reader in readers:
+    _stop_all(procs)  # reaps; stops the tasks not waited for and anything a task left running in its group
+    for reader in readers:  # the pipes close once every process in the group is gone
         reader.join(timeout=5)
-    _stop_all(procs)  # reaps; also stops anything a task left running in its group
     awaited = tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for)
     return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, logs,
                          {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited)

@@ -174,6 +174,8 @@ def test_command_line_exit_codes():
     bad = run("--workers", "2", "--timeout", "60", "--", sys.executable, "-c", "import sys; sys.exit(3)")
     assert bad.returncode == 1 and "exited with code 3" in bad.stderr and "Traceback" not in bad.stderr
     assert run("--workers", "two").returncode == 2
+    missing = run("--workers", "2", "--", "/no/such/program")
+    assert missing.returncode == 1 and "could not start worker 0" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_a_worker_killed_mid_run_resumes_from_the_last_checkpoint(tmp_path):
@@ -223,3 +225,12 @@ def test_parameter_server_layout_ends_when_the_chief_ends(tmp_path):
     assert "[chief 0] cluster ['chief', 'ps', 'worker']" in lines
     pids = _pids(tmp_path)
     assert len(pids) == 8 and all(_gone(pid) for pid in pids) and all(_gone(pid) for pid in result.pids.values())
+
+
+def test_a_broken_log_callback_does_not_stall_the_tasks(tmp_path):
+    def broken(line):
+        raise RuntimeError("log exploded")
+
+    command = [sys.executable, "-c", "print('x' * 100000); print('done', flush=True)"]
+    result = cluster.run_cluster(command, workers=2, timeout=30, log=broken)
+    assert result.ok() and all(lines[-1] == "done" for lines in result.logs.values())

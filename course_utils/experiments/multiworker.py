@@ -50,16 +50,12 @@ def _dataset(steps: int, global_batch: int):
     return ds.with_options(options)
 
 
-def train(strategy, steps: int, global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
-    """``steps`` SGD updates of :func:`toy_model` under ``strategy``, custom loop; weights, losses, examples seen."""
+def _train_step(strategy, model, optimizer, global_batch: int):
+    """Lesson 05's custom-loop step: each replica's loss over the *global* batch, SUM across replicas."""
     import keras
     import tensorflow as tf
 
-    with strategy.scope():
-        model = toy_model()
-        optimizer = keras.optimizers.SGD(lr)
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-    dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch))
 
     @tf.function
     def step(batch):
@@ -68,14 +64,25 @@ def train(strategy, steps: int, global_batch: int = GLOBAL_BATCH, lr: float = 0.
                 loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
                                                   global_batch_size=global_batch)
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss, tf.shape(x)[0]
+            return loss
 
-        loss, seen = strategy.run(replica, args=batch)
-        return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", seen, axis=None)
+        return strategy.reduce("SUM", strategy.run(replica, args=batch), axis=None)
 
+    return step
+
+
+def train(strategy, steps: int, global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """``steps`` SGD updates of :func:`toy_model` under ``strategy``, custom loop; weights, losses, examples seen."""
+    import keras
+
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+    dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch))
+    step = _train_step(strategy, model, optimizer, global_batch)
     losses, local_seen = [], 0
     for batch in dist:
-        loss, _ = step(batch)
+        loss = step(batch)
         losses.append(float(loss))
         local_seen += int(sum(int(t.shape[0]) for t in strategy.experimental_local_results(batch[0])))
     return {"weights": [w.numpy() for w in model.trainable_variables], "losses": losses, "local_examples": local_seen}
@@ -116,20 +123,8 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
     if latest:
         checkpoint.restore(latest)
     start = int(done.numpy())
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start))
-
-    @tf.function
-    def step(batch):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
-                                                  global_batch_size=global_batch)
-            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-            return loss
-
-        return strategy.reduce("SUM", strategy.run(replica, args=batch), axis=None)
-
+    step = _train_step(strategy, model, optimizer, global_batch)
     for batch in dist:
         step(batch)
         done.assign_add(1)

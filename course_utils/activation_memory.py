@@ -538,6 +538,9 @@ def _recompute_class():
         """
 
         def __init__(self, layer, **kwargs):
+            if not isinstance(layer, keras.layers.Layer):
+                raise TypeError(f"Recompute wraps a Keras layer or model (e.g. a functional block), got "
+                                f"{type(layer).__name__}; for a plain function use tf.recompute_grad(fn)")
             super().__init__(**kwargs)
             self.layer = layer
 

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 __all__ = ["ClusterError", "ClusterResult", "free_ports", "main", "run_cluster", "tf_config"]
 
 TASK_TYPES = ("chief", "worker", "ps")
+MAX_TASKS = 16  # each task starts TensorFlow (~0.5 GB): more than this would only thrash one machine
 
 
 class ClusterError(RuntimeError):
@@ -160,6 +161,9 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
         raise ValueError("command must be a non-empty argv list, e.g. [sys.executable, 'train.py']")
     if int(workers) < 0 or int(ps) < 0 or int(workers) + int(ps) + int(bool(chief)) < 1:
         raise ValueError("the cluster needs at least one task")
+    if int(workers) + int(ps) + int(bool(chief)) > MAX_TASKS:
+        raise ValueError(f"at most {MAX_TASKS} tasks on one machine (each is a TensorFlow process), got "
+                         f"{int(workers) + int(ps) + int(bool(chief))}")
     if not timeout or timeout <= 0:
         raise ValueError("timeout must be a positive number of seconds")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
@@ -276,7 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout)
-    except (ClusterError, ValueError) as err:
+    except ValueError as err:  # a bad option (too many tasks, a timeout <= 0)
+        print(f"cluster: {err}", file=sys.stderr)
+        return 2
+    except ClusterError as err:
         print(f"cluster: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -155,6 +155,8 @@ def test_tf_config_and_argument_checks():
         cluster.tf_config(c, "chief", 0)
     with pytest.raises(ValueError, match="argv list"):
         cluster.run_cluster("python train.py")
+    with pytest.raises(ValueError, match="at most 16 tasks"):
+        cluster.run_cluster(["python"], workers=17)
     with pytest.raises(ValueError, match="at least one task"):
         cluster.run_cluster(["python"], workers=0)
     with pytest.raises(ValueError, match="2 tasks need 2 ports"):
@@ -174,6 +176,10 @@ def test_command_line_exit_codes():
     bad = run("--workers", "2", "--timeout", "60", "--", sys.executable, "-c", "import sys; sys.exit(3)")
     assert bad.returncode == 1 and "exited with code 3" in bad.stderr and "Traceback" not in bad.stderr
     assert run("--workers", "two").returncode == 2
+    many = run("--workers", "1000", "--", sys.executable, "-c", "pass")
+    assert many.returncode == 2 and "at most 16 tasks" in many.stderr  # nothing started
+    zero = run("--workers", "2", "--timeout", "0", "--", sys.executable, "-c", "pass")
+    assert zero.returncode == 2 and "timeout must be a positive" in zero.stderr
     missing = run("--workers", "2", "--", "/no/such/program")
     assert missing.returncode == 1 and "could not start worker 0" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -234,3 +240,19 @@ def test_a_broken_log_callback_does_not_stall_the_tasks(tmp_path):
     command = [sys.executable, "-c", "print('x' * 100000); print('done', flush=True)"]
     result = cluster.run_cluster(command, workers=2, timeout=30, log=broken)
     assert result.ok() and all(lines[-1] == "done" for lines in result.logs.values())
+
+
+def test_worker_program_refuses_bad_arguments_in_one_line(tmp_path):
+    def run(*args, tf_config=True):
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)
+        if tf_config:
+            env["TF_CONFIG"] = cluster.tf_config({"worker": ["127.0.0.1:1"]}, "worker", 0)
+        return subprocess.run([sys.executable, "-m", "course_utils.experiments.multiworker", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    for bad in (["--steps", "0", "--out", str(tmp_path)], ["--steps", "-3", "--out", str(tmp_path)]):
+        result = run(*bad)
+        assert result.returncode == 2 and "must be at least 1" in result.stderr and "Traceback" not in result.stderr
+    alone = run("--out", str(tmp_path), tf_config=False)
+    assert alone.returncode == 2 and "python -m course_utils cluster" in alone.stderr

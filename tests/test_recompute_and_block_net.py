@@ -141,4 +141,8 @@ def test_cross_entropy_steps_share_tensors_and_chunking_saves():
         assert abs(float(la) - float(lb)) < 1e-5
         for x, y in zip(ga, gb):
             np.testing.assert_allclose(x.numpy(), y.numpy(), atol=1e-5)
-    assert am.Recompute is not None  # the lazy class resolves
+
+
+def test_recompute_refuses_what_is_not_a_layer():
+    with pytest.raises(TypeError, match="wraps a Keras layer"):
+        am.Recompute(lambda x: x)

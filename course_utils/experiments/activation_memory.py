@@ -109,6 +109,23 @@ def block_net(width: int = 64, depth: int = 4, tokens: int = 64, expansion: int 
         return keras.Model(inputs, outputs, name=f"block_net_{remat}_{activation}_{norm}")
 
 
+class _quiet_retracing:
+    """Silences TensorFlow's "N out of the last N calls ... triggered tf.function retracing" warning while a
+    helper builds one compiled step per variant on purpose (each is traced once, as intended)."""
+
+    def __enter__(self):
+        import tensorflow as tf
+
+        self._logger = tf.get_logger()
+        self._level = self._logger.level
+        self._logger.setLevel("ERROR")
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.setLevel(self._level)
+        return False
+
+
 def _block_net_batch(batch: int, tokens: int, width: int, classes: int, seed: int):
     import tensorflow as tf
 
@@ -184,26 +201,16 @@ def gradient_differences(variants: dict[str, dict], batch: int = 16, seed: int =
     ``variants``: ``{label: block_net switches}``. Returns ``{label: {"max_abs": …, "cosine": …}}``
     (max |Δ| over all weights' gradients, and the cosine similarity of the whole flattened gradient).
     """
-    import keras
-    import tensorflow as tf
+    def grads_of(**switches):  # the step of make_block_net_step without an optimizer returns the gradients
+        _, grads = make_block_net_step(batch=batch, jit=bool(jit), optimizer="none", seed=seed, **net_kwargs,
+                                       **switches)()
+        return np.concatenate([t.numpy().ravel() for t in grads])
 
-    def grads_of(**switches):
-        model = block_net(seed=seed, **net_kwargs, **switches)
-        x, y = _block_net_batch(batch, model.input_shape[1], model.input_shape[2], model.output_shape[-1], seed)
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-        @tf.function(jit_compile=bool(jit))
-        def g():
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            return tape.gradient(loss, model.trainable_variables)
-
-        return np.concatenate([t.numpy().ravel() for t in g()])
-
-    ref = grads_of()
+    with _quiet_retracing():
+        ref = grads_of()
+        got_all = {label: grads_of(**switches) for label, switches in variants.items()}
     out = {}
-    for label, switches in variants.items():
-        got = grads_of(**switches)
+    for label, got in got_all.items():
         cosine = float(np.dot(ref, got) / (np.linalg.norm(ref) * np.linalg.norm(got)))
         out[label] = {"max_abs": float(np.max(np.abs(got - ref))), "cosine": cosine,
                       "max_ref": float(np.max(np.abs(ref)))}
@@ -223,8 +230,9 @@ def step_time_ratios(variants: dict[str, dict], batch: int, rounds: int = 3, rep
     base = make_block_net_step(batch=batch, jit=jit, seed=seed, **net_kwargs)
     steps = {label: make_block_net_step(batch=batch, jit=jit, seed=seed, **net_kwargs, **switches)
              for label, switches in variants.items()}
-    for s in [base, *steps.values()]:  # tracing / compiling is not part of a step's time
-        s()
+    with _quiet_retracing():
+        for s in [base, *steps.values()]:  # tracing / compiling is not part of a step's time
+            s()
     ratios: dict[str, list[float]] = {label: [] for label in steps}
     last = None
     for _ in range(rounds):

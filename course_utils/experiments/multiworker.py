@@ -145,11 +145,17 @@ def single_process_weights(steps: int, global_batch: int = GLOBAL_BATCH) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
+    def positive(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        return value
+
+    parser.add_argument("--steps", type=positive, default=4)
     parser.add_argument("--out", required=True)
     parser.add_argument("--ckpt", help="checkpoint after every step here and resume from it")
     parser.add_argument("--crash-worker", type=int, help="this worker SIGKILLs itself (with --crash-after)")
-    parser.add_argument("--crash-after", type=int, help="... right after committing this step")
+    parser.add_argument("--crash-after", type=positive, help="... right after committing this step")
     args = parser.parse_args(argv)
     if "TF_CONFIG" not in os.environ:
         print("TF_CONFIG is not set: run this through `python -m course_utils cluster`", file=sys.stderr)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,7 +27,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-__all__ = ["ClusterError", "ClusterResult", "free_ports", "main", "run_cluster", "tf_config"]
+__all__ = ["ClusterError", "ClusterResult", "free_ports", "launch", "main", "run_cluster", "tf_config"]
 
 TASK_TYPES = ("chief", "worker", "ps")
 MAX_TASKS = 16  # each task starts TensorFlow (~0.5 GB): more than this would only thrash one machine
@@ -137,6 +138,8 @@ def _stop_all(procs: dict, grace_s: float = 3.0) -> None:
 
 
 def _tail(lines: list[str], n: int = 6) -> str:
+    """The last ``n`` lines a task printed, without TensorFlow's start-up chatter."""
+    lines = [line for line in lines if not TF_NOISE.match(line)]
     return "\n".join("    " + line for line in lines[-n:]) or "    (no output)"
 
 
@@ -166,6 +169,11 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                          f"{int(workers) + int(ps) + int(bool(chief))}")
     if not timeout or timeout <= 0:
         raise ValueError("timeout must be a positive number of seconds")
+    tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
+    if wait_for is not None and (isinstance(wait_for, str) or not wait_for
+                                 or not set(wait_for) <= {kind for kind, _ in tasks}):
+        raise ValueError(f"wait_for must name task types of this cluster ({', '.join(sorted({k for k, _ in tasks}))}),"
+                         f" got {wait_for!r}")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
     if ports is None:
         ports = free_ports(len(tasks))
@@ -252,8 +260,52 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                          {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited)
 
 
+# TensorFlow's start-up chatter (C++ logging, absl's first-line warning): dropped by launch(quiet=True)
+TF_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IWE]0000 |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] )")
+
+
+# a multi-line TensorFlow log message goes on with a proto dump: indented, braces, `key: value` lines
+_TF_NOISE_CONTINUES = re.compile(r'^(\s.*|\}|[a-z_]+ \{|[a-z_]+: ("[^"]*"|-?\d+|true|false))?$')
+
+
+def _without_tf_noise(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``log`` without TensorFlow's start-up lines (and the proto dumps that follow them), per task."""
+    in_noise: dict[str, bool] = {}
+
+    def show(line: str) -> None:
+        task, _, text = line.partition("] ")
+        if TF_NOISE.match(text) or (in_noise.get(task) and _TF_NOISE_CONTINUES.match(text)):
+            in_noise[task] = True
+            return
+        in_noise[task] = False
+        log(line)
+
+    return show
+
+
+def launch(module: str, args: Sequence[str] = (), workers: int = 2, ps: int = 0, chief: bool = False,
+           timeout: float = 120.0, log: Callable[[str], None] | None = print, quiet: bool = True,
+           **kwargs) -> ClusterResult:
+    """:func:`run_cluster` for ``python -m module args`` — how the lessons start their cluster programs.
+
+    The tasks see no GPU (``CUDA_VISIBLE_DEVICES=""`` unless ``env`` sets it): every task on one machine would
+    otherwise try to reserve the same GPU's memory. With a ``chief``, the run ends when the chief does (workers and parameter servers serve it until
+    stopped). ``quiet``: TensorFlow's own log lines are turned down (``TF_CPP_MIN_LOG_LEVEL=2``) and its
+    start-up chatter is left out of ``log`` (all of it stays in the result's ``logs``)."""
+    env = kwargs.pop("env", None)
+    env = dict(os.environ if env is None else env)
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # the tasks run on the CPU: a notebook may hold the GPU's memory
+    if quiet:
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if log is not None:
+            log = _without_tf_noise(log)
+    kwargs.setdefault("wait_for", ("chief",) if chief else None)
+    return run_cluster([sys.executable, "-m", module, *map(str, args)], workers=workers, ps=ps, chief=chief,
+                       timeout=timeout, log=log, env=env, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m course_utils cluster --workers N [--ps N] [--chief] [--timeout S] [--module M] -- COMMAND...``"""
+    """``python -m course_utils cluster --workers N [--ps N] [--chief] [--timeout S] [--wait-for TYPE] [--module M] -- COMMAND...``"""
     import argparse
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -269,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chief", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before every task is stopped")
     parser.add_argument("--module", help="run `python -m MODULE` (what follows -- are its arguments)")
+    parser.add_argument("--wait-for", choices=TASK_TYPES, action="append",
+                        help="end when these tasks end (e.g. chief: parameter servers and workers serve until "
+                             "stopped); default: every task")
     try:
         args = parser.parse_args(own)
     except SystemExit as exc:
@@ -279,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: give the program after --, e.g. `-- python train.py`, or --module MODULE", file=sys.stderr)
         return 2
     try:
-        result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout)
+        result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout,
+                             wait_for=args.wait_for)
     except ValueError as err:  # a bad option (too many tasks, a timeout <= 0)
         print(f"cluster: {err}", file=sys.stderr)
         return 2

@@ -63,6 +63,15 @@ class Sizes:
     gelu_train_examples: int = 4096
     gelu_seeds: int = 2  # pairs of runs (exact, few-bit), one per seed: one run's accuracy is noisy
     gelu_test_examples: int = 1024
+    # lesson 08: local clusters (one TensorFlow process per task; each start costs seconds, not the model)
+    cluster_steps: int = 6  # training steps of the 2-worker runs (the kill-and-resume demo kills after half)
+    scaling_workers: tuple = (1, 2, 4)  # the step-time figure
+    scaling_steps: int = 20  # steps per timed round (3 rounds)
+    ps_steps: int = 20  # steps the parameter-server coordinator schedules
+    pipeline_width: int = 512  # the model-parallel MLP: width, layers per stage, batch
+    pipeline_layers: int = 4
+    pipeline_batch: int = 256
+    pipeline_rounds: int = 3
 
 
 FULL_SIZES = Sizes(
@@ -88,6 +97,14 @@ FULL_SIZES = Sizes(
     gelu_train_examples=4096,  # the dev file's size: 15 epochs take about a minute per run on 2 CPU cores
     gelu_seeds=2,
     gelu_test_examples=1024,  # the dev file has 1,017
+    cluster_steps=6,
+    scaling_workers=(1, 2, 4),
+    scaling_steps=50,
+    ps_steps=100,
+    pipeline_width=512,
+    pipeline_layers=4,
+    pipeline_batch=256,
+    pipeline_rounds=5,
 )
 
 SMOKE_SIZES = Sizes(
@@ -113,6 +130,14 @@ SMOKE_SIZES = Sizes(
     gelu_train_examples=512,
     gelu_seeds=1,
     gelu_test_examples=256,
+    cluster_steps=6,
+    scaling_workers=(1, 2),  # a 4-worker cluster takes ~15 s to start on 2 cores: full mode only
+    scaling_steps=10,
+    ps_steps=20,
+    pipeline_width=384,
+    pipeline_layers=3,
+    pipeline_batch=192,
+    pipeline_rounds=2,
 )
 
 

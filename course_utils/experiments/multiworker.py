@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+import time
 
 import numpy as np
 
@@ -136,6 +138,80 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
 
 
+def time_steps(strategy, steps: int, per_worker_batch: int = 64, rounds: int = 3) -> dict:
+    """Seconds per training step, and per all-reduce of the same gradients alone (medians of ``rounds``).
+
+    Weak scaling: each worker keeps ``per_worker_batch`` examples a step, so the compute per worker is the
+    same with 1, 2 or 4 workers and what grows is the communication. The all-reduce is timed on its own
+    (the replica context's ``all_reduce`` of tensors shaped like the gradients), so its share of the step
+    is measured, not inferred."""
+    import keras
+    import tensorflow as tf
+
+    global_batch = per_worker_batch * strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(0.01)
+    dist = iter(strategy.experimental_distribute_dataset(_dataset(steps, global_batch).repeat()))
+    step = _train_step(strategy, model, optimizer, global_batch)
+
+    @tf.function
+    def all_reduce():
+        def replica():
+            return tf.distribute.get_replica_context().all_reduce(
+                "SUM", [tf.identity(v) for v in model.trainable_variables])
+        return strategy.run(replica)
+
+    def run(fn, n):
+        start = time.perf_counter()
+        for _ in range(n):
+            out = fn()
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t,
+                              strategy.experimental_local_results(out))
+        return (time.perf_counter() - start) / n
+
+    run(lambda: step(next(dist)), 3)  # warm-up: trace and first collectives
+    run(all_reduce, 3)
+    step_s, reduce_s = [], []
+    for _ in range(rounds):
+        step_s.append(run(lambda: step(next(dist)), steps))
+        reduce_s.append(run(all_reduce, steps))
+    return {"workers": strategy.num_replicas_in_sync, "per_worker_batch": per_worker_batch,
+            "step_s": float(np.median(step_s)), "all_reduce_s": float(np.median(reduce_s)),
+            "step_s_rounds": step_s, "all_reduce_s_rounds": reduce_s,
+            "gradient_bytes": int(sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables))}
+
+
+def fit_under_strategy(strategy, steps: int, global_batch: int = GLOBAL_BATCH) -> None:
+    """Keras 3 ``model.fit`` under ``strategy`` (how the official multi-worker tutorial trains)."""
+    import keras
+
+    with strategy.scope():
+        model = toy_model()
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(_dataset(steps, global_batch), epochs=1, steps_per_epoch=steps, verbose=0)
+
+
+def serve_until_stopped(threads: int | None = None) -> bool:
+    """For chief-driven layouts (parameter servers, model parallelism): a worker or ps task starts its
+    TensorFlow server and serves the chief until the launcher stops it (never returns); the chief gets
+    False back and goes on. ``threads``: limit the server's op threads (one core per "device")."""
+    task_type, index = _task()
+    if task_type not in ("worker", "ps"):
+        return False
+    import tensorflow as tf
+
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=index,
+                                  protocol="grpc", start=True)
+    server.join()
+    return True  # pragma: no cover - join() returns only when the process is stopped
+
+
 def single_process_weights(steps: int, global_batch: int = GLOBAL_BATCH) -> dict:
     """The same training in this process on one device: the reference the workers must equal."""
     import tensorflow as tf
@@ -156,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ckpt", help="checkpoint after every step here and resume from it")
     parser.add_argument("--crash-worker", type=int, help="this worker SIGKILLs itself (with --crash-after)")
     parser.add_argument("--crash-after", type=positive, help="... right after committing this step")
+    parser.add_argument("--fit", action="store_true", help="train with Keras model.fit instead of the custom loop")
+    parser.add_argument("--time", type=positive, metavar="STEPS",
+                        help="after training, time this many steps and all-reduces per round (3 rounds)")
+    parser.add_argument("--per-worker-batch", type=positive, default=64, help="with --time")
     args = parser.parse_args(argv)
     if "TF_CONFIG" not in os.environ:
         print("TF_CONFIG is not set: run this through `python -m course_utils cluster`", file=sys.stderr)
@@ -165,6 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     os.makedirs(args.out, exist_ok=True)
+    if args.fit:
+        try:
+            fit_under_strategy(strategy, args.steps)
+        except Exception as err:  # noqa: BLE001 - one readable line: the error prints whole tensors
+            text = re.sub(r"PerReplica:\{.*?\}\)", "PerReplica:{...})", str(err), flags=re.S)
+            print(f"{task['type']} {task['index']}: model.fit failed: {type(err).__name__}: "
+                  f"{' '.join(text.split())[:300]}", flush=True)
+            return 1
+        print(f"{task['type']} {task['index']}: model.fit finished", flush=True)
+        return 0
     if args.ckpt:
         crash = args.crash_after if args.crash_worker == task["index"] else None
         log_path = os.path.join(args.out, f"{task['type']}{task['index']}_steps.txt")
@@ -181,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
              replicas=np.array(strategy.num_replicas_in_sync))
     print(f"{task['type']} {task['index']}: {len(result['losses'])} steps on {strategy.num_replicas_in_sync} replicas, "
           f"last loss {result['losses'][-1]:.4f}, saw {result['local_examples']} examples → {path}", flush=True)
+    if args.time:
+        timing = time_steps(strategy, args.time, args.per_worker_batch)
+        with open(os.path.join(args.out, f"{task['type']}{task['index']}_timing.json"), "w") as f:
+            json.dump(timing, f)
+        print(f"{task['type']} {task['index']}: {timing['step_s'] * 1e3:.2f} ms a step, all-reduce alone "
+              f"{timing['all_reduce_s'] * 1e3:.2f} ms ({timing['workers']} worker(s))", flush=True)
     return 0
 
 

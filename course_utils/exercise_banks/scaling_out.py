@@ -1,0 +1,234 @@
+"""Exercise bank "scaling_out" (lesson 08: multi-worker training, parameter servers, model parallelism, TPU pods)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable, require_number
+
+# -- 1. tf_config_for -------------------------------------------------------------------------
+
+_CONFIG_CASES = (
+    (["10.0.0.1:12345", "10.0.0.2:12345"], 1),
+    (["10.0.0.1:12345", "10.0.0.2:12345"], 0),
+    (["localhost:2222", "localhost:2223", "localhost:2224", "localhost:2225"], 3),
+    (["host-a:5000"], 0),
+)
+
+
+def _expected_config(addresses, index):
+    return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
+
+
+def _as_config(value: Any, shown: str) -> dict:
+    """The learner's TF_CONFIG as a dict: a dict, or the JSON text TensorFlow actually reads."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            raise Incorrect(f"{shown} returned text that is not JSON ({describe(value)}); TF_CONFIG is a JSON "
+                            "string: `json.dumps({...})`.") from None
+    if not isinstance(value, dict):
+        raise Incorrect(f"{shown} returned {describe(value)}; return a dict (or its json.dumps) with the keys "
+                        "'cluster' and 'task'.")
+    try:  # what TensorFlow reads is JSON: plain dicts, lists, text and numbers, nothing else
+        return json.loads(json.dumps(value))
+    except Exception:  # noqa: BLE001 - any object json cannot write, however it fails
+        raise Incorrect(f"{shown} returned {describe(value)}, which json.dumps cannot write; TF_CONFIG holds only "
+                        "dicts, lists, text and numbers.") from None
+
+
+def _check_tf_config(answer: Any) -> str:
+    fn = require_callable(answer, "tf_config_for(addresses, index)", arity=2)
+    for addresses, index in _CONFIG_CASES:
+        shown = f"tf_config_for({addresses}, {index})"
+        got = _as_config(call_learner(fn, list(addresses), index, shown_as=shown), shown)
+        expected = _expected_config(addresses, index)
+        if set(got) != {"cluster", "task"}:
+            raise Incorrect(f"{shown} has the keys {sorted(map(str, got))[:5]}; TF_CONFIG has exactly two: 'cluster' "
+                            "(every task's address, by job) and 'task' (which one this process is).")
+        cluster, task = got["cluster"], got["task"]
+        if cluster == list(addresses) or cluster == {"workers": list(addresses)}:
+            raise Incorrect(f"{shown}: 'cluster' maps each job name to its addresses; the job is called 'worker' "
+                            "(singular): {'worker': [...]}.")
+        if not isinstance(cluster, dict) or cluster != expected["cluster"]:
+            raise Incorrect(f"{shown}: 'cluster' is {describe(cluster)}; it must list every worker, in order, the same "
+                            "in every process: {'worker': addresses}.")
+        if not isinstance(task, dict) or set(task) != {"type", "index"}:
+            raise Incorrect(f"{shown}: 'task' is {describe(task)}; it says which task this process is: "
+                            "{'type': ..., 'index': ...}.")
+        if task.get("type") != "worker":
+            raise Incorrect(f"{shown}: the task type is {describe(task.get('type'))}; these processes are all "
+                            "'worker' tasks.")
+        if isinstance(task["index"], bool) or not isinstance(task["index"], int):
+            raise Incorrect(f"{shown}: the task index is {describe(task['index'])}; it is a whole number "
+                            f"({index}), not text.")
+        if task["index"] != index:
+            raise Incorrect(f"{shown}: the task index is {task['index']}, expected {index}: the position of this "
+                            "process's own address in the list.")
+    return ("Every process gets the same 'cluster' and its own 'task'. The launcher of this lesson writes exactly "
+            "this (course_utils.cluster.tf_config); on Cloud TPU VMs and Kubernetes the platform sets it.")
+
+
+# -- 2. global_batch_and_lr -------------------------------------------------------------------
+
+# (per-core batch, cores, base LR, base batch)
+_LR_CASES = ((128, 8, 0.1, 256), (128, 1, 0.1, 256), (64, 32, 0.2, 512), (32, 256, 0.05, 128), (256, 4, 0.4, 1024))
+
+
+def _check_global_batch_and_lr(answer: Any) -> str:
+    fn = require_callable(answer, "global_batch_and_lr(per_core_batch, cores, base_lr, base_batch)", arity=4)
+    for per_core, cores, base_lr, base_batch in _LR_CASES:
+        shown = f"global_batch_and_lr({per_core}, {cores}, {base_lr}, {base_batch})"
+        got = call_learner(fn, per_core, cores, base_lr, base_batch, shown_as=shown)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise Incorrect(f"{shown} returned {describe(got)}; return two numbers: (global_batch, lr).")
+        batch = require_number(got[0], "the global batch (a whole number)")
+        lr = require_number(got[1], "the learning rate (a number)")
+        expected_batch = per_core * cores
+        expected_lr = base_lr * expected_batch / base_batch
+        if batch != expected_batch:
+            if batch == per_core:
+                raise Incorrect(f"{shown} returned a global batch of {batch:g}: that is one core's share. Every core "
+                                "takes its own per-core batch each step.")
+            raise Incorrect(f"{shown} returned a global batch of {batch:g}, expected {expected_batch}: per-core batch × "
+                            "cores.")
+        if math.isclose(lr, expected_lr, rel_tol=1e-6):
+            continue
+        if math.isclose(lr, base_lr * math.sqrt(expected_batch / base_batch), rel_tol=1e-6):
+            raise Incorrect(f"{shown} returned lr {lr:g}: that is square-root scaling. The rule taught here (Goyal et "
+                            "al. 2017, for SGD) is linear: the LR grows in proportion to the global batch.")
+        if math.isclose(lr, base_lr * cores, rel_tol=1e-6) or math.isclose(lr, base_lr, rel_tol=1e-6):
+            raise Incorrect(f"{shown} returned lr {lr:g}: scale by the global batch relative to the batch the base "
+                            "LR was tuned for (base_batch), not by the number of cores.")
+        raise Incorrect(f"{shown} returned lr {lr:g}, expected {expected_lr:g}: base_lr × global_batch / base_batch.")
+    return ("Linear scaling keeps the distance travelled per epoch: twice the batch, half the steps, twice the step. "
+            "It needs a warm-up at large batches and stops holding beyond a few thousand examples per update.")
+
+
+# -- 3. pipeline_idle_fraction ----------------------------------------------------------------
+
+_BUBBLE_CASES = ((2, 1), (2, 4), (4, 4), (4, 16), (8, 32), (1, 8))
+
+
+def _check_pipeline_idle_fraction(answer: Any) -> str:
+    fn = require_callable(answer, "pipeline_idle_fraction(stages, micro_batches)", arity=2)
+    for stages, micro in _BUBBLE_CASES:
+        shown = f"pipeline_idle_fraction({stages}, {micro})"
+        value = require_number(call_learner(fn, stages, micro, shown_as=shown), "a fraction between 0 and 1")
+        expected = (stages - 1) / (micro + stages - 1)
+        if math.isclose(value, expected, rel_tol=1e-6, abs_tol=1e-12):
+            continue
+        quote = f"{shown} returned {value:g}, expected {expected:.4g}"
+        if stages > 1 and math.isclose(value, 1 - expected, rel_tol=1e-6):
+            raise Incorrect(f"{quote}: that is the busy fraction; the question asks for the idle one.")
+        if stages > 1 and math.isclose(value, (stages - 1) / micro, rel_tol=1e-6):
+            raise Incorrect(f"{quote}: count the slots of the whole schedule, micro_batches + stages − 1, not only "
+                            "the micro-batches.")
+        if stages > 1 and math.isclose(value, (stages - 1) / stages, rel_tol=1e-6):
+            raise Incorrect(f"{quote}: that is the naive split (one micro-batch); more micro-batches fill the "
+                            "pipeline.")
+        raise Incorrect(f"Not quite: {quote}. Draw the schedule: each device works micro_batches slots out of "
+                        "micro_batches + stages − 1.")
+    return ("(S − 1) / (M + S − 1): the bubble shrinks as micro-batches grow, which is why GPipe uses M ≥ 4·S — and "
+            "why it costs activation memory for all M micro-batches in flight (lesson 07's recomputation helps).")
+
+
+register_bank(
+    "scaling_out",
+    [
+        Exercise(
+            name="tf_config_for",
+            question=("Write `tf_config_for(addresses, index)`: the TF_CONFIG (a dict or its JSON text) of worker "
+                      "`index` in a cluster of workers at `addresses`."),
+            checker=_check_tf_config,
+            answer_name="tf_config_for",
+            hints=(
+                "Print `cluster.tf_config({'worker': ['a:1', 'b:2']}, 'worker', 0)` from §1 and look at its shape.",
+                "Two keys: 'cluster' maps the job name 'worker' to the list of addresses; 'task' holds the type "
+                "'worker' and this process's position in that list.",
+            ),
+            solution_code='''\
+def tf_config_for(addresses, index):
+    """TF_CONFIG of worker `index` in a cluster of workers at `addresses`."""
+    return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
+''',
+            stub='''\
+def tf_config_for(addresses, index):
+    """TF_CONFIG of worker `index` in a cluster of workers at `addresses`."""
+    ...  # your code here
+''',
+            reference=lambda: (lambda a, i: json.dumps(_expected_config(a, i))),
+            wrong_examples=(
+                ("plural job", lambda: (lambda a, i: {"cluster": {"workers": a}, "task": {"type": "worker", "index": i}}),
+                 "singular"),
+                ("index as text", lambda: (lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker",
+                                                                                             "index": str(i)}}),
+                 "not text"),
+                ("always 0", lambda: (lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": 0}}),
+                 "expected 1"),
+                ("own address only", lambda: (lambda a, i: {"cluster": {"worker": [a[i]]},
+                                                             "task": {"type": "worker", "index": 0}}), "every worker"),
+            ),
+        ),
+        Exercise(
+            name="global_batch_and_lr",
+            question=("Write `global_batch_and_lr(per_core_batch, cores, base_lr, base_batch)`: the global batch of "
+                      "one step on `cores` cores, and the learning rate by the linear scaling rule, given that "
+                      "`base_lr` was tuned at `base_batch`."),
+            checker=_check_global_batch_and_lr,
+            answer_name="global_batch_and_lr",
+            hints=(
+                "Each core takes its own per-core batch every step: how many examples does one step see?",
+                "The rule scales the LR by how many times larger the global batch is than the batch it was tuned at.",
+            ),
+            solution_code='''\
+def global_batch_and_lr(per_core_batch, cores, base_lr, base_batch):
+    """Global batch of one step, and the linearly scaled learning rate."""
+    global_batch = per_core_batch * cores
+    return global_batch, base_lr * global_batch / base_batch
+''',
+            stub='''\
+def global_batch_and_lr(per_core_batch, cores, base_lr, base_batch):
+    """Global batch of one step, and the linearly scaled learning rate."""
+    ...  # your code here
+''',
+            reference=lambda: (lambda b, c, lr, bb: (b * c, lr * b * c / bb)),
+            wrong_examples=(
+                ("per-core batch", lambda: (lambda b, c, lr, bb: (b, lr * b * c / bb)), "one core's share"),
+                ("LR × cores", lambda: (lambda b, c, lr, bb: (b * c, lr * c)), "base_batch"),
+                ("sqrt", lambda: (lambda b, c, lr, bb: (b * c, lr * math.sqrt(b * c / bb))), "square-root"),
+            ),
+        ),
+        Exercise(
+            name="pipeline_idle_fraction",
+            question=("Write `pipeline_idle_fraction(stages, micro_batches)`: the share of a GPipe schedule each "
+                      "device spends idle (equal stages, forward only)."),
+            checker=_check_pipeline_idle_fraction,
+            answer_name="pipeline_idle_fraction",
+            hints=(
+                "Draw S devices against time: micro-batch m reaches stage s at slot m + s. How many slots does "
+                "the whole schedule take?",
+                "Each device is busy for micro_batches of those slots; the rest of the schedule it waits.",
+            ),
+            solution_code='''\
+def pipeline_idle_fraction(stages, micro_batches):
+    """Share of a GPipe schedule each device spends idle."""
+    return (stages - 1) / (micro_batches + stages - 1)
+''',
+            stub='''\
+def pipeline_idle_fraction(stages, micro_batches):
+    """Share of a GPipe schedule each device spends idle."""
+    ...  # your code here
+''',
+            reference=lambda: (lambda s, m: (s - 1) / (m + s - 1)),
+            wrong_examples=(
+                ("busy", lambda: (lambda s, m: m / (m + s - 1)), "busy fraction"),
+                ("over M", lambda: (lambda s, m: (s - 1) / m), "slots of the whole"),
+                ("naive", lambda: (lambda s, m: (s - 1) / s), "naive split"),
+            ),
+        ),
+    ],
+)

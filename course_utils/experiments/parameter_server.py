@@ -1,0 +1,111 @@
+"""Lesson 08's parameter-server program: ParameterServerStrategy + ClusterCoordinator with Keras 3.
+
+Run by :func:`course_utils.cluster.run_cluster` with a chief, workers and parameter servers::
+
+    python -m course_utils cluster --chief --workers 2 --ps 1 --wait-for chief \\
+        --module course_utils.experiments.parameter_server -- --steps 20 --out DIR
+
+Workers and parameter servers only start a TensorFlow server and serve. The chief (the *coordinator*)
+creates the model under the strategy — its variables live on the parameter servers — and schedules
+training steps with ``ClusterCoordinator.schedule``: each step runs on whichever worker is free, reads
+the variables from the parameter servers and writes its update back (asynchronously: no all-reduce, no
+waiting for the slowest worker). It first tries Keras 3 ``model.fit`` under the same strategy and records
+what happens, then trains with a custom loop. It writes ``DIR/parameter_server.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .multiworker import GLOBAL_BATCH, _dataset, serve_until_stopped, toy_model
+
+
+def try_fit(strategy, steps: int) -> str:
+    """Keras 3 ``model.fit`` under ``strategy``: "runs", or the error's type and first line."""
+    import keras
+
+    with strategy.scope():
+        model = toy_model()
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    try:
+        model.fit(_dataset(steps, GLOBAL_BATCH).repeat(), epochs=1, steps_per_epoch=steps, verbose=0)
+    except Exception as err:  # noqa: BLE001 - recorded and shown: this is the finding
+        return f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+    return "runs"
+
+
+def train(strategy, steps: int, batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """``steps`` steps scheduled on the workers by a ClusterCoordinator; the custom loop of lesson 05."""
+    import keras
+    import tensorflow as tf
+
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def dataset_fn(_context):  # each worker builds its own copy of the input (shuffled differently at scale)
+        return _dataset(steps, batch).repeat()
+
+    # create_per_worker_dataset wants a function of no arguments that returns a (distributed) dataset
+    per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = iter(per_worker)
+
+    @tf.function
+    def step(iterator):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)), global_batch_size=batch)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(replica, args=next(iterator)), axis=None)
+
+    start = time.perf_counter()
+    scheduled = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+    coordinator.join()  # wait until every scheduled step has run on some worker
+    seconds = time.perf_counter() - start
+    losses = [float(r.fetch()) for r in scheduled]
+    return {"losses": losses, "seconds": seconds,
+            "variable_devices": sorted({v.value.device for v in model.trainable_variables}),
+            "optimizer_iterations": int(optimizer.iterations.numpy())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--no-fit", action="store_true", help="skip the model.fit attempt")
+    args = parser.parse_args(argv)
+    if "TF_CONFIG" not in os.environ:
+        print("TF_CONFIG is not set: run this through `python -m course_utils cluster --chief --workers 2 --ps 1`",
+              file=sys.stderr)
+        return 2
+    if args.steps < 1:
+        print(f"--steps must be at least 1, got {args.steps}", file=sys.stderr)
+        return 2
+    if serve_until_stopped():  # workers and parameter servers serve here until the launcher stops them
+        return 0
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    result = {"fit": "not tried" if args.no_fit else try_fit(strategy, args.steps)}
+    print(f"chief: Keras model.fit under ParameterServerStrategy: {result['fit']}", flush=True)
+    result.update(train(strategy, args.steps))
+    print(f"chief: custom loop, {args.steps} steps scheduled on the workers in {result['seconds']:.1f} s; loss "
+          f"{result['losses'][0]:.3f} → {result['losses'][-1]:.3f}; variables on {result['variable_devices']}",
+          flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "parameter_server.json"), "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,7 +71,7 @@ def test_two_workers_train_identical_weights_equal_to_one_process(tmp_path):
     out = tmp_path / "weights"
     lines = []
     result = cluster.run_cluster([sys.executable, "-m", "course_utils.experiments.multiworker", "--steps", "4",
-                                  "--out", str(out)], workers=2, timeout=180, log=lines.append,
+                                  "--out", str(out), "--time", "3"], workers=2, timeout=180, log=lines.append,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.ok() and set(result.returncodes) == {"worker 0", "worker 1"}
     assert any(line.startswith("[worker 1] worker 1: 4 steps on 2 replicas") for line in lines), lines[-5:]
@@ -85,6 +85,12 @@ def test_two_workers_train_identical_weights_equal_to_one_process(tmp_path):
     # lesson 04's sharding: each worker read half of every global batch, together every example once
     assert int(w[0]["local_examples"]) == int(w[1]["local_examples"]) == 4 * multiworker.GLOBAL_BATCH // 2
     assert int(w[0]["replicas"]) == 2
+    # --time: after training, each worker timed its step and an all-reduce alone (lesson 08's figure)
+    timing = [json.loads((out / f"worker{i}_timing.json").read_text()) for i in (0, 1)]
+    for t in timing:
+        assert t["workers"] == 2 and len(t["step_s_rounds"]) == 3
+        assert 0 < t["all_reduce_s"] and 0 < t["step_s"] < 5
+    assert timing[0]["gradient_bytes"] == 4 * sum(int(np.prod(v.shape)) for v in ref["weights"])
     assert all(_gone(pid) for pid in result.pids.values())
 
 

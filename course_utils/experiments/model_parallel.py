@@ -65,11 +65,10 @@ def build_step(weights: list, devices: tuple[str, str], micro_batches: int):
     Stage 1 runs on ``devices[0]``, stage 2 on ``devices[1]`` (the same device twice = no split). Each
     stage's backward runs on its own device (gradients computed under its ``tf.device``): the activation
     crosses forward, its gradient crosses back. With ``micro_batches`` M > 1 the batch is cut into M
-    pieces: stage 1's forwards run one after another, and each piece goes on to stage 2 as soon as it is
-    ready: nothing orders the pieces, so TensorFlow's executor runs whatever is ready on each device and
-    stage 2 on piece m overlaps stage 1 on piece m + 1. (Forcing GPipe's order with control dependencies
-    measured slower here.) Gradients are summed over the
-    pieces (each piece's loss is divided by M: the same gradient as the whole batch).
+    pieces and nothing orders them: TensorFlow's executor runs whatever is ready on each device, so stage 2
+    on piece m overlaps stage 1 on another piece (forcing GPipe's order with control dependencies measured
+    slower here). Gradients are summed over the pieces (each piece's loss is divided by M: the same gradient
+    as the whole batch).
     """
     import tensorflow as tf
 

@@ -1,0 +1,139 @@
+"""Lesson 08's other cluster programs: Keras fit under MultiWorkerMirroredStrategy, parameter servers,
+model parallelism over two worker processes — and the launcher pieces the lesson uses (launch, --wait-for).
+
+Each test starts real TensorFlow processes on localhost and checks that none is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from course_utils import cluster
+
+pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_keras_fit_under_multi_worker_mirrored_fails_in_one_readable_line(tmp_path):
+    """Lesson 08 §2 shows this failing (keras-team/keras#20585). If a Keras release fixes it, this test fails:
+    then the lesson's text, its claim and this test must change."""
+    lines = []
+    with pytest.raises(cluster.ClusterError) as info:
+        cluster.launch("course_utils.experiments.multiworker", ["--fit", "--steps", "2", "--out", str(tmp_path)],
+                       workers=2, timeout=180, log=lines.append)
+    message = str(info.value)
+    assert "exited with code 1" in message
+    assert "model.fit failed: ValueError: Attempt to convert a value (PerReplica:{...})" in message
+    assert "array(" not in message and "I0000" not in message  # one line, no tensor dump, no TensorFlow chatter
+    assert not any("I0000" in line or "All log messages before absl" in line for line in lines)
+
+
+def test_parameter_server_coordinator_trains_a_keras_3_model_and_fit_does_not_run(tmp_path):
+    lines = []
+    result = cluster.launch("course_utils.experiments.parameter_server", ["--steps", "24", "--out", str(tmp_path)],
+                            chief=True, workers=2, ps=1, timeout=180, log=lines.append)
+    assert result.awaited == ("chief 0",) and result.returncodes["chief 0"] == 0
+    out = json.loads((tmp_path / "parameter_server.json").read_text())
+    assert out["fit"].startswith("ValueError") and "create_per_worker_dataset" in out["fit"]
+    assert len(out["losses"]) == 24
+    assert sum(out["losses"][-6:]) < sum(out["losses"][:6])  # it learns
+    assert out["variable_devices"] and all(d.startswith("/job:ps/") for d in out["variable_devices"])
+    assert 0 < out["optimizer_iterations"] <= 24  # asynchronous updates: the counter may miss some, never add
+    assert any("custom loop, 24 steps scheduled" in line for line in lines)
+    assert all(_gone(pid) for pid in result.pids.values())  # the serving workers and ps were stopped
+
+
+def test_model_parallel_split_and_pipelined_steps_compute_the_one_device_gradients(tmp_path):
+    lines = []
+    result = cluster.launch("course_utils.experiments.model_parallel",
+                            ["--out", str(tmp_path), "--width", "64", "--layers", "2", "--batch", "32", "--rounds", "1",
+                             "--micro-batches", "2", "4"], chief=True, workers=2, timeout=180, log=lines.append)
+    out = json.loads((tmp_path / "model_parallel.json").read_text())
+    names = ["one device", "split (naive)", "split, 2 micro-batches", "split, 4 micro-batches"]
+    assert list(out["max_grad_diff"]) == names
+    for name in names:
+        assert out["max_grad_diff"][name] <= 1e-5 * out["grad_scale"], (name, out["max_grad_diff"])
+    # where the weights live: one device = worker 0 only; split = one stage on each worker
+    assert out["devices"]["one device"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
+    assert [d.split("/")[3] for d in out["devices"]["split (naive)"]] == ["task:0", "task:1"]
+    assert out["bytes_across_per_step"] == 2 * 32 * 64 * 4
+    assert set(out["times_s"]) == {*names, "stage 1 alone (worker 0)", "stage 2 alone (worker 1)"}
+    assert all(v[0] > 0 for v in out["times_s"].values())
+    if hasattr(os, "sched_setaffinity"):
+        assert any("worker 1: pinned to CPU core" in line for line in lines)
+    assert all(_gone(pid) for pid in result.pids.values())
+
+
+def test_model_parallel_program_refuses_a_batch_the_micro_batches_do_not_divide(tmp_path):
+    with pytest.raises(cluster.ClusterError, match="must divide by every --micro-batches"):
+        cluster.launch("course_utils.experiments.model_parallel", ["--out", str(tmp_path), "--batch", "30",
+                                                                   "--micro-batches", "4"],
+                       chief=True, workers=2, timeout=60, log=None)
+
+
+def test_launch_keeps_program_lines_and_drops_tensorflow_chatter():
+    shown = []
+    show = cluster._without_tf_noise(shown.append)
+    for line in ["[worker 0] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+                 "[worker 0] I0000 00:00:1795446494.163542    8113 grpc_server_lib.cc:466] Started server",
+                 "[worker 0] I0000 00:00:17954 eager_service_impl.cc:355] SessionOptions: device_count {",
+                 '[worker 0]   key: "CPU"', "[worker 0] }", "[worker 0] allow_soft_placement: true", "[worker 0] ",
+                 "[worker 1] 2026-11-23 15:06:36.323287: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:31] x",
+                 "[worker 0] worker 0: 6 steps on 2 replicas", "[worker 0] Traceback (most recent call last):",
+                 '[worker 0]   File "train.py", line 3, in <module>', "[worker 0] ValueError: boom"]:
+        show(line)
+    assert shown == ["[worker 0] worker 0: 6 steps on 2 replicas", "[worker 0] Traceback (most recent call last):",
+                     '[worker 0]   File "train.py", line 3, in <module>', "[worker 0] ValueError: boom"]
+
+
+def test_launch_hides_gpus_from_the_tasks_and_wait_for_must_name_a_task_type(tmp_path):
+    (tmp_path / "show_env.py").write_text("import os\n"
+                                          "print('CUDA_VISIBLE_DEVICES=' + repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    lines = []
+    cluster.launch("show_env", workers=1, timeout=30, log=lines.append, env=env, cwd=str(tmp_path))  # python -m: cwd
+    assert lines == ["[worker 0] CUDA_VISIBLE_DEVICES=''"]
+    with pytest.raises(ValueError, match="wait_for must name task types"):
+        cluster.run_cluster([sys.executable, "-c", "pass"], workers=1, wait_for=("chief",), timeout=10)
+    with pytest.raises(ValueError, match="wait_for must name task types"):
+        cluster.run_cluster([sys.executable, "-c", "pass"], workers=1, wait_for="worker", timeout=10)
+
+
+def test_command_line_wait_for_chief_ends_when_the_chief_does(tmp_path):
+    """Workers that serve forever (as parameter servers do) are stopped once the chief exits: exit 0, fast."""
+    script = tmp_path / "serve.py"
+    script.write_text("import json, os, time\n"
+                      "if json.loads(os.environ['TF_CONFIG'])['task']['type'] == 'chief':\n"
+                      "    print('chief done', flush=True)\n"
+                      "else:\n"
+                      "    time.sleep(120)\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "cluster", "--chief", "--workers", "2",
+                           "--wait-for", "chief", "--timeout", "60", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert "[chief 0] chief done" in proc.stdout and time.monotonic() - start < 30
+    bad = subprocess.run([sys.executable, "-m", "course_utils", "cluster", "--workers", "1", "--wait-for", "chief",
+                          "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "wait_for must name task types" in bad.stderr
+    assert "Traceback" not in bad.stderr

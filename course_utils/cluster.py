@@ -288,13 +288,15 @@ def launch(module: str, args: Sequence[str] = (), workers: int = 2, ps: int = 0,
            **kwargs) -> ClusterResult:
     """:func:`run_cluster` for ``python -m module args`` — how the lessons start their cluster programs.
 
-    The tasks see no GPU (``CUDA_VISIBLE_DEVICES=""`` unless ``env`` sets it): every task on one machine would
-    otherwise try to reserve the same GPU's memory. With a ``chief``, the run ends when the chief does (workers and parameter servers serve it until
-    stopped). ``quiet``: TensorFlow's own log lines are turned down (``TF_CPP_MIN_LOG_LEVEL=2``) and its
-    start-up chatter is left out of ``log`` (all of it stays in the result's ``logs``)."""
-    env = kwargs.pop("env", None)
-    env = dict(os.environ if env is None else env)
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")  # the tasks run on the CPU: a notebook may hold the GPU's memory
+    The tasks see no GPU (``CUDA_VISIBLE_DEVICES=""`` unless the ``env`` you pass sets it): every task on one
+    machine would otherwise try to reserve the same GPU's memory. With a ``chief``, the run ends when the chief
+    does (workers and parameter servers serve it until stopped). ``quiet``: TensorFlow's own log lines are
+    turned down (``TF_CPP_MIN_LOG_LEVEL=2``) and its start-up chatter is left out of ``log`` (all of it stays
+    in the result's ``logs``)."""
+    given = kwargs.pop("env", None)
+    env = dict(os.environ if given is None else given)
+    if given is None or "CUDA_VISIBLE_DEVICES" not in given:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the tasks run on the CPU: the notebook may hold the GPU's memory
     if quiet:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if log is not None:

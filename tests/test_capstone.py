@@ -149,8 +149,15 @@ def test_resume_after_sigkill_in_epoch_2(reference, tmp_path):
             time.sleep(0.05)
         assert proc.poll() is None, f"the run ended before epoch 2: {proc.stderr.read()[-1500:]}"
         epoch1 = read(metrics_path)[0]
-        time.sleep(0.2)  # inside epoch 2 (16 steps, more than a second), after epoch 1's files are written
-        os.kill(proc.pid, signal.SIGKILL)
+        backup_meta = out / "backup" / "training_metadata.json"  # BackupAndRestore writes it after the weights
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if json.loads(backup_meta.read_text())["epoch"] == 1:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)  # inside epoch 2 (16 steps, more than a second), epoch 1 fully saved
         proc.wait(30)
     finally:
         if proc.poll() is None:
@@ -177,6 +184,43 @@ def test_resume_after_sigkill_in_epoch_2(reference, tmp_path):
     assert read(metrics_path) == metrics
     # The LR schedule continued where it was: the last epoch ends near zero, as in the uninterrupted run.
     assert metrics[-1]["lr"] == pytest.approx(read(ref_out / "metrics.json")[-1]["lr"], abs=1e-6)
+
+
+def test_a_backup_cut_off_mid_write_is_repaired_on_resume(tmp_path):
+    """A kill while BackupAndRestore writes leaves a file Keras cannot load (seen: 'bad object header version
+    number' on --resume). repair_backup falls back to the previous complete pair, or starts over."""
+    import h5py
+
+    backup = tmp_path / "backup"
+
+    def write_pair(suffix: str, epoch: int) -> None:
+        with h5py.File(backup / f"latest.weights.h5{suffix}", "w") as f:
+            f["layers/dense/vars/0"] = np.full((3, 2), float(epoch))
+        (backup / f"training_metadata.json{suffix}").write_text(json.dumps({"epoch": epoch, "batch": 0}))
+
+    backup.mkdir()
+    write_pair("", 2)
+    assert capstone.repair_backup(str(backup)) == ""  # complete: untouched
+    assert capstone.repair_backup(str(tmp_path / "none")) == ""  # no backup at all: nothing to do
+
+    write_pair(".bkp", 1)
+    (backup / "latest.weights.h5").write_bytes((backup / "latest.weights.h5").read_bytes()[:300])  # cut off
+    message = capstone.repair_backup(str(backup))
+    assert "resuming from the one before it" in message
+    with h5py.File(backup / "latest.weights.h5", "r") as f:
+        assert f["layers/dense/vars/0"][0, 0] == 1.0
+    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 1
+
+    write_pair("", 2)
+    (backup / "training_metadata.json").write_text('{"epo')  # killed while writing the metadata
+    assert "resuming from the one before it" in capstone.repair_backup(str(backup))
+    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 1
+
+    for name in ("latest.weights.h5.bkp", "training_metadata.json.bkp", "training_metadata.json"):
+        (backup / name).unlink()
+    (backup / "latest.weights.h5").write_bytes(b"\x89HDF\r\n")  # the first save, cut off: nothing to fall back on
+    assert "starts again from epoch 1" in capstone.repair_backup(str(backup))
+    assert not backup.exists()
 
 
 def test_budget_run_ends_within_one_epoch_of_budget(tmp_path):

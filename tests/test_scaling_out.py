@@ -12,25 +12,12 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
+from test_cluster import _gone  # the same check that no process is left behind
 
 from course_utils import cluster
 
 pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
-
-
-def _gone(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
 
 
 def test_keras_fit_under_multi_worker_mirrored_fails_in_one_readable_line(tmp_path):
@@ -105,14 +92,17 @@ def test_launch_keeps_program_lines_and_drops_tensorflow_chatter():
                      '[worker 0]   File "train.py", line 3, in <module>', "[worker 0] ValueError: boom"]
 
 
-def test_launch_hides_gpus_from_the_tasks_and_wait_for_must_name_a_task_type(tmp_path):
+def test_launch_hides_gpus_from_the_tasks_and_wait_for_must_name_a_task_type(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as on a GPU runtime
     (tmp_path / "show_env.py").write_text("import os\n"
                                           "print('CUDA_VISIBLE_DEVICES=' + repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     lines = []
-    cluster.launch("show_env", workers=1, timeout=30, log=lines.append, env=env, cwd=str(tmp_path))  # python -m: cwd
+    cluster.launch("show_env", workers=1, timeout=30, log=lines.append, cwd=str(tmp_path))  # python -m: cwd
     assert lines == ["[worker 0] CUDA_VISIBLE_DEVICES=''"]
+    lines.clear()
+    cluster.launch("show_env", workers=1, timeout=30, log=lines.append, cwd=str(tmp_path),
+                   env=dict(os.environ, CUDA_VISIBLE_DEVICES="1"))  # asked for explicitly: kept
+    assert lines == ["[worker 0] CUDA_VISIBLE_DEVICES='1'"]
     with pytest.raises(ValueError, match="wait_for must name task types"):
         cluster.run_cluster([sys.executable, "-c", "pass"], workers=1, wait_for=("chief",), timeout=10)
     with pytest.raises(ValueError, match="wait_for must name task types"):
@@ -137,3 +127,15 @@ def test_command_line_wait_for_chief_ends_when_the_chief_does(tmp_path):
                           "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "wait_for must name task types" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_tf_config_exercise_accepts_the_other_keys_tensorflow_reads_and_rejects_unknown_ones():
+    from course_utils import exercises
+
+    ex = exercises.load("scaling_out").tf_config_for
+    with_rpc = lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": i},  # noqa: E731
+                             "rpc_layer": "grpc"}
+    assert ex.check(with_rpc).status == "correct"
+    unknown = lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": i}, "tasks": []}  # noqa: E731
+    result = ex.check(unknown)
+    assert result.status == "incorrect" and "rpc_layer" in str(result)

@@ -18,6 +18,10 @@ _CONFIG_CASES = (
 )
 
 
+# keys TensorFlow's TFConfigClusterResolver also reads; an answer may carry them
+_OPTIONAL_KEYS = ("rpc_layer", "environment", "session_master")
+
+
 def _expected_config(addresses, index):
     return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
 
@@ -46,9 +50,10 @@ def _check_tf_config(answer: Any) -> str:
         shown = f"tf_config_for({addresses}, {index})"
         got = _as_config(call_learner(fn, list(addresses), index, shown_as=shown), shown)
         expected = _expected_config(addresses, index)
-        if set(got) != {"cluster", "task"}:
-            raise Incorrect(f"{shown} has the keys {sorted(map(str, got))[:5]}; TF_CONFIG has exactly two: 'cluster' "
-                            "(every task's address, by job) and 'task' (which one this process is).")
+        if not {"cluster", "task"} <= set(got) or not set(got) <= {"cluster", "task", *_OPTIONAL_KEYS}:
+            raise Incorrect(f"{shown} has the keys {sorted(map(str, got))[:5]}; TF_CONFIG needs 'cluster' (every "
+                            "task's address, by job) and 'task' (which one this process is); other keys it may "
+                            f"hold: {', '.join(_OPTIONAL_KEYS)}.")
         cluster, task = got["cluster"], got["task"]
         if cluster == list(addresses) or cluster == {"workers": list(addresses)}:
             raise Incorrect(f"{shown}: 'cluster' maps each job name to its addresses; the job is called 'worker' "
@@ -105,7 +110,8 @@ def _check_global_batch_and_lr(answer: Any) -> str:
                             "LR was tuned for (base_batch), not by the number of cores.")
         raise Incorrect(f"{shown} returned lr {lr:g}, expected {expected_lr:g}: base_lr × global_batch / base_batch.")
     return ("Linear scaling keeps the distance travelled per epoch: twice the batch, half the steps, twice the step. "
-            "It needs a warm-up at large batches and stops holding beyond a few thousand examples per update.")
+            "It needs a warm-up at large batches, and beyond some batch it stops holding (8k for ResNet-50 on "
+            "ImageNet in Goyal et al.; much less on a dataset as small as CIFAR-10).")
 
 
 # -- 3. pipeline_idle_fraction ----------------------------------------------------------------
@@ -146,7 +152,7 @@ register_bank(
             checker=_check_tf_config,
             answer_name="tf_config_for",
             hints=(
-                "Print `cluster.tf_config({'worker': ['a:1', 'b:2']}, 'worker', 0)` from §1 and look at its shape.",
+                "The first cell after the setup cell prints a TF_CONFIG: look at its shape.",
                 "Two keys: 'cluster' maps the job name 'worker' to the list of addresses; 'task' holds the type "
                 "'worker' and this process's position in that list.",
             ),
@@ -205,7 +211,7 @@ def global_batch_and_lr(per_core_batch, cores, base_lr, base_batch):
         Exercise(
             name="pipeline_idle_fraction",
             question=("Write `pipeline_idle_fraction(stages, micro_batches)`: the share of a GPipe schedule each "
-                      "device spends idle (equal stages, forward only)."),
+                      "device spends idle (equal stages, free transfers)."),
             checker=_check_pipeline_idle_fraction,
             answer_name="pipeline_idle_fraction",
             hints=(

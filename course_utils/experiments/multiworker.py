@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -101,9 +102,10 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
 
     The checkpoint holds the weights, the optimizer and the step counter; on restart the input skips the
     global batches already used, so no step is lost or repeated. Worker 0 (the chief when there is no
-    ``chief`` task) writes ``ckpt_dir``; the others write a scratch directory (every worker must save: the
-    save is collective), as the TensorFlow multi-worker guide does. Each committed step is appended to
-    ``log_path``. ``crash_after``: SIGKILL this process right after committing that step (a test of the
+    ``chief`` task) writes ``ckpt_dir``; the others write a scratch directory (every worker calls save: saving
+    can be collective), as the TensorFlow multi-worker guide does. A step is committed once every worker has
+    saved it (a barrier), then appended to ``log_path`` by each (another barrier, so a crash right after
+    cannot cut another worker's log short). ``crash_after``: SIGKILL this process right after committing that step (a test of the
     fault tolerance, standing in for a preempted machine).
     """
     import signal
@@ -127,12 +129,18 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
     start = int(done.numpy())
     dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start))
     step = _train_step(strategy, model, optimizer, global_batch)
+    @tf.function
+    def barrier():  # a tiny all-reduce: returns on each worker only once every worker has reached it
+        return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
     for batch in dist:
         step(batch)
         done.assign_add(1)
         manager.save(checkpoint_number=int(done.numpy()))
+        barrier()  # every worker has saved: worker 0's checkpoint of this step is complete
         with open(log_path, "a") as f:
             f.write(f"{int(done.numpy())}\n")
+        barrier()  # every worker has logged it: the step is committed everywhere
         if crash_after is not None and int(done.numpy()) == crash_after:
             os.kill(os.getpid(), signal.SIGKILL)
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
@@ -250,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
             fit_under_strategy(strategy, args.steps)
         except Exception as err:  # noqa: BLE001 - one readable line: the error prints whole tensors
             text = re.sub(r"PerReplica:\{.*?\}\)", "PerReplica:{...})", str(err), flags=re.S)
+            frames = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}keras{os.sep}" in f.filename]
+            where = (f" (raised in keras/{frames[-1].filename.rsplit(os.sep + 'keras' + os.sep, 1)[1]}, "
+                     f"{frames[-1].name})" if frames else "")
             print(f"{task['type']} {task['index']}: model.fit failed: {type(err).__name__}: "
-                  f"{' '.join(text.split())[:300]}", flush=True)
+                  f"{' '.join(text.split())[:300]}{where}", flush=True)
             return 1
         print(f"{task['type']} {task['index']}: model.fit finished", flush=True)
         return 0

@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chief: Keras model.fit under ParameterServerStrategy: {result['fit']}", flush=True)
     result.update(train(strategy, args.steps))
     print(f"chief: custom loop, {args.steps} steps scheduled on the workers in {result['seconds']:.1f} s; loss "
-          f"{result['losses'][0]:.3f} → {result['losses'][-1]:.3f}; variables on {result['variable_devices']}",
-          flush=True)
+          f"{result['losses'][0]:.3f} (first step) → {result['losses'][-1]:.3f} (last step); variables on "
+          f"{result['variable_devices']}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "parameter_server.json"), "w") as f:
         json.dump(result, f)

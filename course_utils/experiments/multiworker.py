@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     os.makedirs(args.out, exist_ok=True)
     if args.fit:
+        import keras
+
+        keras.config.disable_traceback_filtering()  # keep Keras' own frames: the message names where it failed
         try:
             fit_under_strategy(strategy, args.steps)
         except Exception as err:  # noqa: BLE001 - one readable line: the error prints whole tensors

@@ -9,6 +9,10 @@ children, since each task runs in its own process group. Usable from a notebook 
 
     python -m course_utils cluster --workers 2 -- python my_training_script.py --steps 10
     python -m course_utils cluster --workers 2 --module course_utils.experiments.multiworker -- --steps 4
+    python -m course_utils cluster --chief --workers 2 --ps 1 --wait-for chief \
+        --module course_utils.experiments.parameter_server -- --steps 20 --out runs/ps
+
+In a notebook, :func:`launch` runs ``python -m MODULE`` on every task with TensorFlow's start-up chatter left out.
 
 Exit codes of the command: 0 all tasks succeeded, 1 a task failed or the cluster timed out, 2 usage.
 """

@@ -140,3 +140,29 @@ def test_tf_config_exercise_accepts_the_other_keys_tensorflow_reads_and_rejects_
     unknown = lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": i}, "tasks": []}  # noqa: E731
     result = ex.check(unknown)
     assert result.status == "incorrect" and "rpc_layer" in str(result)
+
+
+def test_every_worker_program_refuses_bad_arguments_and_a_wrong_cluster_in_one_line(tmp_path):
+    """No traceback, no hang: a chief-driven program started without its chief would otherwise serve forever."""
+    def run(module, *args, tf_config):
+        env = dict(os.environ, TF_CONFIG=tf_config)
+        return subprocess.run([sys.executable, "-m", f"course_utils.experiments.{module}", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    full = cluster.tf_config({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+                              "ps": ["127.0.0.1:4"]}, "chief", 0)
+    workers_only = cluster.tf_config({"worker": ["127.0.0.1:2", "127.0.0.1:3"]}, "worker", 0)
+    out = ["--out", str(tmp_path)]
+    cases = [
+        ("model_parallel", [*out, "--micro-batches", "0"], full, "must be at least 1"),
+        ("model_parallel", [*out, "--width", "wide"], full, "must be a whole number"),
+        ("model_parallel", out, workers_only, "needs at least 1 chief"),
+        ("model_parallel", out, "{not json", "not valid JSON"),
+        ("parameter_server", [*out, "--steps", "0"], full, "must be at least 1"),
+        ("parameter_server", out, workers_only, "--chief --workers 1 --ps 1"),
+        ("multiworker", [*out, "--per-worker-batch", "-1"], workers_only, "must be at least 1"),
+    ]
+    for module, args, tf_config, expected in cases:
+        result = run(module, *args, tf_config=tf_config)
+        assert result.returncode == 2, (module, args, result.stderr[-500:])
+        assert expected in result.stderr and "Traceback" not in result.stderr, (module, args, result.stderr[-500:])

@@ -26,9 +26,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
+
+from .multiworker import cluster_problem, positive_int, serve_until_stopped
 
 DEVICE = "/job:worker/replica:0/task:{}/device:CPU:0"
 
@@ -125,22 +126,12 @@ def _variables(arrays, device: str) -> list:
         return [tf.Variable(a) for a in arrays]
 
 
-def _time(fn, *args, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls, each waited for (``.numpy()`` on every output)."""
-    import tensorflow as tf
-
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), fn(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def measure(width: int, layers: int, batch: int, micro_batches: list[int], rounds: int = 3,
             repeats: int = 3) -> dict:
     """Run on the chief of a chief + 2 workers cluster (already connected): every variant, timed."""
     import tensorflow as tf
+
+    from ..timing import time_fn
 
     d0, d1 = DEVICE.format(0), DEVICE.format(1)
     arrays = init_weights(width, layers)
@@ -165,12 +156,15 @@ def measure(width: int, layers: int, batch: int, micro_batches: list[int], round
         max_diff[name] = max(float(tf.reduce_max(tf.abs(a - b))) for a, b in zip(grads, reference[1]))
     for step in stage_steps.values():
         step(x)
-    times = {name: [] for name in [*steps, *stage_steps]}
+    def fetched(fn, *args):  # every output to the host: the remote devices' work is done
+        return lambda: [t.numpy() for t in tf.nest.flatten(fn(*args))]
+
+    timed = {name: fetched(step, x, y) for name, step in steps.items()}
+    timed |= {name: fetched(step, x) for name, step in stage_steps.items()}
+    times = {name: [] for name in timed}
     for _ in range(rounds):  # interleaved: a drift of the machine hits every variant alike
-        for name, step in steps.items():
-            times[name].append(_time(step, x, y, repeats=repeats))
-        for name, step in stage_steps.items():
-            times[name].append(_time(step, x, repeats=repeats))
+        for name, fn in timed.items():
+            times[name].append(time_fn(fn, repeats=repeats, warmup=0).median_s)
     grad_scale = max(float(tf.reduce_max(tf.abs(g))) for g in reference[1])
     return {"width": width, "layers_per_stage": layers, "batch": batch, "micro_batches": micro_batches,
             "times_s": times, "max_grad_diff": max_diff, "grad_scale": grad_scale, "devices": placed,
@@ -181,15 +175,15 @@ def measure(width: int, layers: int, batch: int, micro_batches: list[int], round
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4, help="layers per stage")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--width", type=positive_int, default=512)
+    parser.add_argument("--layers", type=positive_int, default=4, help="layers per stage")
+    parser.add_argument("--batch", type=positive_int, default=256)
+    parser.add_argument("--micro-batches", type=positive_int, nargs="+", default=[2, 4])
+    parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args(argv)
-    if "TF_CONFIG" not in os.environ:
-        print("TF_CONFIG is not set: run this through `python -m course_utils cluster --chief --workers 2`",
-              file=sys.stderr)
+    problem = cluster_problem({"chief": 1, "worker": 2})
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     if any(args.batch % m for m in args.micro_batches):
@@ -197,8 +191,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if task["type"] == "worker":
         print(f"worker {task['index']}: {pin_to_one_core(task['index'])}; serving", flush=True)
-    from .multiworker import serve_until_stopped
-
     if serve_until_stopped(threads=1):  # workers serve here until the launcher stops them
         return 0
     import tensorflow as tf

@@ -28,6 +28,42 @@ GLOBAL_BATCH = 16
 FEATURES = 6
 
 
+def positive_int(text: str) -> int:
+    """argparse type of the worker programs: a whole number of at least 1 (else one line, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def cluster_problem(needs: dict[str, int]) -> str:
+    """Why this process's ``TF_CONFIG`` cannot run a program that needs ``needs`` tasks per type ("" if it can).
+
+    A chief-driven program started without its chief would leave its workers serving forever: say so at once."""
+    if "TF_CONFIG" not in os.environ:
+        return "TF_CONFIG is not set: run this through `python -m course_utils cluster`"
+    try:
+        cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
+    except (ValueError, KeyError, TypeError):
+        return "TF_CONFIG is not valid JSON with a 'cluster' entry"
+    missing = [f"{n} {kind}" for kind, n in needs.items() if len(cluster.get(kind, [])) < n]
+    if missing:
+        flags = " ".join(("--chief" if kind == "chief" else f"--{'workers' if kind == 'worker' else kind} {n}")
+                         for kind, n in needs.items())
+        return f"this program needs at least {', '.join(missing)} task(s): run it with `python -m course_utils cluster {flags}`"
+    return ""
+
+
+def load_result(path: str) -> tuple[list[np.ndarray], dict]:
+    """A worker's saved ``.npz``: its final weights (in order) and the other arrays it wrote (losses, ...)."""
+    with np.load(path) as f:
+        weights = [f[k] for k in sorted((k for k in f.files if k.startswith("arr_")), key=lambda k: int(k[4:]))]
+        return weights, {k: f[k] for k in f.files if not k.startswith("arr_")}
+
+
 def toy_data(n: int = 256, seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, FEATURES)).astype("float32")
@@ -229,24 +265,19 @@ def single_process_weights(steps: int, global_batch: int = GLOBAL_BATCH) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    def positive(text: str) -> int:
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-        return value
-
-    parser.add_argument("--steps", type=positive, default=4)
+    parser.add_argument("--steps", type=positive_int, default=4)
     parser.add_argument("--out", required=True)
     parser.add_argument("--ckpt", help="checkpoint after every step here and resume from it")
     parser.add_argument("--crash-worker", type=int, help="this worker SIGKILLs itself (with --crash-after)")
-    parser.add_argument("--crash-after", type=positive, help="... right after committing this step")
+    parser.add_argument("--crash-after", type=positive_int, help="... right after committing this step")
     parser.add_argument("--fit", action="store_true", help="train with Keras model.fit instead of the custom loop")
-    parser.add_argument("--time", type=positive, metavar="STEPS",
+    parser.add_argument("--time", type=positive_int, metavar="STEPS",
                         help="after training, time this many steps and all-reduces per round (3 rounds)")
-    parser.add_argument("--per-worker-batch", type=positive, default=64, help="with --time")
+    parser.add_argument("--per-worker-batch", type=positive_int, default=64, help="with --time")
     args = parser.parse_args(argv)
-    if "TF_CONFIG" not in os.environ:
-        print("TF_CONFIG is not set: run this through `python -m course_utils cluster`", file=sys.stderr)
+    problem = cluster_problem({"worker": 1})
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     import tensorflow as tf
 

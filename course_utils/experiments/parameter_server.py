@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from .multiworker import GLOBAL_BATCH, _dataset, serve_until_stopped, toy_model
+from .multiworker import GLOBAL_BATCH, _dataset, cluster_problem, positive_int, serve_until_stopped, toy_model
 
 
 def try_fit(strategy, steps: int) -> str:
@@ -79,15 +79,12 @@ def train(strategy, steps: int, batch: int = GLOBAL_BATCH, lr: float = 0.1) -> d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=positive_int, default=20)
     parser.add_argument("--no-fit", action="store_true", help="skip the model.fit attempt")
     args = parser.parse_args(argv)
-    if "TF_CONFIG" not in os.environ:
-        print("TF_CONFIG is not set: run this through `python -m course_utils cluster --chief --workers 2 --ps 1`",
-              file=sys.stderr)
-        return 2
-    if args.steps < 1:
-        print(f"--steps must be at least 1, got {args.steps}", file=sys.stderr)
+    problem = cluster_problem({"chief": 1, "worker": 1, "ps": 1})
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     if serve_until_stopped():  # workers and parameter servers serve here until the launcher stops them
         return 0

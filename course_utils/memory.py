@@ -26,6 +26,7 @@ Two hardware helpers for choosing and interpreting mixed precision:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -36,6 +37,7 @@ import time
 from typing import Any, Callable, Mapping
 
 __all__ = [
+    "IsolatedMeasurements",
     "MemoryEstimate",
     "PeakMemory",
     "VariableBytes",
@@ -43,9 +45,11 @@ __all__ = [
     "detect_gpu_compute_capability",
     "estimate_training_memory",
     "format_bytes",
+    "measure_isolated",
     "measure_peak",
     "measure_peak_isolated",
     "measure_peaks_isolated",
+    "stop_measuring_process",
     "optimizer_slots_per_variable",
     "recommended_policy",
     "variable_bytes",
@@ -517,13 +521,16 @@ def _reserve_block(mib: int, device: str = "CPU:0") -> None:
         del block
 
 
-def _isolated_child(module: str, name: str, kwargs: dict, repeats: int, reserve_mib: int, device: str) -> dict:
-    """Runs in the fresh process: reserve, build the step, warm it up, measure it ``repeats`` times."""
+def _build_and_measure(module: str, name: str, kwargs: dict, repeats: int, reserve_mib: int,
+                       device: str) -> tuple[dict, dict]:
+    """In the fresh process: reserve, build the step(s), warm each up, measure each ``repeats`` times.
+
+    Returns ``({key: {"samples", "method", "device"}}, {key: step})``."""
     import importlib
 
     _reserve_block(reserve_mib, device)
     built = getattr(importlib.import_module(module), name)(**kwargs)
-    steps = built if isinstance(built, Mapping) else {"": built}
+    steps = {str(k): v for k, v in (built if isinstance(built, Mapping) else {"": built}).items()}
     out = {}
     for key, step in steps.items():
         _block_all(step())  # warm-up: tracing and compiling are not part of the step's peak
@@ -532,8 +539,8 @@ def _isolated_child(module: str, name: str, kwargs: dict, repeats: int, reserve_
             peak = measure_peak(step, device=device)
             peak.result = None  # do not keep one repeat's output alive during the next
             samples.append(peak.peak_bytes)
-        out[str(key)] = {"samples": samples, "method": peak.method, "device": peak.device}
-    return out
+        out[key] = {"samples": samples, "method": peak.method, "device": peak.device}
+    return out, steps
 
 
 def _median_peak(samples: list, method: str, device: str) -> PeakMemory:
@@ -542,29 +549,299 @@ def _median_peak(samples: list, method: str, device: str) -> PeakMemory:
     return PeakMemory(int(statistics.median(samples)), method, device, None, list(samples))
 
 
-def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],
-                           repeats: int = 3, reserve_mib: int = RESERVE_MIB, parallel: int = 4,
-                           fresh_process: bool | None = None, timeout: float = 300) -> dict[str, PeakMemory]:
-    """Peak memory of one step per variant, each measured in its own fresh Python process.
+def _error_line(label: Any) -> str:
+    """``{"label", "error"}`` with the last lines of the exception being handled."""
+    import traceback
+
+    tail = "\n".join(traceback.format_exc().strip().splitlines()[-5:])
+    return json.dumps({"label": label, "error": tail[-4000:]})
+
+
+def _interleaved_ratios(seconds_of: Callable[[str, str], float], labels: list, keys: list, base: str,
+                        rounds: int) -> tuple[dict[str, list], dict[str, list]]:
+    """Rounds of (baseline, variant) timings, adjacent in time: ``{label + key: [variant ÷ baseline per round]}``
+    and ``{key: [the baseline's seconds, every time]}``. ``seconds_of(label, key)`` times one step."""
+    ratios: dict[str, list] = {label + key: [] for key in keys for label in labels}
+    base_seconds: dict[str, list] = {key: [] for key in keys}
+    for _ in range(rounds):
+        for key in keys:
+            for label in labels:
+                t_base = seconds_of(base, key)
+                ratios[label + key].append(seconds_of(label, key) / t_base)
+                base_seconds[key].append(t_base)
+    return ratios, base_seconds
+
+
+def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib: int, device: str,
+                  parallel: int, fork: bool, timing: dict | None = None) -> None:
+    """The child program of :func:`measure_isolated`: prints one JSON line per job (and one for the timings).
+
+    Without ``fork``: the one job runs in this process. With ``fork`` (Linux): this process imports
+    TensorFlow and the step's module once, runs no TensorFlow op, and forks one child per job (up to
+    ``parallel`` building at a time). A forked child is a fresh process in every way that matters here:
+    its allocator is new (the parent never made one) and nothing ran before its step; it only skips the
+    seconds that ``import tensorflow`` takes. With ``timing`` (``{"rounds", "repeats", "base", "labels"}``)
+    the children stay alive after measuring and time their steps one process at a time, in interleaved
+    rounds (the others wait, idle), so each step is traced and compiled once for both measurements.
+    """
+    import importlib
+
+    from .timing import time_fn
+
+    if not fork:
+        (label, kwargs), = jobs
+        try:
+            print("\n" + json.dumps({"label": label, "result": _build_and_measure(
+                module, name, kwargs, repeats, reserve_mib, device)[0]}), flush=True)
+        except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+            print("\n" + _error_line(label), flush=True)
+        return
+    import tensorflow  # noqa: F401 - what every child would import: once, here
+    from tensorflow.python.eager import context
+
+    importlib.import_module(module)
+    if getattr(context.context(), "_initialized", False):  # a module ran an op at import: threads exist now
+        raise RuntimeError(f"importing {module} ran a TensorFlow op; its children could not start clean")
+
+    children: dict[str, tuple[int, Any, Any]] = {}  # label -> (pid, command pipe, reply pipe)
+
+    def start(label: str, kwargs: dict) -> None:
+        cmd_r, cmd_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            os.close(cmd_w)
+            os.close(reply_r)
+            for _, cmd, reply in children.values():  # the other children's pipes are not this one's
+                cmd.close()
+                reply.close()
+            reply = os.fdopen(reply_w, "w")
+            try:
+                out, steps = _build_and_measure(module, name, kwargs, repeats, reserve_mib, device)
+                reply.write(json.dumps({"label": label, "result": out}) + "\n")
+                reply.flush()
+                if timing:
+                    for command in os.fdopen(cmd_r):  # "key": time that step; end of file: done
+                        t = time_fn(steps[command.rstrip("\n")], repeats=timing["repeats"], warmup=1).median_s
+                        reply.write(json.dumps(t) + "\n")
+                        reply.flush()
+            except BaseException:  # noqa: BLE001
+                reply.write(_error_line(label) + "\n")
+                reply.flush()
+            os._exit(0)  # skip TensorFlow's teardown (seconds)
+        os.close(cmd_r)
+        os.close(reply_w)
+        children[label] = (pid, os.fdopen(cmd_w, "w"), os.fdopen(reply_r))
+
+    def answer(label: str) -> Any:
+        line = children[label][2].readline()
+        if not line:  # killed (e.g. out of memory) before it could answer
+            raise RuntimeError(f"the process measuring {label!r} ended without a result")
+        reply = json.loads(line)
+        if isinstance(reply, dict) and "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def finish(label: str) -> None:
+        pid, cmd, reply = children.pop(label)
+        cmd.close()  # end of file: the child exits
+        reply.close()
+        os.waitpid(pid, 0)
+
+    current = None
+    keys_of: dict[str, list] = {}  # label -> the keys of its steps
+    try:
+        building: list[str] = []
+        pending = list(jobs)
+        while pending or building:
+            while pending and len(building) < max(1, int(parallel)):
+                label, kwargs = pending.pop(0)
+                start(label, kwargs)
+                building.append(label)
+            current = building.pop(0)
+            reply = answer(current)
+            keys_of[current] = list(reply["result"])
+            print("\n" + json.dumps(reply), flush=True)
+            if not timing:
+                finish(current)
+        if timing:
+            def seconds_of(label: str, key: str) -> float:
+                nonlocal current
+                current = label
+                children[label][1].write(key + "\n")
+                children[label][1].flush()
+                return float(answer(label))
+
+            keys = keys_of[timing["base"]]
+            ratios, base_seconds = _interleaved_ratios(seconds_of, timing["labels"], keys, timing["base"],
+                                                       timing["rounds"])
+            print("\n" + json.dumps({"timing": {"ratios": ratios, "base_seconds": base_seconds}}), flush=True)
+    except Exception as e:  # noqa: BLE001
+        print("\n" + json.dumps({"label": current, "error": str(e)}), flush=True)
+    finally:
+        for label in list(children):
+            finish(label)
+
+
+_DONE = '{"done": true}'
+_LAST = '{"done": true, "exiting": true}'  # the forking process exits after this answer
+
+
+def _serve() -> None:
+    """The forking process (Linux): import TensorFlow once, then run each request read from stdin with
+    :func:`_measure_jobs` (``fork=True``) and end its answer with a ``{"done": true}`` line. It never runs a
+    TensorFlow op itself, so every child it forks starts clean; it exits when its stdin closes."""
+    import tensorflow  # noqa: F401 - once, for every child
+    from tensorflow.python.eager import context
+
+    for line in sys.stdin:
+        try:
+            _measure_jobs(*json.loads(line))
+        except BaseException:  # noqa: BLE001 - answered, then the next request
+            print("\n" + _error_line(None), flush=True)
+        if getattr(context.context(), "_initialized", False):  # a module ran an op at import: not clean any more
+            print("\n" + _LAST, flush=True)
+            break
+        print("\n" + _DONE, flush=True)
+
+
+class _Forker:
+    """This process's handle on its forking process (started on first use, kept for the next measurements)."""
+
+    def __init__(self, env: dict):
+        import tempfile
+
+        self.env = env
+        self.stderr = tempfile.TemporaryFile()
+        code = ("from course_utils import memory\n"
+                "memory._serve()\n"
+                "import os; os._exit(0)  # skip TensorFlow's teardown\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
+        self.buffer = b""
+        self.exiting = False
+
+    def alive(self, env: dict) -> bool:
+        return not self.exiting and self.proc.poll() is None and env == self.env
+
+    def request(self, args: list, deadline: float) -> list[str]:
+        """Send one request; the lines of its answer. TimeoutError / EOFError when it hangs / dies."""
+        import select
+
+        try:
+            self.proc.stdin.write((json.dumps(args) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise EOFError from None
+        fd = self.proc.stdout.fileno()
+        lines = []
+        while True:
+            while b"\n" not in self.buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    raise TimeoutError
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise EOFError
+                self.buffer += chunk
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            text = line.decode()
+            if text in (_DONE, _LAST):
+                self.exiting = text == _LAST
+                return lines
+            lines.append(text)
+
+    def stderr_tail(self, n: int = 5) -> str:
+        self.stderr.seek(0, os.SEEK_END)
+        self.stderr.seek(max(0, self.stderr.tell() - 8192))
+        return "\n".join(self.stderr.read().decode(errors="replace").strip().splitlines()[-n:])
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # it and whatever it forked
+        except OSError:
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
+            f.close()
+
+
+_forker: _Forker | None = None
+_forker_lock = threading.Lock()
+atexit.register(lambda: _forker is not None and _forker.stop())
+
+
+def _stop_forker() -> None:
+    global _forker
+    if _forker is not None:
+        _forker.stop()
+        _forker = None
+
+
+def stop_measuring_process() -> bool:
+    """Stop the process :func:`measure_isolated` keeps for forking (it holds TensorFlow's libraries in memory,
+    a few hundred MiB). It also stops when this process exits. True if one was running."""
+    with _forker_lock:
+        running = _forker is not None
+        _stop_forker()
+    return running
+
+
+@dataclasses.dataclass
+class IsolatedMeasurements:
+    """What :func:`measure_isolated` measured.
+
+    ``peaks``: ``{label (+ key): PeakMemory}``. ``time_ratios``: ``{label (+ key): Samples}`` — the step's
+    time ÷ the baseline's (same key), one value per round; empty when timing was not asked for.
+    ``baseline_seconds``: ``{key: [seconds of every baseline timing]}``. ``timed``: where the steps were timed."""
+
+    peaks: dict
+    time_ratios: dict
+    baseline_seconds: dict
+    timed: str = ""
+
+
+def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],
+                     repeats: int = 3, reserve_mib: int = RESERVE_MIB, parallel: int = 4,
+                     fresh_process: bool | None = None, timeout: float = 300, fork: bool | None = None,
+                     time_rounds: int = 0, time_repeats: int = 3, time_baseline: str | None = None,
+                     time_labels: list | None = None) -> IsolatedMeasurements:
+    """Peak memory (and, if asked, step time) of one step per variant, each in its own fresh Python process.
 
     ``make_step``: a module-level function; ``make_step(**variants[label])`` builds whatever the step
     needs (a model under a policy, its inputs) and returns a zero-argument callable — the step, e.g. a
     ``tf.function`` — that returns tensors. Each process reserves ``reserve_mib`` MiB in TensorFlow's
     allocator and frees it (see above), builds the step, calls it once (tracing/compiling excluded),
-    then measures it ``repeats`` times with :func:`measure_peak`. Up to ``parallel`` processes run at
-    once (each starts TensorFlow: a few seconds). Returns ``{label: PeakMemory}`` with
-    ``peak_bytes`` = the median and ``samples`` = every repeat.
-
-    ``fresh_process``: ``None`` (default) = a fresh process when this process computes on the CPU; on
-    a TPU or GPU (which belongs to this process) the steps are measured here, one after another, and
-    the method says so. ``kwargs`` values must be JSON-able.
+    then measures it ``repeats`` times with :func:`measure_peak`; ``peak_bytes`` is the median and
+    ``samples`` every repeat. Up to ``parallel`` processes build and measure at once.
 
     ``make_step`` may instead return a dict ``{key: step}`` of steps that share what it built (e.g. one
     model's step compiled without and with XLA): each is warmed up and measured in turn in the same
     process, labelled ``label + key``. Only the step differs, so the second sees the same weights and
     allocator as the first (measured: the same peaks as in separate processes within 0.2%, in either order).
+
+    ``time_rounds`` > 0: also each step's time ÷ the ``time_baseline`` variant's step time (same key),
+    for ``time_labels`` (default: every other variant), in ``time_rounds`` interleaved rounds — in each,
+    the baseline is timed right before every step (``time_repeats`` calls after one warm-up; median).
+    With ``fork``, the processes that measured the peaks time their own steps, one process at a time
+    while the others wait; otherwise the steps are built again and timed in this process.
+
+    ``fork``: ``None`` (default) = on Linux, one process imports TensorFlow once and forks the fresh
+    processes from itself before running anything (each then starts in well under a second instead of
+    the seconds ``import tensorflow`` takes; measured: the same peaks as processes started from
+    scratch); elsewhere, each process starts from scratch. ``timeout``: seconds per variant.
+
+    ``fresh_process``: ``None`` (default) = a fresh process when this process computes on the CPU; on
+    a TPU or GPU (which belongs to this process) the steps are measured here, one after another, and
+    the method says so. ``kwargs`` values must be JSON-able; ``make_step``'s module must not run
+    TensorFlow ops when it is imported.
     """
     import importlib
+
+    from .report import Samples
+    from .timing import time_fn
 
     if not callable(make_step) or "<" in getattr(make_step, "__qualname__", "<"):
         raise TypeError(f"make_step must be a module-level function, got {make_step!r}")
@@ -574,13 +851,46 @@ def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants
     if int(repeats) < 1:
         raise ValueError("repeats must be at least 1")
     variants = {str(k): dict(v) for k, v in variants.items()}
+    timing = None
+    if int(time_rounds) > 0:
+        if time_baseline not in variants:
+            raise ValueError(f"time_baseline must be one of the variants {list(variants)}, got {time_baseline!r}")
+        labels = [str(x) for x in (time_labels if time_labels is not None else variants) if str(x) != time_baseline]
+        unknown = [x for x in labels if x not in variants]
+        if unknown:
+            raise ValueError(f"time_labels names no variant: {unknown}")
+        if int(time_repeats) < 1:
+            raise ValueError("time_repeats must be at least 1")
+        timing = {"rounds": int(time_rounds), "repeats": int(time_repeats), "base": time_baseline, "labels": labels}
     device = default_device()
     if fresh_process is None:
         fresh_process = device == "CPU:0"
+    if fork is None:
+        fork = sys.platform.startswith("linux") and hasattr(os, "fork")
+
+    def time_here(peaks: dict, built: dict | None = None) -> IsolatedMeasurements:
+        if timing is None:
+            return IsolatedMeasurements(peaks, {}, {})
+        if built is None:
+            built = {label: make_step(**variants[label]) for label in [timing["base"], *timing["labels"]]}
+        steps = {label: {str(k): v for k, v in (b if isinstance(b, Mapping) else {"": b}).items()}
+                 for label, b in built.items()}
+        keys = list(steps[timing["base"]])
+        for label_steps in steps.values():
+            for step in label_steps.values():
+                _block_all(step())  # tracing and compiling are not part of a step's time
+        ratios, base_seconds = _interleaved_ratios(
+            lambda label, key: time_fn(steps[label][key], repeats=timing["repeats"], warmup=1).median_s,
+            timing["labels"], keys, timing["base"], timing["rounds"])
+        return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in ratios.items()}, base_seconds,
+                                    "in this process, steps built again")
+
     if not fresh_process:
-        out = {}
+        out, kept = {}, {}
         for label, kwargs in variants.items():
             built = make_step(**kwargs)
+            if timing is not None and (label == timing["base"] or label in timing["labels"]):
+                kept[label] = built
             for key, step in (built if isinstance(built, Mapping) else {"": built}).items():
                 _block_all(step())
                 samples = []
@@ -590,55 +900,122 @@ def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants
                     samples.append(peak.peak_bytes)
                 out[label + str(key)] = _median_peak(samples, peak.method + ", in this process (after what ran "
                                                      "before it: the figure can depend on that)", peak.device)
-        return out
+        result = time_here(out, kept)
+        result.timed = result.timed and "in this process"
+        return result
 
+    parallel = max(1, int(parallel))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p and os.path.isdir(p))
-    code = (
-        "import json, sys\n"
-        "from course_utils import memory\n"
-        "print('\\n' + json.dumps(memory._isolated_child(*json.loads(sys.argv[1]))), flush=True)\n"
-        "import os; os._exit(0)  # skip TensorFlow's teardown (seconds): the result is out\n"
-    )
-    pending = list(variants.items())
-    running: list[tuple[str, subprocess.Popen]] = []
     results: dict[str, dict] = {}
+    timed: dict = {}
 
-    def finish(label: str, proc: subprocess.Popen) -> None:
+    def read(lines: list[str], labels: list[str], stderr_tail: Callable[[], str], code: Any) -> None:
+        for line in lines:
+            if line.startswith("{"):
+                reply = json.loads(line)
+                if "error" in reply:
+                    which = reply["label"] if reply["label"] is not None else ", ".join(labels)
+                    raise RuntimeError(f"measuring {which!r} in a fresh process failed:\n{reply['error']}")
+                if "timing" in reply:
+                    timed.update(reply["timing"])
+                else:
+                    results[reply["label"]] = reply["result"]
+        missing = [label for label in labels if label not in results]
+        if missing:
+            raise RuntimeError(f"measuring {missing[0]!r} in a fresh process failed (exit {code}):\n{stderr_tail()}")
+
+    def too_long(labels: list[str]) -> RuntimeError:
+        which = labels[0] if len(labels) == 1 else ", ".join(labels)
+        return RuntimeError(f"measuring {which!r} in a fresh process took longer than {timeout} s per variant")
+
+    labels = list(variants)
+    if fork:
+        global _forker
+        waves = -(-len(labels) // parallel) + (1 if timing else 0)
+        args = [module, name, list(variants.items()), int(repeats), int(reserve_mib), "CPU:0", parallel, True, timing]
+        with _forker_lock:
+            if _forker is not None and not _forker.alive(env):
+                _stop_forker()
+            if _forker is None:
+                _forker = _Forker(env)
+            try:
+                lines = _forker.request(args, time.monotonic() + timeout * waves)
+            except TimeoutError:
+                _stop_forker()
+                raise too_long(labels) from None
+            except EOFError:
+                tail, code = _forker.stderr_tail(), _forker.proc.poll()
+                _stop_forker()
+                raise RuntimeError(f"the measuring process ended (exit {code}):\n{tail}") from None
+            except BaseException:  # e.g. KeyboardInterrupt: its answer would be out of step with the next request
+                _stop_forker()
+                raise
+            read(lines, labels, _forker.stderr_tail, "see above")
+        where = "forked from a process that only imported TensorFlow"
+    else:
+        code = (
+            "import json, sys\n"
+            "from course_utils import memory\n"
+            "memory._measure_jobs(*json.loads(sys.argv[1]))\n"
+            "import os; os._exit(0)  # skip TensorFlow's teardown (seconds): the results are out\n"
+        )
+        pending = list(variants.items())
+        running: list[tuple[str, subprocess.Popen, float]] = []
+
+        def stop(proc: subprocess.Popen) -> None:
+            proc.kill()
+            proc.communicate()
+
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise RuntimeError(f"measuring {label!r} in a fresh process took longer than {timeout} s") from None
-        if proc.returncode != 0:
-            tail = "\n".join(stderr.strip().splitlines()[-5:])
-            raise RuntimeError(f"measuring {label!r} in a fresh process failed:\n{tail}")
-        results[label] = json.loads(stdout.strip().splitlines()[-1])
+            while pending or running:
+                while pending and len(running) < parallel:
+                    label, kwargs = pending.pop(0)
+                    args = json.dumps([module, name, [[label, kwargs]], int(repeats), int(reserve_mib), "CPU:0", 1,
+                                       False, None])
+                    running.append((label, subprocess.Popen([sys.executable, "-c", code, args], env=env, text=True,
+                                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+                                    time.monotonic() + timeout))
+                label, proc, deadline = running.pop(0)
+                try:
+                    stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    stop(proc)
+                    raise too_long([label]) from None
+                read(stdout.splitlines(), [label], lambda: "\n".join(stderr.strip().splitlines()[-5:]),
+                     proc.returncode)
+        finally:
+            for _, proc, _ in running:  # after an error: stop the processes still running
+                stop(proc)
+        where = "started from scratch"
+    reserved = f", {reserve_mib} MiB reserved first" if reserve_mib > 0 else ""
+    peaks = {label + key: _median_peak(r["samples"], f"{r['method']}, in a fresh process ({where}{reserved})",
+                                       r["device"])
+             for label in variants for key, r in results[label].items()}
+    if timing is None:
+        return IsolatedMeasurements(peaks, {}, {})
+    if not fork:
+        return time_here(peaks)
+    return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in timed["ratios"].items()}, timed["base_seconds"],
+                                "in the measuring processes, one at a time")
 
-    try:
-        while pending or running:
-            while pending and len(running) < max(1, int(parallel)):
-                label, kwargs = pending.pop(0)
-                args = json.dumps([module, name, kwargs, int(repeats), int(reserve_mib), "CPU:0"])
-                running.append((label, subprocess.Popen([sys.executable, "-c", code, args], env=env, text=True,
-                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
-            finish(*running.pop(0))
-    finally:
-        for _, proc in running:  # after an error: stop the processes still running
-            proc.kill()
-            proc.communicate()
-    where = f"in a fresh process ({reserve_mib} MiB reserved first)" if reserve_mib > 0 else "in a fresh process"
-    return {label + key: _median_peak(r["samples"], f"{r['method']}, {where}", r["device"])
-            for label in variants for key, r in results[label].items()}
+
+def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],
+                           repeats: int = 3, reserve_mib: int = RESERVE_MIB, parallel: int = 4,
+                           fresh_process: bool | None = None, timeout: float = 300,
+                           fork: bool | None = None) -> dict[str, PeakMemory]:
+    """Peak memory of one step per variant, each measured in its own fresh Python process:
+    :func:`measure_isolated` without timing — ``{label (+ key): PeakMemory}``."""
+    return measure_isolated(make_step, variants, repeats=repeats, reserve_mib=reserve_mib, parallel=parallel,
+                            fresh_process=fresh_process, timeout=timeout, fork=fork).peaks
 
 
 def measure_peak_isolated(make_step: Callable[..., Callable[[], Any]], repeats: int = 3,
                           reserve_mib: int = RESERVE_MIB, fresh_process: bool | None = None,
-                          timeout: float = 300, **kwargs: Any) -> PeakMemory:
+                          timeout: float = 300, fork: bool | None = None, **kwargs: Any) -> PeakMemory:
     """:func:`measure_peaks_isolated` for one step: ``make_step(**kwargs)`` measured in a fresh process."""
     return measure_peaks_isolated(make_step, {"step": kwargs}, repeats=repeats, reserve_mib=reserve_mib,
-                                  fresh_process=fresh_process, timeout=timeout)["step"]
+                                  fresh_process=fresh_process, timeout=timeout, fork=fork)["step"]
 
 
 # ----------------------------------------------------------------------------------------------

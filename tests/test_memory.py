@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from course_utils import memory
@@ -326,3 +328,77 @@ def test_isolated_in_this_process_and_errors():
         memory.measure_peaks_isolated(lambda mib: None, {"a": {"mib": 1}})
     with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
         memory.measure_peak_isolated(failing_step, repeats=1, fresh_process=True, mib=3)
+
+
+def hanging_step(seconds: float):
+    time.sleep(seconds)  # builds nothing for this long: the caller's timeout must stop it
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "from scratch"])
+def test_isolated_peaks_and_time_ratios_forked_or_not(fork):
+    """Both ways give the step's own peak; the 100 MiB step takes longer than the 40 MiB one it is timed against."""
+    got = memory.measure_isolated(allocating_step, {"40 MiB": {"mib": 40}, "100 MiB": {"mib": 100}}, repeats=1,
+                                  fork=fork, fresh_process=True, time_rounds=2, time_repeats=3, time_baseline="40 MiB")
+    assert ("forked" in got.peaks["40 MiB"].method) == fork
+    if got.peaks["40 MiB"].method.startswith(memory.MEMORY_INFO):
+        for label, mib in (("40 MiB", 40), ("100 MiB", 100)):
+            assert mib * MIB <= got.peaks[label].peak_bytes <= (mib + 1) * MIB, (label, got.peaks[label].samples)
+    assert list(got.time_ratios) == ["100 MiB"] and len(got.time_ratios["100 MiB"].values) == 2
+    assert got.time_ratios["100 MiB"].median > 1.5, got.time_ratios  # 2.5× the random numbers to draw and sum
+    assert len(got.baseline_seconds[""]) == 2 and all(t > 0 for t in got.baseline_seconds[""])
+    assert got.timed == ("in the measuring processes, one at a time" if fork else "in this process, steps built again")
+
+
+def test_forking_process_is_reused_survives_a_failing_step_and_stops():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("forking is used on Linux only")
+    memory.measure_peaks_isolated(allocating_step, {"a": {"mib": 4}}, repeats=1, fresh_process=True)
+    pid = memory._forker.proc.pid
+    with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
+        memory.measure_peak_isolated(failing_step, repeats=1, fresh_process=True, mib=3)
+    memory.measure_peaks_isolated(allocating_step, {"a": {"mib": 4}}, repeats=1, fresh_process=True)
+    assert memory._forker.proc.pid == pid  # one TensorFlow import served all three
+    assert memory.stop_measuring_process() and not psutil.pid_exists(pid) or _is_zombie(pid)
+    assert not memory.stop_measuring_process()
+
+
+def _is_zombie(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "from scratch"])
+def test_isolated_timeout_stops_every_process(fork):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="took longer than 4 s"):
+        memory.measure_peak_isolated(hanging_step, repeats=1, fresh_process=True, timeout=4, fork=fork, seconds=120)
+    assert time.monotonic() - t0 < 60
+    time.sleep(0.5)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _is_zombie(p.pid)]
+    assert not left, left
+    assert memory._forker is None
+
+
+def test_isolated_bad_timing_arguments():
+    with pytest.raises(ValueError, match="time_baseline must be one of"):
+        memory.measure_isolated(allocating_step, {"a": {"mib": 1}}, time_rounds=1, time_baseline="b")
+    with pytest.raises(ValueError, match="names no variant"):
+        memory.measure_isolated(allocating_step, {"a": {"mib": 1}}, time_rounds=1, time_baseline="a", time_labels=["c"])
+
+
+def test_a_module_that_runs_an_op_at_import_is_refused(tmp_path, monkeypatch):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("forking is used on Linux only")
+    (tmp_path / "eager_at_import.py").write_text(
+        "import tensorflow as tf\nONE = tf.constant(1.0)  # an op at import time\n\n"
+        "def make_step(mib):\n    return tf.function(lambda: ONE * mib)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import eager_at_import
+
+    with pytest.raises(RuntimeError, match="ran a TensorFlow op"):
+        memory.measure_peak_isolated(eager_at_import.make_step, repeats=1, fresh_process=True, mib=1)
+    # the forking process went away rather than fork from a TensorFlow that has threads; the next call starts one
+    assert memory.measure_peak_isolated(allocating_step, repeats=1, fresh_process=True, mib=4).peak_bytes > 0

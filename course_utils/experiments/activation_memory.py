@@ -217,31 +217,6 @@ def gradient_differences(variants: dict[str, dict], batch: int = 16, seed: int =
     return out
 
 
-def step_time_ratios(variants: dict[str, dict], batch: int, rounds: int = 3, repeats: int = 3, jit: bool = False,
-                     seed: int = 0, **net_kwargs):
-    """Each variant's training-step time ÷ the plain block net's, interleaved rounds.
-
-    Returns ``({label: report.Samples of ratios}, baseline Timing of the last round)``. A ratio > 1 is the
-    time the technique adds (recomputation, packing codes).
-    """
-    from ..report import Samples
-    from ..timing import time_fn
-
-    base = make_block_net_step(batch=batch, jit=jit, seed=seed, **net_kwargs)
-    steps = {label: make_block_net_step(batch=batch, jit=jit, seed=seed, **net_kwargs, **switches)
-             for label, switches in variants.items()}
-    with _quiet_retracing():
-        for s in [base, *steps.values()]:  # tracing / compiling is not part of a step's time
-            s()
-    ratios: dict[str, list[float]] = {label: [] for label in steps}
-    last = None
-    for _ in range(rounds):
-        for label, s in steps.items():
-            last = time_fn(base, repeats=repeats, warmup=0)
-            ratios[label].append(time_fn(s, repeats=repeats, warmup=0).median_s / last.median_s)
-    return {label: Samples(v) for label, v in ratios.items()}, last
-
-
 def largest_batch(peak_small: float, peak_large: float, batch_small: int, batch_large: int,
                   budget_bytes: float) -> tuple[int, float, float]:
     """The largest batch whose peak fits ``budget_bytes``, from peaks measured at two batch sizes.

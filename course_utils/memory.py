@@ -14,7 +14,10 @@ Three helpers, each saying exactly what it counts (COURSE_DESIGN §6):
   result always names the method used.
 - :func:`measure_peak_isolated` / :func:`measure_peaks_isolated` — the same, for a step built in a
   **fresh process**, so that nothing this process ran before changes the figure (on a CPU; on a
-  TPU/GPU, which belongs to this process, they measure here and say so).
+  TPU/GPU, which belongs to this process, they measure here and say so). On Linux the fresh processes
+  are forked from one helper process that has only imported TensorFlow (kept for the next call;
+  :func:`stop_measuring_process` ends it). :func:`measure_isolated` also times the steps against a
+  baseline in those same processes, so each step is compiled once for both figures.
 
 Two hardware helpers for choosing and interpreting mixed precision:
 

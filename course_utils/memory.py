@@ -854,6 +854,10 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
     if int(repeats) < 1:
         raise ValueError("repeats must be at least 1")
     variants = {str(k): dict(v) for k, v in variants.items()}
+    try:
+        json.dumps(variants)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"the variants' arguments must be JSON-able (numbers, strings, lists, dicts): {e}") from None
     timing = None
     if int(time_rounds) > 0:
         if time_baseline not in variants:
@@ -871,41 +875,34 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
     if fork is None:
         fork = sys.platform.startswith("linux") and hasattr(os, "fork")
 
-    def time_here(peaks: dict, built: dict | None = None) -> IsolatedMeasurements:
+    def time_here(peaks: dict) -> IsolatedMeasurements:
+        """Build the timed steps again in this process (after the peaks: no model stays alive while a peak is
+        measured) and time them in interleaved rounds."""
         if timing is None:
             return IsolatedMeasurements(peaks, {}, {})
-        if built is None:
-            built = {label: make_step(**variants[label]) for label in [timing["base"], *timing["labels"]]}
-        steps = {label: {str(k): v for k, v in (b if isinstance(b, Mapping) else {"": b}).items()}
-                 for label, b in built.items()}
-        keys = list(steps[timing["base"]])
-        for label_steps in steps.values():
-            for step in label_steps.values():
+        steps = {}
+        for label in [timing["base"], *timing["labels"]]:
+            built = make_step(**variants[label])
+            steps[label] = {str(k): v for k, v in (built if isinstance(built, Mapping) else {"": built}).items()}
+            for step in steps[label].values():
                 _block_all(step())  # tracing and compiling are not part of a step's time
         ratios, base_seconds = _interleaved_ratios(
             lambda label, key: time_fn(steps[label][key], repeats=timing["repeats"], warmup=1).median_s,
-            timing["labels"], keys, timing["base"], timing["rounds"])
+            timing["labels"], list(steps[timing["base"]]), timing["base"], timing["rounds"])
         return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in ratios.items()}, base_seconds,
                                     "in this process, steps built again")
 
     if not fresh_process:
-        out, kept = {}, {}
+        import gc
+
+        out = {}
         for label, kwargs in variants.items():
-            built = make_step(**kwargs)
-            if timing is not None and (label == timing["base"] or label in timing["labels"]):
-                kept[label] = built
-            for key, step in (built if isinstance(built, Mapping) else {"": built}).items():
-                _block_all(step())
-                samples = []
-                for _ in range(int(repeats)):
-                    peak = measure_peak(step, device=device)
-                    peak.result = None
-                    samples.append(peak.peak_bytes)
-                out[label + str(key)] = _median_peak(samples, peak.method + ", in this process (after what ran "
-                                                     "before it: the figure can depend on that)", peak.device)
-        result = time_here(out, kept)
-        result.timed = result.timed and "in this process"
-        return result
+            measured = _build_and_measure(module, name, kwargs, int(repeats), 0, device)[0]
+            gc.collect()  # a tf.function and its model form reference cycles: free them before the next variant
+            for key, r in measured.items():
+                out[label + key] = _median_peak(r["samples"], r["method"] + ", in this process (after what ran "
+                                                "before it: the figure can depend on that)", r["device"])
+        return time_here(out)
 
     parallel = max(1, int(parallel))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")

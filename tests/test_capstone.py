@@ -292,3 +292,26 @@ def test_auto_width_rule():
     assert capstone.next_width(16, rule["narrow_below_epochs"] - 1, [16]) == 8
     assert capstone.next_width(32, 1, [16, 32]) is None  # never turns back after widening
     assert capstone.next_width(8, enough, [16, 8]) is None  # nor after narrowing
+
+
+def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
+    # With a single test batch the first evaluate() call is all tracing and compiling; fit's evaluations reuse
+    # the compiled function, so the estimate must come from a compiled call (it was the first call: a 10 s budget
+    # then planned 1 epoch where 3 fitted).
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = np.random.rand(256, 8).astype("float32"), np.random.randint(0, 2, 256)
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    test = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(64)
+    before = [v.numpy() for v in model.variables]
+    est = capstone._warm_up(model, train, test, 1, 8, 1)
+    start = time.perf_counter()
+    model.evaluate(test, verbose=0)
+    compiled = time.perf_counter() - start
+    assert est["eval_step_s"] < 3 * compiled + 0.02, (est, compiled)
+    assert est["compile_s"] > 5 * est["eval_step_s"], est
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))  # weights put back

@@ -510,7 +510,9 @@ class Result:
         return Predictions(x, y, probs.argmax(1), probs, tta)
 
 
-def _predict_probs(model, x, tta: bool, batch_size: int):
+def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
+    """Class probabilities; with tta, averaged with the horizontally flipped images'. `plain`: the un-flipped
+    probabilities if already computed."""
     import numpy as np
     import tensorflow as tf
 
@@ -519,7 +521,7 @@ def _predict_probs(model, x, tta: bool, batch_size: int):
         return tf.nn.softmax(tf.cast(logits, tf.float32)).numpy()
 
     xf = x.astype(np.float32)
-    p = probs_of(xf)
+    p = plain if plain is not None else probs_of(xf)
     if tta:
         p = (p + probs_of(xf[:, :, ::-1, :])) / 2
     return p
@@ -793,7 +795,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     # Final evaluation (counted in the wall time): plain and flip-TTA.
     t_final = time.perf_counter()
     probs_plain = _predict_probs(net, x_test, False, o.batch_size)
-    probs = _predict_probs(net, x_test, True, o.batch_size) if o.tta else probs_plain
+    probs = _predict_probs(net, x_test, True, o.batch_size, plain=probs_plain) if o.tta else probs_plain
     acc_plain = float((probs_plain.argmax(1) == y_test).mean())
     acc = float((probs.argmax(1) == y_test).mean())
     final_eval_s = time.perf_counter() - t_final

@@ -524,6 +524,11 @@ def _reserve_block(mib: int, device: str = "CPU:0") -> None:
         del block
 
 
+def _as_steps(built: Any) -> dict:
+    """What a ``make_step`` returned, as ``{key: step}`` (one step: key "")."""
+    return {str(k): v for k, v in (built if isinstance(built, Mapping) else {"": built}).items()}
+
+
 def _build_and_measure(module: str, name: str, kwargs: dict, repeats: int, reserve_mib: int,
                        device: str) -> tuple[dict, dict]:
     """In the fresh process: reserve, build the step(s), warm each up, measure each ``repeats`` times.
@@ -533,7 +538,7 @@ def _build_and_measure(module: str, name: str, kwargs: dict, repeats: int, reser
 
     _reserve_block(reserve_mib, device)
     built = getattr(importlib.import_module(module), name)(**kwargs)
-    steps = {str(k): v for k, v in (built if isinstance(built, Mapping) else {"": built}).items()}
+    steps = _as_steps(built)
     out = {}
     for key, step in steps.items():
         _block_all(step())  # warm-up: tracing and compiling are not part of the step's peak
@@ -612,26 +617,28 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child
-            os.close(cmd_w)
-            os.close(reply_r)
-            for _, cmd, reply in children.values():  # the other children's pipes are not this one's
-                cmd.close()
-                reply.close()
-            reply = os.fdopen(reply_w, "w")
+        if pid == 0:  # the child: ends here, whatever happens (never returns into the parent's code)
             try:
-                out, steps = _build_and_measure(module, name, kwargs, repeats, reserve_mib, device)
-                reply.write(json.dumps({"label": label, "result": out}) + "\n")
-                reply.flush()
-                if timing:
-                    for command in os.fdopen(cmd_r):  # "key": time that step; end of file: done
-                        t = time_fn(steps[command.rstrip("\n")], repeats=timing["repeats"], warmup=1).median_s
-                        reply.write(json.dumps(t) + "\n")
-                        reply.flush()
-            except BaseException:  # noqa: BLE001
-                reply.write(_error_line(label) + "\n")
-                reply.flush()
-            os._exit(0)  # skip TensorFlow's teardown (seconds)
+                os.close(cmd_w)
+                os.close(reply_r)
+                for _, cmd, reply in children.values():  # the other children's pipes are not this one's
+                    cmd.close()
+                    reply.close()
+                reply = os.fdopen(reply_w, "w")
+                try:
+                    out, steps = _build_and_measure(module, name, kwargs, repeats, reserve_mib, device)
+                    reply.write(json.dumps({"label": label, "result": out}) + "\n")
+                    reply.flush()
+                    if timing:
+                        for command in os.fdopen(cmd_r):  # "key": time that step; end of file: done
+                            t = time_fn(steps[command.rstrip("\n")], repeats=timing["repeats"], warmup=1).median_s
+                            reply.write(json.dumps(t) + "\n")
+                            reply.flush()
+                except BaseException:  # noqa: BLE001
+                    reply.write(_error_line(label) + "\n")  # raises if the parent stopped listening
+                    reply.flush()
+            finally:
+                os._exit(0)  # also skips TensorFlow's teardown (seconds)
         os.close(cmd_r)
         os.close(reply_w)
         children[label] = (pid, os.fdopen(cmd_w, "w"), os.fdopen(reply_r))
@@ -883,7 +890,7 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
         steps = {}
         for label in [timing["base"], *timing["labels"]]:
             built = make_step(**variants[label])
-            steps[label] = {str(k): v for k, v in (built if isinstance(built, Mapping) else {"": built}).items()}
+            steps[label] = _as_steps(built)
             for step in steps[label].values():
                 _block_all(step())  # tracing and compiling are not part of a step's time
         ratios, base_seconds = _interleaved_ratios(

@@ -371,6 +371,38 @@ def test_forking_process_is_reused_survives_a_failing_step_and_stops():
     assert not memory.stop_measuring_process()  # nothing left to stop
 
 
+def slow_step(mib: int, seconds: float):
+    """allocating_step, built only after ``seconds``: still building when a faster sibling has failed."""
+    time.sleep(seconds)
+    return allocating_step(mib)
+
+
+def test_a_failing_step_beside_one_still_building_reports_its_error_and_leaves_the_helper_clean():
+    """The failing variant's error comes back at once; its sibling, still building, exits instead of carrying on
+    as a copy of the forking process (it would then hang the call until the timeout)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("forking is used on Linux only")
+    memory.stop_measuring_process()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
+        memory.measure_isolated(failing_step, {"fails": {"mib": 3}}, fresh_process=True, repeats=1)  # warm helper
+    with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
+        memory.measure_isolated(_either_step, {"fails": {"mib": 3, "seconds": -1}, "slow": {"mib": 4, "seconds": 2}},
+                                fresh_process=True, repeats=1, parallel=2, timeout=30)
+    assert time.monotonic() - t0 < 25
+    helper = psutil.Process(memory._forker.proc.pid)
+    time.sleep(3)  # the slow sibling has finished building and met the closed pipe
+    assert [p for p in helper.children(recursive=True) if not _is_zombie(p.pid)] == []
+    ok = memory.measure_peaks_isolated(allocating_step, {"a": {"mib": 4}}, repeats=1, fresh_process=True, timeout=30)
+    assert memory._forker.proc.pid == helper.pid and ok["a"].peak_bytes > 0
+    memory.stop_measuring_process()
+
+
+def _either_step(mib: int, seconds: float):
+    """failing_step when ``seconds`` < 0, else slow_step."""
+    return failing_step(mib) if seconds < 0 else slow_step(mib, seconds)
+
+
 def _is_zombie(pid):
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

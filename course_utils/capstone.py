@@ -44,7 +44,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 RECIPES = ("course", "baseline")
@@ -722,8 +722,15 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         if o.time_budget is not None:
             tried = []
             while True:
+                # A second epoch needs final_s (≥ 1 s) + 2 × epoch_s (≥ 0.3 s each) left: with less than that
+                # left once the first step has compiled, the plan is one epoch whatever the steps take.
                 est = _warm_up(model, train_ds, test_ds, o.steps_per_execution, steps_per_epoch,
-                               math.ceil(len(x_test) / max(o.batch_size, 256)))
+                               math.ceil(len(x_test) / max(o.batch_size, 256)),
+                               one_epoch_only=lambda: o.time_budget - clock() < 1.6)
+                if est["train_step_s"] is None:  # compiling used the budget: nothing to measure or widen
+                    final_s, epoch_s, epochs = 1.0, 0.0, 1
+                    tried.append((width, None, epochs))
+                    break
                 final_s = est["eval_epoch_s"] * (2 if o.tta else 1) * 1.2 + 1.0
                 epoch_s = est["train_epoch_s"] + est["eval_epoch_s"] + 0.3
                 left = o.time_budget - clock() - final_s
@@ -739,9 +746,13 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
                 net, model, schedule, peak = build(width)
             plan["width_trials"] = tried
             plan.update(est, epoch_estimate_s=epoch_s, final_eval_estimate_s=final_s, planning_elapsed_s=clock())
-            say(f"Budget {o.time_budget:g} s: warm-up measured {est['train_step_s'] * 1e3:.1f} ms/step "
-                f"(compile excluded: {est['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with evaluation; "
-                f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
+            if est["train_step_s"] is None:
+                say(f"Budget {o.time_budget:g} s: the first step compiled in {est['compile_s']:.1f} s; "
+                    f"{clock():.1f} s used so far → 1 epoch (no time left to time steps)")
+            else:
+                say(f"Budget {o.time_budget:g} s: warm-up measured {est['train_step_s'] * 1e3:.1f} ms/step "
+                    f"(compile excluded: {est['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with evaluation; "
+                    f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
         else:
             epochs = o.epochs
         plan["epochs"] = plan["initial_epochs"] = epochs
@@ -873,18 +884,23 @@ def _check_same_run(stored: dict, o: Options) -> None:
                                "resume with the same options or use another --out")
 
 
-def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int) -> dict:
+def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
+             one_epoch_only: Callable[[], bool] = lambda: False) -> dict:
     """Time a few real steps (the first call, which traces and compiles, is timed separately), then put the
-    weights and optimizer state back as they were."""
+    weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
+    budget is spent), stop there: only ``compile_s`` is measured, every other figure is None."""
     import keras
 
     class Times(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.train, self.test = [], []
+            self.stopped = False
 
         def on_train_batch_end(self, batch, logs=None):
             self.train.append((batch, time.perf_counter()))
+            if len(self.train) == 1 and one_epoch_only():
+                self.model.stop_training = self.stopped = True
 
         def on_test_batch_end(self, batch, logs=None):
             self.test.append((batch, time.perf_counter()))
@@ -895,6 +911,15 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
     start = time.perf_counter()
     model.fit(train_ds.repeat().take(calls * spe), epochs=1, verbose=0, callbacks=[t])
     first_train = t.train[0][1] - start
+
+    def restore():
+        for v, value in zip(list(model.variables) + list(model.optimizer.variables), snapshot):
+            v.assign(value)
+
+    if t.stopped:
+        restore()
+        return {"train_step_s": None, "eval_step_s": None, "compile_s": first_train,
+                "train_epoch_s": None, "eval_epoch_s": None}
     train_step = (t.train[-1][1] - t.train[0][1]) / (t.train[-1][0] - t.train[0][0])
     eval_calls = min(test_steps, 3)
     start = time.perf_counter()
@@ -906,8 +931,7 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
         start = time.perf_counter()
         model.evaluate(test_ds.take(1), verbose=0)
         eval_step = time.perf_counter() - start
-    for v, value in zip(list(model.variables) + list(model.optimizer.variables), snapshot):
-        v.assign(value)
+    restore()
     return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval,
             "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
 

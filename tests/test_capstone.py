@@ -315,3 +315,36 @@ def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
     assert est["eval_step_s"] < 3 * compiled + 0.02, (est, compiled)
     assert est["compile_s"] > 5 * est["eval_step_s"], est
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))  # weights put back
+
+
+def test_warm_up_stops_after_the_compiling_step_when_told_the_budget_is_spent():
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = np.random.rand(256, 8).astype("float32"), np.random.randint(0, 2, 256)
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    test = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(32)
+    before = [v.numpy() for v in model.variables]
+    asked = []
+    est = capstone._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: asked.append(1) or True)
+    assert asked == [1]  # asked once, after the first (compiling) call
+    assert est["compile_s"] > 0 and est["train_step_s"] is None and est["eval_epoch_s"] is None, est
+    assert model.test_function is None  # no evaluation was run to time
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))  # weights put back
+    # not told: it times steps and an evaluation
+    est = capstone._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: False)
+    assert est["train_step_s"] > 0 and est["eval_step_s"] > 0 and model.test_function is not None
+
+
+def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys):
+    opts = capstone.Options(data="synthetic", time_budget=1.0, out=str(tmp_path / "tiny"), width=4,
+                            train_examples=256, test_examples=64, batch_size=64, verbose=0)
+    result = capstone.train(opts)
+    out = capsys.readouterr().out
+    assert "→ 1 epoch (no time left to time steps)" in out, out
+    plan = read(tmp_path / "tiny" / "plan.json")
+    assert plan["train_step_s"] is None and plan["compile_s"] > 0 and plan["width_trials"] == [[4, None, 1]]
+    assert result.summary["epochs"] == 1 and len(result.history) == 1 and result.summary["test_accuracy"] >= 0

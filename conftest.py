@@ -10,6 +10,9 @@
    nbval starts one kernel per notebook in the setup phase of its first cell and stops it in the
    teardown phase of its last, and all three phases of every cell are counted.
    Budgets are enforced in smoke mode only (full mode downloads real data and trains real sizes).
+3. No claim reads "❌ does not hold here" in smoke mode either: a notebook cell whose output has that
+   verdict fails. Where smoke sizes cannot show a claim, its row must say "not measurable here" and
+   why (tests/test_notebook_modes.py checks full mode and XLA the same way).
 """
 
 from __future__ import annotations
@@ -62,6 +65,28 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = report.nodeid.split("::", 1)[0]
     if path.endswith(".ipynb"):  # an nbval cell item: setup (kernel start), call, teardown
         _seconds[path] = _seconds.get(path, 0.0) + report.duration
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    rep = outcome.get_result()
+    outputs = getattr(item, "test_outputs", None)  # an nbval cell item, after it ran: the cell's outputs
+    if call.when != "call" or not rep.passed or not outputs or not _enforced():
+        return
+    from course_utils.report import FAILS
+
+    failed = []
+    for out in outputs:
+        data = out.get("data", {})
+        text = "".join(out.get("text", ""))
+        text += "".join(data.get("text/plain", "")) + "".join(data.get("text/markdown", ""))
+        failed += [line.strip()[:300] for line in text.splitlines() if FAILS in line]
+    if failed:
+        rep.outcome = "failed"
+        rep.longrepr = (f"this cell's output has a claim that does not hold in smoke mode ({FAILS!r}):\n"
+                        + "\n".join(dict.fromkeys(failed))
+                        + "\nwhere smoke sizes cannot show a claim, make its row 'not measurable here' with the reason")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

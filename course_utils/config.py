@@ -49,6 +49,7 @@ class Sizes:
     memory_batch: int = 128
     # lesson 06: wall-clock seconds per training run (each recipe, each ablation)
     capstone_budget_s: float = 120.0
+    capstone_ablations: int = 3  # lesson 06: how many of its ablations run (each is one budgeted training run)
     # lesson 07: the block net (tokens × width, `block_depth` residual MLP blocks) measured at `block_batch`
     block_width: int = 128
     block_depth: int = 4
@@ -119,6 +120,7 @@ SMOKE_SIZES = Sizes(
     timing_repeats=5,
     memory_batch=128,
     capstone_budget_s=4.0,  # one epoch for the ResNet (compiling alone takes longer): the notebook says what that shows
+    capstone_ablations=1,  # each run costs ~8 s of compiling and one epoch, and shows nothing at this budget
     block_width=64,
     block_depth=2,
     block_tokens=32,

@@ -294,10 +294,8 @@ def test_auto_width_rule():
     assert capstone.next_width(8, enough, [16, 8]) is None  # nor after narrowing
 
 
-def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
-    # With a single test batch the first evaluate() call is all tracing and compiling; fit's evaluations reuse
-    # the compiled function, so the estimate must come from a compiled call (it was the first call: a 10 s budget
-    # then planned 1 epoch where 3 fitted).
+def _tiny_model_and_data(test_batch: int):
+    """A compiled two-layer model, 8 training batches of 32 and 64 test examples in batches of ``test_batch``."""
     import keras
     import tensorflow as tf
 
@@ -306,7 +304,15 @@ def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = np.random.rand(256, 8).astype("float32"), np.random.randint(0, 2, 256)
     train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
-    test = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(64)
+    test = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(test_batch)
+    return model, train, test
+
+
+def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
+    # With a single test batch the first evaluate() call is all tracing and compiling; fit's evaluations reuse
+    # the compiled function, so the estimate must come from a compiled call (it was the first call: a 10 s budget
+    # then planned 1 epoch where 3 fitted).
+    model, train, test = _tiny_model_and_data(test_batch=64)  # one test batch
     before = [v.numpy() for v in model.variables]
     est = capstone._warm_up(model, train, test, 1, 8, 1)
     start = time.perf_counter()
@@ -318,15 +324,7 @@ def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
 
 
 def test_warm_up_stops_after_the_compiling_step_when_told_the_budget_is_spent():
-    import keras
-    import tensorflow as tf
-
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x, y = np.random.rand(256, 8).astype("float32"), np.random.randint(0, 2, 256)
-    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
-    test = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(32)
+    model, train, test = _tiny_model_and_data(test_batch=32)  # two test batches
     before = [v.numpy() for v in model.variables]
     asked = []
     est = capstone._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: asked.append(1) or True)

@@ -71,6 +71,9 @@ BASELINE = dict(batch_size=64, learning_rate=1e-3)
 # Goyal et al. 2017 scaled linearly to 8k on ImageNet with a 5-epoch warm-up; CIFAR-10 under a minutes budget has
 # too few steps for that warm-up, so the course warns from ~1k examples per update
 MAX_LR_SCALING_BATCH = 1024
+# The budget planner's fixed margins (seconds): the final evaluation's, and each epoch's beyond its timed steps
+FINAL_EVAL_MIN_S = 1.0
+EPOCH_MIN_S = 0.3
 
 RECIPE_TABLE = [
     {"choice": "ResNet-9-style network (conv-BN-ReLU prep, 2 residual blocks, global max pooling)", "lesson": "capstone",
@@ -722,17 +725,17 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         if o.time_budget is not None:
             tried = []
             while True:
-                # A second epoch needs final_s (≥ 1 s) + 2 × epoch_s (≥ 0.3 s each) left: with less than that
-                # left once the first step has compiled, the plan is one epoch whatever the steps take.
+                # A second epoch needs final_s + 2 × epoch_s left, at least FINAL_EVAL_MIN_S + 2 × EPOCH_MIN_S:
+                # with less left once the first step has compiled, the plan is one epoch whatever the steps take.
                 est = _warm_up(model, train_ds, test_ds, o.steps_per_execution, steps_per_epoch,
                                math.ceil(len(x_test) / max(o.batch_size, 256)),
-                               one_epoch_only=lambda: o.time_budget - clock() < 1.6)
-                if est["train_step_s"] is None:  # compiling used the budget: nothing to measure or widen
-                    final_s, epoch_s, epochs = 1.0, 0.0, 1
+                               one_epoch_only=lambda: o.time_budget - clock() < FINAL_EVAL_MIN_S + 2 * EPOCH_MIN_S)
+                if est["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to try
+                    final_s, epoch_s, epochs = FINAL_EVAL_MIN_S, 0.0, 1
                     tried.append((width, None, epochs))
                     break
-                final_s = est["eval_epoch_s"] * (2 if o.tta else 1) * 1.2 + 1.0
-                epoch_s = est["train_epoch_s"] + est["eval_epoch_s"] + 0.3
+                final_s = est["eval_epoch_s"] * (2 if o.tta else 1) * 1.2 + FINAL_EVAL_MIN_S
+                epoch_s = est["train_epoch_s"] + est["eval_epoch_s"] + EPOCH_MIN_S
                 left = o.time_budget - clock() - final_s
                 epochs = max(1, int(left // epoch_s))
                 tried.append((width, round(epoch_s, 2), epochs))

@@ -286,9 +286,20 @@ def test_accumulated_step_peaks_like_one_micro_batch(jit):
     """Issue 8: under XLA an unrolled micro-batch loop peaked like the big batch (3.9x B). The
     while_loop keeps it at about B's peak, with and without XLA. Measured in a fresh process with the
     BFC allocator's statistics (exact bytes in use); k·B must be well above B there, or the
-    measurement could not have seen the bug."""
-    out = runtime.run_on_cpu_replicas(1, ACCUMULATION_PEAK_CODE.format(jit=jit), timeout=300)
-    peaks = json.loads(out.strip().splitlines()[-1])
+    measurement could not have seen the bug.
+
+    Without XLA the executor's op order varies from run to run, and so does a step's peak: B read 72-73 MiB
+    in most fresh processes (acc/B 1.00-1.07) but 56-59 MiB in two of nine (once acc/B 1.32, over the bound;
+    CI-like suite run). So a reading
+    over the bound is taken again in a second fresh process, and that one decides; the bug this guards
+    against (acc ≈ k·B, 2.8x B here) fails both."""
+    def measure() -> dict:
+        out = runtime.run_on_cpu_replicas(1, ACCUMULATION_PEAK_CODE.format(jit=jit), timeout=300)
+        return json.loads(out.strip().splitlines()[-1])
+
+    peaks = measure()
+    if peaks["acc"] > 1.3 * peaks["B"]:
+        peaks = dict(measure(), first_reading=peaks)
     assert peaks["method"] == "tf.config.experimental.get_memory_info", peaks
     assert peaks["kB"] > 1.5 * peaks["B"], peaks
     assert peaks["acc"] <= 1.3 * peaks["B"], peaks

@@ -3,16 +3,18 @@
 1. Smoke mode for everything the test suite runs. Set at import time, i.e. before collection and
    before nbval starts any kernel, so the notebook kernels (which inherit this environment) run with
    tiny sizes and offline data too. An explicit ``COURSE_SMOKE=0 pytest ...`` is respected.
-2. A notebook time budget (COURSE_DESIGN.md §5): sums the time nbval spends on each notebook, prints
+2. A notebook time budget (CONTRIBUTING.md §5): sums the time nbval spends on each notebook, prints
    a table at the end, and fails the run when one notebook takes longer than
    ``COURSE_NOTEBOOK_BUDGET_S`` (default 90) or all of them together longer than
    ``COURSE_TOTAL_BUDGET_S`` (default 480). The seconds include the kernel's start-up and shutdown:
    nbval starts one kernel per notebook in the setup phase of its first cell and stops it in the
    teardown phase of its last, and all three phases of every cell are counted.
    Budgets are enforced in smoke mode only (full mode downloads real data and trains real sizes).
-3. No claim reads "❌ does not hold here" in smoke mode either: a notebook cell whose output has that
-   verdict fails. Where smoke sizes cannot show a claim, its row must say "not measurable here" and
-   why (tests/test_notebook_modes.py checks full mode and XLA the same way).
+3. No claim "does not hold" in smoke mode either. Claims are data: every ``report.ClaimsTable`` a
+   notebook builds saves its claims as JSON to ``$COURSE_CLAIMS_DIR`` (set here, so the kernels inherit
+   it), and a cell that wrote a claim whose verdict is "does not hold" fails, with the claims named. No
+   printed output is read. Where smoke sizes cannot show a claim, its verdict must be "not measurable
+   here" with the reason. (Full mode and XLA: ``python -m course_utils prove``.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,19 @@ import os
 os.environ.setdefault("COURSE_SMOKE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# where notebooks' claims tables save their claims (course_utils.report.CLAIMS_DIR_VARIABLE)
+_CLAIMS_DIR_OWNED = not os.environ.get("COURSE_CLAIMS_DIR", "").strip()  # ours to delete at the end
+if _CLAIMS_DIR_OWNED:
+    os.environ["COURSE_CLAIMS_DIR"] = tempfile.mkdtemp(prefix="course-claims-")
+_CLAIMS_DIR = pathlib.Path(os.environ["COURSE_CLAIMS_DIR"])
+# claims file -> mtime (ns) when last read; files already there (a COURSE_CLAIMS_DIR kept between runs) are old news
+_claims_seen: dict[str, int] = {str(p): p.stat().st_mtime_ns for p in _CLAIMS_DIR.glob("claims-*.json")}
 
 
 @pytest.fixture
@@ -67,26 +81,46 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _seconds[path] = _seconds.get(path, 0.0) + report.duration
 
 
+def _new_claims() -> list[dict]:
+    """Claims saved to the claims folder since the last look (a file written or rewritten)."""
+    new = []
+    for path in sorted(_CLAIMS_DIR.glob("claims-*.json")):
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            continue
+        if _claims_seen.get(str(path)) == mtime:
+            continue
+        _claims_seen[str(path)] = mtime
+        try:
+            claims = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            new.append({"claim": f"{path.name} could not be read ({e})", "verdict": "does not hold",
+                        "expected": "", "measured": "", "reason": ""})
+            continue
+        new += [c for c in claims if isinstance(c, dict)]
+    return new
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     rep = outcome.get_result()
-    outputs = getattr(item, "test_outputs", None)  # an nbval cell item, after it ran: the cell's outputs
-    if call.when != "call" or not rep.passed or not outputs or not _enforced():
+    if call.when != "call" or not str(item.nodeid).split("::", 1)[0].endswith(".ipynb"):
         return
-    from course_utils.report import FAILS
+    from course_utils.report import FAILS, WORDS
 
-    failed = []
-    for out in outputs:
-        data = out.get("data", {})
-        text = "".join(out.get("text", ""))
-        text += "".join(data.get("text/plain", "")) + "".join(data.get("text/markdown", ""))
-        failed += [line.strip()[:300] for line in text.splitlines() if FAILS in line]
+    claims = _new_claims()  # always read, so a table saved by a failing cell is not blamed on the next one
+    if not rep.passed or not _enforced():
+        return
+    failed = [c for c in claims if c.get("verdict") == WORDS[FAILS]]
     if failed:
         rep.outcome = "failed"
-        rep.longrepr = (f"this cell's output has a claim that does not hold in smoke mode ({FAILS!r}):\n"
-                        + "\n".join(dict.fromkeys(failed))
-                        + "\nwhere smoke sizes cannot show a claim, make its row 'not measurable here' with the reason")
+        rep.longrepr = ("this cell's claims table has a claim that does not hold in smoke mode:\n"
+                        + "\n".join(f"- {c.get('lesson', '')} {c['claim']}: expected {c.get('expected', '')}, "
+                                     f"measured {c.get('measured', '')} ({c.get('reason', '')})"[:400] for c in failed)
+                        + "\nwhere smoke sizes cannot show a claim, make its verdict 'not measurable here' with the "
+                          "reason (holds=None and a note)")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -109,6 +143,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
     if _over_budget and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CLAIMS_DIR_OWNED:
+        import shutil
+
+        shutil.rmtree(_CLAIMS_DIR, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -5,6 +5,7 @@
   set-repo   point every badge and setup cell at another GitHub repository (forks)
   capstone   train CIFAR-10 for a time budget (lesson 06; same as `python -m course_utils.capstone`)
   cluster    run a program once per task of a TensorFlow cluster on localhost (lesson 08)
+  prove      measure every lesson's claims on this hardware: claims.json and a report card
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         "set-repo": "course_utils.notebooks:set_repo_main",
         "capstone": "course_utils.capstone:main",
         "cluster": "course_utils.cluster:main",
+        "prove": "course_utils.proof:main",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())

@@ -449,10 +449,13 @@ def dense_cross_entropy(hidden, kernel, labels):
 def chunked_dense_cross_entropy(hidden, kernel, labels, chunks: int = 4):
     """:func:`dense_cross_entropy`'s value and gradients, the ``[N, V]`` logits built ``chunks`` row blocks at a time.
 
-    Each block's ``hidden_i @ kernel`` → summed cross-entropy runs under ``tf.recompute_grad``: the
-    forward keeps only the block's inputs, and the backward recomputes one block's logits to
-    differentiate it. ``hidden``: ``[N, D]``, ``kernel``: ``[D, V]``, ``labels``: ``[N]`` ints; ``N``
-    must be known when tracing. Blocks are as equal as possible (``N`` need not divide by ``chunks``).
+    The forward pass runs the blocks in a ``tf.while_loop`` and keeps only the summed loss; the backward pass (a
+    ``tf.custom_gradient``) loops over the blocks again, recomputing one block's logits at a time to differentiate
+    it. A real loop (``parallel_iterations=1``) is what bounds the peak to one block's logits: with one
+    ``tf.recompute_grad`` per block in a Python loop, every block receives its gradient at once and the executor —
+    and XLA, which schedules the whole step (measured: no saving on one core) — may recompute all of them together.
+    ``hidden``: ``[N, D]``, ``kernel``: ``[D, V]``, ``labels``: ``[N]`` ints; ``N`` must be known when tracing.
+    Blocks have ``ceil(N / chunks)`` rows; the last is padded with rows that carry no loss and get no gradient.
     """
     import tensorflow as tf
 
@@ -465,16 +468,43 @@ def chunked_dense_cross_entropy(hidden, kernel, labels, chunks: int = 4):
     if n is None:
         raise ValueError("chunked_dense_cross_entropy needs the number of rows known when tracing")
     chunks = min(int(chunks), n)
-    sizes = [n // chunks + (1 if i < n % chunks else 0) for i in range(chunks)]
-    total = tf.constant(0.0, hidden.dtype)
-    for h, y in zip(tf.split(hidden, sizes), tf.split(labels, sizes)):
+    size = -(-n // chunks)  # rows per block
+    pad = chunks * size - n
+    dim, dtype = hidden.shape[1], hidden.dtype
+    weights = tf.reshape(tf.concat([tf.ones([n], dtype), tf.zeros([pad], dtype)], 0), [chunks, size])
+    block_labels = tf.reshape(tf.pad(labels, [[0, pad]]), [chunks, size])
 
-        def block(h, k, y=y):  # labels are captured (integers have no gradient)
-            logits = tf.matmul(h, k)
-            return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    @tf.custom_gradient
+    def summed_loss(h, k):
+        blocks = tf.reshape(tf.pad(h, [[0, pad], [0, 0]]), [chunks, size, dim])
 
-        total += tf.recompute_grad(block)(h, kernel)
-    return total / tf.cast(n, hidden.dtype)
+        def forward(i, total):
+            logits = tf.matmul(blocks[i], k)
+            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=block_labels[i], logits=logits)
+            return i + 1, total + tf.reduce_sum(loss * weights[i])
+
+        _, total = tf.while_loop(lambda i, _: i < chunks, forward, (tf.constant(0), tf.constant(0.0, dtype)),
+                                 parallel_iterations=1)
+
+        def grad(upstream):
+            def backward(i, d_kernel, d_hidden):
+                scale = (weights[i] * upstream)[:, None]  # padded rows get no gradient
+                with tf.GradientTape() as tape:
+                    logits = tf.matmul(blocks[i], k)
+                    tape.watch(logits)
+                    loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=block_labels[i], logits=logits)
+                d_logits = tape.gradient(loss, logits)  # softmax − one-hot from the fused op: one block-sized buffer
+                return (i + 1, d_kernel + tf.matmul(blocks[i] * scale, d_logits, transpose_a=True),
+                        d_hidden.write(i, tf.matmul(d_logits, k, transpose_b=True) * scale))
+
+            _, d_kernel, d_hidden = tf.while_loop(
+                lambda i, *_: i < chunks, backward,
+                (tf.constant(0), tf.zeros_like(k), tf.TensorArray(dtype, size=chunks)), parallel_iterations=1)
+            return tf.reshape(d_hidden.stack(), [chunks * size, dim])[:n], d_kernel
+
+        return total, grad
+
+    return summed_loss(hidden, kernel) / tf.cast(n, dtype)
 
 
 # ----------------------------------------------------------------------------------------------

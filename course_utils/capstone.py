@@ -99,6 +99,14 @@ RECIPE_TABLE = [
 ]
 
 
+def tensorboard_installed() -> bool:
+    """Whether TensorBoard is installed: ``tf.summary`` (the TensorBoard callback's scalars and profile) needs it,
+    and TensorFlow 2.21 stopped depending on it."""
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 class OptionsError(ValueError):
     """An option the trainer cannot use; the message is one line that says which and what to do."""
 
@@ -189,6 +197,9 @@ def validate(o: Options) -> None:
         raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
     if data.startswith("npz:") and not os.path.isfile(data[4:]):
         raise OptionsError(f"--data {data}: no such file {data[4:]!r}")
+    if o.tensorboard and not tensorboard_installed():
+        raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer installs: "
+                           "pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard out)")
     r = o.resolved()
     # CPU replicas are known before TensorFlow starts; a GPU/TPU count is checked again after detection.
     unit = replicas * o.accumulate

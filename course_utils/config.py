@@ -47,6 +47,9 @@ class Sizes:
     # examples per step in memory demos: enough that activations dominate the peak, not the part of a
     # CPU step's peak that does not grow with the batch (conv scratch space, whole allocator blocks)
     memory_batch: int = 128
+    # filters of the CNN in memory demos: at width 8 a step's peak (a few MiB of activations) moves by ±20% between
+    # processes and repeats, as whole allocator blocks come and go; at 16 it is steady within a few percent
+    memory_width: int = 16
     # lesson 06: wall-clock seconds per training run (each recipe, each ablation)
     capstone_budget_s: float = 120.0
     capstone_ablations: int = 3  # lesson 06: how many of its ablations run (each is one budgeted training run)
@@ -86,6 +89,7 @@ FULL_SIZES = Sizes(
     matmul_size=2048,
     timing_repeats=20,
     memory_batch=256,
+    memory_width=32,
     capstone_budget_s=120.0,  # 2 minutes on any hardware
     block_width=128,
     block_depth=4,
@@ -119,6 +123,7 @@ SMOKE_SIZES = Sizes(
     matmul_size=512,
     timing_repeats=5,
     memory_batch=128,
+    memory_width=16,
     capstone_budget_s=4.0,  # one epoch for the ResNet (compiling alone takes longer): the notebook says what that shows
     capstone_ablations=1,  # each run costs ~8 s of compiling and one epoch, and shows nothing at this budget
     block_width=64,

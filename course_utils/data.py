@@ -19,7 +19,7 @@ Sources (``load_cifar10(source=...)``; default ``COURSE_DATA``, smoke mode → `
 
 Every source yields the same element spec: ``(uint8[32, 32, 3] image, int64[] label)``, unbatched.
 Offline data is only ever used when chosen explicitly or in smoke mode, and it is announced
-(COURSE_DESIGN §5).
+(CONTRIBUTING.md §5).
 """
 
 from __future__ import annotations

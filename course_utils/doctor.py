@@ -23,7 +23,7 @@ from typing import Callable
 from . import config as _config
 from .runtime import TPU_INSTALL_FIX, describe_import_failure, in_colab, tpu_hints
 
-PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (COURSE_DESIGN §2)
+PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (CONTRIBUTING.md §2)
 MIN_PYTHON = (3, 11)  # Keras 3.13 and later (Colab's) need Python 3.11
 # Where tensorflow-datasets fetches CIFAR-10: its GCS mirror first, then the original host.
 DATASET_HOSTS = (("storage.googleapis.com", 443), ("www.cs.toronto.edu", 443))

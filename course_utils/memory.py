@@ -1,6 +1,6 @@
 """Memory accounting: bytes of variables by dtype, a training-memory estimate, and measured peak memory.
 
-Three helpers, each saying exactly what it counts (COURSE_DESIGN §6):
+Three helpers, each saying exactly what it counts (CONTRIBUTING.md §6):
 
 - :func:`variable_bytes` — the bytes a model's variables occupy, split by dtype (exact).
 - :func:`estimate_training_memory` — parameters + gradients + optimizer slots (exact for the
@@ -605,10 +605,9 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
             print("\n" + _error_line(label), flush=True)
         return
     import tensorflow  # noqa: F401 - what every child would import: once, here
-    from tensorflow.python.eager import context
 
     importlib.import_module(module)
-    if getattr(context.context(), "_initialized", False):  # a module ran an op at import: threads exist now
+    if tensorflow_has_run_an_op():  # a module ran an op at import: threads exist now
         raise RuntimeError(f"importing {module} ran a TensorFlow op; its children could not start clean")
 
     children: dict[str, tuple[int, Any, Any]] = {}  # label -> (pid, command pipe, reply pipe)
@@ -697,19 +696,33 @@ _DONE = '{"done": true}'
 _LAST = '{"done": true, "exiting": true}'  # the forking process exits after this answer
 
 
+def tensorflow_has_run_an_op() -> bool:
+    """Whether this process has started TensorFlow's eager runtime (run an op, listed devices): its thread pools
+    then exist, and a process forked from it would not start clean. Reads the private
+    ``context.context()._initialized`` (no public API tells); raises, naming the TensorFlow version, if a release
+    renames it — so the fork-based measurements stop loudly instead of forking a process that may hang."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if not isinstance(getattr(ctx, "_initialized", None), bool):
+        raise RuntimeError(f"TensorFlow {tf.__version__}'s eager context has no boolean '_initialized' any more: "
+                           "course_utils.memory.tensorflow_has_run_an_op needs updating for this release")
+    return ctx._initialized
+
+
 def _serve() -> None:
     """The forking process (Linux): import TensorFlow once, then run each request read from stdin with
     :func:`_measure_jobs` (``fork=True``) and end its answer with a ``{"done": true}`` line. It never runs a
     TensorFlow op itself, so every child it forks starts clean; it exits when its stdin closes."""
     import tensorflow  # noqa: F401 - once, for every child
-    from tensorflow.python.eager import context
 
     for line in sys.stdin:
         try:
             _measure_jobs(*json.loads(line))
         except BaseException:  # noqa: BLE001 - answered, then the next request
             print("\n" + _error_line(None), flush=True)
-        if getattr(context.context(), "_initialized", False):  # a module ran an op at import: not clean any more
+        if tensorflow_has_run_an_op():  # a module ran an op at import: not clean any more
             print("\n" + _LAST, flush=True)
             break
         print("\n" + _DONE, flush=True)

@@ -3,7 +3,7 @@
     python -m course_utils lint [NOTEBOOK ...] [--fix]       # default: every notebooks/*.ipynb
     python -m course_utils set-repo OWNER/NAME [--ref REF]   # point badges + setup cells at a fork
 
-Every notebook follows the skeleton in COURSE_DESIGN.md §4. The pieces that must be identical
+Every notebook follows the skeleton in CONTRIBUTING.md §4. The pieces that must be identical
 everywhere (Open-in-Colab badge, setup cell, Colab metadata) are *generated* here from
 ``course_utils._repo`` (REPO, REF), so a fork changes one place and runs ``set-repo``.
 
@@ -349,6 +349,9 @@ def lint_data(
             problems.append(
                 f"cell {i}: execution_count is {cell['execution_count']!r}, expected null (`lint --fix`)"
             )
+        if _PRIVATE_KERAS.search(_source(cell)):
+            problems.append(f"cell {i}: uses keras.src, Keras' private modules (they move between releases): "
+                            "show public names (keras.*, tf.*) instead (CONTRIBUTING.md §3)")
 
     # Metadata.
     problems += _metadata_problems(nb.get("metadata"))
@@ -411,7 +414,7 @@ def lint_data(
                     found[heading] = (i, j)
     for heading in SECTION_ORDER:
         if heading not in found:
-            problems.append(f"missing section heading '{heading}' (COURSE_DESIGN.md §4)")
+            problems.append(f"missing section heading '{heading}' (CONTRIBUTING.md §4)")
         elif found[heading][0] <= setup_idx:
             problems.append(f"cell {found[heading][0]}: '{heading}' comes before the setup cell")
     present = [h for h in SECTION_ORDER if h in found]
@@ -450,6 +453,14 @@ def _schema_problems(nb: Any) -> list[str]:
         except Exception as err:  # e.g. an unknown nbformat version
             return [f"invalid nbformat: {type(err).__name__}: {str(err)[:200]}"]
     return []
+
+
+_PRIVATE_KERAS = re.compile(r"\bkeras\.src\b")
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
 
 
 def lint_notebook(
@@ -558,7 +569,7 @@ def fix_notebook(
 def lint_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils lint",
-        description="Check notebooks against the course skeleton (COURSE_DESIGN.md §4).",
+        description="Check notebooks against the course skeleton (CONTRIBUTING.md §4).",
     )
     parser.add_argument("paths", nargs="*", help="notebooks (default: every notebooks/*.ipynb)")
     parser.add_argument("--fix", action="store_true",

@@ -12,11 +12,18 @@ notebook measured here, and a verdict:
 
 Measured ratios (speed-ups, memory ratios) should come from repeats: :meth:`Claim.from_samples`
 takes the repeats, prints median and spread, and decides from the spread, never from one run.
+
+Claims are data: :meth:`Claim.to_dict` / :meth:`Claim.from_dict` give the JSON form that
+``python -m course_utils prove`` writes to ``claims.json`` (verdict in words, its reason, the samples
+where the claim came from repeats). A notebook's table also saves itself there when
+``COURSE_CLAIMS_DIR`` is set (the test suite sets it and reads the files, never the printed output).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import statistics
 from typing import Iterable
 
@@ -24,6 +31,10 @@ HOLDS, FAILS, DIFFERS, NOISE, UNMEASURABLE = (
     "✅ holds", "❌ does not hold here", "⚠️ differs on this hardware", "〰️ inconclusive here (noise)",
     "➖ not measurable here")
 VERDICTS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}
+# The verdicts in words, as claims.json writes them
+WORDS = {HOLDS: "holds", FAILS: "does not hold", DIFFERS: "differs on this hardware", NOISE: "inconclusive",
+         UNMEASURABLE: "not measurable here"}
+CLAIMS_DIR_VARIABLE = "COURSE_CLAIMS_DIR"
 
 
 @dataclasses.dataclass
@@ -92,6 +103,14 @@ class Claim:
     holds: bool | None | str  # True / False / None (not measurable here) / "noise" (inconclusive)
     note: str = ""
     differs_here: str = ""  # a stated hardware reason why the claim is not expected to hold on this machine
+    samples: list | None = None  # the repeated measurements the verdict came from (from_samples)
+    lesson: str = ""  # "05": set by the lesson's claims function
+
+    def __post_init__(self):
+        if self.holds is not None and not isinstance(self.holds, str):
+            self.holds = bool(self.holds)  # numpy's bool_ from a comparison: a plain bool (JSON)
+        if self.samples is not None:
+            self.samples = [float(v) for v in self.samples]
 
     @classmethod
     def from_samples(cls, claim: str, source: str, expected: str, samples: Samples | Iterable[float],
@@ -101,7 +120,7 @@ class Claim:
         ``threshold``, does not hold when none is, and is inconclusive (noise) otherwise."""
         samples = samples if isinstance(samples, Samples) else Samples(list(samples))
         return cls(claim, source, expected, samples.format(fmt, unit), samples.compare(op, threshold),
-                   note=note, differs_here=differs_here)
+                   note=note, differs_here=differs_here, samples=list(samples.values))
 
     @property
     def status(self) -> str:
@@ -114,10 +133,35 @@ class Claim:
         return VERDICTS[self.holds]
 
     @property
-    def verdict(self) -> str:
+    def reason(self) -> str:
         why = [self.differs_here] if self.status == DIFFERS else []
         why += [self.note] if self.note else []
-        return self.status + (f" — {'; '.join(why)}" if why else "")
+        return "; ".join(why)
+
+    @property
+    def verdict(self) -> str:
+        return self.status + (f" — {self.reason}" if self.reason else "")
+
+    @property
+    def fails(self) -> bool:
+        """Does not hold here, with no stated hardware reason: a bug in the lesson, the code or the claim."""
+        return self.status == FAILS
+
+    def to_dict(self) -> dict:
+        """The JSON form (claims.json): the verdict in words (holds / does not hold / differs on this hardware /
+        inconclusive / not measurable here), its reason, and the samples where the claim came from repeats."""
+        return {"lesson": self.lesson, "claim": self.claim, "source": self.source, "expected": self.expected,
+                "measured": self.measured, "verdict": WORDS[self.status], "reason": self.reason,
+                "holds": self.holds, "note": self.note, "differs_here": self.differs_here,
+                "samples": None if self.samples is None else [float(v) for v in self.samples]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Claim":
+        if not isinstance(d, dict) or not {"claim", "holds"} <= set(d):
+            raise ValueError(f"not a claim (needs at least 'claim' and 'holds'): {str(d)[:120]}")
+        return cls(d["claim"], d.get("source", ""), d.get("expected", ""), d.get("measured", ""), d["holds"],
+                   note=d.get("note", ""), differs_here=d.get("differs_here", ""), samples=d.get("samples"),
+                   lesson=d.get("lesson", ""))
 
 
 class Table:
@@ -155,8 +199,21 @@ class ClaimsTable(Table):
 
     columns = ("Claim", "Source", "Expected", "Measured here", "Verdict")
 
-    def __init__(self, claims: list[Claim]):
+    def __init__(self, claims: list[Claim], save: bool = True):
         self.claims = list(claims)
+        if save and os.environ.get(CLAIMS_DIR_VARIABLE, "").strip():
+            self.save(os.environ[CLAIMS_DIR_VARIABLE])
+
+    def save(self, directory: str) -> str:
+        """Write the claims as JSON to ``directory/claims-<lesson>.json`` (the lessons the claims name, else
+        ``claims-notebook.json``); the test suite reads these files instead of the notebook's printed output."""
+        lessons = sorted({c.lesson for c in self.claims if c.lesson}) or ["notebook"]
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"claims-{'-'.join(lessons)}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump([c.to_dict() for c in self.claims], f, indent=1, ensure_ascii=False)
+        os.replace(path + ".tmp", path)
+        return path
 
     def rows(self) -> list[tuple[str, ...]]:
         return [(c.claim, c.source, c.expected, c.measured, c.verdict) for c in self.claims]
@@ -177,4 +234,4 @@ class ClaimsTable(Table):
     @property
     def unexplained_failures(self) -> list[Claim]:
         """Claims that do not hold here with no stated hardware reason: a bug in the lesson or the code."""
-        return [c for c in self.claims if c.status == FAILS]
+        return [c for c in self.claims if c.fails]

@@ -1,6 +1,6 @@
 """Find the best hardware and the ``tf.distribute`` strategy for it, never raising on missing hardware.
 
-The chain (COURSE_DESIGN §1, §7):
+The chain (CONTRIBUTING.md §1, §7):
 
 1. **TPU** — ``TPUClusterResolver(tpu="local")`` → ``experimental_connect_to_cluster`` →
    ``initialize_tpu_system`` → ``TPUStrategy``. Tried only where a TPU is plausible (device files or

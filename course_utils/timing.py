@@ -1,4 +1,4 @@
-"""Honest timing (COURSE_DESIGN §6): warm-up excluded, median of repeats, results forced to finish."""
+"""Honest timing (CONTRIBUTING.md §6): warm-up excluded, median of repeats, results forced to finish."""
 
 from __future__ import annotations
 

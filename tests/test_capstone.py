@@ -262,6 +262,20 @@ def test_options_defaults_and_lr_rule():
         capstone.validate(capstone.Options(epochs=2, time_budget=10))
 
 
+def test_tensorboard_missing_is_a_clear_options_error(monkeypatch, tmp_path):
+    """TensorFlow 2.21 no longer installs tensorboard, which the TensorBoard callback's summaries need: --tensorboard
+    without it is refused before training, with the install line (not a TBNotInstalledError mid-run)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(capstone.OptionsError, match="pip install tensorboard"):
+        capstone.validate(capstone.Options(epochs=1, tensorboard=str(tmp_path)))
+    capstone.validate(capstone.Options(epochs=1))  # without --tensorboard it is not needed
+    monkeypatch.undo()
+    assert capstone.tensorboard_installed()  # declared in requirements*.txt and the notebook extra
+
+
 def test_schedule_warms_up_then_decays_to_zero():
     schedule = capstone._schedule_class()(0.4, "onecycle")
     schedule.set_plan(10, 100)

@@ -461,3 +461,14 @@ def test_a_module_that_runs_an_op_at_import_is_refused(tmp_path, monkeypatch):
         memory.measure_peak_isolated(eager_at_import.make_step, repeats=1, fresh_process=True, mib=1)
     # the forking process went away rather than fork from a TensorFlow that has threads; the next call starts one
     assert memory.measure_peak_isolated(allocating_step, repeats=1, fresh_process=True, mib=4).peak_bytes > 0
+
+
+def test_tensorflow_has_run_an_op_reads_the_eager_context_in_a_fresh_process():
+    """The fork-based measurements rely on TensorFlow's private eager-context flag (memory.tensorflow_has_run_an_op):
+    False after importing TensorFlow, True once an op ran. A release that changes it fails here, loudly."""
+    code = ("import tensorflow as tf\nfrom course_utils import memory\nbefore = memory.tensorflow_has_run_an_op()\n"
+            "tf.constant(1) + 1\nprint(before, memory.tensorflow_has_run_an_op())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True"], proc.stdout

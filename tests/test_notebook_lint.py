@@ -1,4 +1,4 @@
-"""Notebook lint: every lesson follows the skeleton (COURSE_DESIGN.md §4), and the linter really
+"""Notebook lint: every lesson follows the skeleton (CONTRIBUTING.md §4), and the linter really
 rejects what it should. Fast: no kernel is started, nothing is executed."""
 
 from __future__ import annotations
@@ -255,6 +255,12 @@ def test_unexplained_raises_exception_is_rejected(repo_root: Path) -> None:
     nb["cells"][5] = _code("y = 2")  # the explanation was the markdown cell before it
     nb["cells"].insert(7, _code("z = 3"))
     assert_only(lint(repo_root, nb), r"cell 6: tagged raises-exception, but no markdown cell")
+
+
+def test_private_keras_imports_are_rejected(repo_root: Path) -> None:
+    nb = good_notebook()
+    nb["cells"][4] = _code("from keras.src.backend.tensorflow import core\nprint(core.remat)")
+    assert_only(lint(repo_root, nb), r"cell 4: uses keras.src, Keras' private modules")
 
 
 def test_unformatted_json_is_rejected(repo_root: Path) -> None:

@@ -1,41 +1,41 @@
-"""Every lesson proves its claims in every mode (issue 8): full mode on synthetic data, and under XLA.
+"""Lessons not yet measurable by ``python -m course_utils prove`` prove their claims in full mode and under XLA by
+executing the notebook (issue 8). Lessons that ``prove`` knows (``course_utils.proof.LESSONS``) are checked by it
+instead (``.ci/run``: ``prove --mode full --data synthetic`` and ``prove --jit``), without executing the notebook
+again: the notebook runs once, in smoke mode, in the default ``pytest``.
 
-The default ``pytest`` run executes every notebook in smoke mode (nbval, from ``testpaths``). These
-slower runs are behind markers, and ``.ci/run`` runs them too:
+- ``pytest -m full``: each remaining notebook in full mode (``COURSE_SMOKE=0``) on synthetic data;
+- ``pytest -m xla``: the remaining XLA lessons in smoke mode with ``COURSE_JIT=1``.
 
-- ``pytest -m full``: each notebook in full mode (``COURSE_SMOKE=0``) on synthetic data
-  (``COURSE_DATA=synthetic``: offline, same sizes as real CIFAR-10);
-- ``pytest -m xla``: lessons 02, 03 and 05 in smoke mode with ``COURSE_JIT=1`` (their measured steps
-  compiled by XLA, as on a TPU).
-
-A run fails when a cell not tagged ``raises-exception`` raises, or when any output reads
-"❌ does not hold here": a claim that fails on this CPU must say why (``report.Claim(differs_here=...)``,
-shown as "⚠️ differs on this hardware"), be measured from repeats ("〰️ inconclusive here (noise)" is
-allowed: noise is not a verdict), or be fixed.
+A run fails when a cell not tagged ``raises-exception`` raises, or when a claim the notebook saved (its claims table
+writes them to ``$COURSE_CLAIMS_DIR`` as JSON; no printed output is read) has the verdict "does not hold". A claim
+that fails on this CPU must say why (``differs_here``), be measured from repeats (inconclusive is allowed: noise is
+not a verdict), or be fixed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
 
 import pytest
 
-from course_utils import report
+from course_utils import proof, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-XLA_LESSONS = ("02_", "03_", "05_")
+NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if p.name[:2] not in proof.LESSONS]
+XLA_LESSONS = ("03_",)  # and 02, 05 through prove --jit
 FULL_TIMEOUT_S = int(os.environ.get("COURSE_FULL_CELL_TIMEOUT_S", "900"))
 
 
-def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch) -> tuple[list[str], list[str]]:
-    """Execute ``path`` in a fresh kernel with ``env`` set; return (unexpected errors, failed claims)."""
+def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: pathlib.Path
+             ) -> tuple[list[str], list[str]]:
+    """Execute ``path`` in a fresh kernel with ``env`` set; return (unexpected errors, claims that do not hold)."""
     import nbclient
     import nbformat
 
-    for name, value in env.items():
+    for name, value in {**env, report.CLAIMS_DIR_VARIABLE: str(claims_dir)}.items():
         monkeypatch.setenv(name, value)
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=FULL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
@@ -43,7 +43,7 @@ def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch) -> tuple[list
     start = time.perf_counter()
     client.execute()
     print(f"{path.name} {env}: {time.perf_counter() - start:.0f} s")
-    errors, failed = [], []
+    errors = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -51,43 +51,40 @@ def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch) -> tuple[list
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error" and not expected_error:
                 errors.append(f"cell {index}: {out.get('ename')}: {out.get('evalue', '')[:300]}")
-            text = out.get("text", "") or "".join(out.get("data", {}).get("text/plain", ""))
-            text += "".join(out.get("data", {}).get("text/markdown", ""))
-            for line in text.splitlines():
-                if report.FAILS in line:
-                    failed.append(f"cell {index}: {line.strip()[:300]}")
+    saved = sorted(claims_dir.glob("claims-*.json"))
+    claims = [c for path in saved for c in json.loads(path.read_text(encoding="utf-8"))]
+    if not claims:
+        errors.append("the notebook saved no claims table (report.ClaimsTable)")
+    failed = [f"{c['claim']}: expected {c['expected']}, measured {c['measured']} ({c['reason']})"
+              for c in claims if c["verdict"] == report.WORDS[report.FAILS]]
     return errors, failed
-
-
-def _claim_rows(failed: list[str]) -> list[str]:
-    # The claims table prints as text and as Markdown: the same row can appear twice.
-    return sorted(set(failed))
 
 
 @pytest.mark.full
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_full_mode_on_synthetic_data(path, monkeypatch):
-    errors, failed = _execute(path, {"COURSE_SMOKE": "0", "COURSE_DATA": "synthetic"}, monkeypatch)
+def test_full_mode_on_synthetic_data(path, monkeypatch, tmp_path):
+    errors, failed = _execute(path, {"COURSE_SMOKE": "0", "COURSE_DATA": "synthetic"}, monkeypatch, tmp_path)
     assert not errors, "cells raised in full mode:\n" + "\n".join(errors)
-    assert not failed, "claims that do not hold in full mode:\n" + "\n".join(_claim_rows(failed))
+    assert not failed, "claims that do not hold in full mode:\n" + "\n".join(failed)
 
 
 @pytest.mark.xla
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name.startswith(XLA_LESSONS)],
                          ids=[p.stem for p in NOTEBOOKS if p.name.startswith(XLA_LESSONS)])
-def test_under_xla(path, monkeypatch):
-    errors, failed = _execute(path, {"COURSE_SMOKE": "1", "COURSE_JIT": "1"}, monkeypatch)
+def test_under_xla(path, monkeypatch, tmp_path):
+    errors, failed = _execute(path, {"COURSE_SMOKE": "1", "COURSE_JIT": "1"}, monkeypatch, tmp_path)
     assert not errors, "cells raised under XLA:\n" + "\n".join(errors)
-    assert not failed, "claims that do not hold under XLA:\n" + "\n".join(_claim_rows(failed))
+    assert not failed, "claims that do not hold under XLA:\n" + "\n".join(failed)
 
 
-def test_the_failure_marker_is_what_claims_print():
-    """The scan above looks for report.FAILS: a failing claim must print exactly that, and an
-    explained or noisy one must not."""
-    failing = report.Claim("c", "s", "e", "m", False)
-    explained = report.Claim("c", "s", "e", "m", False, differs_here="CPU")
+def test_a_failing_claim_is_saved_with_the_verdict_the_checks_look_for(tmp_path):
+    """The checks look for the verdict "does not hold" in the saved claims: a failing claim must save exactly that,
+    and an explained or noisy one must not."""
+    failing = report.Claim("c", "s", "e", "m", False, lesson="01")
+    explained = report.Claim("c", "s", "e", "m", False, differs_here="CPU", lesson="01")
     noisy = report.Claim.from_samples("c", "s", "e", [0.9, 1.1, 1.3], ">", 1.0)
-    assert report.FAILS in str(report.ClaimsTable([failing]))
-    assert report.FAILS in report.ClaimsTable([failing])._repr_markdown_()
-    assert report.FAILS not in str(report.ClaimsTable([explained, noisy]))
-    assert report.ClaimsTable([failing, explained, noisy]).unexplained_failures == [failing]
+    noisy.lesson = "01"
+    saved = report.ClaimsTable([failing, explained, noisy], save=False).save(str(tmp_path))
+    verdicts = [c["verdict"] for c in json.loads(pathlib.Path(saved).read_text(encoding="utf-8"))]
+    assert verdicts == [report.WORDS[report.FAILS], "differs on this hardware", "inconclusive"]
+    assert report.ClaimsTable([failing, explained, noisy], save=False).unexplained_failures == [failing]

@@ -151,3 +151,15 @@ def test_plots_are_built_from_measurements():
     assert len(fig.axes) == len(rows)
     fig2 = exp.plot_speedups({"a": exp.Samples([1.1, 1.2, 1.3]), "b": exp.Samples([0.9, 1.0, 1.1])})
     assert len(fig2.axes[0].patches) == 2
+
+
+def test_shard_as_worker_is_tensorflows_auto_shard_rewrite():
+    """shard_as_worker wraps TensorFlow's private _AutoShardDataset (the rewrite experimental_distribute_dataset
+    applies on each worker): a release that renames it or changes what it does fails here, not in lesson 04."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    ds = tf.data.Dataset.range(12).with_options(options)
+    shares = [[int(v) for v in exp.shard_as_worker(ds, tf.distribute.InputContext(3, worker, 3))] for worker in range(3)]
+    assert shares == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]

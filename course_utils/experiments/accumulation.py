@@ -306,35 +306,139 @@ def loss_scaling_demo(strategy, steps: int = 4, micro_batch: int = 8, loss_weigh
     return out
 
 
-def accumulation_peaks(k: int = 4, micro_batch: int = 32, width: int = 16, jit: bool = False,
-                       num_classes: int = 10, device: str = "CPU:0", seed: int = 0) -> dict:
-    """Peak memory (MiB) of one training step of the course's small CNN on one device: a batch of
-    ``micro_batch`` ("B"), of ``k × micro_batch`` ("kB"), and the k·B batch through
-    :class:`AccumulatingModel` ("acc"), each a ``tf.function`` (``jit_compile=jit``) measured after a
-    warm-up call. Measure in a fresh process for figures that do not depend on what ran before."""
+def training_step(batch: int, accumulate: int = 0, width: int = 16, num_classes: int = 10, jit: bool = False,
+                  seed: int = 0):
+    """One training step of the course's small CNN on ``batch`` examples, as a step for
+    :func:`course_utils.memory.measure_isolated`: a zero-argument ``tf.function`` (``jit_compile=jit``) around
+    ``model.train_step`` on a batch already in memory. ``accumulate=k`` wraps the model in
+    :class:`AccumulatingModel` (k micro-batches of ``batch / k``); 0 = one plain step."""
     import keras
     import tensorflow as tf
 
-    from .. import data, memory, models
+    from .. import data, models
 
-    (x_img, y_img), _ = data.synthetic_cifar(k * micro_batch, 8, seed=seed, num_classes=num_classes)
+    (x, y), _ = data.synthetic_cifar(batch, 8, seed=seed, num_classes=num_classes)
+    model = models.small_cnn(num_classes=num_classes, width=width)
+    if accumulate:
+        model = _accumulating_model()(model, steps=accumulate)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+    x, y = tf.constant(x), tf.constant(y)
+    return tf.function(lambda: model.train_step((x, y)), jit_compile=jit)
 
-    def make(accumulate: bool):
-        model = models.small_cnn(num_classes=num_classes, width=width)
-        if accumulate:
-            model = _accumulating_model()(model, steps=k)
-        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
-        return model
 
-    out, method = {}, None
-    for label, n, accumulate in (("B", 1, False), ("kB", k, False), ("acc", k, True)):
-        model = make(accumulate)
-        x, y = tf.constant(x_img[: n * micro_batch]), tf.constant(y_img[: n * micro_batch])
-        step = tf.function(lambda m=model, x=x, y=y: m.train_step((x, y)), jit_compile=jit)
-        step()  # warm-up: tracing and compiling are not part of the step's peak
-        peak = memory.measure_peak(step, device=device)
-        out[label], method = peak.peak_bytes / 2**20, peak.method
-    return dict(out, method=method, jit=jit, k=k, micro_batch=micro_batch)
+def step_peaks(micro_batch: int, ks=(1, 2, 4), accumulated: bool = False, width: int = 16, jit: bool = False,
+               seed: int = 0, repeats: int = 5) -> dict:
+    """Peak memory of one training step per k in ``ks``, each in a fresh process (``repeats`` readings each):
+    one batch of k·B examples (labels ``"k·B"``), or with ``accumulated`` the k·B batch through
+    ``AccumulatingModel``, B at a time (``"k × B accumulated"``). ``{label: PeakMemory}``, every reading in
+    ``samples``. A fresh process per step: in a long-lived one, what ran before changes the allocator's figure."""
+    from .. import memory
+
+    def label(k: int) -> str:
+        return f"{k} × B accumulated" if accumulated else f"{k}·B"
+
+    variants = {label(k): dict(batch=k * micro_batch, accumulate=k if accumulated else 0, width=width, jit=jit,
+                               seed=seed) for k in ks}
+    return memory.measure_peaks_isolated(training_step, variants, repeats=repeats)
+
+
+def growth_samples(peaks: dict, label: str, base: str = "1·B") -> list[float]:
+    """``peaks[label] / peaks[base]``, one ratio per repeat (repeat i of each, from separate processes)."""
+    return [a / b for a, b in zip(_readings(peaks[label]), _readings(peaks[base]))]
+
+
+def extra_share_samples(peaks: dict, k: int) -> list[float]:
+    """How much of the memory a k·B batch adds over B the accumulated k × B step still adds, one value per repeat:
+    (acc − B) / (k·B − B). 0 = exactly B's peak; 1 = the big batch's. The accumulated step still holds the k·B
+    *input* batch and the gradient sums, so a little above 0 is expected."""
+    acc, base, big = (_readings(peaks[label]) for label in (f"{k} × B accumulated", "1·B", f"{k}·B"))
+    return [(a - b) / max(g - b, 1) for a, b, g in zip(acc, base, big)]
+
+
+def _readings(peak) -> list[float]:
+    return [float(v) for v in (peak.samples or [peak.peak_bytes])]
+
+
+def popular_loop(model, optimizer, x, y, k: int, micro_batch: int, divide_by_k: bool):
+    """The accumulation loop popular posts show (eager, one device), with the ``/ k`` fix as an option."""
+    import keras
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    accum = [tf.zeros_like(v) for v in model.trainable_variables]
+    for step, (xb, yb) in enumerate(tf.data.Dataset.from_tensor_slices((x, y)).batch(micro_batch)):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))  # mean over the micro-batch
+        grads = tape.gradient(loss, model.trainable_variables)
+        accum = [a + g for a, g in zip(accum, grads)]
+        if (step + 1) % k == 0:
+            if divide_by_k:
+                accum = [a / k for a in accum]  # the fix: the mean of k means is the big batch's mean
+            optimizer.apply_gradients(zip(accum, model.trainable_variables))
+            accum = [tf.zeros_like(v) for v in model.trainable_variables]
+    return model
+
+
+def popular_loop_effect(k: int = 4, micro_batch: int = 8) -> dict:
+    """§2: one update of :func:`popular_loop` with and without ``/ k`` against one big-batch ``fit`` step from the
+    same weights. ``{"sgd": {"without /k"|"with /k": {"ratio", "diff"}}, "adam_ratio"}``: the SGD update's size
+    relative to the big batch's (and max |Δw| from it); Adam's update without /k relative to with it."""
+    import keras
+    import numpy as np
+
+    x, y = toy_data(k * micro_batch)
+    big = tiny_classifier()
+    w0 = big.get_weights()
+    big.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    big.fit(x, y, batch_size=k * micro_batch, shuffle=False, verbose=0)
+
+    def update_size(weights):
+        return max(float(np.abs(w - w_0).max()) for w, w_0 in zip(weights, w0))
+
+    out: dict = {"sgd": {}, "adam": {}}
+    for divide in (False, True):
+        key = "with /k" if divide else "without /k"
+        model = popular_loop(tiny_classifier(), keras.optimizers.SGD(0.1), x, y, k, micro_batch, divide)
+        out["sgd"][key] = {"ratio": update_size(model.get_weights()) / update_size(big.get_weights()),
+                           "diff": max_abs_diff(model.get_weights(), big.get_weights())}
+        model = popular_loop(tiny_classifier(), keras.optimizers.Adam(0.01), x, y, k, micro_batch, divide)
+        out["adam"][key] = update_size(model.get_weights())
+    out["adam_ratio"] = out["adam"]["without /k"] / out["adam"]["with /k"]
+    return out
+
+
+def builtin_on_mirrored(strategy, kind: str, steps: int = 4) -> str:
+    """§4: what Keras' built-in accumulation does under ``MirroredStrategy`` (this runtime's strategy when it has
+    several replicas or is a TPU's, else a one-device MirroredStrategy): "ran", or the error in a few words."""
+    import tensorflow as tf
+
+    mirrored = (strategy if kind == "TPU" or strategy.num_replicas_in_sync > 1
+                else tf.distribute.MirroredStrategy(strategy.extended.worker_devices[:1]))
+    try:
+        builtin_accumulation(mirrored, steps=steps)
+    except RuntimeError as e:
+        return "RuntimeError (merge_call in Cond)" if "merge_call" in str(e) else f"RuntimeError: {e}"
+    return "ran"
+
+
+TOLERANCE = {"float32": 1e-5, "mixed_bfloat16": 1e-3}  # §5: max |Δw| accumulation vs big batch, per policy
+
+
+def equivalence_runs(strategy, steps: int = 4, updates: int = 2) -> list[dict]:
+    """§5: :func:`compare_with_big_batch` on one device (float32) and on 4 replicas (float32, mixed_bfloat16; here,
+    or in a 4-CPU process when this strategy has fewer). ``[{"where", "policy", "result", "within_tolerance"}]``."""
+    import tensorflow as tf
+
+    from .. import runtime as _runtime
+
+    runs = [("1 replica", "float32", compare_with_big_batch(tf.distribute.get_strategy(), steps, updates=updates,
+                                                           policy="float32"))]
+    for policy in ("float32", "mixed_bfloat16"):
+        result = _runtime.run_with_replicas(4, strategy, compare_with_big_batch, steps=steps, updates=updates,
+                                            policy=policy)
+        runs.append((f"{result['replicas']} replicas", policy, result))
+    return [{"where": where, "policy": policy, "result": r,
+             "within_tolerance": max(r["max_abs_diff"].values()) <= TOLERANCE[policy]} for where, policy, r in runs]
 
 
 def four_replica_loss_scaling(strategy, steps: int = 4, micro_batch: int = 8, seed: int = 0) -> dict:
@@ -462,4 +566,140 @@ def ragged_batches(strategy, steps: int = 4) -> dict:
         out["accumulator_ragged"] = "trained"
     except ValueError as e:
         out["accumulator_ragged"] = str(e)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# ----------------------------------------------------------------------------------------------
+
+K = 4  # micro-batches per update, the lesson's k
+
+
+def measure(lab) -> dict:
+    """Everything lesson 05's claims need, measured the way the notebook measures it (``lab``: a
+    :class:`course_utils.proof.Lab` — config, runtime and progress lines). The notebook computes the same
+    entries section by section and passes them to :func:`claims`."""
+    import tensorflow as tf
+
+    from .. import runtime as _runtime
+
+    sizes, strategy = lab.sizes, lab.runtime.strategy
+    one_device = tf.distribute.get_strategy()
+    out: dict = {"k": K, "jit": lab.jit, "replicas": strategy.num_replicas_in_sync, "kind": lab.runtime.kind}
+    lab.progress(f"peak memory of B, 2·B, {K}·B and of 2 and {K} accumulated micro-batches, each in fresh processes")
+    peaks = step_peaks(sizes.memory_batch, ks=(1, 2, K), width=sizes.memory_width, jit=lab.jit)
+    peaks.update(step_peaks(sizes.memory_batch, ks=(2, K), accumulated=True, width=sizes.memory_width, jit=lab.jit))
+    out["peaks"] = peaks
+    lab.progress("the popular loop, the averaging bug, Keras' built-in accumulation")
+    out.update(popular_loop_effect(K))
+    out["averaging"] = _runtime.run_with_replicas(4, strategy, loss_averaging_effect)
+    out["builtin"] = builtin_accumulation(tf.distribute.OneDeviceStrategy("/cpu:0"), steps=K)
+    out["builtin_on_mirrored"] = builtin_on_mirrored(strategy, lab.runtime.kind, K)
+    lab.progress("accumulation against the big batch on 1 and 4 replicas")
+    out["runs"] = equivalence_runs(strategy, K)
+    out["ragged"] = ragged_batches(strategy, steps=K)
+    lab.progress("caveats: BatchNorm, schedules, float16 loss scaling")
+    out["bn"] = batchnorm_caveat(one_device, steps=K)
+    out["units"] = schedule_units(steps=K, updates=2, warmup=8)
+    with tf.device("/cpu:0"):
+        out["fp16"] = loss_scaling_demo(one_device, steps=K, micro_batch=32, loss_weight=1e-5)
+    out["scaling"] = _runtime.run_with_replicas(4, strategy, four_replica_loss_scaling)
+    return out
+
+
+def claims(r: dict) -> list:
+    """Lesson 05's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    from .. import report
+
+    k, peaks = r["k"], r["peaks"]
+    xla = "with XLA" if r["jit"] else "without XLA"
+    four_note = "" if r["replicas"] >= 4 else "measured in a 4-CPU process: this runtime has fewer replicas"
+    averaging, builtin, ragged, bn, units, fp16 = (
+        r[key] for key in ("averaging", "builtin", "ragged", "bn", "units", "fp16"))
+    sgd_without, sgd_with = r["sgd"]["without /k"], r["sgd"]["with /k"]
+    fp16_plain, fp16_scaled = fp16["mixed_float16, no loss scaling"], fp16["mixed_float16 + LossScaleOptimizer"]
+    scaling = r["scaling"]
+    overflow = scaling["overflow"]
+    runs = r["runs"]
+    measurable = peaks["1·B"].peak_bytes > 0
+    method = peaks["1·B"].method
+    growth = growth_samples(peaks, f"{k}·B") if measurable else []
+    share = extra_share_samples(peaks, k) if measurable else []
+    acc_ratio = peaks[f"{k} × B accumulated"].peak_bytes / max(peaks["1·B"].peak_bytes, 1)
+    no_peak = "" if measurable else "this runtime reports no peak memory"
+
+    def memory_claim(claim, source, expected, samples, op, threshold, **kwargs):
+        if not samples:  # no peak to read here: not measurable, never a pass or a failure
+            return report.Claim(claim, source, expected, "—", None, note=kwargs["note"])
+        return report.Claim.from_samples(claim, source, expected, samples, op, threshold, **kwargs)
+    out = [
+        memory_claim(
+            "Peak memory grows with the batch (activations)", "§1", f"{k}·B well above B (> 1.5×)", growth, ">", 1.5,
+            note=no_peak or f"{xla}; each step in a fresh process ({method})"),
+        report.Claim("The popular loop without /k makes the update k× too large; /k fixes it", "§2",
+                     f"{k}.00×; then ≤ 1e-5", f"{sgd_without['ratio']:.3f}×; fixed: {sgd_with['diff']:.1e}",
+                     abs(sgd_without["ratio"] - k) < 1e-3 and sgd_with["diff"] <= 1e-5),
+        report.Claim("With Adam, forgetting /k barely changes the step (Adam normalizes the gradient's size)", "§2",
+                     "within 10% of the right step", f"{r['adam_ratio']:.3f}×", abs(r["adam_ratio"] - 1) < 0.1),
+        report.Claim("compute_average_loss(global batch) + SUM gives the global mean loss and an update equal to fit",
+                     "tf.distribute guide; §3", "equal to fit", f"max |Δw| {averaging['diff_vs_fit_right']:.1e}",
+                     averaging["diff_vs_fit_right"] <= 1e-5, four_note),
+        report.Claim("reduce_mean per replica makes the update replicas× too large", "§3", "4.00× on 4 replicas",
+                     f"{averaging['update_ratio']:.2f}× on {averaging['replicas']}",
+                     abs(averaging["update_ratio"] - 4) < 1e-2, four_note),
+        report.Claim("Keras' gradient_accumulation_steps equals the big batch under OneDeviceStrategy", "§4", "≤ 1e-5",
+                     f"{builtin['max_abs_diff']:.1e}", builtin["max_abs_diff"] <= 1e-5),
+        report.Claim("…and crashes under MirroredStrategy (keras-team/keras#20582)", "§4", "RuntimeError (merge_call)",
+                     r["builtin_on_mirrored"], r["builtin_on_mirrored"].startswith("RuntimeError (merge_call"),
+                     "" if r["kind"] != "TPU" else "on TPU measured under TPUStrategy"),
+        report.Claim("Strategy-safe accumulation (fit and custom loop) equals the big batch: float32 ≤ 1e-5, bf16 ≤ 1e-3",
+                     "§5", "all within tolerance",
+                     "; ".join(f"{run['where']} {run['policy']}: {max(run['result']['max_abs_diff'].values()):.0e}"
+                               for run in runs),
+                     all(run["within_tolerance"] for run in runs)),
+        report.Claim("optimizer.iterations counts updates = micro-steps / k", "§5", "micro-steps / k",
+                     "; ".join(f"{run['result']['micro_steps']}→{run['result']['updates_acc']['fit']}" for run in runs),
+                     all(run["result"]["updates_acc"]["fit"] == run["result"]["updates_acc"]["loop"]
+                         == run["result"]["micro_steps"] // k for run in runs)),
+        memory_claim(
+            "An accumulated k×B step peaks near B's memory, not k·B's — with and without XLA", "§5",
+            f"adds < 25% of what {k}·B adds over B", share, "<", 0.25, fmt=".0%", unit="",
+            note=no_peak or (f"{acc_ratio:.2f}× B's peak; what it adds is the {k}·B input batch and the gradient sums; "
+                             f"{xla}, fresh processes")),
+        report.Claim("Batches that cannot split into k micro-batches are refused (or dropped with a warning) before "
+                     "training", "§5", "clear message; 3 updates from 404 examples",
+                     f"{ragged['arrays_dropped']['updates']} updates; dataset: "
+                     f"{'drop_remainder' in ragged['dataset_unbatched_size']}",
+                     ragged["arrays_dropped"]["updates"] == 404 // 128
+                     and "drop_remainder" in ragged["dataset_unbatched_size"]),
+        report.Claim("BatchNorm moving statistics update per micro-batch (k× per update)", "§6",
+                     "moves more; weights differ",
+                     f"{bn['moving_mean_moved_acc']:.4f} vs {bn['moving_mean_moved_big']:.4f}; "
+                     f"Δw {bn['trainable_diff']:.1e}",
+                     bn["moving_mean_moved_acc"] > 2 * bn["moving_mean_moved_big"] and bn["trainable_diff"] > 1e-4),
+        report.Claim("The built-in option's LR schedule sees micro-steps; the course tools' see updates", "§6",
+                     f"built-in at step {2 * k}, course at 2",
+                     f"built-in {units['Keras built-in']['schedule_step']}, "
+                     f"course {units['AccumulatingModel']['schedule_step']}",
+                     units["Keras built-in"]["schedule_step"] == 2 * k
+                     and units["AccumulatingModel"]["schedule_step"] == 2),
+        report.Claim("float16 loses small accumulated gradients without loss scaling; LossScaleOptimizer keeps them; "
+                     "bfloat16 needs no scaling", "§6", "lost > 0 without; 0 with; bf16 0",
+                     f"{fp16_plain['vanished']:.1%} vs {fp16_scaled['vanished']:.1%}; "
+                     f"bf16 {fp16['mixed_bfloat16']['vanished']:.1%}",
+                     fp16_plain["vanished"] > 0 and fp16_scaled["vanished"] == 0
+                     and fp16["mixed_bfloat16"]["vanished"] == 0),
+        report.Claim("A LossScaleOptimizer in the course's custom loops works under MirroredStrategy: an overflow on "
+                     "one replica skips the update on all and halves the scale", "§6",
+                     "skipped everywhere; scale ÷ 2; then applied",
+                     f"applied={overflow['applied']}, unchanged {sum(overflow['replicas_unchanged'])}/"
+                     f"{scaling['replicas']}, scale {overflow['scale_before']:g}→{overflow['scale_after']:g}",
+                     (not overflow["applied"]) and all(overflow["replicas_unchanged"])
+                     and overflow["scale_after"] == overflow["scale_before"] / 2 and overflow["next_applied"]
+                     and max(scaling["accumulator"]["max_abs_diff"], scaling["train_step"]["max_abs_diff"]) <= 1e-5,
+                     four_note),
+    ]
+    for claim in out:
+        claim.lesson = "05"
     return out

@@ -126,11 +126,16 @@ def shard_as_worker(ds, input_context):
     worker's share. It uses TensorFlow's internal ``_AutoShardDataset`` (no public API exposes the
     rewrite without a real cluster).
     """
+    import tensorflow as tf
     from tensorflow.python.data.experimental.ops import distribute as _dist
 
-    return _dist._AutoShardDataset(
-        ds, input_context.num_input_pipelines, input_context.input_pipeline_id, input_context.num_replicas_in_sync
-    )
+    rewrite = getattr(_dist, "_AutoShardDataset", None)
+    if rewrite is None:
+        raise RuntimeError(f"TensorFlow {tf.__version__} has no tensorflow.python.data.experimental.ops.distribute."
+                           "_AutoShardDataset any more: course_utils.experiments.pipeline.shard_as_worker needs "
+                           "updating for this release")
+    return rewrite(ds, input_context.num_input_pipelines, input_context.input_pipeline_id,
+                   input_context.num_replicas_in_sync)
 
 
 def _coverage(per_worker: list[list[int]], n_total: int) -> dict:

@@ -147,6 +147,21 @@ def _tail(lines: list[str], n: int = 6) -> str:
     return "\n".join("    " + line for line in lines[-n:]) or "    (no output)"
 
 
+MIN_INTEROP_THREADS = 2
+
+
+def interop_threads() -> int:
+    """Inter-op threads for a cluster task: TensorFlow's default (one per core this process may use), but at least
+    :data:`MIN_INTEROP_THREADS`. With one core TensorFlow starts one inter-op thread, and a distributed task that
+    blocks it (waiting for a peer's tensor or a scheduled function) has none left to serve its peers: a
+    parameter-server cluster under ``taskset -c 0`` never finished (measured; with 2 threads it runs in seconds)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return max(MIN_INTEROP_THREADS, cores)
+
+
 def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bool = False,
                 timeout: float = 120.0, env: dict | None = None, cwd: str | None = None,
                 log: Callable[[str], None] | None = print, ports: Sequence[int] | None = None,
@@ -194,6 +209,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
 
     base_env = dict(os.environ if env is None else env)
     base_env.setdefault("PYTHONUNBUFFERED", "1")
+    base_env.setdefault("TF_NUM_INTEROP_THREADS", str(interop_threads()))
     procs: dict[str, subprocess.Popen] = {}
     logs: dict[str, list[str]] = {}
     readers = []

@@ -48,8 +48,14 @@ class Lesson:
 
 
 LESSONS = {lesson.id: lesson for lesson in (
+    Lesson("01", "TPU initialization", "course_utils.experiments.tpu"),
     Lesson("02", "bfloat16 conversion", "course_utils.experiments.conversion"),
+    Lesson("03", "Mixed precision", "course_utils.experiments.precision"),
+    Lesson("04", "Data pipelines and sharding", "course_utils.experiments.pipeline", cpu_replicas=4),
     Lesson("05", "Gradient accumulation", "course_utils.experiments.accumulation", cpu_replicas=4),
+    Lesson("06", "CIFAR-10 capstone", "course_utils.experiments.capstone"),
+    Lesson("07", "Activation memory", "course_utils.experiments.activation_memory"),
+    Lesson("08", "Scaling out", "course_utils.experiments.scaling_out"),
 )}
 
 
@@ -166,7 +172,9 @@ def machine_line(machine: dict) -> str:
     extra = [f"oneDNN {'off' if cpu['onednn'] == '0' else 'on'}"]
     if cpu.get("max_isa"):
         extra.append(f"ONEDNN_MAX_CPU_ISA={cpu['max_isa']}")
-    return (f"{where}, {acc['replicas']} replica(s) · CPU {cpu['model']}, {cores}, "
+    replicas = f"{acc['replicas']} replica(s)" + (" (lessons on distribution split it into 4 devices)"
+                                                  if acc["kind"] == "CPU" else "")
+    return (f"{where}, {replicas} · CPU {cpu['model']}, {cores}, "
             f"{machine['memory_gib']} GiB · {machine['os']} · Python {machine['python']} · TensorFlow "
             f"{machine['tensorflow']} · Keras {machine['keras']} · {machine['mode']} mode, "
             f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · " + ", ".join(extra))

@@ -2,6 +2,11 @@
 
 Each test checks that no process it started is left behind: the tasks (by pid) and a grandchild a task
 starts (by the pid it writes), since the launcher stops each task's whole process group.
+
+The clusters' results — two MultiWorkerMirrored workers with identical weights equal to one process, each reading
+half of every global batch, and a worker SIGKILLed mid-run with the restarted cluster committing every step once —
+are lesson 08's claims: its notebook runs those clusters in the default pytest (and the suite fails a claim that does
+not hold), and ``prove`` runs them in full mode. They are not run a second time here.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import psutil
 import pytest
 
@@ -63,35 +67,6 @@ def _wait_for_pid_files(tmp_path, n: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while len(list(tmp_path.glob("pids_*.json"))) < n and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def test_two_workers_train_identical_weights_equal_to_one_process(tmp_path):
-    from course_utils.experiments import multiworker
-
-    out = tmp_path / "weights"
-    lines = []
-    result = cluster.run_cluster([sys.executable, "-m", "course_utils.experiments.multiworker", "--steps", "4",
-                                  "--out", str(out), "--time", "3"], workers=2, timeout=180, log=lines.append,
-                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert result.ok() and set(result.returncodes) == {"worker 0", "worker 1"}
-    assert any(line.startswith("[worker 1] worker 1: 4 steps on 2 replicas") for line in lines), lines[-5:]
-    w = [np.load(out / f"worker{i}.npz") for i in (0, 1)]
-    ref = multiworker.single_process_weights(4)
-    n = len(ref["weights"])
-    for k in range(n):
-        np.testing.assert_array_equal(w[0][f"arr_{k}"], w[1][f"arr_{k}"])  # all-reduce: the same update everywhere
-        np.testing.assert_allclose(w[0][f"arr_{k}"], ref["weights"][k], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(w[0]["losses"], ref["losses"], atol=1e-6)
-    # lesson 04's sharding: each worker read half of every global batch, together every example once
-    assert int(w[0]["local_examples"]) == int(w[1]["local_examples"]) == 4 * multiworker.GLOBAL_BATCH // 2
-    assert int(w[0]["replicas"]) == 2
-    # --time: after training, each worker timed its step and an all-reduce alone (lesson 08's figure)
-    timing = [json.loads((out / f"worker{i}_timing.json").read_text()) for i in (0, 1)]
-    for t in timing:
-        assert t["workers"] == 2 and len(t["step_s_rounds"]) == 3
-        assert 0 < t["all_reduce_s"] and 0 < t["step_s"] < 5
-    assert timing[0]["gradient_bytes"] == 4 * sum(int(np.prod(v.shape)) for v in ref["weights"])
-    assert all(_gone(pid) for pid in result.pids.values())
 
 
 def test_a_worker_that_crashes_on_import_fails_fast_and_stops_the_others(tmp_path):
@@ -188,32 +163,6 @@ def test_command_line_exit_codes():
     assert zero.returncode == 2 and "timeout must be a positive" in zero.stderr
     missing = run("--workers", "2", "--", "/no/such/program")
     assert missing.returncode == 1 and "could not start worker 0" in missing.stderr and "Traceback" not in missing.stderr
-
-
-def test_a_worker_killed_mid_run_resumes_from_the_last_checkpoint(tmp_path):
-    """SIGKILL worker 1 right after step 3 of 6 (a preempted machine): the cluster stops; restarted, both
-    workers restore step 3 and run 4-6 — every step committed exactly once, weights equal to one process."""
-    from course_utils.experiments import multiworker
-
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    command = [sys.executable, "-m", "course_utils.experiments.multiworker", "--steps", "6", "--out", str(out),
-               "--ckpt", str(ckpt)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    with pytest.raises(cluster.ClusterError, match="worker 1 was killed by SIGKILL"):
-        cluster.run_cluster(command + ["--crash-worker", "1", "--crash-after", "3"], workers=2, timeout=180, log=None,
-                            env=env)
-    result = cluster.run_cluster(command, workers=2, timeout=180, log=None, env=env)
-    assert result.ok()
-    for i in (0, 1):
-        steps = [int(s) for s in (out / f"worker{i}_steps.txt").read_text().split()]
-        assert steps == [1, 2, 3, 4, 5, 6], (i, steps)  # none lost, none repeated
-        assert int(np.load(out / f"worker{i}.npz")["start"]) == 3
-    ref = multiworker.single_process_weights(6)
-    w = [np.load(out / f"worker{i}.npz") for i in (0, 1)]
-    for k, expected in enumerate(ref["weights"]):
-        np.testing.assert_array_equal(w[0][f"arr_{k}"], w[1][f"arr_{k}"])
-        np.testing.assert_allclose(w[0][f"arr_{k}"], expected, rtol=0, atol=1e-6)
-    assert all(_gone(pid) for pid in result.pids.values())
 
 
 def test_parameter_server_layout_ends_when_the_chief_ends(tmp_path):

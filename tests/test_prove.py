@@ -48,7 +48,7 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, message):
 def test_every_lesson_is_known_and_measurable():
     import importlib
 
-    assert set(proof.LESSONS) >= {"02", "05"}
+    assert sorted(proof.LESSONS) == ["01", "02", "03", "04", "05", "06", "07", "08"]
     for lesson in proof.LESSONS.values():
         module = importlib.import_module(lesson.module)
         assert callable(module.measure) and callable(module.claims), lesson
@@ -81,22 +81,22 @@ def test_report_card_has_a_table_per_lesson_and_the_machine():
 
 
 def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
-    """The README's example: lessons 02 and 05 in smoke mode. Interrupted (Ctrl-C) after the first lesson, the
-    folder keeps it; run again, it is skipped and only 05 is measured. A claims.json from other settings is kept
-    aside, not mixed in."""
+    """Two lessons in smoke mode (03 and 02, the quickest with memory claims from repeats). Interrupted (Ctrl-C)
+    after the first lesson, the folder keeps it; run again, it is skipped and only 02 is measured. A claims.json
+    from other settings is kept aside, not mixed in."""
     out = tmp_path / "proof"
     out.mkdir()
-    (out / "claims.json").write_text(json.dumps({"fingerprint": "another machine", "lessons": {"02": {}}}))
+    (out / "claims.json").write_text(json.dumps({"fingerprint": "another machine", "lessons": {"03": {}}}))
     env = dict(os.environ, COURSE_SMOKE="1")
     env.pop("COURSE_CLAIMS_DIR", None)
-    driver = subprocess.Popen([sys.executable, "-m", "course_utils", "prove", "--lessons", "2", "05", "--out", str(out)],
+    driver = subprocess.Popen([sys.executable, "-m", "course_utils", "prove", "--lessons", "3", "02", "--out", str(out)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 300
     for line in driver.stdout:
         lines.append(line)
-        if line.startswith("[05] Gradient accumulation"):
-            driver.send_signal(signal.SIGINT)  # Ctrl-C while lesson 05 measures
+        if line.startswith("[02] bfloat16 conversion …"):
+            driver.send_signal(signal.SIGINT)  # Ctrl-C while lesson 02 measures
             break
         assert time.monotonic() < deadline, "".join(lines)
     rest, _ = driver.communicate(timeout=60)
@@ -104,21 +104,21 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     assert "keeps the lessons that finished" in rest and "Traceback" not in rest
     assert json.loads((out / "claims.previous.json").read_text())["fingerprint"] == "another machine"
     first = json.loads((out / "claims.json").read_text())
-    assert set(first["lessons"]) == {"02"}
+    assert set(first["lessons"]) == {"03"}
 
-    proc = _prove("--lessons", "02", "05", "--out", str(out))
+    proc = _prove("--lessons", "03", "02", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[02] bfloat16 conversion: already proved here" in proc.stdout
+    assert "[03] Mixed precision: already proved here" in proc.stdout
     data = json.loads((out / "claims.json").read_text())
-    assert data["lessons"]["02"] == first["lessons"]["02"]  # not measured again
+    assert data["lessons"]["03"] == first["lessons"]["03"]  # not measured again
     machine = data["machine"]
     assert {"accelerator", "cpu", "memory_gib", "os", "python", "tensorflow", "keras", "xla", "mode"} <= set(machine)
     assert machine["mode"] == "smoke" and machine["xla"] is False and machine["cpu"]["cores"] >= 1
-    for lesson_id in ("02", "05"):
+    for lesson_id in ("02", "03"):
         claims = data["lessons"][lesson_id]["claims"]
         assert len(claims) >= 10 and all(KEYS <= set(c) and c["lesson"] == lesson_id for c in claims)
         assert all(c["verdict"] in set(report.WORDS.values()) for c in claims)
-    memory_claims = [c for c in data["lessons"]["05"]["claims"] if "peak" in c["claim"].lower()]
-    assert memory_claims and all(len(c["samples"]) == 5 for c in memory_claims)  # from repeats: samples kept
+    memory_claims = [c for c in data["lessons"]["02"]["claims"] if "peak memory" in c["claim"]]
+    assert len(memory_claims) == 2 and all(len(c["samples"]) == 3 for c in memory_claims)  # from repeats: kept
     card = (out / "report.md").read_text()
-    assert "## 02 · bfloat16 conversion" in card and "## 05 · Gradient accumulation" in card
+    assert "## 02 · bfloat16 conversion" in card and "## 03 · Mixed precision" in card

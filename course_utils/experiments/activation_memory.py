@@ -352,3 +352,201 @@ def remat_scope_modes() -> list[dict]:
                 row[where] = first_line(exc)
         rows.append(row)
     return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# ----------------------------------------------------------------------------------------------
+
+TECHNIQUES = {  # the block net's switches, one technique each (§1 measures them all, without and with XLA)
+    "recompute blocks": {"remat": "blocks"},
+    "recompute activations": {"remat": "activations"},
+    "few-bit GELU (2 bits)": {"activation": "few_bit", "bits": 2},
+    "output-saving LayerNorm": {"norm": "output_saving"},
+    "output-saving GELU": {"activation": "output_saving"},
+}
+BUDGET_GIB = 16  # §6: a TPU v5e chip or a T4 GPU
+
+
+def largest_batches(peaks: dict, batch: int, budget_gib: float = BUDGET_GIB) -> dict:
+    """§6: ``{(technique or "plain", jit): largest batch}`` whose peak fits ``budget_gib`` GiB, from §1's peaks
+    (``"plain"`` at B and 2·B fix the part that does not grow with the batch; each technique's own peak at B its
+    part per example)."""
+    budget = budget_gib * 2**30
+    out = {}
+    for jit, suffix in ((False, ""), (True, "|xla")):
+        out[("plain", jit)], fixed, _ = largest_batch(peaks["plain" + suffix].peak_bytes,
+                                                      peaks["plain, 2·B" + suffix].peak_bytes, batch, 2 * batch, budget)
+        for name in TECHNIQUES:
+            per_example = (peaks[name + suffix].peak_bytes - fixed) / batch
+            out[(name, jit)] = int((budget - fixed) // per_example) if per_example > 0 else 0
+    return out
+
+
+def few_bit_fidelity(bits=(1, 2, 3, 4), n: int = 200_000) -> dict:
+    """§3: the cosine between few-bit GELU's input gradient and exact GELU's, per number of bits, on ``n`` normal
+    inputs with normal upstream gradients (seeds 3 and 4, as the notebook's cell)."""
+    import keras
+    import tensorflow as tf
+
+    from .. import activation_memory as am
+
+    x = tf.random.normal([n], seed=3)
+    dy = tf.random.normal([n], seed=4)
+
+    def input_gradient(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = fn(x)
+        return tape.gradient(out, x, output_gradients=dy).numpy()
+
+    exact = input_gradient(lambda t: keras.activations.gelu(t, approximate=False))
+    out = {}
+    for k in bits:
+        g = input_gradient(lambda t, k=k: am.few_bit_gelu(t, k))
+        out[k] = float(np.dot(g, exact) / (np.linalg.norm(g) * np.linalg.norm(exact)))
+    return out
+
+
+def chunked_loss_difference(rows: int, classes: int, chunks: int = 4, dim: int = 64) -> float:
+    """§5: max |Δ| over loss and both gradients, whole logits against :func:`chunked_dense_cross_entropy`."""
+    import tensorflow as tf
+
+    from .. import activation_memory as am
+
+    g = tf.random.Generator.from_seed(0)
+    hidden, kernel = g.normal([rows, dim]), tf.Variable(g.normal([dim, classes]) * 0.1)
+    labels = g.uniform([rows], 0, classes, dtype=tf.int32)
+    results = {}
+    for n in (0, chunks):
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            loss = (am.chunked_dense_cross_entropy(hidden, kernel, labels, n) if n
+                    else am.dense_cross_entropy(hidden, kernel, labels))
+        results[n] = (loss, *tape.gradient(loss, [hidden, kernel]))
+    return max(float(tf.reduce_max(tf.abs(a - b))) for a, b in zip(results[0], results[chunks]))
+
+
+def measure(lab) -> dict:
+    """Everything lesson 07's claims need, measured the way the notebook measures it: every step without XLA and
+    with it, whatever ``lab.jit`` says (the lesson compares both). The notebook computes the same entries section by
+    section and passes them to :func:`claims`."""
+    from .. import data, memory
+
+    sizes, cfg = lab.sizes, lab.cfg
+    net = dict(width=sizes.block_width, depth=sizes.block_depth, tokens=sizes.block_tokens)
+    batch, rounds = sizes.block_batch, min(sizes.timing_repeats, 7)
+    out: dict = {"batch": batch, "data": cfg.data}
+    model = block_net(**net)
+    out["estimates"] = {b: memory.estimate_training_memory(model, b, optimizer="adam") for b in (batch, 2 * batch)}
+    lab.progress(f"peak and time of every technique, without and with XLA, each in a fresh process ({rounds} rounds)")
+    variants = {"plain": dict(batch=batch, **net), "plain, 2·B": dict(batch=2 * batch, **net)}
+    variants |= {name: dict(batch=batch, **net, **switches) for name, switches in TECHNIQUES.items()}
+    isolated = memory.measure_isolated(make_block_net_step, {k: dict(v, jit="both") for k, v in variants.items()},
+                                       parallel=2, time_rounds=rounds, time_repeats=2, time_baseline="plain",
+                                       time_labels=list(TECHNIQUES))
+    out["peaks"], out["time_ratios"] = isolated.peaks, isolated.time_ratios
+    lab.progress("RematScope modes, gradients, few-bit GELU fidelity")
+    out["modes"] = remat_scope_modes()
+    out["diffs"] = gradient_differences(TECHNIQUES, **net)
+    out["diffs_xla"] = gradient_differences({"recompute blocks": TECHNIQUES["recompute blocks"]}, jit=True, **net)
+    out["fidelity"] = few_bit_fidelity()
+    lab.progress("training the CNN with exact and with 2-bit GELU")
+    gelu_data = data.load_cifar10(n_train=sizes.gelu_train_examples, n_test=sizes.gelu_test_examples)
+    out["seeds"] = [cfg.seed + i for i in range(sizes.gelu_seeds if gelu_data.source != "synthetic" else 1)]
+    out["last"] = min(3, sizes.gelu_epochs)
+    out["gelu_final"] = {}
+    for seed in out["seeds"]:
+        for activation in ("exact", "few_bit"):
+            curve = train_gelu_cnn(gelu_data.train, gelu_data.test, activation=activation, bits=2,
+                                   epochs=sizes.gelu_epochs, width=sizes.gelu_width, seed=seed)
+            out["gelu_final"][(activation, seed)] = float(np.mean(curve["test_accuracy"][-out["last"]:]))
+    lab.progress("output-saving LayerNorm and chunked logits")
+    out["ln_peaks"] = memory.measure_peaks_isolated(
+        make_layer_norm_stack_steps, {"Keras LayerNorm": dict(norm="keras", batch=batch * 4),
+                                      "output-saving": dict(norm="output_saving", batch=batch * 4)}, parallel=2)
+    out["chunk_diff"] = chunked_loss_difference(sizes.logits_rows, sizes.logits_classes)
+    ce = memory.measure_isolated(make_cross_entropy_steps,
+                                 {"whole logits": dict(chunks=0, rows=sizes.logits_rows, classes=sizes.logits_classes),
+                                  "4 chunks": dict(chunks=4, rows=sizes.logits_rows, classes=sizes.logits_classes)},
+                                 parallel=2, time_rounds=rounds, time_repeats=3, time_baseline="whole logits")
+    out["ce_peaks"] = ce.peaks
+    return out
+
+
+def claims(r: dict) -> list:
+    """Lesson 07's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    from .. import report
+
+    peaks, estimates, batch = r["peaks"], r["estimates"], r["batch"]
+    time_ratios = {jit: {name: r["time_ratios"][name + ("|xla" if jit else "")] for name in TECHNIQUES}
+                   for jit in (False, True)}
+
+    def saved(name, suffix="", table=peaks, base="plain"):
+        return 1 - table[name + suffix].peak_bytes / table[base + suffix].peak_bytes
+
+    def both(name, **kwargs):
+        return f"{saved(name, **kwargs):.0%} without XLA, {saved(name, '|xla', **kwargs):.0%} with"
+
+    estimate_ratio = ((peaks["plain, 2·B"].peak_bytes - peaks["plain"].peak_bytes) / batch) / (
+        estimates[batch].activations / batch)
+    activation_share = estimates[batch].activations / estimates[batch].total
+    compiled = next(m["tf.function"] for m in r["modes"] if m["RematScope mode"] == "list_of_layers")
+    diffs, diffs_xla = r["diffs"], r["diffs_xla"]
+    scale = diffs["recompute blocks"]["max_ref"]
+    seeds, last, final = r["seeds"], r["last"], r["gelu_final"]
+    acc_exact = float(np.mean([final[("exact", s)] for s in seeds]))
+    acc_fewbit = float(np.mean([final[("few_bit", s)] for s in seeds]))
+    learned = acc_exact > 0.3
+    ln = dict(table=r["ln_peaks"], base="Keras LayerNorm")
+    ce = dict(table=r["ce_peaks"], base="whole logits")
+    largest = largest_batches(peaks, batch)
+    bigger = ("recompute blocks", "few-bit GELU (2 bits)")
+    out = [
+        report.Claim("Activations are most of a training step's memory (estimate)", "§1", "> 50% of the estimate",
+                     f"{activation_share:.0%}", activation_share > 0.5),
+        report.Claim("The measured peak grows with the batch at least as fast as the estimated activations", "§1",
+                     "measured / estimated ≥ 1", f"{estimate_ratio:.2f}×", estimate_ratio >= 1.0),
+        report.Claim("keras.RematScope('list_of_layers') fails in a compiled step on the TensorFlow backend",
+                     "§2; keras#21207", "ValueError", compiled[:40] + ("…" if len(compiled) > 40 else ""),
+                     compiled != "runs"),
+        report.Claim("Recomputation gives the same gradients", "§2",
+                     "max |Δ| ≤ 1e-6 × max |gradient|, with and without XLA",
+                     f"{diffs['recompute blocks']['max_abs'] / scale:.0e} / "
+                     f"{diffs_xla['recompute blocks']['max_abs'] / scale:.0e}",
+                     max(diffs["recompute blocks"]["max_abs"], diffs_xla["recompute blocks"]["max_abs"]) <= 1e-6 * scale),
+        report.Claim("Recomputing blocks lowers the peak, without and with XLA", "§2", "> 15% saved in both",
+                     both("recompute blocks"), min(saved("recompute blocks"), saved("recompute blocks", "|xla")) > 0.15),
+        report.Claim.from_samples("Recomputing blocks costs time", "§2", "> 1.0× without XLA",
+                                  time_ratios[False]["recompute blocks"], ">", 1.0),
+        report.Claim("2-bit GELU gradients point where the exact ones do", "§3; Novikov et al.", "cosine ≥ 0.95",
+                     f"{r['fidelity'][2]:.4f}", r["fidelity"][2] >= 0.95),
+        report.Claim("Few-bit GELU lowers the peak, without and with XLA", "§3", "> 10% saved in both",
+                     both("few-bit GELU (2 bits)"),
+                     min(saved("few-bit GELU (2 bits)"), saved("few-bit GELU (2 bits)", "|xla")) > 0.1),
+        report.Claim("2-bit GELU trains as well as exact GELU (same epochs)", "§3",
+                     f"no more than 2 points below (mean of {len(seeds)} seed(s), last {last} epochs)",
+                     f"{acc_fewbit:.1%} vs {acc_exact:.1%} ({(acc_fewbit - acc_exact) * 100:+.1f} points)",
+                     acc_fewbit >= acc_exact - 0.02 if learned else None,
+                     "" if learned else "the exact runs did not learn here (smoke mode: 2 short epochs)"),
+        report.Claim("An output-saving LayerNorm lowers the peak where LayerNorm is a large share (Dense + LN stack)",
+                     "§4; Tempo", "> 5% saved without XLA", both("output-saving", **ln), saved("output-saving", **ln) > 0.05),
+        report.Claim("Output-saving GELU does not pay in plain TensorFlow ops", "§4",
+                     "saves less than recomputing the activation (with and without XLA), at > 2× the step time",
+                     f"{both('output-saving GELU')} (recompute activation: {both('recompute activations')}); "
+                     f"{time_ratios[False]['output-saving GELU'].median:.1f}× the time",
+                     all(saved("output-saving GELU", s) < saved("recompute activations", s) for s in ("", "|xla"))
+                     and time_ratios[False]["output-saving GELU"].median > 2),
+        report.Claim("Chunked logits give the same loss and gradients", "§5", "max |Δ| < 1e-5", f"{r['chunk_diff']:.1e}",
+                     r["chunk_diff"] < 1e-5),
+        report.Claim("Chunked logits lower the peak, without and with XLA", "§5", "> 10% saved in both",
+                     both("4 chunks", **ce), min(saved("4 chunks", **ce), saved("4 chunks", "|xla", **ce)) > 0.1),
+        report.Claim("Recomputing blocks and few-bit GELU each buy a larger batch, without and with XLA", "§6",
+                     "> 1.1× plain's",
+                     "; ".join(f"{n.split(' (')[0]}: {largest[(n, False)] / largest[('plain', False)]:.2f}× / "
+                               f"{largest[(n, True)] / largest[('plain', True)]:.2f}×" for n in bigger),
+                     all(largest[(n, j)] > 1.1 * largest[("plain", j)] for n in bigger for j in (False, True))),
+    ]
+    for claim in out:
+        claim.lesson = "07"
+    return out

@@ -7,7 +7,9 @@
 * workers: :func:`auto_shard_table` (FILE / DATA / OFF on simulated workers) and :func:`shuffle_shard_cases`
   (an unseeded shuffle before ``shard`` against the two fixes), drawn by :func:`plot_worker_ids`;
 * speed: :func:`interleaved_times` (several variants timed in interleaved rounds), :func:`input_bound_check`,
-  :func:`simulated_accelerator` (a training loop whose step runs "elsewhere", as on a TPU), :func:`plot_speedups`.
+  :func:`simulated_accelerator` (a training loop whose step runs "elsewhere", as on a TPU), :func:`plot_speedups`;
+* the lesson's claims: :func:`measure` (everything the claims need, measured as the notebook measures it) and
+  :func:`claims` (the table, from those results or the notebook's own).
 
 The tools themselves (loading, ``build_pipeline``, ``distribute``, TFRecords) are in :mod:`course_utils.data`.
 """
@@ -391,3 +393,332 @@ def plot_speedups(speedups: dict[str, Samples], title: str = ""):
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# ----------------------------------------------------------------------------------------------
+
+N_PER_EXECUTION = 4  # §7: the steps_per_execution compared with 1 (the notebook's N)
+
+
+def measure(lab) -> dict:
+    """Everything lesson 04's claims need, measured the way the notebook measures it (``lab``: a
+    :class:`course_utils.proof.Lab` — config, runtime and progress lines), section by section with the notebook's
+    sizes and calls. The notebook computes the same entries in its cells and passes them to :func:`claims`; the
+    inline teaching code of its cells (the epoch comparison of §2, the trace counter of §4, the callback log and
+    model builders of §7) is reproduced here as it stands there."""
+    import statistics
+    import tempfile
+    from unittest import mock
+
+    import keras
+    import tensorflow as tf
+
+    from .. import data, models
+    from ..runtime import run_with_replicas
+
+    cfg, sizes, runtime = lab.cfg, lab.sizes, lab.runtime
+    strategy = runtime.strategy
+    replicas = strategy.num_replicas_in_sync
+    rounds = min(sizes.timing_repeats, 10)
+    N = N_PER_EXECUTION
+    out: dict = {"replicas": replicas, "kind": runtime.kind, "xla_label": "with XLA" if lab.jit else "without XLA",
+                 "N": N}
+
+    # §1: one element spec for every source; a failed download is an error naming the offline options
+    lab.progress("§1 loading CIFAR-10, an .npz round trip, a simulated failed download")
+    cifar = data.load_cifar10()
+    npz_dir = tempfile.mkdtemp()
+    train_arrays, test_arrays = data.to_numpy(cifar.train.take(64)), data.to_numpy(cifar.test.take(16))
+    npz_path = data.write_npz(f"{npz_dir}/cifar10_small.npz", train_arrays, test_arrays)
+    from_npz = data.load_cifar10(f"npz:{npz_path}")
+    out["same_spec"] = from_npz.element_spec == cifar.element_spec
+    no_route = ConnectionError("simulated: no route to storage.googleapis.com")
+    with mock.patch.object(data, "_probe_hosts", return_value=(True, "simulated")), \
+            mock.patch.object(data, "_tfds_load", side_effect=no_route):
+        try:
+            data.load_cifar10("tfds")
+            out["download_error"] = "no error"
+        except data.DataSourceError as e:
+            out["download_error"] = str(e)
+
+    # §2: naive vs tuned pipeline on PNG-encoded images, interleaved rounds; the order of cache and shuffle
+    per_replica_batch = sizes.per_replica_batch
+    global_batch = per_replica_batch * replicas
+    out.update(per_replica_batch=per_replica_batch, global_batch=global_batch)
+    timed_examples = min(sizes.train_examples, 32 * per_replica_batch)
+    lab.progress(f"§2 naive vs tuned pipeline, {rounds} interleaved rounds of {timed_examples} PNG images")
+    encoded = data.encode_png(cifar.train.take(timed_examples)).cache()
+    list(encoded)  # encode once, before timing
+    naive = data.build_pipeline(encoded, global_batch, decode=data.decode_png, parallel=False, cache=False,
+                                prefetch=False, seed=cfg.seed)
+    tuned = data.build_pipeline(encoded, global_batch, decode=data.decode_png, seed=cfg.seed)
+    pipe_times = interleaved_times({"naive": lambda: drain(naive), "tuned": lambda: drain(tuned)}, rounds=rounds)
+    out["pipeline_speedup"] = ratio_samples(pipe_times, "naive", "tuned").values
+
+    def epoch(ds):  # one pass: the ids in arrival order, and the images sorted by id
+        xs, ys = zip(*ds.as_numpy_iterator())
+        ids = np.concatenate(ys)
+        return ids, np.concatenate(xs)[np.argsort(ids, kind="stable")]
+
+    small = cifar.train.take(4 * per_replica_batch)
+    wrong = small.map(data.to_float).shuffle(1000, seed=1).map(data.augment).cache().batch(per_replica_batch)
+    right = data.build_pipeline(small, per_replica_batch, seed=1)
+    same = []
+    for ds in (wrong, right):
+        (ids1, im1), (ids2, im2) = epoch(ds), epoch(ds)
+        same.append((bool(np.array_equal(ids1, ids2)), bool(np.array_equal(im1, im2))))
+    out["order_frozen"] = same[0][0] and same[0][1]
+    out["order_fresh"] = not (same[1][0] or same[1][1])
+
+    # §3: the shapes each replica gets from both APIs; the per-replica-batch mistake
+    lab.progress("§3 both distribution APIs, the per-replica batching mistake; §4 every example once")
+    ids = tf.data.Dataset.range(10 * global_batch)
+    out["shape_rows"] = [{"API": api, "global batch": global_batch,
+                          "per-replica shapes": local_shapes(strategy, next(iter(data.distribute(strategy, ids,
+                                                                                                 global_batch, api))))}
+                         for api in APIS]
+    first = next(iter(strategy.experimental_distribute_dataset(ids.batch(per_replica_batch))))
+    out["real_global"] = sum(s[0] for s in local_shapes(strategy, first))
+
+    # §4: every example exactly once on 4 replicas, the ragged last step, the traces drop_remainder saves
+    check_replicas = 4
+    n_examples = 5 * per_replica_batch * check_replicas + per_replica_batch // 2 + 3
+    out["n_examples"] = n_examples
+    out["checks"] = run_with_replicas(check_replicas, strategy, replica_checks, n_examples=n_examples,
+                                      per_replica_batch=per_replica_batch)["rows"]
+    split_sizes = [n_examples, 5 * per_replica_batch * check_replicas + per_replica_batch + 8,
+                   5 * per_replica_batch * check_replicas + 3 * per_replica_batch + 4]
+    split = run_with_replicas(check_replicas, strategy, remainder_split, per_replica_batch=per_replica_batch,
+                              examples=split_sizes)["rows"]
+    out["split"] = split
+    out["remainder_dealt"] = all(r["distribute_datasets_from_function"] == r["predicted (dealt in turn)"]
+                                 for r in split)
+
+    def count_traces(drop_remainder):
+        traces = []
+
+        @tf.function
+        def step(x):
+            traces.append(x.shape)  # Python runs only while tracing: one entry per new input shape
+            return tf.reduce_sum(x)
+
+        ds = tf.data.Dataset.range(n_examples).batch(global_batch, drop_remainder=drop_remainder)
+        for x in ds:
+            step(x)
+        return [s.as_list() for s in traces]
+
+    out["traces_ragged"], out["traces_static"] = count_traces(False), count_traces(True)
+
+    # §5: auto-shard policies on TFRecord files; shuffle before shard
+    lab.progress("§5 auto-shard policies on TFRecord files, shuffle before shard")
+    record_dir = tempfile.mkdtemp()
+    shard_data = cifar.train.take(4 * per_replica_batch)
+    files = data.write_tfrecords(f"{record_dir}/four", shard_data, num_files=4)
+    out["summary"] = {r["policy"]: r for r in auto_shard_table(files, num_workers=2) if r["worker"] == "all"}
+    two_files = data.write_tfrecords(f"{record_dir}/two", shard_data, num_files=2)
+    out["file_policy_failed"] = auto_shard_table(two_files, num_workers=4, policies=("FILE",))[-1]["failed"]
+    out["shuffle_rows"] = [{k: r[k] for k in ("case", "count", "duplicated", "missing")}
+                           for r in shuffle_shard_cases(len(shard_data), num_workers=4, seed=cfg.seed)]
+
+    # §6: the input-bound check on one replica
+    lab.progress("§6 the input-bound check")
+    one_replica = strategy if replicas == 1 else tf.distribute.OneDeviceStrategy(runtime.device_names[0])
+    keras.utils.set_random_seed(cfg.seed)
+    with one_replica.scope():
+        model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                      jit_compile=lab.jit)
+    train_pipeline = data.build_pipeline(cifar.train, global_batch, seed=cfg.seed)
+    check = input_bound_check(model, train_pipeline, steps=5, repeats=sizes.timing_repeats)
+    out["bottleneck"], out["bottleneck_ratio"] = check.bottleneck, check.ratio
+
+    # §7: steps_per_execution (callbacks, speed, "auto", MirroredStrategy) and prefetch
+    lab.progress(f"§7 steps_per_execution={N}: callbacks, {rounds} timing rounds per model, 'auto', MirroredStrategy")
+
+    class BatchLog(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.batches = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches.append(batch)
+
+    def tiny_model():
+        return keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(),
+                                 keras.layers.Dense(10, activation="softmax")])
+
+    def compiled(make_model, steps_per_execution, on_strategy):  # a fresh model, same seed every time
+        keras.utils.set_random_seed(cfg.seed)
+        with on_strategy.scope():
+            m = make_model()
+            m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=steps_per_execution,
+                      jit_compile=lab.jit)
+        return m
+
+    def fit_epochs(steps_per_execution, pipeline, on_strategy, epochs=1, tiny=True):
+        log = BatchLog()
+        compiled(tiny_model if tiny else models.small_cnn, steps_per_execution, on_strategy).fit(
+            pipeline, epochs=epochs, callbacks=[log], verbose=0)
+        return log
+
+    steps_per_epoch = int(train_pipeline.cardinality())
+    out["steps_per_epoch"], out["calls_expected"] = steps_per_epoch, -(-steps_per_epoch // N)
+    out["calls_per_epoch_n"] = len(fit_epochs(N, train_pipeline, one_replica).batches)
+
+    timed = cifar.train.take(timed_examples).map(data.to_float).batch(per_replica_batch, drop_remainder=True).cache()
+    list(timed)  # fill the cache: the timings below measure training, not input
+    out["spe_speedups"] = {}
+    for name, make, epoch_data in [("tiny model", tiny_model, timed.repeat(4)), ("small CNN", models.small_cnn, timed)]:
+        m1, m_n = compiled(make, 1, one_replica), compiled(make, N, one_replica)
+        times = interleaved_times({"1": lambda: m1.fit(epoch_data, verbose=0),
+                                   "N": lambda: m_n.fit(epoch_data, verbose=0)}, rounds=rounds)
+        out["spe_speedups"][name] = ratio_samples(times, "1", "N").values
+
+    try:  # the "auto" cell of §7
+        tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        tiny.compile(optimizer="sgd", loss="mse", steps_per_execution="auto")
+        tiny.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
+        out["spe_auto"] = "fit ran"
+    except Exception as e:  # noqa: BLE001 - the claim is about which error
+        out["spe_auto"] = type(e).__name__
+    try:  # steps_per_execution > 1 on this runtime's strategy (several replicas: MirroredStrategy)
+        fit_epochs(N, train_pipeline, strategy, epochs=1, tiny=True)
+        out["mirrored_spe_ran"] = True
+    except Exception:  # noqa: BLE001 - the claim is that it fails (InvalidArgumentError)
+        out["mirrored_spe_ran"] = False
+
+    lab.progress(f"§7 prefetch with a simulated accelerator step, {rounds} rounds")
+    decode_each_epoch = dict(decode=data.decode_png, parallel=False, cache=False, training=False)
+    prefetch_files = encoded.take(8 * per_replica_batch)  # 8 batches
+    pipelines = {prefetch: data.build_pipeline(prefetch_files, per_replica_batch, prefetch=prefetch,
+                                               **decode_each_epoch)
+                 for prefetch in (False, True)}
+    plain = {p: without_auto_prefetch(ds) for p, ds in pipelines.items()}
+    prep_s = statistics.median(interleaved_times({"input": lambda: drain(plain[False])}, rounds=3)["input"]) / 8
+    sim_times = interleaved_times({
+        "plain, without": simulated_accelerator(plain[False], step_s=prep_s),
+        "plain, with": simulated_accelerator(plain[True], step_s=prep_s),
+        "defaults, without": simulated_accelerator(pipelines[False], step_s=prep_s),
+        "defaults, with": simulated_accelerator(pipelines[True], step_s=prep_s)}, rounds=rounds)
+    out["prefetch_sim"] = ratio_samples(sim_times, "plain, without", "plain, with").values
+    out["prefetch_default"] = ratio_samples(sim_times, "defaults, without", "defaults, with").values
+    return out
+
+
+def claims(r: dict) -> list:
+    """Lesson 04's claims from :func:`measure`'s results (or the notebook's, under the same keys). Speed-ups are
+    per-round ratios (a :class:`Samples` or a list); ``summary`` maps each auto-shard policy to its ``"all"`` row."""
+    from .. import report
+
+    replicas, per_replica_batch, global_batch = r["replicas"], r["per_replica_batch"], r["global_batch"]
+    real_global, n_examples, N = r["real_global"], r["n_examples"], r["N"]
+    checks, split, summary, kind, xla_label = r["checks"], r["split"], r["summary"], r["kind"], r["xla_label"]
+    dfn = {row["drop_remainder"]: row for row in checks if row["api"] == APIS[1]}
+    edd = {row["drop_remainder"]: row for row in checks if row["api"] == APIS[0]}
+    unseeded, fixes = r["shuffle_rows"][0], r["shuffle_rows"][1:]
+    traces_static, traces_ragged = r["traces_static"], r["traces_ragged"]
+    mirrored_measurable = replicas > 1 and kind != "TPU"
+    out = [
+        report.Claim(
+            "Every source yields the same elements; a failed download is an error naming the offline options, never a "
+            "switch", "course_utils.data; §1", "same spec; DataSourceError",
+            f"same spec: {r['same_spec']}; error names COURSE_DATA=synthetic: "
+            f"{'COURSE_DATA=synthetic' in r['download_error']}",
+            r["same_spec"] and "COURSE_DATA=synthetic" in r["download_error"]),
+        report.Claim.from_samples(
+            "A tuned pipeline (parallel map, cache, prefetch) delivers more images/s than a naive one",
+            "tf.data performance guide; §2", "> 1× once the cache is filled (TPU host with many cores: more)",
+            r["pipeline_speedup"], ">", 1.0),
+        report.Claim(
+            "Random augmentation or shuffle before cache() is frozen: epoch 2 replays epoch 1",
+            "tf.data guide; §2", "same order and pixels",
+            f"wrong order frozen: {r['order_frozen']}; right order fresh: {r['order_fresh']}",
+            r["order_frozen"] and r["order_fresh"]),
+        report.Claim(
+            "Both APIs give each replica the per-replica batch (global batch / replicas)",
+            "tf.distribute input guide; §3", f"{replicas} × [{per_replica_batch}]",
+            "; ".join(f"{row['API'][:12]}…: {row['per-replica shapes']}" for row in r["shape_rows"]),
+            all(row["per-replica shapes"] == [[per_replica_batch]] * replicas for row in r["shape_rows"])),
+        report.Claim(
+            "Per-replica batching before experimental_distribute_dataset shrinks the real global batch by the replica "
+            "count", "popular mistake; §3", f"{global_batch} → {global_batch // replicas}",
+            f"{global_batch} → {real_global}",
+            real_global == global_batch // replicas if replicas > 1 else None,
+            "" if replicas > 1 else "1 replica: the mistake is invisible here (that is why it hides)"),
+        report.Claim(
+            "One epoch delivers every example exactly once across replicas, ragged last batch included (both APIs)",
+            "tf.distribute; §4", "all ids once",
+            f"{checks[0]['replicas']} replicas, {n_examples} examples: each id once with "
+            + " and ".join(f"{row['api'][:12]}…: {row['exactly_once']}" for row in (edd[False], dfn[False])),
+            edd[False]["exactly_once"] and dfn[False]["exactly_once"]),
+        report.Claim(
+            "distribute_datasets_from_function deals the ragged remainder out in per-replica batches (the first "
+            "replica gets all of it only when it is smaller than one per-replica batch)",
+            "measured; §4", f"{split[1]['examples']} examples → {split[1]['predicted (dealt in turn)']}",
+            "; ".join(f"{row['examples']} → {row['distribute_datasets_from_function']}" for row in split),
+            r["remainder_dealt"]),
+        report.Claim(
+            "drop_remainder=True drops examples % global batch per epoch and gives one static shape (one trace)",
+            "§4", f"{n_examples % edd[True]['global_batch']} dropped; 1 trace vs 2",
+            f"{edd[True]['missing']} dropped; {len(traces_static)} trace vs {len(traces_ragged)}",
+            edd[True]["missing"] == n_examples % edd[True]["global_batch"] and len(traces_static) == 1
+            and len(traces_ragged) == 2),
+        report.Claim(
+            "Auto-shard: FILE and DATA split without duplicates, OFF duplicates, FILE fails with fewer files than "
+            "workers", "tf.data distributed input; §5", "0 / 0 dups; OFF dups; FILE error",
+            "; ".join(f"{p}: {row['duplicated']} dups" for p, row in summary.items())
+            + f"; FILE, 2 files on 4 workers: {'failed' if r['file_policy_failed'] else 'ran'}",
+            summary["FILE"]["duplicated"] == summary["DATA"]["duplicated"] == 0 and summary["OFF"]["duplicated"] > 0
+            and r["file_policy_failed"]),
+        report.Claim(
+            "An unseeded shuffle before shard makes workers overlap (duplicates and missing ids); shard first or seed "
+            "it", "tf.data guide; §5", "unseeded: > 0 dups and > 0 missing; fixes: 0 / 0",
+            "; ".join(f"{row['case']}: {row['duplicated']} dups, {row['missing']} missing"
+                      for row in r["shuffle_rows"]),
+            unseeded["duplicated"] > 0 and unseeded["missing"] > 0
+            and all(row["duplicated"] == row["missing"] == 0 for row in fixes)),
+        report.Claim(
+            f"With steps_per_execution={N}, batch callbacks fire once every {N} steps",
+            "Keras compile docs; §7", f"⌈{r['steps_per_epoch']}/{N}⌉ = {r['calls_expected']} calls per epoch",
+            f"{r['calls_per_epoch_n']} calls ({r['steps_per_epoch']} steps)",
+            r["calls_per_epoch_n"] == r["calls_expected"]),
+        report.Claim(
+            'steps_per_execution must be an integer: "auto" fails in Keras 3',
+            "Keras 3 behaviour; §7", "TypeError", r["spe_auto"], r["spe_auto"] == "TypeError"),
+        report.Claim(
+            "steps_per_execution > 1 fails under MirroredStrategy with several replicas (Keras 3.15, TF 2.20)",
+            "measured; keras-team/keras#19246; §7", "InvalidArgumentError",
+            "fit ran" if r["mirrored_spe_ran"] else "raised",
+            (not r["mirrored_spe_ran"]) if mirrored_measurable else None,
+            "" if mirrored_measurable else "needs MirroredStrategy with ≥ 2 replicas"),
+        report.Claim.from_samples(
+            f"steps_per_execution={N} speeds up training when steps are short (tiny model, one replica)",
+            "Keras/TPU guides; §7", "> 1× (TPU: large gain)", r["spe_speedups"]["tiny model"], ">", 1.0,
+            note=f"{kind}, {xla_label}"),
+        report.Claim.from_samples(
+            f"steps_per_execution={N} speeds up training of the small CNN (one replica)",
+            "Keras/TPU guides; §7", "TPU: clear gain; CPU: about 1×", r["spe_speedups"]["small CNN"], ">", 1.0,
+            note=f"{kind}, {xla_label}",
+            differs_here="a CNN step takes milliseconds of computation on a CPU, so the per-step host overhead that "
+                         "N steps per call save is a small share; on a TPU such a step takes microseconds — expect a "
+                         "gain"),
+        report.Claim.from_samples(
+            "prefetch overlaps input preparation with a step that runs elsewhere (as on a TPU/GPU)",
+            "tf.data performance guide; §7", "> 1× (up to 2×)", r["prefetch_sim"], ">", 1.0,
+            note="simulated step; tf.data's automatic overlap off"),
+        report.Claim.from_samples(
+            "TF 2.20's tf.data injects a prefetch by itself: with default options an explicit one adds little",
+            "tf.data Options (inject_prefetch); §7", "< 1.3×", r["prefetch_default"], "<", 1.3,
+            note="simulated step"),
+        report.Claim(
+            "The input-bound check names the slower half: on a CPU the model step, on a TPU often the pipeline",
+            "§6", "CPU: training step", f"{r['bottleneck']} ({r['bottleneck_ratio']:.2f}× pipeline/step) on {kind}, "
+            f"{xla_label}",
+            (r["bottleneck"] == "training step") if kind == "CPU" else None,
+            "" if kind == "CPU" else "on an accelerator either answer can be right: the check tells you which"),
+    ]
+    for claim in out:
+        claim.lesson = "04"
+    return out

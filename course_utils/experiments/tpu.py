@@ -1,5 +1,6 @@
 """Lesson 01's experiments: what the TPU resolver recipes do here, how one global batch splits across
-replicas, and how fast this hardware multiplies matrices in float32 and bfloat16.
+replicas, and how fast this hardware multiplies matrices in float32 and bfloat16; and the lesson's claims
+(:func:`measure` runs what the notebook measures, :func:`claims` turns it into the table).
 
 The tools themselves (detection, the TPU recipe, timing) are in :mod:`course_utils.runtime` and
 :mod:`course_utils.timing`.
@@ -126,7 +127,189 @@ def within_claim(claim: str, source: str, expected: str, samples: Samples, low: 
         holds = False
     else:
         holds = "noise"
-    return Claim(claim, source, expected, samples.format(fmt, unit), holds, note=note, differs_here=differs_here)
+    return Claim(claim, source, expected, samples.format(fmt, unit), holds, note=note, differs_here=differs_here,
+                 samples=list(samples.values))
+
+
+V5E_PEAK_TFLOPS = 197.0  # §1: one TPU v5e chip's peak bfloat16 matmul rate
+
+# §7, pitfall 2 on 4 replicas: the code the notebook runs in a 4-CPU process (keep the two the same)
+OUTSIDE_SCOPE_ON_4 = """
+import keras, numpy as np, course_utils
+strategy = course_utils.detect().strategy
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])  # built OUTSIDE the scope
+with strategy.scope():
+    model.compile(optimizer="sgd", loss="mse")
+try:
+    model.fit(np.zeros((16, 4)), np.zeros((16, 2)), verbose=0)
+    print("fit ran")
+except Exception as e:
+    print(f"fit raised {type(e).__name__}: {str(e)[:100] or '(no message)'}")
+"""
+
+
+def optimizer_outside_scope(strategy, make_optimizer, global_batch: int) -> str:
+    """§7, pitfall 1 on a fresh tiny model: an optimizer from ``make_optimizer()`` created outside
+    ``strategy.scope()``, the model built and compiled inside it, one ``fit`` on one global batch. Returns
+    "fit ran" or the name of the exception ``fit`` raised (whatever it is: the claim records it)."""
+    import keras
+    import numpy as np
+
+    optimizer = make_optimizer()  # outside the scope
+    with strategy.scope():
+        tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        tiny.compile(optimizer=optimizer, loss="mse")
+    try:
+        tiny.fit(np.zeros((global_batch, 4)), np.zeros((global_batch, 2)), batch_size=global_batch, verbose=0)
+        return "fit ran"
+    except Exception as e:  # noqa: BLE001 - record whatever happens, expected or not
+        return type(e).__name__
+
+
+def _broken_resolver(tpu):
+    raise ConnectionError(f"simulated: no TPU answered at {tpu!r}")
+
+
+def measure(lab) -> dict:
+    """Everything lesson 01's claims need, measured the way the notebook measures it (the notebook computes
+    the same entries section by section and passes them to :func:`claims`)."""
+    import keras
+    import tensorflow as tf
+
+    from .. import data, models
+
+    cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
+    strategy = rt.strategy
+    out: dict = {"kind": rt.kind, "strategy_name": rt.strategy_name, "replicas": rt.num_replicas,
+                 "num_classes": sizes.num_classes}
+
+    lab.progress("§1: chained matmuls, float32 and bfloat16 in turn")
+    out["matmul"] = compare_matmul_dtypes(sizes.matmul_size, repeats=sizes.timing_repeats,
+                                          device=rt.device_names[0], jit=lab.jit)
+
+    lab.progress("§3-4: the resolver recipes, detection with a TPU that fails on purpose")
+    out["recipes"] = resolver_recipes()
+    demo = runtime.detect(probe_tpu=True, resolver_factory=_broken_resolver, use_cache=False)
+    out["demo_kind"], out["demo_fallback"] = demo.kind, demo.fallbacks[0] if demo.fallbacks else ""
+
+    lab.progress("§5: training small_cnn with fit in strategy.scope()")
+    (x_train, y_train), (x_test, y_test) = data.synthetic_cifar(sizes.train_examples, sizes.test_examples,
+                                                                seed=cfg.seed)
+    per_replica_batch = sizes.per_replica_batch
+    global_batch = per_replica_batch * strategy.num_replicas_in_sync
+
+    def batches(x, y, shuffle):
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        if shuffle:
+            ds = ds.shuffle(len(x), seed=cfg.seed)
+        return ds.batch(global_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    train_ds, test_ds = batches(x_train, y_train, shuffle=True), batches(x_test, y_test, shuffle=False)
+    keras.utils.set_random_seed(cfg.seed)
+    with strategy.scope():
+        model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"], jit_compile=True if lab.jit else "auto")
+    model.fit(train_ds, epochs=sizes.epochs, verbose=0)
+    out["test_acc"] = float(model.evaluate(test_ds, verbose=0)[1])
+    out["fit_xla"] = "with XLA" if model.jit_compile else "without XLA"
+
+    lab.progress("§6-7: one batch split over 4 replicas; the scope pitfalls (4-CPU processes)")
+    out["per_replica_batch"] = per_replica_batch
+    out["split"] = runtime.run_with_replicas(4, strategy, split_one_batch, per_replica_batch=per_replica_batch)
+    out["adam_outside"] = optimizer_outside_scope(strategy, keras.optimizers.Adam, global_batch)
+    out["sgd_outside"] = optimizer_outside_scope(strategy, keras.optimizers.SGD, global_batch)
+    model_c = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)  # built OUTSIDE the scope
+    with strategy.scope():
+        model_c.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    out["model_c_uses_strategy"] = model_c.distribute_strategy is strategy
+    out["outside_scope_on_4"] = runtime.run_on_cpu_replicas(4, OUTSIDE_SCOPE_ON_4).strip()
+    return out
+
+
+def claims(r: dict) -> list:
+    """Lesson 01's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    from .. import report
+
+    on_tpu = r["kind"] == "TPU"
+    recipes, split, matmul = r["recipes"], r["split"], r["matmul"]
+    per_replica_batch = r["per_replica_batch"]
+    chance = 1 / r["num_classes"]
+    old_recipes_fail = all(row["outcome"].startswith("raises") for row in recipes[:2])
+    f32, bf16 = matmul["rates"]["float32"], matmul["rates"]["bfloat16"]
+    bf16_speed = matmul["speed_vs_first"]["bfloat16"]
+    bytes_ratio = matmul["bytes"]["float32"] / matmul["bytes"]["bfloat16"]
+    v5e = "One v5e chip (197 bf16 TFLOP/s) is far faster at matmuls than a CPU"
+    if r["kind"] == "CPU":
+        matmul_claim = report.Claim.from_samples(
+            v5e, "TPU v5e spec; §1", "CPU: < 1% of 197 TFLOP/s", f32.samples, "<", 0.01 * V5E_PEAK_TFLOPS,
+            fmt=".3f", unit=f" TFLOP/s float32 on CPU, {f32.xla_label}")
+    elif on_tpu:
+        matmul_claim = report.Claim.from_samples(
+            v5e, "TPU v5e spec; §1", "TPU: > 1 TFLOP/s", bf16.samples, ">", 1.0, fmt=".2f",
+            unit=f" TFLOP/s bfloat16 on TPU, {bf16.xla_label}")
+    else:
+        matmul_claim = report.Claim(v5e, "TPU v5e spec; §1", "CPU: < 1% of 197 TFLOP/s",
+                                    f"{f32.tflops:.2f} TFLOP/s float32 on {r['kind']}", None,
+                                    "neither a CPU nor a TPU: compare with your GPU's datasheet")
+    out = [
+        report.Claim(
+            "Old recipes (grpc:// + COLAB_TPU_ADDR; no-argument resolver) fail on today's runtimes",
+            "TPU VM docs; §3", "both raise on a TPU VM", "; ".join(row["outcome"] for row in recipes[:2]),
+            old_recipes_fail if on_tpu else None,
+            "" if on_tpu else "no TPU VM here: what they do on this machine says nothing about one "
+            "(the no-argument resolver even constructs wherever TPU_NAME is set)"),
+        report.Claim(
+            'TPUClusterResolver(tpu="local") → connect → initialize gives a TPUStrategy on a TPU VM',
+            "TF TPU guide; §3", "TPUStrategy, 1 replica on v5e-1",
+            f"{r['strategy_name']}, {r['replicas']} replica(s)" if on_tpu else "no TPU on this machine",
+            (r["strategy_name"] == "TPUStrategy") if on_tpu else None,
+            "" if on_tpu else "run on a Colab TPU runtime to test it"),
+        report.Claim(
+            "Detection never raises on missing or broken hardware; it falls back and says why",
+            "course_utils; §4", "falls back, reason recorded", r["demo_fallback"][:70] + "…",
+            r["demo_kind"] != "TPU" and "simulated" in r["demo_fallback"]),
+        report.Claim(
+            "Global batch = per-replica batch × num_replicas_in_sync, split evenly",
+            "tf.distribute guide; §5-6", f"4 × {per_replica_batch} = {4 * per_replica_batch}",
+            f"{split['global_batch']} → {[s[0] for s in split['per_replica_shapes']]}",
+            split["global_batch"] == 4 * per_replica_batch
+            and all(s[0] == per_replica_batch for s in split["per_replica_shapes"])),
+        report.Claim(
+            "A model built in strategy.scope() trains with fit on whatever hardware was found",
+            "§5", f"accuracy well above chance ({chance:.0%})", f"{r['test_acc']:.1%} on {r['kind']} ({r['fit_xla']})",
+            r["test_acc"] > 2 * chance),
+        report.Claim(
+            "An optimizer with state (Adam) created outside the scope makes fit fail; plain SGD() happens to run",
+            "Keras 3 behaviour; §7", "Adam: RuntimeError; SGD: fit ran",
+            f"Adam: {r['adam_outside']}; SGD: {r['sgd_outside']}",
+            r["adam_outside"] == "RuntimeError" and r["sgd_outside"] == "fit ran"),
+        report.Claim(
+            "A model built outside the scope silently ignores a 1-replica strategy and fails under 4 replicas",
+            "Keras 3 behaviour; §7", "ignored on 1; error on 4",
+            f"uses strategy: {r['model_c_uses_strategy']}; 4 replicas: {r['outside_scope_on_4'][:40]}",
+            (not r["model_c_uses_strategy"] or r["replicas"] > 1) and "raised" in r["outside_scope_on_4"]),
+        matmul_claim,
+        within_claim(
+            "bfloat16 matmuls are not several times faster than float32: on a TPU float32 already multiplies in "
+            "bfloat16", "Cloud TPU docs (bfloat16); §1", "TPU: about 1× (0.5–2×); Ampere+ GPU: up to ~2× (TF32)",
+            bf16_speed, 0.5, 2.0, unit=f"× ({bf16.xla_label})",
+            differs_here={"CPU": ("this CPU has bfloat16 matrix instructions (AMX or AVX512-BF16) that its float32 "
+                                  "path lacks: faster here; on a TPU expect about 1×") if bf16_speed.median >= 2.0 else
+                                 ("this CPU has no fast bfloat16 matrix path (software conversion): slower here; "
+                                  "on a TPU expect about 1×"),
+                          "GPU": "float32 runs as TF32 on Ampere+ GPUs, whose peak is half of bfloat16's: up to ~2× "
+                                 "there",
+                          "multi-GPU": "float32 runs as TF32 on Ampere+ GPUs: up to ~2× there"}.get(r["kind"], "")),
+        report.Claim(
+            "bfloat16 halves the bytes of every matrix (the gain you can count on, on any hardware)",
+            "bfloat16 format; §1", "2.00×",
+            f"{matmul['bytes']['float32'] / 2**20:.2f} MiB vs {matmul['bytes']['bfloat16'] / 2**20:.2f} MiB = "
+            f"{bytes_ratio:.2f}×", bytes_ratio == 2.0),
+    ]
+    for claim in out:
+        claim.lesson = "01"
+    return out
 
 
 class _Null:
@@ -137,4 +320,5 @@ class _Null:
         return False
 
 
-__all__ = ["resolver_recipes", "split_one_batch", "compare_matmul_dtypes", "within_claim"]
+__all__ = ["resolver_recipes", "split_one_batch", "compare_matmul_dtypes", "within_claim", "optimizer_outside_scope",
+           "measure", "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]

@@ -1,0 +1,63 @@
+"""Helpers for the tests of lessons' claims functions (tests/test_lesson_claims*.py)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def notebook_dict_keys(notebook: str, name: str) -> set[str]:
+    """The keywords of ``name = dict(...)`` in the notebook (its claims cell)."""
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        for node in ast.walk(ast.parse("".join(cell["source"]))):
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]
+                    and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "dict"):
+                return {kw.arg for kw in node.value.keywords}
+    raise AssertionError(f"{notebook} has no `{name} = dict(...)` cell")
+
+
+def measure_keys(module) -> set[str]:
+    """The top-level keys ``module.measure`` puts in the dict it returns: its literal, ``out["key"] = ...`` (also in
+    tuple targets) and ``out.update(key=...)``."""
+    tree = ast.parse(inspect.getsource(module.measure))
+    returned = next(n.value.id for n in ast.walk(tree) if isinstance(n, ast.Return))
+    keys: set[str] = set()
+
+    def target_key(t):
+        if isinstance(t, ast.Subscript) and getattr(t.value, "id", None) == returned \
+                and isinstance(t.slice, ast.Constant):
+            keys.add(t.slice.value)
+        elif isinstance(t, ast.Tuple):
+            for e in t.elts:
+                target_key(e)
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if getattr(t, "id", None) == returned and isinstance(node.value, ast.Dict):
+                    keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                target_key(t)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update"
+                and getattr(node.func.value, "id", None) == returned):
+            keys |= {kw.arg for kw in node.keywords if kw.arg}
+    return keys
+
+
+class Recording(dict):
+    """A results dict that records which keys ``claims`` reads."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)

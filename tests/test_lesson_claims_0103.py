@@ -1,0 +1,209 @@
+"""Lessons 01 and 03 as claims data: ``measure(lab)`` returns what the notebook's final cell hands ``claims``
+(the same keys), ``claims`` gives one claim per row of the lesson's table, and the code the notebooks show
+is the code ``python -m course_utils prove`` runs.
+
+The measurements themselves are checked where they are cheap (lesson 03's measure with its two heavy parts, the
+isolated peaks and the timing, replaced by stand-ins that record how they were asked); ``prove`` and the notebook
+runs measure them for real."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import pathlib
+import types
+
+import pytest
+
+from claims_helpers import Recording, notebook_dict_keys
+
+from course_utils import config, proof, report
+from course_utils.experiments import precision
+from course_utils.experiments import tpu as tpu_exp
+from course_utils.memory import PeakMemory
+from course_utils.timing import MatmulRate, Timing
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _code_cells(notebook: str) -> list[str]:
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _assigned_literal(notebook: str, name: str, call: str | None = None):
+    """The literal value assigned to ``name`` in the notebook (or, with ``call``, the first argument literal of
+    that call which is a string)."""
+    for source in _code_cells(notebook):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+                value = node.value
+                if call is not None:
+                    while isinstance(value, (ast.Call, ast.Attribute)) and not (
+                            isinstance(value, ast.Call) and ast.unparse(value.func).endswith(call)):
+                        value = value.func.value if isinstance(value, ast.Call) else value.value
+                    value = next(a for a in value.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
+                return ast.literal_eval(value)
+    raise AssertionError(f"{notebook} assigns no {name}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 01
+# ----------------------------------------------------------------------------------------------
+
+def _results_01(kind="CPU") -> dict:
+    def rate(dtype, seconds):
+        return MatmulRate(512, dtype, 10, False, "CPU:0", Timing(seconds, [seconds] * 3, seconds), 1.0)
+
+    rates = {"float32": rate("float32", 0.02), "bfloat16": rate("bfloat16", 0.012)}
+    return dict(
+        kind=kind, strategy_name="OneDeviceStrategy", replicas=1, num_classes=10,
+        matmul={"rates": rates, "speed_vs_first": {"float32": report.Samples([1.0] * 3),
+                                                   "bfloat16": report.Samples([1.6, 1.7, 1.8])},
+                "bytes": {"float32": 512 * 512 * 4, "bfloat16": 512 * 512 * 2}, "matmuls": 10},
+        recipes=[{"recipe": "grpc", "era": "node", "outcome": "raises KeyError: 'COLAB_TPU_ADDR'"},
+                 {"recipe": "none", "era": "node", "outcome": "raises ValueError: Please provide a TPU Name"},
+                 {"recipe": "local", "era": "vm", "outcome": "constructed; not connected"}],
+        demo_kind="CPU", demo_fallback="TPU did not connect — ConnectionError: simulated: no TPU answered at 'local'",
+        test_acc=0.9, fit_xla="without XLA", per_replica_batch=32,
+        split={"replicas": 4, "global_batch": 128, "per_replica_shapes": [[32, 32, 32, 3]] * 4},
+        adam_outside="RuntimeError", sgd_outside="fit ran", model_c_uses_strategy=False,
+        outside_scope_on_4="fit raised AssertionError: (no message)")
+
+
+def test_lesson_01_claims_one_per_row_all_lesson_01():
+    results, on_tpu = Recording(_results_01()), Recording(_results_01("TPU"), model_c_uses_strategy=True)
+    claims = tpu_exp.claims(results)
+    tpu_exp.claims(on_tpu)
+    assert len(claims) == 10 and {c.lesson for c in claims} == {"01"}
+    assert results.read | on_tpu.read == set(results), set(results) - results.read - on_tpu.read  # all used
+    verdicts = [c.status for c in claims]
+    assert verdicts[:2] == [report.UNMEASURABLE] * 2  # TPU claims on a CPU
+    assert verdicts[2:] == [report.HOLDS] * 8
+    wrong = tpu_exp.claims(dict(_results_01(), adam_outside="fit ran"))
+    assert wrong[5].status == report.FAILS
+
+
+def test_lesson_01_tpu_claims_are_measured_on_a_tpu():
+    claims = tpu_exp.claims(dict(_results_01("TPU"), strategy_name="TPUStrategy"))
+    assert claims[0].status == report.HOLDS and claims[1].status == report.HOLDS
+    assert "TPU" in claims[7].expected  # the TPU's own matmul rate, not the CPU's
+
+
+def test_notebook_01_hands_claims_what_measure_returns():
+    assert notebook_dict_keys("01_tpu_initialization.ipynb", "results") == set(_results_01())
+
+
+def test_notebook_01_pitfall_2_is_the_code_prove_runs():
+    shown = _assigned_literal("01_tpu_initialization.ipynb", "outside_scope_on_4", call="run_on_cpu_replicas")
+    assert shown.strip() == tpu_exp.OUTSIDE_SCOPE_ON_4.strip()
+
+
+def test_optimizer_outside_scope_records_what_fit_does():
+    import keras
+    import tensorflow as tf
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    assert tpu_exp.optimizer_outside_scope(strategy, keras.optimizers.Adam, 8) == "RuntimeError"
+    assert tpu_exp.optimizer_outside_scope(strategy, keras.optimizers.SGD, 8) == "fit ran"
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 03
+# ----------------------------------------------------------------------------------------------
+
+def _peaks(f32_mib=(100, 102, 101), mixed_mib=(60, 61, 59), method="fresh process") -> dict:
+    def peak(mib):
+        values = [int(m * 2**20) for m in mib]
+        return PeakMemory(sorted(values)[len(values) // 2], method, "CPU:0", samples=values)
+
+    return {"float32": peak(f32_mib), "mixed_bfloat16": peak(mixed_mib)}
+
+
+def _results_03(**changes) -> dict:
+    stat = dict(ones=0.17, zero_grad=1, loss_med=0.009, loss_max=7.0, grad_med=0.01, distinct=3, confident=1300,
+                sum_err=0.003)
+    stats = {"reference: float32 logits and softmax": dict(stat, ones=0.0, loss_med=0.0, loss_max=0.0, distinct=1286),
+             "bfloat16 softmax": stat,
+             "bfloat16 logits, float32 softmax": dict(stat, ones=0.0, loss_max=0.07, distinct=1286, sum_err=1e-7),
+             "bfloat16 logits, from_logits=True": dict(stat, ones=0.0, loss_max=0.07, distinct=1286, sum_err=1e-7)}
+    results = dict(
+        kind="CPU", jit=False, hidden_dtypes=[("bfloat16", "float32")] * 6, stats=stats, loss_at_one_min=9.5e-7,
+        zero_rows=1, zero_at_one=0.0014, zero_ref_loss=1.2e-7, same_as_logits=True, model_uses_logits=True,
+        wrapped={"float32": "Adam", "mixed_bfloat16": "Adam", "mixed_float16": "LossScaleOptimizer"},
+        zero_unscaled=1.0, zero_scaled=0.0, scaled_err=0.0006, upstream_zero=1.0, up32_median=8e-10,
+        updates={"apply": 0.5, "apply_gradients": 0.5}, mixed_policy="mixed_bfloat16", cpu_bf16=False,
+        mem_batch=256, peaks=_peaks(), act_ratio=0.57, state_equal=True, xla_upcasts=False,
+        speedup=report.Samples([0.5, 0.52, 0.48, 0.5, 0.51]), time_batch=32)
+    results.update(changes)
+    return results
+
+
+def test_lesson_03_claims_one_per_row_all_lesson_03():
+    results = Recording(_results_03())
+    claims = precision.claims(results)
+    assert len(claims) == 13 and {c.lesson for c in claims} == {"03"}
+    assert results.read == set(results), set(results) - results.read
+    assert [c.status for c in claims[:11]] == [report.HOLDS] * 11
+    assert claims[11].status == report.DIFFERS and "software" in claims[11].differs_here  # slower on this CPU
+    assert claims[12].status == report.UNMEASURABLE
+    assert claims[10].samples and len(claims[10].samples) == 3  # from repeats: the samples are kept
+
+
+def test_lesson_03_peak_claim_is_not_measurable_without_a_peak_never_a_pass():
+    """The notebook passed [0.0] as the samples when the runtime reports no peak: '0.00× < 0.95' read 'holds'."""
+    claim = precision.claims(_results_03(peaks=_peaks((0, 0, 0), (0, 0, 0))))[10]
+    assert claim.status == report.UNMEASURABLE and "no peak memory" in claim.note
+
+
+def test_lesson_03_peak_claim_under_xla_on_a_cpu_differs_with_the_reason():
+    claims = precision.claims(_results_03(jit=True, xla_upcasts=True, peaks=_peaks(mixed_mib=(100, 101, 102))))
+    assert claims[10].status == report.DIFFERS and "float32" in claims[10].differs_here
+    assert "with XLA" in claims[10].note and "with XLA" in claims[11].note
+
+
+def test_notebook_03_hands_claims_what_measure_returns():
+    assert notebook_dict_keys("03_mixed_precision.ipynb", "results") == set(_results_03())
+
+
+def test_notebook_03_softmax_variants_are_the_ones_prove_measures():
+    assert _assigned_literal("03_mixed_precision.ipynb", "variants") == precision.SOFTMAX_VARIANTS
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_lesson_03_measure_returns_the_notebooks_keys_and_honours_lab_jit(monkeypatch, jit):
+    """measure(lab) with the isolated peaks and the timing replaced by stand-ins: the same keys as the notebook's
+    results, and every §4 step built with jit_compile = lab.jit (as the notebook does with COURSE_JIT)."""
+    import course_utils
+    from course_utils import timing
+    from course_utils.experiments import conversion
+
+    asked = {"peaks": [], "steps": []}
+
+    def fake_peaks(strategy, policies, repeats=3, **kwargs):
+        asked["peaks"].append(kwargs["jit"])
+        return _peaks()
+
+    def fake_step(policy, **kwargs):
+        asked["steps"].append(kwargs["jit"])
+        return lambda: None
+
+    monkeypatch.setattr(precision, "training_step_peaks", fake_peaks)
+    monkeypatch.setattr(precision, "training_step", fake_step)
+    monkeypatch.setattr(timing, "speedup_samples", lambda *a, **k: report.Samples([1.0, 1.0]))
+    monkeypatch.setattr(conversion, "xla_convolution_dtypes", lambda *a, **k: ["f32"])
+    cfg = dataclasses.replace(config.load({"COURSE_SMOKE": "1"}), jit=jit)
+    runtime = course_utils.detect()
+    lines = []
+    results = precision.measure(proof.Lab(cfg, runtime, lines.append))
+    assert set(results) == set(_results_03())
+    assert results["jit"] is jit and asked["peaks"] == [jit] and asked["steps"] == [jit, jit]
+    assert results["xla_upcasts"] is (jit and runtime.kind == "CPU")
+    assert len(lines) == 3 and any(("with XLA" if jit else "without XLA") in line for line in lines)
+    assert len(precision.claims(results)) == 13
+
+
+def test_lab_jit_is_true_on_a_tpu_even_without_course_jit():
+    lab = proof.Lab(config.load({"COURSE_SMOKE": "1"}), types.SimpleNamespace(kind="TPU"))
+    assert lab.jit is True

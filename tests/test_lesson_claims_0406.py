@@ -1,0 +1,224 @@
+"""Lessons 04 and 06 as claims data: ``measure(lab)`` returns the keys the notebook's final cell hands ``claims``,
+``claims`` gives one claim per row of the lesson's table (every one marked with its lesson), its verdicts follow
+the measurements, and a claim this hardware or size cannot show says why instead of passing.
+
+The measurements themselves run in ``python -m course_utils prove`` and the notebook runs; here lesson 06's
+measure runs with the trainer replaced by a stand-in that records what it was asked (the real runs take a budget
+each)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import pathlib
+import types
+
+import pytest
+
+from claims_helpers import Recording, measure_keys, notebook_dict_keys
+
+from course_utils import config, report
+from course_utils.experiments import capstone as capstone_exp
+from course_utils.experiments import pipeline
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _verdicts(claims) -> dict[str, report.Claim]:
+    return {c.claim: c for c in claims}
+
+
+def _find(claims, words: str) -> report.Claim:
+    found = [c for c in claims if words in c.claim]
+    assert len(found) == 1, (words, [c.claim for c in claims])
+    return found[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 04
+# ----------------------------------------------------------------------------------------------
+
+
+def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
+    per_replica, n = 32, 5 * 32 * 4 + 32 // 2 + 3
+    global_batch = per_replica * replicas
+
+    def check(api, drop):
+        missing = n % 128 if drop else 0
+        return {"api": api, "drop_remainder": drop, "replicas": 4, "examples": n, "global_batch": 128,
+                "missing": missing, "duplicated": 0, "exactly_once": not drop}
+
+    results = dict(
+        replicas=replicas, kind=kind, xla_label="without XLA", N=4, same_spec=True,
+        download_error="… set COURSE_DATA=synthetic, or npz:PATH …",
+        pipeline_speedup=report.Samples([1.5, 1.6, 1.7]),
+        order_frozen=True, order_fresh=True, per_replica_batch=per_replica, global_batch=global_batch,
+        shape_rows=[{"API": api, "global batch": global_batch, "per-replica shapes": [[per_replica]] * replicas}
+                    for api in pipeline.APIS],
+        real_global=per_replica, n_examples=n,
+        checks=[check(api, drop) for api in pipeline.APIS for drop in (False, True)],
+        split=[{"examples": e, "distribute_datasets_from_function": p, "predicted (dealt in turn)": p}
+               for e, p in ((n, [19, 0, 0, 0]), (680, [32, 8, 0, 0]), (740, [32, 32, 32, 4]))],
+        remainder_dealt=True, traces_static=[[128]], traces_ragged=[[128], [None]],
+        summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 128}},
+        file_policy_failed=True,
+        shuffle_rows=[{"case": c, "count": 128, "duplicated": d, "missing": d} for c, d in
+                      zip(pipeline.SHUFFLE_CASES, (38, 0, 0))],
+        bottleneck="training step", bottleneck_ratio=1.9, steps_per_epoch=8, calls_expected=2, calls_per_epoch_n=2,
+        spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.01, 1.02, 1.05]}, spe_auto="TypeError",
+        mirrored_spe_ran=False, prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
+    results.update(changes)
+    return results
+
+
+def test_lesson_04_claims_one_per_row_every_key_read():
+    results = Recording(_results_04())
+    claims = pipeline.claims(results)
+    assert len(claims) == 18 and {c.lesson for c in claims} == {"04"}
+    assert results.read == set(results), set(results) - results.read
+    assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
+    timed = [c for c in claims if c.samples is not None]
+    assert len(timed) == 5 and all(len(c.samples) == 3 for c in timed)  # the repeats are kept
+
+
+def test_lesson_04_notebook_and_measure_hand_claims_the_same_keys():
+    notebook = notebook_dict_keys("04_data_pipeline_sharding.ipynb", "results")
+    assert notebook == measure_keys(pipeline) == set(_results_04())
+
+
+def test_lesson_04_verdicts_follow_the_measurements():
+    failing = {
+        "Auto-shard": dict(summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 0}}),
+        "unseeded shuffle": dict(shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0}
+                                               for c in pipeline.SHUFFLE_CASES]),
+        "fails under MirroredStrategy": dict(mirrored_spe_ran=True),
+        '"auto" fails': dict(spe_auto="fit ran"),
+        "input-bound check": dict(bottleneck="input pipeline"),
+        "injects a prefetch": dict(prefetch_default=[1.5, 1.6, 1.7]),
+    }
+    for words, change in failing.items():
+        claim = _find(pipeline.claims(_results_04(**change)), words)
+        assert claim.holds is False and claim.fails, (words, claim.verdict)
+    noisy = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [0.9, 1.2, 1.3],
+                                                            "small CNN": [1.01, 1.02, 1.05]})), "tiny model")
+    assert noisy.holds == "noise"
+
+
+def test_lesson_04_what_one_replica_or_an_accelerator_cannot_show_says_why():
+    one = pipeline.claims(_results_04(replicas=1, real_global=32))
+    for words in ("shrinks the real global batch", "fails under MirroredStrategy"):
+        claim = _find(one, words)
+        assert claim.holds is None and claim.note, claim.verdict
+    tpu = _find(pipeline.claims(_results_04(kind="TPU", bottleneck="input pipeline")), "input-bound check")
+    assert tpu.holds is None and "accelerator" in tpu.note
+
+
+# ----------------------------------------------------------------------------------------------
+# Lesson 06
+# ----------------------------------------------------------------------------------------------
+
+
+def _summary(recipe, accuracy, epochs, steps, wall, before=2.0, final=0.5, no_tta=None, policy="float32", ips=900.0):
+    return {"recipe": recipe, "test_accuracy": accuracy, "test_accuracy_no_tta": accuracy if no_tta is None else no_tta,
+            "epochs": epochs, "steps_per_epoch": steps, "wall_time_s": wall, "time_before_first_epoch_s": before,
+            "final_eval_s": final, "policy": policy, "images_per_s_per_replica": ips}
+
+
+def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str = "mixed_bfloat16", **changes):
+    if smoke:
+        budget = 4.0
+        summary = {"baseline": _summary("baseline", 0.14, 1, 16, 2.7, before=1.5, final=0.3),
+                   "course": _summary("course", 0.133, 1, 8, 4.7, before=3.5, final=0.8, no_tta=0.117, policy=chosen)}
+        history = {"baseline": [{"epoch_time_s": 0.6}], "course": [{"epoch_time_s": 0.8}]}
+    else:
+        budget = 120.0
+        summary = {"baseline": _summary("baseline", 0.53, 22, 63, 118.3),
+                   "course": _summary("course", 0.74, 22, 31, 125.0, no_tta=0.72, policy=chosen)}
+        history = {"baseline": [{"epoch_time_s": 5.0}, {"epoch_time_s": 5.3}],
+                   "course": [{"epoch_time_s": 5.1}, {"epoch_time_s": 6.0}]}
+    throughput = {"float32": {"images_per_s_per_replica": 900.0}}
+    if chosen != "float32":
+        throughput[chosen] = {"images_per_s_per_replica": 1200.0}
+    results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, throughput=throughput,
+                   resume_epochs=[1, 2, 3], resume_returncode=0)
+    results.update(changes)
+    return results
+
+
+def test_lesson_06_claims_one_per_row_every_key_read():
+    results = Recording(_results_06())
+    claims = capstone_exp.claims(results)
+    assert len(claims) == 7 and {c.lesson for c in claims} == {"06"}
+    assert results.read == set(results), set(results) - results.read
+    assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
+
+
+def test_lesson_06_notebook_and_measure_hand_claims_the_same_keys():
+    notebook = notebook_dict_keys("06_cifar10_capstone.ipynb", "measured")  # `results` is §2's runs there
+    assert notebook == measure_keys(capstone_exp) == set(_results_06())
+
+
+def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_claim():
+    claims = capstone_exp.claims(_results_06(smoke=True, data="synthetic"))
+    unmeasurable = [c for c in claims if c.holds is None]
+    assert {c.claim.split(",")[0].split(" ")[1] for c in unmeasurable} >= {"real", "tutorial's", "ResNet"}
+    assert all(c.note for c in unmeasurable), [c.claim for c in unmeasurable if not c.note]
+    assert not any(c.fails for c in claims), [c.verdict for c in claims if c.fails]
+    no_room = _find(capstone_exp.claims(_results_06(smoke=True, budget_s=2.0)), "ends within one epoch")
+    assert no_room.holds is None and "longer than the budget" in no_room.note
+    only_float32 = _find(capstone_exp.claims(_results_06(chosen="float32")), "policy chosen")
+    assert only_float32.holds is None and only_float32.note  # not measurable, and says why
+
+
+def test_lesson_06_verdicts_follow_the_measurements():
+    behind = _results_06()
+    behind["summary"]["course"]["test_accuracy"] = 0.55
+    assert _find(capstone_exp.claims(behind), "beats the tutorial's").holds is False
+    assert _find(capstone_exp.claims(_results_06(resume_epochs=[1, 3])), "resumed").holds is False
+    assert _find(capstone_exp.claims(_results_06(resume_returncode=1)), "resumed").holds is False
+    late = _results_06()
+    late["summary"]["baseline"]["wall_time_s"] = 140.0
+    assert _find(capstone_exp.claims(late), "ends within one epoch").holds is False
+    slower = _results_06()
+    slower["throughput"]["mixed_bfloat16"]["images_per_s_per_replica"] = 700.0
+    claim = _find(capstone_exp.claims(slower), "policy chosen")
+    assert claim.holds is False and claim.differs_here and not claim.fails  # a CPU: differs, with the reason
+
+
+@pytest.mark.parametrize("chosen", ["float32", "mixed_bfloat16"])
+def test_lesson_06_measure_runs_the_recipes_the_policies_and_the_resume_no_ablation(monkeypatch, chosen):
+    calls, lines = [], []
+
+    def train(options):
+        calls.append(options)
+        assert os.path.isdir(os.path.dirname(options.out))
+        policy = chosen if options.recipe == "course" and options.policy == "auto" else options.policy
+        summary = _summary(options.recipe, 0.5, 2, 10, 3.0, policy=policy)
+        return types.SimpleNamespace(summary=summary, history=[{"epoch_time_s": 1.0}])
+
+    def kill_and_resume(source, out, examples):
+        calls.append(("cli", source, examples))
+        return {"epochs": [1, 2, 3], "returncode": 0}
+
+    from course_utils import capstone
+
+    monkeypatch.setattr(capstone, "train", train)
+    monkeypatch.setattr(capstone_exp, "kill_and_resume", kill_and_resume)
+    cfg = config.get()
+    lab = types.SimpleNamespace(cfg=cfg, sizes=cfg.sizes, runtime=types.SimpleNamespace(kind="CPU"), jit=False,
+                                progress=lines.append)
+    results = capstone_exp.measure(lab)
+    runs = [c for c in calls if not isinstance(c, tuple)]
+    assert [(o.recipe, o.time_budget) for o in runs[:2]] == [("baseline", cfg.sizes.capstone_budget_s),
+                                                             ("course", cfg.sizes.capstone_budget_s)]
+    policies = ["float32"] + ([chosen] if chosen != "float32" else [])
+    assert [(o.policy, o.epochs, o.tta, o.train_examples) for o in runs[2:]] == [
+        (p, 3, False, cfg.sizes.test_examples) for p in policies]
+    assert all(o.augment is None and o.label_smoothing is None and o.schedule is None for o in runs)  # no ablation
+    assert calls[-1] == ("cli", cfg.data, cfg.sizes.test_examples)
+    assert len(lines) == len(runs) + 1  # a progress line per training run, and one for the resume
+    assert set(results) == set(_results_06()) and list(results["throughput"]) == policies
+    assert not os.path.exists(os.path.dirname(runs[0].out))  # the temporary folder is gone
+    assert len(capstone_exp.claims(results)) == 7

@@ -8,9 +8,6 @@ each)."""
 
 from __future__ import annotations
 
-import ast
-import inspect
-import json
 import os
 import pathlib
 import types

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -472,3 +473,14 @@ def test_tensorflow_has_run_an_op_reads_the_eager_context_in_a_fresh_process():
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"], proc.stdout
+
+
+def test_peaks_from_several_processes_pool_every_reading():
+    from course_utils.experiments import conversion
+
+    peaks = memory.measure_peaks_isolated(conversion.forward_step, {"f32": dict(policy="float32", width=8, batch=16)},
+                                          repeats=2, processes=3)
+    assert list(peaks) == ["f32"]
+    assert len(peaks["f32"].samples) == 6  # 3 processes × 2 readings
+    assert peaks["f32"].peak_bytes == int(statistics.median(peaks["f32"].samples))
+    assert peaks["f32"].method.startswith("tf.config.experimental.get_memory_info")

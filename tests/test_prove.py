@@ -89,8 +89,11 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     (out / "claims.json").write_text(json.dumps({"fingerprint": "another machine", "lessons": {"03": {}}}))
     env = dict(os.environ, COURSE_SMOKE="1")
     env.pop("COURSE_CLAIMS_DIR", None)
+    # Ctrl-C's SIGINT must reach the driver as a terminal sends it: a runner may start tests with SIGINT ignored
+    # (Python then keeps it ignored in the processes it starts), so the driver gets the default disposition
     driver = subprocess.Popen([sys.executable, "-m", "course_utils", "prove", "--lessons", "3", "02", "--out", str(out)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     deadline = time.monotonic() + 300
     for line in driver.stdout:

@@ -789,10 +789,16 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     write_json_atomic(paths["metrics"], history)
 
     progress = _Progress(o, plan, paths, clock, history, schedule, steps_per_epoch, len(x_train), replicas, say)
-    callbacks = [progress,
-                 keras.callbacks.ModelCheckpoint(paths["best"], monitor="val_accuracy", save_best_only=True,
+    # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
+    # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
+    callbacks = [keras.callbacks.ModelCheckpoint(paths["best"], monitor="val_accuracy", save_best_only=True,
                                                  save_weights_only=True),
                  keras.callbacks.BackupAndRestore(paths["backup"], double_checkpoint=True)]
+    if o.tensorboard:
+        first = min(3, steps_per_epoch)
+        callbacks.append(keras.callbacks.TensorBoard(
+            o.tensorboard, profile_batch=(first, min(first + 4, steps_per_epoch)), write_graph=False))
+    callbacks.append(progress)
     if o.ema:
         # Evaluate with the averaged weights (swapped in for each evaluation and back), train and back up the raw
         # ones (+ the averages, which are optimizer variables); fit's end assigns the averages to the model.
@@ -800,11 +806,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         # epoch cap above the plan its last-epoch fix-up would not run.)
         callbacks.insert(0, keras.callbacks.SwapEMAWeights(swap_on_epoch=False))
     if o.verbose >= 1:
-        callbacks.insert(callbacks.index(progress) + 1, _plan_progbar(plan))
-    if o.tensorboard:
-        first = min(3, steps_per_epoch)
-        callbacks.append(keras.callbacks.TensorBoard(
-            o.tensorboard, profile_batch=(first, min(first + 4, steps_per_epoch)), write_graph=False))
+        callbacks.append(_plan_progbar(plan))
 
     if done < plan["epochs"] and progress.fits_another(done):
         # With a budget the plan may still grow (the warm-up over-estimated) or shrink (the machine got
@@ -857,6 +859,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "time_before_first_epoch_s": history[0]["elapsed_s"] - history[0]["epoch_time_s"] if history else None,
         "final_eval_s": final_eval_s,
         "resumed": bool(o.resume and done > 0),
+        "resumed_after_epoch": done if o.resume else None,  # the backup's last epoch: 0 = it started over
         "images_per_s": ips,
         "images_per_s_per_replica": ips / replicas if ips else None,
         "replicas": replicas,

@@ -142,8 +142,24 @@ def _doctor(env_updates: dict, *args: str, encoding: str | None = None) -> subpr
                           cwd=ROOT, env=env, capture_output=True, timeout=300)
 
 
+# one of each kind of bad value in a fresh process (a yes/no, a number that is not one, a number out of range, a
+# choice, a data source); every bad setting in this process (the doctor reads the settings the same way for all)
+FRESH = [("COURSE_SMOKE", "maybe"), ("COURSE_CPU_REPLICAS", "abc"), ("COURSE_CPU_REPLICAS", "1000"),
+         ("COURSE_DEVICE", "typo"), ("COURSE_DATA", "npz:")]
+
+
 @pytest.mark.parametrize("name, value", BAD_SETTINGS, ids=[f"{n}={v}" for n, v in BAD_SETTINGS])
-def test_each_bad_setting_is_one_clear_problem_in_a_fresh_process(name, value):
+def test_each_bad_setting_is_one_problem_and_stops_the_accelerator_check(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    findings = doctor.run_checks(network=False)
+    problems = [f for f in findings if f.level == "problem"]
+    assert len(problems) == 1 and name in problems[0].detail and problems[0].fix, problems
+    accelerator = [f for f in findings if f.name == "Accelerator"]
+    assert [f.detail for f in accelerator] == ["not checked: fix the course setting above first"]
+
+
+@pytest.mark.parametrize("name, value", FRESH, ids=[f"{n}={v}" for n, v in FRESH])
+def test_each_kind_of_bad_setting_is_one_clear_problem_in_a_fresh_process(name, value):
     proc = _doctor({name: value})
     out, err = proc.stdout.decode(), proc.stderr.decode()
     assert proc.returncode == 1, out + err
@@ -244,8 +260,15 @@ def test_network_errors_in_plain_words():
 
 
 def test_every_warning_has_a_fix_line(monkeypatch):
+    from course_utils import config, runtime
+
+    def no_tpu(resolver_factory=None):
+        # TPUClusterResolver's own failure took 2 s to 32 s in this long-lived process (30 s once in a full run):
+        # what is checked here is the doctor's wording, not TensorFlow's TPU probe
+        raise ValueError("Please provide a TPU Name to connect to.")
+
+    monkeypatch.setattr(runtime, "connect_tpu", no_tpu)
     monkeypatch.setenv("COURSE_DEVICE", "tpu")
-    from course_utils import config
 
     config.reload()
     try:

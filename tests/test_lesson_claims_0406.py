@@ -120,7 +120,14 @@ def test_lesson_04_what_one_replica_or_an_accelerator_cannot_show_says_why():
 def _summary(recipe, accuracy, epochs, steps, wall, before=2.0, final=0.5, no_tta=None, policy="float32", ips=900.0):
     return {"recipe": recipe, "test_accuracy": accuracy, "test_accuracy_no_tta": accuracy if no_tta is None else no_tta,
             "epochs": epochs, "steps_per_epoch": steps, "wall_time_s": wall, "time_before_first_epoch_s": before,
-            "final_eval_s": final, "policy": policy, "images_per_s_per_replica": ips}
+            "final_eval_s": final, "policy": policy, "images_per_s_per_replica": ips, "initially_planned_epochs": epochs}
+
+
+def _resume(**changes) -> dict:
+    """kill_and_resume's evidence from a run killed in epoch 2 with epoch 1 saved, resumed right."""
+    return {"command": ["python", "-m", "course_utils.capstone"], "killed_returncode": -9, "finished_at_kill": 1,
+            "backed_up_at_kill": 1, "returncode": 0, "last_line": "done", "resumed_after": 1, "epochs": [1, 2, 3],
+            "first_epoch_kept": True, "time_counted": True, "plan_kept": True, **changes}
 
 
 def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str = "mixed_bfloat16", **changes):
@@ -139,7 +146,7 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
     if chosen != "float32":
         throughput[chosen] = {"images_per_s_per_replica": 1200.0}
     results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, throughput=throughput,
-                   resume_epochs=[1, 2, 3], resume_returncode=0)
+                   resume=_resume())
     results.update(changes)
     return results
 
@@ -163,18 +170,31 @@ def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_c
     assert {c.claim.split(",")[0].split(" ")[1] for c in unmeasurable} >= {"real", "tutorial's", "ResNet"}
     assert all(c.note for c in unmeasurable), [c.claim for c in unmeasurable if not c.note]
     assert not any(c.fails for c in claims), [c.verdict for c in claims if c.fails]
-    no_room = _find(capstone_exp.claims(_results_06(smoke=True, budget_s=2.0)), "ends within one epoch")
-    assert no_room.holds is None and "longer than the budget" in no_room.note
+    no_plan = _results_06(smoke=True)
+    no_plan["summary"]["course"]["wall_time_s"] = 6.0  # 4 s budget, 0.8 s epoch: setting up took the rest
+    no_room = _find(capstone_exp.claims(no_plan), "ends within one epoch")
+    assert no_room.holds is None and "only the one epoch every run trains" in no_room.note
     only_float32 = _find(capstone_exp.claims(_results_06(chosen="float32")), "policy chosen")
     assert only_float32.holds is None and only_float32.note  # not measurable, and says why
+
+
+def test_lesson_06_a_resume_that_started_over_does_not_hold():
+    """Issue 21: a run killed after metrics.json listed epoch 1 but before the backup saved it starts over and
+    still ends with epochs [1, 2, 3]; the trainer's own word (resumed after epoch 0) makes the claim fail."""
+    started_over = _find(capstone_exp.claims(_results_06(resume=_resume(resumed_after=0))), "resumes")
+    assert started_over.holds is False and started_over.fails and "after epoch 0" in started_over.measured
+    for early in ({"backed_up_at_kill": 0}, {"killed_returncode": 0, "finished_at_kill": 3, "backed_up_at_kill": 3}):
+        claim = _find(capstone_exp.claims(_results_06(resume=_resume(**early))), "resumes")
+        assert claim.holds is None and "did not land inside epoch 2" in claim.note, early  # says why, never a pass
 
 
 def test_lesson_06_verdicts_follow_the_measurements():
     behind = _results_06()
     behind["summary"]["course"]["test_accuracy"] = 0.55
     assert _find(capstone_exp.claims(behind), "beats the tutorial's").holds is False
-    assert _find(capstone_exp.claims(_results_06(resume_epochs=[1, 3])), "resumed").holds is False
-    assert _find(capstone_exp.claims(_results_06(resume_returncode=1)), "resumed").holds is False
+    for wrong in ({"epochs": [1, 3]}, {"returncode": 1}, {"first_epoch_kept": False}, {"time_counted": False},
+                  {"plan_kept": False}):
+        assert _find(capstone_exp.claims(_results_06(resume=_resume(**wrong))), "resumes").holds is False, wrong
     late = _results_06()
     late["summary"]["baseline"]["wall_time_s"] = 140.0
     assert _find(capstone_exp.claims(late), "ends within one epoch").holds is False
@@ -197,7 +217,7 @@ def test_lesson_06_measure_runs_the_recipes_the_policies_and_the_resume_no_ablat
 
     def kill_and_resume(source, out, examples):
         calls.append(("cli", source, examples))
-        return {"epochs": [1, 2, 3], "returncode": 0}
+        return _resume()
 
     from course_utils import capstone
 

@@ -390,11 +390,11 @@ def test_a_failing_step_beside_one_still_building_reports_its_error_and_leaves_t
     with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
         memory.measure_isolated(failing_step, {"fails": {"mib": 3}}, fresh_process=True, repeats=1)  # warm helper
     with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
-        memory.measure_isolated(_either_step, {"fails": {"mib": 3, "seconds": -1}, "slow": {"mib": 4, "seconds": 2}},
+        memory.measure_isolated(_either_step, {"fails": {"mib": 3, "seconds": -1}, "slow": {"mib": 4, "seconds": 1}},
                                 fresh_process=True, repeats=1, parallel=2, timeout=30)
     assert time.monotonic() - t0 < 25
     helper = psutil.Process(memory._forker.proc.pid)
-    time.sleep(3)  # the slow sibling has finished building and met the closed pipe
+    time.sleep(2)  # the slow sibling (1 s) has finished building and met the closed pipe
     assert [p for p in helper.children(recursive=True) if not _is_zombie(p.pid)] == []
     ok = memory.measure_peaks_isolated(allocating_step, {"a": {"mib": 4}}, repeats=1, fresh_process=True, timeout=30)
     assert memory._forker.proc.pid == helper.pid and ok["a"].peak_bytes > 0
@@ -417,8 +417,8 @@ def _is_zombie(pid):
 def test_isolated_timeout_stops_every_process(fork):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="took longer than 4 s"):
-        memory.measure_peak_isolated(hanging_step, repeats=1, fresh_process=True, timeout=4, fork=fork, seconds=120)
+    with pytest.raises(RuntimeError, match="took longer than 2 s"):
+        memory.measure_peak_isolated(hanging_step, repeats=1, fresh_process=True, timeout=2, fork=fork, seconds=120)
     assert time.monotonic() - t0 < 60
     time.sleep(0.5)
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _is_zombie(p.pid)]

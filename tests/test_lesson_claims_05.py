@@ -1,0 +1,124 @@
+"""Lesson 05 as claims data. Its 4-replica scenarios and its step peaks run once, in the notebook (README
+``pytest``, smoke mode) and in ``prove``; no unit test runs them again (CONTRIBUTING.md §8). So the claims must be
+as strict as the unit tests they replaced: here made-up results, right ones and each known way of being wrong, and
+the verdict each must get."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from claims_helpers import measure_keys, notebook_dict_keys
+
+from course_utils import report
+from course_utils.experiments import accumulation as exp
+from course_utils.memory import PeakMemory
+
+MIB = 2**20
+
+
+def _peak(*mib):
+    return PeakMemory(int(sorted(mib)[len(mib) // 2] * MIB), "tf.config.experimental.get_memory_info('CPU:0')",
+                      "CPU:0", samples=[int(m * MIB) for m in mib])
+
+
+def _run(where, policy, diff=1e-8, moved=0.05, updates=2):
+    tolerance = exp.TOLERANCE[policy]
+    result = {"max_abs_diff": {"fit": diff, "loop": diff}, "updates_acc": {"fit": updates, "loop": updates},
+              "updates_big": 2, "micro_steps": 8, "moved": moved, "replicas": 4, "steps": 4, "policy": policy}
+    return {"where": where, "policy": policy, "result": result,
+            "within_tolerance": diff <= tolerance and moved > 20 * tolerance}
+
+
+def _results() -> dict:
+    """Results as a correct run on 4 CPU replicas gives them (figures of a real smoke run)."""
+    return dict(
+        k=4, jit=False, replicas=4, kind="CPU",
+        peaks={"1·B": _peak(10, 10.5, 11, 10, 10.2), "4·B": _peak(38, 40, 41, 39, 40),
+               "4 × B accumulated": _peak(11, 11.5, 12, 11, 11.2)},
+        sgd={"without /k": {"ratio": 4.0}, "with /k": {"diff": 1e-8}}, adam_ratio=1.0,
+        averaging={"diff_vs_fit_right": 0.0, "update_ratio": 4.0, "replicas": 4, "loss_right": 2.3, "loss_wrong": 9.2},
+        builtin={"max_abs_diff": 1.5e-8}, builtin_on_mirrored="RuntimeError (merge_call in Cond)",
+        runs=[_run("1 replica", "float32"), _run("4 replicas", "float32"), _run("4 replicas", "mixed_bfloat16", 5e-5)],
+        ragged={"replicas": 4, "dataset_unbatched_size": "… use .batch(n, drop_remainder=True) …",
+                "arrays_dropped": {"updates": 3, "warning": "AccumulatingModel: dropping the last 20 of 404 examples"},
+                "accumulator_ragged": "GradientAccumulator: a micro-batch of 35 examples, expected global_micro_batch=32"},
+        bn={"updates": 1, "moving_mean_moved_acc": 0.0226, "moving_mean_moved_big": 0.0057, "trainable_diff": 1.4e-2},
+        units={"Keras built-in": {"schedule_step": 8}, "AccumulatingModel": {"schedule_step": 2}},
+        fp16={"mixed_float16, no loss scaling": {"vanished": 0.41}, "mixed_float16 + LossScaleOptimizer": {"vanished": 0.0},
+              "mixed_bfloat16": {"vanished": 0.0}},
+        scaling={"replicas": 4, "accumulator": {"updates": 2, "max_abs_diff": 0.0, "moved": 0.05},
+                 "train_step": {"updates": 2, "max_abs_diff": 0.0},
+                 "overflow": {"applied": False, "iterations": 0, "scale_before": 32768.0, "scale_after": 16384.0,
+                              "replicas_unchanged": [True] * 4, "next_applied": True, "replicas_equal_after_next": True}},
+    )
+
+
+def _verdict(results, words):
+    found = [c for c in exp.claims(results) if words in c.claim]
+    assert len(found) == 1, words
+    return found[0].holds
+
+
+def test_the_notebook_and_measure_hand_claims_the_same_keys():
+    popular = {"sgd", "adam_ratio"}  # measure() takes these from popular_loop_effect's dict (out.update(...))
+    assert notebook_dict_keys("05_gradient_accumulation.ipynb", "results") == measure_keys(exp) | popular \
+        == set(_results())
+
+
+def test_a_correct_run_holds_everywhere_and_every_claim_is_lesson_05():
+    claims = exp.claims(_results())
+    assert [c.claim for c in claims if c.holds is not True] == []
+    assert {c.lesson for c in claims} == {"05"} and len(claims) == 15
+
+
+def _set(path, value):
+    def change(r):
+        target = r
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+def _run_changed(index, **kwargs):
+    def change(r):
+        r["runs"][index] = _run(r["runs"][index]["where"], r["runs"][index]["policy"], **kwargs)
+    return change
+
+
+WRONG = {  # what a bug would produce -> the claim that must then read "does not hold"
+    "bf16 4 replicas off by 1e-2": (_run_changed(2, diff=1e-2), "Strategy-safe accumulation"),
+    "weights never moved (equality proves nothing)": (_run_changed(1, moved=1e-5), "Strategy-safe accumulation"),
+    "one update too few": (_run_changed(1, updates=1), "optimizer.iterations counts updates"),
+    "reduce_mean's loss not 4x": (_set(("averaging", "loss_wrong"), 2.3), "replicas× too large"),
+    "update 2x, not 4x": (_set(("averaging", "update_ratio"), 2.0), "replicas× too large"),
+    "ragged arrays without the warning": (_set(("ragged", "arrays_dropped", "warning"), ""), "cannot split"),
+    "ragged micro-batch trained": (_set(("ragged", "accumulator_ragged"), "trained"), "cannot split"),
+    "overflow counted as an update": (_set(("scaling", "overflow", "iterations"), 1), "LossScaleOptimizer in"),
+    "one replica updated on overflow": (_set(("scaling", "overflow", "replicas_unchanged"), [True, True, True, False]),
+                                        "LossScaleOptimizer in"),
+    "replicas differ after the next group": (_set(("scaling", "overflow", "replicas_equal_after_next"), False),
+                                             "LossScaleOptimizer in"),
+    "loss-scaled loop never trained": (_set(("scaling", "accumulator", "moved"), 0.0), "LossScaleOptimizer in"),
+    "accumulated step peaks like k·B (issue 8's unrolled loop under XLA)": (
+        _set(("peaks", "4 × B accumulated"), _peak(37, 39, 40, 38, 39)), "peaks near B's memory"),
+    "builtin ran under MirroredStrategy": (_set(("builtin_on_mirrored",), "ran"), "crashes under MirroredStrategy"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_each_known_bug_reads_does_not_hold(case):
+    change, words = WRONG[case]
+    results = copy.deepcopy(_results())
+    assert _verdict(results, words) is True
+    change(results)
+    assert _verdict(results, words) is False, case
+
+
+def test_no_peak_to_read_is_not_measurable_never_a_pass():
+    results = _results()
+    results["peaks"] = {label: PeakMemory(0, "none", "CPU:0") for label in results["peaks"]}
+    claims = [c for c in exp.claims(results) if "eak" in c.claim]
+    assert len(claims) == 2 and all(c.holds is None and c.status == report.UNMEASURABLE and "no peak" in c.verdict for c in claims)

@@ -195,8 +195,12 @@ def validate(o: Options) -> None:
         raise OptionsError(str(exc).replace("COURSE_DATA=", "--data ")) from None
     if not 1 <= replicas <= _config.MAX_CPU_REPLICAS:
         raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
-    if data.startswith("npz:") and not os.path.isfile(data[4:]):
-        raise OptionsError(f"--data {data}: no such file {data[4:]!r}")
+    if data.startswith("npz:"):
+        from .data import file_problem
+
+        problem = file_problem(data[4:])
+        if problem is not None:
+            raise OptionsError(f"--data {data}: {data[4:]!r} {problem}")
     if o.tensorboard and not tensorboard_installed():
         raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer installs: "
                            "pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard out)")

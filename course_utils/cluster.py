@@ -4,8 +4,10 @@
 environment variable of each process: every task lists the whole cluster and says which task it is.
 :func:`run_cluster` starts one process per task on free localhost ports with a correct ``TF_CONFIG``,
 streams their output with a ``[worker 0]`` prefix, waits with a time limit, and always stops every process
-it started (on success, on a failing task, on a timeout and on KeyboardInterrupt) — including their
-children, since each task runs in its own process group. Usable from a notebook and from the command line::
+it started (on success, on a failing task, on a timeout, on KeyboardInterrupt, SIGTERM or SIGHUP) — including
+their children, since each task runs in its own process group. Each task also dies with the launcher however
+the launcher ends (``SIGKILL``, a kernel restart): a small sentinel process stops their groups when its
+pipe from the launcher closes (Linux, macOS). Usable from a notebook and from the command line::
 
     python -m course_utils cluster --workers 2 -- python my_training_script.py --steps 10
     python -m course_utils cluster --workers 2 --module course_utils.experiments.multiworker -- --steps 4
@@ -19,8 +21,12 @@ Exit codes of the command: 0 all tasks succeeded, 1 a task failed or the cluster
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
+import math
+import operator
 import os
 import re
 import signal
@@ -35,10 +41,78 @@ __all__ = ["ClusterError", "ClusterResult", "free_ports", "launch", "main", "run
 
 TASK_TYPES = ("chief", "worker", "ps")
 MAX_TASKS = 16  # each task starts TensorFlow (~0.5 GB): more than this would only thrash one machine
+MAX_LOG_LINES = 2000  # per task, the last lines kept (a task that prints hundreds of MB must not fill the memory)
+MAX_LINE_CHARS = 4000  # a longer line (or output with no newline) is kept in pieces of this size
+
+# One per cluster: the launcher writes each task's pid (= its process group) to it and "done" when every task is
+# stopped. If its input ends without "done", the launcher died (SIGKILL, a kernel restart): it stops every group.
+_SENTINEL = (
+    "import os, signal, sys, time\n"
+    "for name in ('SIGINT', 'SIGHUP', 'SIGTERM'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+    "groups = []\n"
+    "for line in sys.stdin:\n"
+    "    if line.strip() == 'done':\n"
+    "        sys.exit(0)\n"
+    "    if line.strip().isdigit():\n"
+    "        groups.append(int(line))\n"
+    "for sig in (signal.SIGTERM, signal.SIGKILL):\n"
+    "    for group in groups:\n"
+    "        try:\n"
+    "            os.killpg(group, sig)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    time.sleep(1)\n"
+)
+
+
+class _Sentinel:
+    """Stops the tasks' process groups when the launcher dies without stopping them (see ``_SENTINEL``)."""
+
+    def __init__(self):
+        self.proc = None
+        if not hasattr(os, "killpg"):
+            return
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-S", "-c", _SENTINEL], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                                         start_new_session=True)  # a closed terminal or Ctrl-C does not stop it
+        except OSError:
+            self.proc = None
+
+    def tell(self, line: str) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.stdin.write(line + "\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        """Every task is stopped: the sentinel ends without doing anything."""
+        if self.proc is None:
+            return
+        self.tell("done")
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            self.proc.kill()
 
 
 class ClusterError(RuntimeError):
     """The cluster could not start, a task failed, or it did not finish in time (the message says which)."""
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the command line launcher (raised by its handler; every task is then stopped)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -141,9 +215,75 @@ def _stop_all(procs: dict, grace_s: float = 3.0) -> None:
         raise interrupted
 
 
+def _count(value, name: str) -> int:
+    """A number of tasks: a whole number (``2``, not ``2.5``, ``"2"`` or ``True``), 0 or more."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a whole number of tasks, got {value!r}")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a whole number of tasks, got {value!r}") from None
+    if count < 0:
+        raise ValueError(f"{name} must be 0 or more, got {count}")
+    return count
+
+
+def _checked_ports(ports, n: int) -> list[int]:
+    out = []
+    for port in ports:
+        if isinstance(port, bool):
+            raise ValueError(f"ports must be whole numbers 1-65535, got {port!r}")
+        try:
+            port = operator.index(port)
+        except TypeError:
+            raise ValueError(f"ports must be whole numbers 1-65535, got {port!r}") from None
+        if port == 0:
+            raise ValueError("port 0 asks the system for any free port, but every task must know its peers' real "
+                             "ports in advance: give real ports, or none (the launcher then picks free ones)")
+        if not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is outside 1-65535")
+        out.append(port)
+    if len(out) != n:
+        raise ValueError(f"{n} tasks need {n} ports, got {len(out)}")
+    repeated = sorted({p for p in out if out.count(p) > 1})
+    if repeated:
+        raise ValueError(f"port {', '.join(map(str, repeated))} is given to more than one task; each needs its own")
+    return out
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP (main thread only) while a task starts: a Ctrl-C between the start of a
+    process and its entry in the task list would leave that task running. Delivered when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = {}
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        try:
+            old[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+        except (ValueError, OSError):  # not settable here
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if caught:
+            handler = old.get(caught[0])
+            if callable(handler):
+                handler(caught[0], None)  # Python's SIGINT handler raises KeyboardInterrupt; main()'s, _Stopped
+            elif handler != signal.SIG_IGN:
+                signal.raise_signal(caught[0])  # the default action, now that the task is on the list
+
+
 def _tail(lines: list[str], n: int = 6) -> str:
     """The last ``n`` lines a task printed, without TensorFlow's start-up chatter."""
-    lines = [line for line in lines if not TF_NOISE.match(line)]
+    lines = [line for line in list(lines) if not TF_NOISE.match(line)]  # list(): a reader may still append
     return "\n".join("    " + line for line in lines[-n:]) or "    (no output)"
 
 
@@ -181,24 +321,25 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     """
     if not command or isinstance(command, str):
         raise ValueError("command must be a non-empty argv list, e.g. [sys.executable, 'train.py']")
-    if int(workers) < 0 or int(ps) < 0 or int(workers) + int(ps) + int(bool(chief)) < 1:
+    workers, ps = _count(workers, "workers"), _count(ps, "ps")
+    if workers + ps + int(bool(chief)) < 1:
         raise ValueError("the cluster needs at least one task")
-    if int(workers) + int(ps) + int(bool(chief)) > MAX_TASKS:
+    if workers + ps + int(bool(chief)) > MAX_TASKS:
         raise ValueError(f"at most {MAX_TASKS} tasks on one machine (each is a TensorFlow process), got "
-                         f"{int(workers) + int(ps) + int(bool(chief))}")
-    if not timeout or timeout <= 0:
-        raise ValueError("timeout must be a positive number of seconds")
+                         f"{workers + ps + int(bool(chief))}")
+    try:
+        timeout = float(timeout)
+    except (TypeError, ValueError):
+        raise ValueError(f"timeout must be a number of seconds, got {timeout!r}") from None
+    if not (math.isfinite(timeout) and timeout > 0):  # nan and inf too: a cluster always has a limit
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
     if wait_for is not None and (isinstance(wait_for, str) or not wait_for
                                  or not set(wait_for) <= {kind for kind, _ in tasks}):
         raise ValueError(f"wait_for must name task types of this cluster ({', '.join(sorted({k for k, _ in tasks}))}),"
                          f" got {wait_for!r}")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
-    if ports is None:
-        ports = free_ports(len(tasks))
-    ports = [int(p) for p in ports]
-    if len(ports) != len(tasks):
-        raise ValueError(f"{len(tasks)} tasks need {len(tasks)} ports, got {len(ports)}")
+    ports = free_ports(len(tasks)) if ports is None else _checked_ports(ports, len(tasks))
     taken = [p for p in ports if _port_in_use(p)]
     if taken:
         raise ClusterError(f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use by another program; "
@@ -211,13 +352,15 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     base_env.setdefault("PYTHONUNBUFFERED", "1")
     base_env.setdefault("TF_NUM_INTEROP_THREADS", str(interop_threads()))
     procs: dict[str, subprocess.Popen] = {}
-    logs: dict[str, list[str]] = {}
+    logs: dict[str, collections.deque] = {}
     readers = []
     start = time.monotonic()
+    sentinel = _Sentinel()
 
     def read(name: str, stream) -> None:
         show = log
-        for line in iter(stream.readline, ""):  # always drained: a full pipe would block the task
+        # always drained (a full pipe would block the task), in pieces: a line without end cannot fill the memory
+        for line in iter(lambda: stream.readline(MAX_LINE_CHARS), ""):
             line = line.rstrip("\n")
             logs[name].append(line)
             if show is not None:
@@ -233,11 +376,14 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             task_vars = dict(base_env, TF_CONFIG=tf_config(cluster, task_type, index))
             if task_env is not None:
                 task_vars.update({k: str(v) for k, v in task_env(task_type, index).items()})
-            logs[name] = []
+            logs[name] = collections.deque(maxlen=MAX_LOG_LINES)
             try:
-                procs[name] = subprocess.Popen(list(command), env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.STDOUT, text=True, errors="replace",
-                                               start_new_session=True)  # own process group: stopped as a whole
+                with _signals_held():  # started and on the list, or neither
+                    procs[name] = subprocess.Popen(
+                        list(command), env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, errors="replace",
+                        start_new_session=True)  # own process group: stopped as a whole
+                    sentinel.tell(str(procs[name].pid))
             except OSError as err:
                 raise ClusterError(f"could not start {name} with {list(command)[:3]}: {err.strerror or err}; "
                                    "check the program's path") from None
@@ -270,13 +416,19 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                                f"(a collective would wait for it forever). Last output of {failed}:\n"
                                + _tail(logs[failed]))
     except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind
-        _stop_all(procs)
+        try:
+            _stop_all(procs)
+        finally:
+            sentinel.close()
         raise
-    _stop_all(procs)  # reaps; stops the tasks not waited for and anything a task left running in its group
+    try:
+        _stop_all(procs)  # reaps; stops the tasks not waited for and anything a task left running in its group
+    finally:
+        sentinel.close()
     for reader in readers:  # the pipes close once every process in the group is gone
         reader.join(timeout=5)
     awaited = tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for)
-    return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, logs,
+    return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, {n: list(v) for n, v in logs.items()},
                          {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited)
 
 
@@ -355,10 +507,16 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("error: give the program after --, e.g. `-- python train.py`, or --module MODULE", file=sys.stderr)
         return 2
+    def stop(signum, frame):  # a closed terminal (SIGHUP) or `kill` (SIGTERM): stop the tasks, then end
+        raise _Stopped(signum)
+
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), stop)
     try:
         result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout,
                              wait_for=args.wait_for)
-    except ValueError as err:  # a bad option (too many tasks, a timeout <= 0)
+    except ValueError as err:  # a bad option (too many tasks, a timeout <= 0 or nan, a bad port)
         print(f"cluster: {err}", file=sys.stderr)
         return 2
     except ClusterError as err:
@@ -367,5 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cluster: interrupted; every task was stopped", file=sys.stderr)
         return 1
+    except _Stopped as stopped:
+        print(f"cluster: {signal.Signals(stopped.signum).name}; every task was stopped", file=sys.stderr)
+        return 128 + stopped.signum
     print(f"cluster: {len(result.returncodes)} task(s) finished in {result.seconds:.1f} s")
     return 0

@@ -166,6 +166,77 @@ def _plain_reason(exc: BaseException) -> str:
     return "" if "allow_pickle" in text else f" ({text})"
 
 
+def file_problem(path: str) -> str | None:
+    """Why ``path`` cannot be read as a data file, as a predicate ("does not exist", "is a folder, not a file", "is a
+    named pipe (FIFO), not a regular file"), or None. Never opens it: opening a FIFO waits for a writer forever."""
+    import stat
+
+    try:
+        mode = os.stat(os.path.expanduser(os.fspath(path))).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"is {kind}, not a regular file"
+    return None
+
+
+MAX_NPZ_IMAGES = 200_000  # per split: CIFAR-10 has 50,000 + 10,000; a file declaring more is refused before reading
+
+
+def _npz_headers(path: str, image_size: int, num_classes: int) -> None:
+    """Read each course member's ``.npy`` header — not its data — and refuse what must not be loaded: a declared
+    shape larger than :data:`MAX_NPZ_IMAGES` images (numpy would allocate it first: a 2.79 TiB shape is a
+    MemoryError), a declared size the member does not hold (corrupt, or a zip bomb's member that decompresses to
+    more than its header says), pickled object arrays. Members that are missing are left to :func:`read_npz`."""
+    import math
+    import zipfile
+    import zlib
+
+    limits = {"x": MAX_NPZ_IMAGES * image_size * image_size * 3, "y": MAX_NPZ_IMAGES * num_classes}
+    with zipfile.ZipFile(path) as archive:
+        members = {name[:-4]: name for name in archive.namelist() if name.endswith(".npy")}
+        for key in NPZ_KEYS:
+            if key not in members:
+                continue
+            info = archive.getinfo(members[key])
+            try:
+                with archive.open(info) as fp:
+                    try:
+                        version = np.lib.format.read_magic(fp)
+                    except ValueError:
+                        raise _npz_error(path, f"member {key} is not a numpy array (raw bytes, not written by "
+                                               "np.savez)") from None
+                    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    if read_header is None:
+                        raise _npz_error(path, f"member {key} is in .npy format {version}, which the course does not "
+                                               "read (np.savez writes 1.0 or 2.0)")
+                    try:
+                        shape, _, dtype = read_header(fp, max_header_size=10_000)
+                    except ValueError as exc:
+                        raise _npz_error(path, f"member {key} is not a valid numpy array{_plain_reason(exc)}") from None
+                    header = fp.tell()
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                raise _npz_error(path, f"is not a readable .npz archive: corrupt or truncated in member {key}"
+                                       f"{_plain_reason(exc)}; copy or download it again") from None
+            if dtype.hasobject:
+                raise _npz_error(path, f"member {key} is an object array (pickled Python objects), which the course "
+                                       "never loads (unsafe); save plain numeric arrays (uint8 images, integer labels)")
+            elements = math.prod(shape)
+            if elements > limits[key[0]]:
+                raise _npz_error(path, f"member {key} declares shape {shape}: more than {MAX_NPZ_IMAGES:,} images' worth "
+                                       "(CIFAR-10 has 50,000 + 10,000); the course does not load it")
+            if header + elements * dtype.itemsize != info.file_size:
+                raise _npz_error(path, f"member {key} declares shape {shape} of {dtype} ({elements * dtype.itemsize:,} "
+                                       f"bytes) but holds {max(info.file_size - header, 0):,}: corrupt, or not written "
+                                       "by np.savez")
+
+
 def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
     """Read and validate a CIFAR-10 ``.npz``; returns ``(x_train, y_train), (x_test, y_test)``.
 
@@ -182,6 +253,9 @@ def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
         raise DataSourceError(f"npz:{path} — no such file. Fix the path in COURSE_DATA, or: {OFFLINE_OPTIONS}")
     if os.path.isdir(path):
         raise _npz_error(path, "is a folder, not a file; COURSE_DATA=npz: needs the path of the .npz file itself")
+    problem = file_problem(path)  # a FIFO: opening it would wait for a writer forever
+    if problem is not None:
+        raise _npz_error(path, f"{problem}; COURSE_DATA=npz: needs the path of the .npz file itself")
     try:
         with open(path, "rb") as fh:
             magic = fh.read(6)
@@ -199,6 +273,7 @@ def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
     key = None
     arrays = {}
     try:
+        _npz_headers(path, image_size, num_classes)
         with np.load(path, allow_pickle=False) as f:
             missing = [k for k in NPZ_KEYS if k not in f.files]
             if missing:

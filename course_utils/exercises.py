@@ -339,8 +339,29 @@ class _TimedOut(BaseException):
 _REFIRE_S = 0.02  # after the bound, fire again this often: a bare `except:` in a loop cannot hold it
 
 
+_ESCALATE_S = 1.0  # interrupts swallowed this long after the bound: raise at the learner's lines too
+_LIBRARY_FILES: dict[str, bool] = {}
+
+
+def _learner_code(filename: str) -> bool:
+    """Is this file the learner's (a notebook cell, their module), not Python's, an installed library's or the
+    course's? The escalated time bound raises only in the learner's lines: raising inside a library (say the
+    ``finally`` of ``Condition.wait``) would be caught by the learner's ``except`` and remove the trace function."""
+    known = _LIBRARY_FILES.get(filename)
+    if known is None:
+        import sysconfig
+
+        roots = {os.path.dirname(os.path.abspath(__file__))}
+        roots |= {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+        path = os.path.abspath(filename) if not filename.startswith("<") else filename
+        known = _LIBRARY_FILES[filename] = (filename.startswith("<frozen") or
+                                            any(path.startswith(root + os.sep) for root in roots))
+    return not known
+
+
 class _TimeBound:
-    """``with _TimeBound(seconds): ...`` raises :class:`_TimedOut` in this thread after ``seconds``.
+    """``with _TimeBound(seconds): ...`` raises :class:`_TimedOut` in this thread after ``seconds``, whatever the
+    code inside does.
 
     Why this design (and not a worker thread with ``join(timeout)``): the learner's code runs in the
     caller's thread, as it would in the notebook. TensorFlow and Keras keep thread-local state that a
@@ -349,32 +370,41 @@ class _TimeBound:
     missing, and a thread that loops forever cannot be killed anyway: it would go on burning CPU and
     memory (a ``.repeat()`` dataset grows by tens of MB/s) while the kernel looked free.
 
-    * Main thread with ``signal.setitimer`` (Linux, macOS; Jupyter and Colab run cells there):
-      ``SIGALRM`` raises :class:`_TimedOut` at the next Python bytecode, and it interrupts
-      ``time.sleep``. An outer ``SIGALRM`` timer (e.g. pytest-timeout) is kept: it still fires on time.
-    * Elsewhere (another thread, Windows): a watchdog thread injects :class:`_TimedOut` with
-      ``PyThreadState_SetAsyncExc``. That lands at the next bytecode too, but cannot cut a
-      ``time.sleep`` short: the check ends when the sleep does.
+    * Main thread (Jupyter and Colab run cells there; Linux, macOS): a watchdog thread sends ``SIGALRM`` to the
+      main thread itself (``signal.pthread_kill``) at the bound and every ``_REFIRE_S`` after it. The handler raises
+      :class:`_TimedOut` at the next bytecode; a blocking call (``time.sleep``, ``Event.wait``, ``Queue.get``,
+      ``join``, ``subprocess.run``, ``os.read``, ``accept``) is cut short, because the signal reaches the thread
+      that waits and the handler is installed without ``SA_RESTART``. (A process timer would wake whichever
+      thread the kernel picks — often one of TensorFlow's — and a call waiting in the main thread would never
+      notice.) An outer ``SIGALRM`` timer (e.g. pytest-timeout) is left running; one that fires before the bound is
+      still served.
+    * Code that swallows the interrupt (``except BaseException:`` or a bare ``except:`` in a loop, nested or not)
+      holds it for at most ``_ESCALATE_S``: then a trace function raises :class:`_TimedOut` at the next line of
+      the learner's code that no ``try`` covers — at the latest the loop's header.
+    * Elsewhere (another thread, Windows): the watchdog injects :class:`_TimedOut` with
+      ``PyThreadState_SetAsyncExc``. That lands at the next bytecode too, but cannot cut a blocking call short.
 
     Neither can stop a single long-running C++ call: a TensorFlow op (a huge matmul, ``ds.reduce`` over
     an infinite dataset, a ``tf.function`` with an endless ``tf.while_loop``) ends only when it returns.
     Python-level iteration over a dataset is interruptible between elements, which is why checkers read
-    datasets element by element (see :func:`read_dataset`). After firing, the bound fires again every
-    ``_REFIRE_S`` until the block is left, so a learner's bare ``except:`` does not keep it running.
+    datasets element by element (see :func:`read_dataset`).
     """
 
     def __init__(self, seconds: float):
         self.seconds = float(seconds)
         self._armed = False
         self._mode = None
+        self._old_trace = None
+        self._tracing = False
 
     # -- entering --------------------------------------------------------------------------------
     def __enter__(self) -> "_TimeBound":
         if not (self.seconds > 0 and math.isfinite(self.seconds)):
             return self
         self._start = time.monotonic()
+        self._deadline = self._start + self.seconds
         if (
-            hasattr(signal, "setitimer")
+            hasattr(signal, "pthread_kill")
             and hasattr(signal, "SIGALRM")
             and threading.current_thread() is threading.main_thread()
         ):
@@ -389,27 +419,74 @@ class _TimeBound:
     def _enter_alarm(self) -> None:
         self._old_handler = signal.getsignal(signal.SIGALRM)
         self._armed = True
-        signal.signal(signal.SIGALRM, self._on_alarm)
-        self._mode = "alarm"
+        signal.signal(signal.SIGALRM, self._on_alarm)  # Python installs it without SA_RESTART: calls see EINTR
         try:
-            signal.siginterrupt(signal.SIGALRM, False)  # let other threads' system calls restart
+            signal.siginterrupt(signal.SIGALRM, True)  # and say so, should another library have changed it
         except (AttributeError, OSError, ValueError):
             pass
-        old_delay, self._old_interval = signal.setitimer(signal.ITIMER_REAL, self.seconds, _REFIRE_S)
-        self._outer_deadline = self._start + old_delay if old_delay > 0 else None
-        if old_delay > 0 and old_delay < self.seconds:  # the outer timer comes first: fire for it then
-            signal.setitimer(signal.ITIMER_REAL, old_delay, _REFIRE_S)
+        self._mode = "alarm"
+        self._done = threading.Event()
+        main = threading.main_thread().ident
+
+        def fire():
+            wait = self.seconds
+            while not self._done.wait(wait):
+                try:
+                    signal.pthread_kill(main, signal.SIGALRM)
+                except (OSError, ValueError):  # the main thread is gone: nothing left to bound
+                    return
+                wait = _REFIRE_S
+
+        self._watchdog = threading.Thread(target=fire, name="course-check-timeout", daemon=True)
+        self._watchdog.start()
 
     def _on_alarm(self, signum, frame):
         if not self._armed:
             return None
-        outer = self._outer_deadline
-        if outer is not None and time.monotonic() >= outer - 0.01 and callable(self._old_handler):
-            self._outer_deadline = None
-            remaining = self.seconds - (time.monotonic() - self._start)
-            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), _REFIRE_S)
-            return self._old_handler(signum, frame)
+        now = time.monotonic()
+        if now < self._deadline:  # not ours: an outer timer (pytest-timeout, the learner's own) fired
+            if callable(self._old_handler):
+                return self._old_handler(signum, frame)
+            return None
+        if now - self._deadline > _ESCALATE_S:
+            self._trace_learner_frames(frame)  # (again: CPython drops a trace function once it has raised)
         raise _TimedOut(self.seconds)
+
+    def _trace_learner_frames(self, frame) -> None:
+        """From now until the bound is left, raise at every line of code outside this module that no ``try`` covers
+        (a loop's header, a statement after a ``try``): a swallowed interrupt is caught by a ``try``, and the next
+        uncovered line — at the latest the loop's header — raises out of it. Lines inside a ``try`` are left alone:
+        CPython removes a trace function that raises, so raising where it would only be caught ends the tracing."""
+        import sys
+
+        if not self._tracing:
+            self._tracing = True
+            self._old_trace = sys.gettrace()
+            tables: dict = {}
+
+            def uncovered(frame_) -> bool:
+                code = frame_.f_code
+                if code not in tables:
+                    try:
+                        import dis
+
+                        tables[code] = [(e.start, e.end) for e in dis._parse_exception_table(code)]  # 3.11+
+                    except Exception:  # noqa: BLE001 - no table to read: raise on every line
+                        tables[code] = []
+                return not any(start <= frame_.f_lasti < end for start, end in tables[code])
+
+            def tracer(frame_, event, arg):
+                if self._armed and event == "line" and _learner_code(frame_.f_code.co_filename) and uncovered(frame_):
+                    raise _TimedOut(self.seconds)
+                return tracer
+
+            self._tracer = tracer
+        if sys.gettrace() is not self._tracer:
+            while frame is not None:
+                if frame.f_code.co_filename != __file__:
+                    frame.f_trace = self._tracer
+                frame = frame.f_back
+            sys.settrace(self._tracer)
 
     def _enter_watchdog(self) -> None:
         try:
@@ -444,16 +521,23 @@ class _TimeBound:
                 continue
 
     def _disarm(self) -> None:
+        import sys
+
         self._armed = False
-        if self._mode == "alarm":
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._old_handler if self._old_handler is not None else signal.SIG_DFL)
-            if self._outer_deadline is not None:  # give the outer timer its remaining time back
-                remaining = self._outer_deadline - time.monotonic()
-                signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), self._old_interval)
-        elif self._mode == "watchdog":
+        if self._mode is not None:
             self._done.set()
             self._watchdog.join()
+        if self._tracing:
+            sys.settrace(self._old_trace)
+            frame = sys._getframe()
+            while frame is not None:
+                if frame.f_trace is self._tracer:
+                    frame.f_trace = None
+                frame = frame.f_back
+            self._tracing = False
+        if self._mode == "alarm":
+            signal.signal(signal.SIGALRM, self._old_handler if self._old_handler is not None else signal.SIG_DFL)
+        elif self._mode == "watchdog":
             self._clear()  # drop an exception injected just before the watchdog stopped
         self._mode = None
 
@@ -531,7 +615,11 @@ def require_int(value: Any, what: str = "an int") -> int:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         raise Incorrect(f"Expected {what}, got {describe(value)}; True/False are not counts, write a number.")
     if isinstance(value, numbers.Integral):
-        number = int(value)
+        try:
+            number = int(value)
+        except Exception as exc:  # noqa: BLE001 - the learner's own int class: its __int__ raised
+            raise Incorrect(f"Expected {what}, got {describe(value)}, which could not be read as a whole number "
+                            f"(int() raised {type(exc).__name__}); return a plain int.") from None
         if number.bit_length() > _COUNT_BITS:
             raise Incorrect(f"Expected {what}, got {describe(number)}; that is far too large for this answer.")
         return number
@@ -568,8 +656,11 @@ def require_number(value: Any, what: str = "a number") -> float:
     if isinstance(value, numbers.Real):
         try:
             return float(value)
-        except (OverflowError, TypeError, ValueError):
+        except OverflowError:
             raise Incorrect(f"Expected {what}, got {describe(value)}; that is far too large for this answer.") from None
+        except Exception as exc:  # noqa: BLE001 - the learner's own number class: its __float__ raised
+            raise Incorrect(f"Expected {what}, got {describe(value)}, which could not be read as a number "
+                            f"(float() raised {type(exc).__name__}); return a plain int or float.") from None
     if _is_tensor(value) or (_module_of(value) in ("numpy", "ml_dtypes") and isinstance(getattr(value, "ndim", None), int)):
         try:
             shape = tuple(value.shape)

@@ -92,19 +92,27 @@ def _from_analyzer(tables) -> tuple[float, int, float, str] | None:
         if "input_conclusion" not in props:
             continue
         cols = [c.get("id") for c in table.get("cols", [])]
-        rows = table.get("rows", [])
-        if not rows or "stepTimeMs" not in cols:
+        rows = [dict(zip(cols, (cell.get("v") for cell in row.get("c", [])))) for row in table.get("rows", [])]
+        if not rows:
             return None
-        total = wait = 0.0
-        for row in rows:
-            values = dict(zip(cols, (cell.get("v") for cell in row.get("c", []))))
-            step = float(values.get("stepTimeMs") or 0.0)
-            total += step
-            wait += float(values.get("infeedTimeMs") or 0.0)
+        if "stepTimeMs" in cols:  # CPU/GPU ("generic"): a step time and the input part of it per step
+            total = sum(float(r.get("stepTimeMs") or 0.0) for r in rows)
+            wait = sum(float(r.get("infeedTimeMs") or 0.0) for r in rows)
+        elif "tcInfeedTimeMs" in cols:  # TPU: the TensorCore's time split; no step-time column
+            parts = [c for c in _TPU_STEP_PARTS if c in cols]
+            total = sum(float(r.get(c) or 0.0) for r in rows for c in parts)
+            wait = sum(float(r.get("tcInfeedTimeMs") or 0.0) for r in rows)
+        else:
+            return None
         if total <= 0:
             return None
         return wait / total, len(rows), total / len(rows), props.get("input_conclusion", "")
     return None
+
+
+# A TPU step in xprof's input-pipeline table (GenerateTpuInputPipelineAnalysisDataTable): TensorCore compute, input
+# (infeed: waiting for data), output, idle, and host transfer; SparseCore columns run beside them and are not added.
+_TPU_STEP_PARTS = ("tcComputeTimeMs", "tcInfeedTimeMs", "tcOutfeedTimeMs", "tcIdleTimeMs", "hostTransferTimeMs")
 
 
 def _from_trace(trace) -> tuple[float, int, float] | None:

@@ -356,8 +356,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             args.data = _config._parse_data(args.data)
         except _config.ConfigError as e:
             raise UsageError(str(e).replace("COURSE_DATA=", "--data ")) from None
-        if args.data.startswith("npz:") and not os.path.isfile(args.data[4:]):
-            raise UsageError(f"--data {args.data}: no such file. Give the path of a CIFAR-10 .npz "
+        from .data import file_problem
+
+        problem = file_problem(args.data[4:]) if args.data.startswith("npz:") else None
+        if problem is not None:
+            raise UsageError(f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
                              "(the README, section Modes, says how to make one), or --data synthetic")
     if args.timeout is None:
         args.timeout = 900.0 if args.mode == "smoke" else 3600.0

@@ -92,7 +92,7 @@ BAD_OPTIONS = [
     (["--epochs", "1", "--batch-size", "30", "--cpu-replicas", "4"], "not divisible by replicas × accumulate = 4 × 1"),
     (["--epochs", "1", "--batch-size", "64", "--accumulate", "3"], "not divisible by replicas × accumulate = 1 × 3"),
     (["--epochs", "1", "--accumulate", "0"], "--accumulate must be at least 1"),
-    (["--epochs", "1", "--data", "npz:/no/such/cifar.npz"], "no such file '/no/such/cifar.npz'"),
+    (["--epochs", "1", "--data", "npz:/no/such/cifar.npz"], "'/no/such/cifar.npz' does not exist"),
     (["--epochs", "1", "--policy", "float8"], "unknown policy 'float8'"),
     (["--epochs", "1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["--data", "synthetic"], "give exactly one of --time-budget SECONDS or --epochs N"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -211,3 +212,98 @@ def test_worker_program_refuses_bad_arguments_in_one_line(tmp_path):
         assert result.returncode == 2 and "must be at least 1" in result.stderr and "Traceback" not in result.stderr
     alone = run("--out", str(tmp_path), tf_config=False)
     assert alone.returncode == 2 and "python -m course_utils cluster" in alone.stderr
+
+
+# -- issue 21: the launcher ends every task however it ends; bad arguments are refused --------------------------
+
+
+def _cli(tmp_path, *args, workers=2):
+    command = _task_script(tmp_path, "time.sleep(120)\n")
+    return subprocess.Popen([sys.executable, "-m", "course_utils", "cluster", "--workers", str(workers),
+                             "--timeout", "300", *args, "--", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGHUP"])
+def test_every_task_and_its_children_end_when_the_launcher_ends(tmp_path, sig):
+    """SIGKILL cannot be caught: the sentinel stops the groups when the launcher's pipe closes. SIGTERM and SIGHUP
+    (a closed terminal) stop them through the launcher itself, which says so and exits 128 + the signal."""
+    launcher = _cli(tmp_path)
+    try:
+        _wait_for_pid_files(tmp_path, 2)
+        pids = _pids(tmp_path)
+        assert len(pids) == 4, pids
+        os.kill(launcher.pid, getattr(signal, sig))
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert all(_gone(pid, within_s=10) for pid in pids), [p for p in pids if not _gone(p, 0)]
+    if sig != "SIGKILL":
+        assert launcher.returncode == 128 + getattr(signal, sig), err
+        assert f"cluster: {sig}; every task was stopped" in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_tasks_start_leaves_none_behind(tmp_path):
+    """Ctrl-C that lands while a task is being started (here: inside the call that starts it, every time) is held
+    until the task is on the list, then stops every task started so far. In a fresh process: a main thread."""
+    code = textwrap.dedent(f"""
+        import os, signal, subprocess, sys
+        from course_utils import cluster
+        real = subprocess.Popen
+        def popen(*args, **kwargs):
+            proc = real(*args, **kwargs)
+            if "TF_CONFIG" in (kwargs.get("env") or {{}}):
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C between the start and the task list
+            return proc
+        subprocess.Popen = popen
+        try:
+            cluster.run_cluster({_task_script(tmp_path, "time.sleep(120)")!r}, workers=3, timeout=60, log=None)
+        except KeyboardInterrupt:
+            print("interrupted")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "interrupted", proc.stdout + proc.stderr
+    time.sleep(0.5)
+    pids = _pids(tmp_path)
+    assert all(_gone(pid) for pid in pids), pids  # the first task (if it wrote its pids) and its child are gone
+    script = str(tmp_path / "task.py")
+    started = [p.pid for p in psutil.process_iter(["cmdline"]) if script in " ".join(p.info["cmdline"] or [])]
+    assert all(_gone(pid) for pid in started), started
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"timeout": float("nan")}, "positive, finite"), ({"timeout": float("inf")}, "positive, finite"),
+    ({"timeout": "soon"}, "number of seconds"), ({"workers": 2.5}, "whole number"), ({"workers": "2"}, "whole number"),
+    ({"workers": True}, "whole number"), ({"ps": -1, "workers": 2}, "0 or more"),
+    ({"ports": [0, 5000]}, "port 0"), ({"ports": [70000, 5000]}, "outside 1-65535"),
+    ({"ports": [5000, 5000]}, "more than one task"), ({"ports": [5000.5, 5001]}, "whole numbers"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(tmp_path, kwargs, words):
+    kwargs = {"workers": 2, **kwargs}
+    with pytest.raises(ValueError, match=words):
+        cluster.launch("course_utils.experiments.multiworker", log=None, **kwargs)
+    assert not list(tmp_path.glob("pids_*.json"))
+
+
+def test_timeout_nan_on_the_command_line_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "cluster", "--workers", "2", "--timeout", "nan", "--",
+                           sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "cluster: timeout must be a positive, finite number of seconds, got nan"], proc.stderr
+
+
+def test_a_task_that_prints_hundreds_of_mb_keeps_the_launcher_small(tmp_path):
+    """200 MB without a newline, then 1,000,000 short lines: the launcher keeps a bounded tail of each."""
+    command = [sys.executable, "-c", "import sys\n"
+               "for _ in range(200): sys.stdout.write('x' * 1_000_000)\n"
+               "print()\n"
+               "for i in range(1_000_000): print('line', i)\n"
+               "print('done')"]
+    before = psutil.Process().memory_info().rss
+    result = cluster.run_cluster(command, workers=1, timeout=120, log=None)
+    grew_mib = (psutil.Process().memory_info().rss - before) / 2**20
+    lines = result.logs["worker 0"]
+    assert result.ok() and lines[-1] == "done" and len(lines) == cluster.MAX_LOG_LINES
+    assert max(len(line) for line in lines) <= cluster.MAX_LINE_CHARS
+    assert grew_mib < 100, grew_mib  # it held all of it before: 1.5 GB

@@ -187,7 +187,44 @@ def _defective_npz_files(tmp_path):
     cases["label count"] = (str(tmp_path / "mismatch.npz"), ["y_train has shape (3,) but x_train has 4 images"])
     (tmp_path / "folder.npz").mkdir()
     cases["a folder"] = (str(tmp_path / "folder.npz"), ["is a folder, not a file"])
+    # issue 21: shapes declared in a member's header are checked before numpy allocates them
+    huge = bytearray(_member_bytes(good["x_train"]))
+    declared = b"(4, 32, 32, 3)"
+    at = huge.index(declared)
+    huge[at:at + len(declared) + 10] = b"(9999999, 32, 32, 3), }   "[:len(declared) + 10]  # same header length
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as z:
+        for k, v in good.items():
+            z.writestr(k + ".npy", bytes(huge) if k == "x_train" else _member_bytes(v))
+    cases["huge declared shape"] = (str(tmp_path / "huge.npz"), ["x_train declares shape (9999999, 32, 32, 3)",
+                                                                 "200,000"])
+    short = bytearray(_member_bytes(good["x_test"]))
+    at = short.index(b"(2, 32, 32, 3)")
+    short[at:at + 14] = b"(3, 32, 32, 3)"  # declares one image more than it holds
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        for k, v in good.items():
+            z.writestr(k + ".npy", bytes(short) if k == "x_test" else _member_bytes(v))
+    cases["declared more than held"] = (str(tmp_path / "short.npz"), ["x_test declares shape (3, 32, 32, 3)",
+                                                                      "holds 6,144"])
     return cases
+
+
+def _zip_bomb(path) -> str:
+    """A valid npz whose x_train is one image more than the course loads: 614 MB of zeros in 0.6 MB, streamed."""
+    import zipfile
+
+    n = data.MAX_NPZ_IMAGES + 1
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((0, 32, 32, 3), np.uint8))
+    header["shape"] = (n, 32, 32, 3)
+    good = _good_arrays()
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        with z.open("x_train.npy", "w", force_zip64=True) as member:
+            np.lib.format.write_array_header_1_0(member, header)
+            zeros = bytes(32 * 32 * 3 * 1000)
+            for _ in range(0, n, 1000):
+                member.write(zeros[: 32 * 32 * 3 * min(1000, n - _)])
+        for k in ("y_train", "x_test", "y_test"):
+            z.writestr(k + ".npy", _member_bytes(np.zeros(n, np.int64) if k == "y_train" else good[k]))
+    return str(path)
 
 
 def test_each_npz_defect_is_one_clear_data_source_error(tmp_path):
@@ -204,6 +241,36 @@ def test_each_npz_defect_is_one_clear_data_source_error(tmp_path):
     np.savez(tmp_path / "ok.npz", **_good_arrays())
     (xtr, ytr), (xte, yte) = data.read_npz(str(tmp_path / "ok.npz"))
     assert xtr.shape == (4, 32, 32, 3) and xte.shape == (2, 32, 32, 3) and len(ytr) == 4 and len(yte) == 2
+
+
+def test_a_zip_bomb_is_refused_from_its_header_without_decompressing(tmp_path):
+    import resource
+
+    path = _zip_bomb(tmp_path / "bomb.npz")
+    assert (tmp_path / "bomb.npz").stat().st_size < 5 * 2**20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    with pytest.raises(data.DataSourceError, match=r"x_train declares shape \(200001, 32, 32, 3\).*200,000"):
+        data.read_npz(path)
+    assert time.monotonic() - t0 < 2
+    grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grew_mib < 100, grew_mib  # it would be 614 MB decompressed
+
+
+def test_a_named_pipe_is_refused_at_once_not_waited_on(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "cifar10.npz"
+    os.mkfifo(fifo)
+    with pytest.raises(data.DataSourceError, match="is a named pipe"):
+        data.read_npz(str(fifo))
+    # where a learner meets it: the trainer's command line, a fresh process
+    proc = subprocess.run([sys.executable, "-m", "course_utils.capstone", "--data", f"npz:{fifo}", "--epochs", "1",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is a named pipe (FIFO), not a regular file" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_a_defective_npz_fails_in_load_cifar10_too(tmp_path):

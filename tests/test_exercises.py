@@ -8,6 +8,7 @@ stub (including the notebook's own stub code) counts as unanswered; learner cras
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -349,6 +350,112 @@ def test_time_bound_swallowing_exceptions_in_learner_code(monkeypatch):
 
     result = _toy(_calls).check(stubborn)
     assert result.status == "error" and "did not finish" in result.message, result
+
+
+_RELEASE = threading.Event()  # set at the end of each blocking test: threads the answers started may end
+
+
+def _blocking_answers():
+    """Answers that block in a system call or a lock (issue 21: signal.siginterrupt(SIGALRM, False) let the kernel
+    restart them, so the bound never fired) or swallow the interrupt in a loop."""
+    import os
+    import queue
+    import socket
+    import subprocess
+
+    def event_wait():
+        threading.Event().wait()
+
+    def queue_get():
+        queue.Queue().get()
+
+    def thread_join():
+        worker = threading.Thread(target=_RELEASE.wait, daemon=True)
+        worker.start()
+        worker.join()
+
+    def run_a_program():
+        subprocess.run(["sleep", "600"])
+
+    def read_a_pipe():
+        read_end, write_end = os.pipe()
+        try:
+            os.read(read_end, 1)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+
+    def accept():
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            server.accept()
+
+    def swallow_everything():
+        while True:
+            try:
+                time.sleep(1)
+            except BaseException:  # noqa: BLE001 - what the learner wrote
+                pass
+
+    def swallow_nested_while_waiting():
+        while True:
+            try:
+                try:
+                    threading.Event().wait()
+                except:  # noqa: E722
+                    continue
+            except BaseException:  # noqa: BLE001
+                pass
+
+    return {f.__name__: f for f in (event_wait, queue_get, thread_join, run_a_program, read_a_pipe, accept,
+                                    swallow_everything, swallow_nested_while_waiting)}
+
+
+@pytest.mark.parametrize("name", list(_blocking_answers()))
+def test_the_time_bound_holds_for_blocking_and_swallowing_answers(name, monkeypatch):
+    import psutil
+
+    monkeypatch.setenv("COURSE_CHECK_TIMEOUT", "0.3")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    start = time.monotonic()
+    try:
+        result = _toy(_calls).check(_blocking_answers()[name])
+    finally:
+        _RELEASE.set()
+    assert time.monotonic() - start < 5, name
+    assert result.status == "error" and "did not finish within 0.3 s" in result.message, result
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None, signal.default_int_handler)
+    assert sys.gettrace() is None or "coverage" in type(sys.gettrace()).__module__.lower()
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != "zombie"]
+    assert not left, left  # subprocess.run killed its program when the bound cut it short
+    assert _toy(_calls).check(lambda: 5).passed  # nothing pending afterwards
+    _RELEASE.clear()
+
+
+def test_the_time_bound_holds_in_a_fresh_process_with_tensorflow_threads():
+    """Where a learner meets it: a kernel's main thread, TensorFlow's threads beside it (a process timer's signal
+    could wake one of them instead of the waiting main thread)."""
+    code = (
+        "import os, threading, time\n"
+        "os.environ['COURSE_CHECK_TIMEOUT'] = '0.5'\n"
+        "import tensorflow as tf\n"
+        "tf.data.Dataset.range(10).map(lambda x: x + 1).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)\n"
+        "from course_utils import exercises\n"
+        "ex = exercises.load('capstone').scaled_learning_rate\n"
+        "def answer(lr, b0, b):\n"
+        "    while True:\n"
+        "        try:\n"
+        "            threading.Event().wait()\n"
+        "        except BaseException:\n"
+        "            pass\n"
+        "t = time.monotonic(); r = ex.check(answer)\n"
+        "print(r.status, round(time.monotonic() - t, 1), r.message[:40])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    status, seconds, *_ = proc.stdout.split()
+    assert status == "error" and float(seconds) < 5, proc.stdout + proc.stderr[-2000:]
+    assert "did not finish within 0.5 s" in proc.stdout
 
 
 def test_time_bound_in_another_thread(monkeypatch):
@@ -783,3 +890,45 @@ def test_build_in_scope_takes_any_image_size_model(context):
         return model
 
     assert exercises.load("tpu_initialization").build_in_scope.check(make_model, strategy=context["strategy"]).passed
+
+
+# -- issue 21: lesson 06's checkers ----------------------------------------------------------------
+
+
+def test_epochs_that_fit_takes_integer_types_only():
+    import numpy as np
+    import tensorflow as tf
+
+    ex = exercises.load("capstone").epochs_that_fit
+
+    def answer(convert):
+        return lambda b, s, e: convert(max(1, int((b - s) // e)))
+
+    for convert in (int, np.int64, np.int32, lambda v: tf.constant(v), lambda v: np.array(v)):
+        assert ex.check(answer(convert)).passed, convert
+    for convert in (float, np.float32, np.float64, lambda v: tf.constant(float(v)), lambda v: np.array(float(v))):
+        result = ex.check(answer(convert))
+        assert result.status == "incorrect" and "return an int" in result.message, (convert, result)
+
+
+@pytest.mark.parametrize("target", [float("nan"), 0.0, -0.5, 1.0, 7.0])
+def test_one_knob_refuses_a_target_that_is_not_an_accuracy_before_training(target, context, monkeypatch):
+    from course_utils import capstone
+
+    monkeypatch.setattr(capstone, "train", lambda *a, **k: pytest.fail("trained with a meaningless target"))
+    ex = exercises.load("capstone").one_knob
+    result = ex.check(ex.reference(), start=context["start"], target=target)
+    assert result.status == "incorrect" and "between 0 and 1" in result.message, result
+
+
+def test_one_knob_reports_a_trainer_refusal_as_the_learners_not_a_course_bug(context, monkeypatch):
+    from course_utils import capstone
+
+    def refuse(options, **kwargs):
+        raise capstone.OptionsError(f"--out {options.out!r} is a file")
+
+    monkeypatch.setattr(capstone, "train", refuse)
+    ex = exercises.load("capstone").one_knob
+    result = ex.check(ex.reference(), start=context["start"], target=0.25)
+    assert result.status == "incorrect" and "the trainer stopped: --out" in result.message, result
+    assert "checker itself failed" not in result.message

@@ -62,3 +62,40 @@ def test_missing_plugin_says_how_to_install(tmp_path, monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
     with pytest.raises(profiler.ProfileError, match="pip install tensorboard-plugin-profile"):
         profiler.read_input_bound(str(tmp_path))
+
+
+def _table(cols, rows, conclusion="Your program is HIGHLY input-bound"):
+    return [{"p": {"input_conclusion": conclusion, "hardware_type": "TPU"},
+             "cols": [{"id": c, "type": "number"} for c in cols], "rows": [{"c": [{"v": v} for v in r]} for r in rows]},
+            {"cols": [{"id": "opName"}], "rows": []}]  # the host-ops table that follows it
+
+
+def test_reads_a_tpu_profiles_columns_not_the_trace(monkeypatch, tmp_path):
+    """Issue 21: xprof's TPU table has no stepTimeMs/infeedTimeMs (GenerateTpuInputPipelineAnalysisDataTable): the
+    TensorCore's compute, infeed, outfeed, idle and host-transfer times per step; SparseCore v0 columns where the
+    chip has one. The reading comes from those columns, never silently from the trace."""
+    cols = ["stepnum", "tcComputeTimeMs", "scv0ComputeTimeMs", "scv0InfeedTimeMs", "tcInfeedTimeMs", "tcOutfeedTimeMs",
+            "tcIdleTimeMs", "hostTransferTimeMs", "tooltip", "infeedPercentAverage", "infeedPercentMin",
+            "infeedPercentMax"]
+    rows = [["0", 30.0, 0.0, 0.0, 60.0, 1.0, 8.0, 1.0, "step 0", 60.0, 55.0, 65.0],
+            ["1", 30.0, 0.0, 0.0, 70.0, 0.0, 0.0, 0.0, "step 1", 70.0, 66.0, 74.0]]
+    tables = {"input_pipeline_analyzer": _table(cols, rows)}
+
+    class Convert:
+        @staticmethod
+        def xspace_to_tool_data(paths, tool, params):
+            if tool not in tables:
+                raise AssertionError(f"read {tool}: the TPU columns were not used")
+            import json
+            return json.dumps(tables[tool]).encode(), None
+
+    monkeypatch.setattr(profiler, "find_xplanes", lambda log_dir: [str(tmp_path / "t.xplane.pb")])
+    monkeypatch.setattr(profiler, "_converter", lambda: Convert)
+    reading = profiler.read_input_bound(str(tmp_path))
+    assert reading.source == "the input pipeline analysis" and reading.steps == 2
+    assert reading.step_ms == pytest.approx(100.0) and reading.input_share == pytest.approx(0.65)
+    assert reading.bound == "input-bound"
+    # the same table without the SparseCore columns (chips without one) reads the same
+    keep = [i for i, c in enumerate(cols) if not c.startswith("scv0")]
+    tables["input_pipeline_analyzer"] = _table([cols[i] for i in keep], [[r[i] for i in keep] for r in rows])
+    assert profiler.read_input_bound(str(tmp_path)).input_share == pytest.approx(0.65)

@@ -30,7 +30,7 @@ def _prove(*args: str, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, message", [
     (["--lessons", "99"], "unknown lesson '99'"),
     (["--lessons", "02", "--out", "{file}/sub"], "cannot write to --out"),
-    (["--data", "npz:/no/such/file.npz"], "--data npz:/no/such/file.npz: no such file"),
+    (["--data", "npz:/no/such/file.npz"], "--data npz:/no/such/file.npz: the file does not exist"),
     (["--data", "kaggle"], "--data 'kaggle' is not a data source"),
     (["--timeout", "-1"], "--timeout must be a positive number"),
     (["--mode", "fast"], "invalid choice: 'fast'"),

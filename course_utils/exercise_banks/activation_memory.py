@@ -22,8 +22,11 @@ _RELU_INPUTS = (
 
 def _as_array(value: Any, shown_as: str) -> np.ndarray:
     """A learner's array-like result as a numpy array, or Incorrect naming what came instead."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise Incorrect(f"{shown_as} returned a masked array; return a plain array of codes (no mask: every element "
+                        "has a code).")
     if isinstance(value, np.ndarray):
-        return value
+        return np.asarray(value)  # a subclass (np.matrix, a learner's own) as the plain array it holds
     if _is_tensor(value) and type(value).__name__ == "EagerTensor":
         try:
             return np.asarray(value.numpy())
@@ -49,6 +52,11 @@ def _check_relu_code(answer: Any) -> str:
                             "(e.g. `x > 0`) or uint8 0/1.")
         if code.dtype.kind not in "biu":
             raise Incorrect(f"{shown} returned an array of {code.dtype}; return booleans or uint8 0/1.")
+        if code.dtype.itemsize > 1:
+            raise Incorrect(f"{shown} returned {code.dtype} codes: {8 * code.dtype.itemsize} bits an element, "
+                            f"{'as much as' if code.dtype.itemsize == 4 else 'more than' if code.dtype.itemsize > 4 else 'half of'} "
+                            "the float32 input itself. The point is one bit: return booleans (`x > 0`) or uint8 0/1, "
+                            "which pack 8 to a byte.")
         values = set(np.unique(code).tolist())
         if not values <= {0, 1}:
             raise Incorrect(f"{shown} returned the values {sorted(values)[:6]}; a 1-bit code holds only 0 and 1.")
@@ -99,8 +107,12 @@ def _check_blocks_to_recompute(answer: Any) -> str:
         got = call_learner(fn, list(saved), list(cost), target, shown_as=shown)
         if isinstance(got, (str, bytes, dict)) or not isinstance(got, (list, tuple, set, frozenset, range, np.ndarray)):
             raise Incorrect(f"{shown} returned {describe(got)}; return a list of block indices, e.g. [0, 2].")
-        items = list(got.tolist() if isinstance(got, np.ndarray) else got)[:100]
-        if len(items) != len(got):
+        try:  # at most one more item than there are blocks: a huge range() or a learner's iterable cannot run away
+            items = list(itertools.islice(iter(got.tolist() if isinstance(got, np.ndarray) else got), len(saved) + 1))
+        except Exception as exc:  # noqa: BLE001 - the learner's own container: iterating it raised
+            raise Incorrect(f"{shown} returned {describe(got)}, which could not be read as a list "
+                            f"({type(exc).__name__}); return a plain list of block indices.") from None
+        if len(items) > len(saved):
             raise Incorrect(f"{shown} returned {describe(got)}: more indices than blocks.")
         indices = []
         for item in items:
@@ -123,6 +135,20 @@ def _check_blocks_to_recompute(answer: Any) -> str:
                             f"the target for {best_cost:g} ms.{hint}")
     return ("The cheapest set is a small knapsack problem: with a handful of blocks, trying every subset is exact "
             "and instant. Rules of thumb (largest saving per ms first) can miss the best set.")
+
+
+class _Unreadable(list):
+    """A wrong answer for the tests: a list whose items cannot be read (its iteration raises)."""
+
+    def __iter__(self):
+        raise RuntimeError("no items for you")
+
+
+class _Unfloatable(float):
+    """A wrong answer for the tests: a number whose float() raises."""
+
+    def __float__(self):
+        raise RuntimeError("no float for you")
 
 
 # -- 3. largest_batch -------------------------------------------------------------------------
@@ -192,6 +218,9 @@ def relu_code(x):
                 (">= 0", lambda: (lambda x: x >= 0), "exactly x = 0"),
                 ("inverted", lambda: (lambda x: x <= 0), "Upside down"),
                 ("floats", lambda: (lambda x: (x > 0).astype(np.float32)), "one bit"),
+                ("int64 0/1", lambda: (lambda x: (x > 0).astype(np.int64)), "64 bits an element"),
+                ("int32 0/1", lambda: (lambda x: (x > 0).astype(np.int32)), "as much as the float32"),
+                ("masked", lambda: (lambda x: np.ma.masked_array(x > 0)), "masked array"),
             ),
         ),
         Exercise(
@@ -228,6 +257,8 @@ def blocks_to_recompute(saved_mib, extra_ms, target_mib):
                 ("biggest first", lambda: _greedy_by_saving, "cheapest"),
                 ("everything", lambda: (lambda s, c, t: list(range(len(s)))), "reaches the target for"),
                 ("nothing", lambda: (lambda s, c, t: []), "short of the target"),
+                ("a huge range", lambda: (lambda s, c, t: range(10**12)), "more indices than blocks"),
+                ("a list that cannot be read", lambda: (lambda s, c, t: _Unreadable([0, 1])), "could not be read"),
             ),
         ),
         Exercise(
@@ -258,6 +289,8 @@ def largest_batch(peak_small, peak_large, batch_small, batch_large, budget):
                 ("peak per example", lambda: (lambda p1, p2, b1, b2, m: int(m // (p2 / b2))), "fixed part"),
                 ("no floor", lambda: (lambda p1, p2, b1, b2, m: (m - (p1 - b1 * (p2 - p1) / (b2 - b1)))
                                       / ((p2 - p1) / (b2 - b1))), "round down"),
+                ("a number that cannot be read", lambda: (lambda p1, p2, b1, b2, m: _Unfloatable(1.0)),
+                 "could not be read as a number"),
             ),
         ),
     ],

@@ -37,8 +37,23 @@ def _check_scaled_learning_rate(answer: Any) -> str:
 
 # -- 2. epochs_that_fit -----------------------------------------------------------------------
 
+# (budget, setup, epoch, expected). 100/28 = 3.57 and 90/16 = 5.63 catch rounding to the nearest (18.5 alone does
+# not: Python's round() goes to the even 18); 110/11 and 100/25 are exact.
 _FIT_CASES = ((120, 10, 11, 10), (120, 10, 10, 11), (600, 45, 30, 18), (60, 20, 50, 1), (30, 40, 5, 1),
-              (100, 0, 100, 1), (100, 0, 25, 4))
+              (100, 0, 100, 1), (100, 0, 25, 4), (100, 0, 28, 3), (96, 6, 16, 5))
+
+
+def _is_whole_type(value: Any) -> bool:
+    """An integer type: Python int (not bool), numpy integer, or a 0-d integer array/tensor. Floats are not, even
+    when their value is whole: the trainer counts epochs in ints."""
+    import numbers
+
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return False
+    if isinstance(value, numbers.Integral):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return bool(getattr(dtype, "is_integer", False)) or getattr(dtype, "kind", None) in ("i", "u")
 
 
 def _check_epochs_that_fit(answer: Any) -> str:
@@ -47,11 +62,14 @@ def _check_epochs_that_fit(answer: Any) -> str:
         got = call_learner(fn, budget, setup, epoch, shown_as=f"epochs_that_fit({budget}, {setup}, {epoch})")
         value = require_number(got, "a whole number of epochs")
         if value == expected and float(value).is_integer():
-            if isinstance(got, float):
+            if not _is_whole_type(got):
                 raise Incorrect(f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}: epochs are "
-                                "whole, return an int (`int(...)` or `//`).")
+                                "whole, return an int (`int(...)`; `//` on floats still gives a float).")
             continue
         quote = f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}, expected {expected}"
+        if value == round((budget - setup) / epoch) and value > expected:
+            raise Incorrect(f"{quote}: rounding to the nearest overruns the budget when the fraction is over a half; "
+                            "round down (`//`).")
         if expected == 1 and value < 1:
             raise Incorrect(f"{quote}: when not even one epoch fits, the run still trains one (at least 1).")
         if math.isclose(value, (budget - setup) / epoch) and not float(value).is_integer():
@@ -67,7 +85,13 @@ def _check_epochs_that_fit(answer: Any) -> str:
 
 # -- 3. one_knob ------------------------------------------------------------------------------
 
-_NOT_KNOBS = ("out", "verbose", "resume", "tensorboard")  # what may differ without counting as a change
+# The knobs: the recipe's options. Everything else either may differ freely (where the run writes, how much it prints)
+# or must stay as `start` has it: the data, the split sizes, the seed and the budget are the experiment, not the
+# recipe (a smaller test split or another seed can reach a target without a better recipe).
+RECIPE_OPTIONS = ("recipe", "batch_size", "policy", "accumulate", "steps_per_execution", "width", "augment",
+                  "label_smoothing", "schedule", "tta", "ema")
+_FREE = ("out", "verbose", "resume", "tensorboard")
+_FIXED = ("data", "train_examples", "test_examples", "seed", "cpu_replicas")
 TARGET_FRACTION = 0.9  # of the baseline recipe's accuracy with its own batch, same budget (the notebook's §2 run)
 
 
@@ -115,14 +139,25 @@ def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
     if not isinstance(start, capstone.Options):
         raise Incorrect(f"`start` should be the capstone.Options from the cell, got {describe(start)}.")
     target = require_number(target, "the target accuracy (a number between 0 and 1)")
+    if not (0 < target < 1):  # NaN fails this too
+        raise Incorrect(f"`target` is {describe(target)}: it should be an accuracy between 0 and 1 (the cell computes "
+                        "it from §2's run; run that cell again).")
     if not isinstance(answer, capstone.Options):
         raise Incorrect(f"Expected capstone.Options, got {describe(answer)}: write "
                         "`my_options = dataclasses.replace(start, <option>=<value>)`.")
     changed = [f.name for f in dataclasses.fields(capstone.Options)
-               if f.name not in _NOT_KNOBS and getattr(answer, f.name) != getattr(start, f.name)]
+               if f.name not in _FREE and getattr(answer, f.name) != getattr(start, f.name)]
     if "time_budget" in changed or "epochs" in changed:
         raise Incorrect(f"Keep the budget: the exercise is to do better in the same {start.time_budget:g} s "
                         "(`time_budget` unchanged, `epochs` not set).")
+    fixed = [name for name in changed if name in _FIXED]
+    if fixed:
+        raise Incorrect(f"`{fixed[0]}` is part of the experiment, not of the recipe: keep it as `start` has it "
+                        f"({describe(getattr(start, fixed[0]))}) and change one of the recipe's options "
+                        f"({', '.join(RECIPE_OPTIONS)}).")
+    if not isinstance(answer.out, str) or not answer.out.strip():
+        raise Incorrect(f"`out` is {describe(answer.out)}: it should name the folder the run writes to; keep "
+                        "`start`'s.")
     if not changed:
         raise Incorrect("These are the start options unchanged; change one option.")
     if len(changed) > 1:
@@ -134,7 +169,10 @@ def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
         raise Incorrect(f"The options are not valid: {err}") from None
     knob = changed[0]
     run_options = dataclasses.replace(answer, verbose=-1, resume=False)
-    result = capstone.train(run_options)
+    try:
+        result = capstone.train(run_options)
+    except (capstone.OptionsError, OSError) as err:  # the learner's options or folder, not the course
+        raise Incorrect(f"With {knob}={describe(getattr(answer, knob))} the trainer stopped: {err}") from None
     summary = capstone.load_result(run_options.out)["summary"]
     accuracy = float(summary["test_accuracy"])
     if summary.get("options", {}).get(knob) != result.summary.get("options", {}).get(knob):
@@ -204,6 +242,9 @@ def epochs_that_fit(budget_s, setup_s, epoch_s):
                 ("no minimum", lambda: (lambda b, s, e: int((b - s) // e)), "at least 1"),
                 ("float", lambda: (lambda b, s, e: max(1.0, (b - s) // e)), "return an int"),
                 ("ceil", lambda: (lambda b, s, e: max(1, math.ceil((b - s) / e))), "rounding up"),
+                ("nearest", lambda: (lambda b, s, e: max(1, round((b - s) / e))), "rounding to the nearest"),
+                ("numpy float", lambda: (lambda b, s, e: __import__("numpy").float32(max(1, (b - s) // e))),
+                 "return an int"),
             ),
         ),
         Exercise(
@@ -233,6 +274,10 @@ my_options = ...  # e.g. dataclasses.replace(start, <one option>=<new value>)
                 ("more time", _changed(time_budget=60.0), "Keep the budget"),
                 ("unchanged", example_start, "unchanged"),
                 ("not options", lambda: {"batch_size": 128}, "Expected capstone.Options"),
+                ("smaller test split", _changed(test_examples=32), "part of the experiment"),
+                ("another seed", _changed(seed=7), "part of the experiment"),
+                ("synthetic data", _changed(data="npz:x.npz"), "part of the experiment"),
+                ("no folder", _changed(out=""), "should name the folder"),
             ),
         ),
     ],

@@ -475,6 +475,28 @@ def measure(lab) -> dict:
     return out
 
 
+GELU_GAP_POINTS = 5.0  # 2-bit GELU's accuracy, per seed, at most this many points below exact GELU's
+
+
+def gelu_claim(seeds, final: dict, last: int, acc_exact: float, acc_fewbit: float, learned: bool):
+    """§3's training claim, from one sample per seed: few-bit minus exact accuracy (mean of the last ``last``
+    epochs), in points. Holds when every seed is within :data:`GELU_GAP_POINTS`, does not hold when none is,
+    inconclusive otherwise. Not "as well as exact": on the real-image dev file (4 seeds, 15 epochs) the course's
+    runs measured mean gaps of −1.8 points (seeds from +0.3 to −3.7, exact GELU alone 4.5 points apart) and, on TF
+    2.20, −0.9 (−0.3 to −2.6), so a yes/no on "≥ exact − 2" over 2 seeds fails often with nothing wrong."""
+    from .. import report
+
+    gaps = [(final[("few_bit", s)] - final[("exact", s)]) * 100 for s in seeds]
+    claim = report.Claim.from_samples(
+        f"2-bit GELU trains to within {GELU_GAP_POINTS:g} points of exact GELU (same epochs, each seed)", "§3",
+        f"every seed > −{GELU_GAP_POINTS:g} points (mean of the last {last} epochs)", gaps, ">", -GELU_GAP_POINTS,
+        fmt="+.1f", unit=" points",
+        note=f"{acc_fewbit:.1%} vs {acc_exact:.1%} over {len(seeds)} seed(s)")
+    if not learned:
+        claim.holds, claim.note = None, "the exact runs did not learn here (smoke mode: 2 short epochs)"
+    return claim
+
+
 def claims(r: dict) -> list:
     """Lesson 07's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
     from .. import report
@@ -527,11 +549,7 @@ def claims(r: dict) -> list:
         report.Claim("Few-bit GELU lowers the peak, without and with XLA", "§3", "> 10% saved in both",
                      both("few-bit GELU (2 bits)"),
                      min(saved("few-bit GELU (2 bits)"), saved("few-bit GELU (2 bits)", "|xla")) > 0.1),
-        report.Claim("2-bit GELU trains as well as exact GELU (same epochs)", "§3",
-                     f"no more than 2 points below (mean of {len(seeds)} seed(s), last {last} epochs)",
-                     f"{acc_fewbit:.1%} vs {acc_exact:.1%} ({(acc_fewbit - acc_exact) * 100:+.1f} points)",
-                     acc_fewbit >= acc_exact - 0.02 if learned else None,
-                     "" if learned else "the exact runs did not learn here (smoke mode: 2 short epochs)"),
+        gelu_claim(seeds, final, last, acc_exact, acc_fewbit, learned),
         report.Claim.from_samples(
             "An output-saving LayerNorm lowers the peak where LayerNorm is a large share (Dense + LN stack)",
             "§4; Tempo", "> 5% saved without XLA", ln_saved, ">", 0.05, fmt=".0%", unit="",

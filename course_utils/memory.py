@@ -729,6 +729,12 @@ def _serve() -> None:
         print("\n" + _DONE, flush=True)
 
 
+def _interop_threads() -> int:
+    from .cluster import interop_threads
+
+    return interop_threads()
+
+
 class _Forker:
     """This process's handle on its forking process (started on first use, kept for the next measurements)."""
 
@@ -927,6 +933,10 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
 
     parallel = max(1, int(parallel))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+    # An explicit inter-op pool: on one core (taskset -c 0) TensorFlow's default made the executor's op order differ
+    # between processes, and lesson 07's recomputed step peaked at 4-11% below plain's in 3 of 5 processes and 35-40%
+    # in the others; with the pool set (1 or 2 threads), 20-41% in all 15 readings, as on two cores.
+    env.setdefault("TF_NUM_INTEROP_THREADS", str(_interop_threads()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p and os.path.isdir(p))
     results: dict[str, dict] = {}
     timed: dict = {}

@@ -215,14 +215,19 @@ def _stop_all(procs: dict, grace_s: float = 3.0) -> None:
         raise interrupted
 
 
+def _whole(value, message: str) -> int:
+    """``value`` as an int when it is a whole number (an int or numpy integer, not a bool, float or str)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError(f"{message}, got {value!r}")
+
+
 def _count(value, name: str) -> int:
     """A number of tasks: a whole number (``2``, not ``2.5``, ``"2"`` or ``True``), 0 or more."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a whole number of tasks, got {value!r}")
-    try:
-        count = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be a whole number of tasks, got {value!r}") from None
+    count = _whole(value, f"{name} must be a whole number of tasks")
     if count < 0:
         raise ValueError(f"{name} must be 0 or more, got {count}")
     return count
@@ -231,12 +236,7 @@ def _count(value, name: str) -> int:
 def _checked_ports(ports, n: int) -> list[int]:
     out = []
     for port in ports:
-        if isinstance(port, bool):
-            raise ValueError(f"ports must be whole numbers 1-65535, got {port!r}")
-        try:
-            port = operator.index(port)
-        except TypeError:
-            raise ValueError(f"ports must be whole numbers 1-65535, got {port!r}") from None
+        port = _whole(port, "ports must be whole numbers 1-65535")
         if port == 0:
             raise ValueError("port 0 asks the system for any free port, but every task must know its peers' real "
                              "ports in advance: give real ports, or none (the launcher then picks free ones)")

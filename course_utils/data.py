@@ -185,6 +185,8 @@ def file_problem(path: str) -> str | None:
     return None
 
 
+_OBJECT_ARRAY = ("is an object array (pickled Python objects), which the course never loads (unsafe); save plain "
+                 "numeric arrays (uint8 images, integer labels)")
 MAX_NPZ_IMAGES = 200_000  # per split: CIFAR-10 has 50,000 + 10,000; a file declaring more is refused before reading
 
 
@@ -225,8 +227,7 @@ def _npz_headers(path: str, image_size: int, num_classes: int) -> None:
                 raise _npz_error(path, f"is not a readable .npz archive: corrupt or truncated in member {key}"
                                        f"{_plain_reason(exc)}; copy or download it again") from None
             if dtype.hasobject:
-                raise _npz_error(path, f"member {key} is an object array (pickled Python objects), which the course "
-                                       "never loads (unsafe); save plain numeric arrays (uint8 images, integer labels)")
+                raise _npz_error(path, f"member {key} {_OBJECT_ARRAY}")
             elements = math.prod(shape)
             if elements > limits[key[0]]:
                 raise _npz_error(path, f"member {key} declares shape {shape}: more than {MAX_NPZ_IMAGES:,} images' worth "
@@ -292,8 +293,7 @@ def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
     except ValueError as exc:
         member = f"member {key}" if key else "the archive"
         if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
-            raise _npz_error(path, f"{member} is an object array (pickled Python objects), which the course never "
-                                   "loads (unsafe); save plain numeric arrays (uint8 images, integer labels)") from None
+            raise _npz_error(path, f"{member} {_OBJECT_ARRAY}") from None
         raise _npz_error(path, f"{member} is not a valid numpy array{_plain_reason(exc)}") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError, NotImplementedError) as exc:
         where = f" in member {key}" if key else ""

@@ -17,19 +17,27 @@ Two recipes:
               Adam (1e-3), batch 64, pixels /255, no augmentation, float32 — under the same budget rules.
 
 Budgeted training (``--time-budget S``): the wall time counts everything — start-up, data loading, building,
-compiling, a short timed warm-up, every epoch's evaluation and the final (TTA) evaluation. The warm-up
+compiling, a short timed warm-up, every epoch's validation and the final (TTA) test evaluation. The warm-up
 runs a few real training and evaluation steps (weights and optimizer state are restored afterwards),
 measures the step time *without* the first call (which traces and compiles; its time is still counted
 against the budget because it has already been spent), and chooses the number of epochs that fits in
 what is left. The learning-rate schedule is stretched to end at that epoch. After every epoch the plan
-is checked against the measured epoch time: shrunk when the rest would end more than half an epoch late,
-grown when more than 1.25 epochs and 10% of the time left would go unused (never in the last two epochs
-of the decay), so the run ends within one epoch of the budget.
+is checked against the measured epoch time (:class:`BudgetPlan` owns that arithmetic and its margins).
+
+Splits: a validation split is held out of the training images (:data:`VALIDATION_FRACTION`, at most
+:data:`MAX_VALIDATION`, the same images for every run on the same data); each epoch is evaluated on it, the best
+checkpoint is chosen on it, and ablations and exercises compare runs on it. The test split is evaluated once,
+at the end, with the last epoch's weights: ``summary.json`` reports both.
 
 Fault tolerance: ``keras.callbacks.BackupAndRestore`` saves the weights and optimizer state after every
 epoch; a run killed mid-epoch and restarted with ``--resume`` continues after the last finished epoch
 with the same plan (``plan.json``), counts the time already spent (``clock.json``, updated every few
-seconds) against the budget and continues ``metrics.json``.
+seconds) against the budget and continues ``metrics.json``. State that is not what the trainer wrote is
+refused with the reason; finished work is never discarded silently.
+
+The output folder: a run writes only into a folder that is new, empty, or a capstone run already (its marker
+file :data:`MARKER`); anything else is refused before anything is written, and starting again there deletes only
+the trainer's own files, after the options and the data have been checked.
 
 Import this module without TensorFlow loading: bad options are rejected before TensorFlow starts.
 """
@@ -44,10 +52,9 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-RECIPES = ("course", "baseline")
 POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 SCHEDULES = ("onecycle", "constant")
 PROG = "capstone"
@@ -71,9 +78,26 @@ BASELINE = dict(batch_size=64, learning_rate=1e-3)
 # Goyal et al. 2017 scaled linearly to 8k on ImageNet with a 5-epoch warm-up; CIFAR-10 under a minutes budget has
 # too few steps for that warm-up, so the course warns from ~1k examples per update
 MAX_LR_SCALING_BATCH = 1024
-# The budget planner's fixed margins (seconds): the final evaluation's, and each epoch's beyond its timed steps
-FINAL_EVAL_MIN_S = 1.0
-EPOCH_MIN_S = 0.3
+# The validation split: held out of the training images, the same ones for every run on the same data (its own
+# seed), the usual 45,000 / 5,000 on CIFAR-10's 50,000
+VALIDATION_FRACTION = 0.1
+MAX_VALIDATION = 5_000
+VALIDATION_SEED = 20_240_101
+
+# Bounds on the numeric options, each with its reason (checked before TensorFlow starts)
+MAX_EPOCHS = 10_000  # the schedule counts steps in float32: exact only up to 2**24 steps (checked too)
+MAX_SCHEDULE_STEPS = 2 ** 24
+MAX_BUDGET_S = 7 * 86_400  # a week: no runtime the course targets lives longer (Colab: 12-24 hours)
+MAX_BATCH = 65_536
+MAX_WIDTH = 512  # 8w = 4,096 filters: beyond any memory the course targets
+MAX_STEPS_PER_EXECUTION = 10_000
+MAX_SEED = 2 ** 32 - 1  # NumPy's seeds (keras.utils.set_random_seed) are 32-bit
+
+# The output folder: the marker a run leaves, and the names the trainer itself writes there
+MARKER = "capstone_run.json"
+RUN_FILES = ("metrics.json", "summary.json", "plan.json", "clock.json", "best.weights.h5")
+RUN_FOLDERS = ("backup",)
+BACKUP_FILES = ("latest.weights.h5", "training_metadata.json")  # BackupAndRestore's, each also as ".bkp"
 
 RECIPE_TABLE = [
     {"choice": "ResNet-9-style network (conv-BN-ReLU prep, 2 residual blocks, global max pooling)", "lesson": "capstone",
@@ -111,6 +135,11 @@ class OptionsError(ValueError):
     """An option the trainer cannot use; the message is one line that says which and what to do."""
 
 
+class RunStateError(OptionsError):
+    """``--resume`` found state in the run's folder that the trainer did not write (or another run's); the message
+    says which file, why, and that nothing was changed."""
+
+
 @dataclasses.dataclass
 class Options:
     """Everything a capstone run needs; the CLI fills the same fields. ``None`` = the recipe's default."""
@@ -123,13 +152,15 @@ class Options:
     resume: bool = False
     batch_size: int | None = None  # global batch per optimizer update (course 128, baseline 64)
     policy: str = "auto"  # auto = the hardware's (course) / float32 (baseline, as the tutorial)
+    jit: bool | None = None  # XLA (jit_compile); None = per hardware (see choose_jit)
     accumulate: int = 1  # micro-batches per update (lesson 05)
     steps_per_execution: int = 1
     cpu_replicas: int | None = None  # None = COURSE_CPU_REPLICAS
     seed: int = 42
     tensorboard: str | None = None  # folder for TensorBoard scalars + a profile of a few steps
-    train_examples: int | None = None  # None = whole split (synthetic: the config's sizes)
+    train_examples: int | None = None  # None = whole split (synthetic: the config's sizes); validation comes out of it
     test_examples: int | None = None
+    validation_examples: int | None = None  # None = VALIDATION_FRACTION of the training images, ≤ MAX_VALIDATION
     # ablation toggles (None = the recipe's default)
     width: int | None = None  # course: base width (None: 16, smoke 8; auto with a budget); baseline: ignored
     augment: bool | None = None
@@ -141,53 +172,265 @@ class Options:
 
     def resolved(self) -> "Options":
         """A copy with every recipe default filled in (what the run really uses)."""
-        o = dataclasses.replace(self)
-        course = o.recipe == "course"
-        if o.batch_size is None:
-            o.batch_size = COURSE["batch_size"] if course else BASELINE["batch_size"]
-        if o.augment is None:
-            o.augment = course
-        if o.label_smoothing is None:
-            o.label_smoothing = COURSE["label_smoothing"] if course else 0.0
-        if o.schedule is None:
-            o.schedule = "onecycle" if course else "constant"
-        if o.tta is None:
-            o.tta = course
+        return RECIPES[self.recipe].fill_defaults(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Recipes: one object each
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One recipe: its defaults for the options left at None, its precision policy, model and optimizer."""
+
+    name: str
+    batch_size: int
+    augment: bool
+    label_smoothing: float
+    schedule: str
+    tta: bool
+    sized_by_width: bool  # --width applies (and auto width with a budget)
+
+    def fill_defaults(self, o: Options) -> Options:
+        o = dataclasses.replace(o)
+        for name in ("batch_size", "augment", "label_smoothing", "schedule", "tta"):
+            if getattr(o, name) is None:
+                setattr(o, name, getattr(self, name))
         if o.ema is None:
             o.ema = False
         return o
 
+    def choose_policy(self, rt) -> tuple[str, str]:  # pragma: no cover - each recipe says
+        raise NotImplementedError
+
+    def peak_learning_rate(self, global_batch: int) -> float:  # pragma: no cover
+        raise NotImplementedError
+
+    def model(self, width: int, mean, variance):  # pragma: no cover
+        raise NotImplementedError
+
+    def optimizer(self, schedule, ema: bool):  # pragma: no cover
+        raise NotImplementedError
+
+
+class _Course(Recipe):
+    def choose_policy(self, rt) -> tuple[str, str]:
+        from . import memory
+
+        policy, why = memory.recommended_policy(rt)
+        if rt.kind == "CPU" and policy == "mixed_bfloat16":
+            supported, flags = memory.cpu_bf16_support()
+            if supported is False:
+                return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"
+            if supported:
+                why = f"CPU with native bfloat16 ({', '.join(flags)}): mixed_bfloat16"
+        return policy, why
+
+    def peak_learning_rate(self, global_batch: int) -> float:
+        return peak_learning_rate(global_batch)
+
+    def model(self, width, mean, variance):
+        return resnet9(width, mean=mean, variance=variance)
+
+    def optimizer(self, schedule, ema):
+        import keras
+
+        return keras.optimizers.SGD(schedule, momentum=COURSE["momentum"], nesterov=True,
+                                    weight_decay=COURSE["weight_decay"], use_ema=ema)
+
+
+class _Baseline(Recipe):
+    def choose_policy(self, rt) -> tuple[str, str]:
+        return "float32", "baseline: float32, as the tutorial"
+
+    def peak_learning_rate(self, global_batch: int) -> float:
+        return BASELINE["learning_rate"] * global_batch / BASELINE["batch_size"]
+
+    def model(self, width, mean, variance):
+        return tutorial_cnn()
+
+    def optimizer(self, schedule, ema):
+        import keras
+
+        return keras.optimizers.Adam(schedule, use_ema=ema)
+
+
+RECIPES: dict[str, Recipe] = {
+    "course": _Course("course", batch_size=COURSE["batch_size"], augment=True,
+                      label_smoothing=COURSE["label_smoothing"], schedule="onecycle", tta=True, sized_by_width=True),
+    "baseline": _Baseline("baseline", batch_size=BASELINE["batch_size"], augment=False, label_smoothing=0.0,
+                          schedule="constant", tta=False, sized_by_width=False),
+}
+
+
+def choose_jit(o: Options, kind: str, course_jit: bool = False) -> tuple[bool, bool, str]:
+    """``(jit_compile, compiled, why)``: what to pass Keras' ``compile(jit_compile=...)``, whether the step really
+    runs under XLA, and why. Keras resolves ``jit_compile="auto"`` to False whenever the model was built under a
+    tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute") — and the trainer
+    always builds in ``strategy.scope()`` — so the choice is made here, explicitly:
+
+    - ``--jit`` / ``--no-jit`` (``Options.jit``): as asked;
+    - TPU: TPUStrategy compiles every step with XLA whatever Keras is told (nothing to choose);
+    - ``COURSE_JIT=1``: on, as every lesson's measured steps;
+    - GPU: on — XLA fuses the step's elementwise ops (BN, ReLU, casts) into the convolutions' neighbours;
+    - CPU: off — a small ResNet on a CPU is bound by its convolutions, which XLA hands to the same kernels
+      (lesson 06 §5 measures it)."""
+    if o.jit is not None:
+        return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
+    if kind == "TPU":
+        return False, True, "TPU: TPUStrategy compiles every step with XLA"
+    if course_jit:
+        return True, True, "COURSE_JIT=1: every measured step compiles with XLA"
+    if kind in ("GPU", "multi-GPU"):
+        return True, True, ("GPU: XLA fuses the step's small ops; Keras' jit_compile='auto' would turn it off under "
+                            "tf.distribute, so the trainer asks for it")
+    return False, False, "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking the options (no TensorFlow)
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _own_name(name: str) -> bool:
+    """A file name the trainer writes in its output folder (its files and their temporary copies)."""
+    base = name.split(".tmp", 1)[0] if ".tmp" in name else name
+    return name == MARKER or base in RUN_FILES
+
+
+def _own_backup_name(name: str) -> bool:
+    return name.removesuffix(".bkp") in BACKUP_FILES
+
+
+def _foreign_entries(out: str) -> list[str]:
+    """What in ``out`` the trainer did not write: names other than its files, its backup folder and the backup's
+    files (one level down)."""
+    foreign = []
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if name in RUN_FOLDERS and os.path.isdir(path) and not os.path.islink(path):
+            foreign += [f"{name}/{inner}" for inner in sorted(os.listdir(path)) if not _own_backup_name(inner)]
+        elif not (_own_name(name) and os.path.isfile(path)):
+            foreign.append(name)
+    return foreign
+
+
+def _nearest_existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _folder_problem(flag: str, path: Any) -> str | None:
+    """Why ``path`` cannot be (or become) a folder this process writes into; None when it can."""
+    if not isinstance(path, str) or not path.strip():
+        return f"{flag} must name a folder, got {path!r}"
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"{flag} {path!r} is a file, not a folder"
+    existing = _nearest_existing(path)
+    if not os.path.isdir(existing):
+        return f"{flag} {path!r} cannot be created: {existing!r} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (f"{flag} {path!r} is not writable" if existing == os.path.abspath(path) else
+                f"{flag} {path!r} cannot be created: {existing!r} is not writable")
+    return None
+
+
+def out_problem(out: Any) -> str | None:
+    """Why a run may not write into ``out``: it must be a new or empty folder, or a capstone run already (its
+    :data:`MARKER`, or — runs from before the marker — only the trainer's own files). None when it may."""
+    problem = _folder_problem("--out", out)
+    if problem or not os.path.isdir(out):
+        return problem
+    try:
+        foreign = _foreign_entries(out)
+    except OSError as exc:
+        return f"--out {out!r} cannot be read ({exc.strerror or exc})"
+    if os.path.isfile(os.path.join(out, MARKER)):  # its own run: other files may stay, but not in backup/
+        inside = [name for name in foreign if name.startswith(tuple(f"{f}/" for f in RUN_FOLDERS))]
+        if inside:
+            return (f"--out {out!r}: its backup folder holds files the trainer did not write ({', '.join(inside[:3])}),"
+                    " and Keras removes that folder when a run finishes: move them, or choose another --out")
+        return None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        return (f"--out {out!r} holds files that are not a capstone run's ({shown}); the trainer writes only into a new "
+                "or empty folder or one of its own runs: choose another --out")
+    return None
+
+
+def _bounded(name: str, value: Any, low: float, high: float, why: str, whole: bool = True) -> None:
+    flag = "--" + name.replace("_", "-")
+    if whole and not _is_int(value):
+        raise OptionsError(f"{flag} must be a whole number, got {value!r}")
+    if not whole and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise OptionsError(f"{flag} must be a number, got {value!r}")
+    if not (low <= value <= high):  # NaN fails this too
+        span = f"{low:,} to {high:,}" if whole else f"at most {high:,}"
+        raise OptionsError(f"{flag} must be {span}{why}, got {value!r}")
+
 
 def validate(o: Options) -> None:
-    """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed)."""
+    """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written)."""
     if o.recipe not in RECIPES:
         raise OptionsError(f"unknown recipe {o.recipe!r}; use --recipe course or --recipe baseline")
     if (o.time_budget is None) == (o.epochs is None):
         raise OptionsError("give exactly one of --time-budget SECONDS or --epochs N")
-    if o.time_budget is not None and not (o.time_budget > 0 and math.isfinite(o.time_budget)):
-        raise OptionsError(f"--time-budget must be a positive number of seconds, got {o.time_budget:g}")
-    if o.epochs is not None and o.epochs < 1:
-        raise OptionsError(f"--epochs must be at least 1, got {o.epochs}")
-    if o.batch_size is not None and o.batch_size < 1:
-        raise OptionsError(f"--batch-size must be at least 1, got {o.batch_size}")
-    if o.accumulate < 1:
+    if o.time_budget is not None:
+        if isinstance(o.time_budget, bool) or not isinstance(o.time_budget, (int, float)) or not (
+                o.time_budget > 0 and math.isfinite(o.time_budget)):
+            raise OptionsError(f"--time-budget must be a positive number of seconds, got {o.time_budget!r}")
+        _bounded("time_budget", o.time_budget, 0, MAX_BUDGET_S,
+                 " seconds (a week: no runtime lives longer; for more, use --epochs)", whole=False)
+    if o.epochs is not None:
+        if _is_int(o.epochs) and o.epochs < 1:
+            raise OptionsError(f"--epochs must be at least 1, got {o.epochs}")
+        _bounded("epochs", o.epochs, 1, MAX_EPOCHS, " (the learning-rate schedule counts steps in float32)")
+    if o.batch_size is not None:
+        if _is_int(o.batch_size) and o.batch_size < 1:
+            raise OptionsError(f"--batch-size must be at least 1, got {o.batch_size}")
+        _bounded("batch_size", o.batch_size, 1, MAX_BATCH, " (the linear LR rule breaks down long before)")
+    if _is_int(o.accumulate) and o.accumulate < 1:
         raise OptionsError(f"--accumulate must be at least 1 (1 = no accumulation), got {o.accumulate}")
-    if o.steps_per_execution < 1:
+    _bounded("accumulate", o.accumulate, 1, MAX_BATCH, " (micro-batches per update)")
+    if _is_int(o.steps_per_execution) and o.steps_per_execution < 1:
         raise OptionsError(f"--steps-per-execution must be at least 1, got {o.steps_per_execution}")
+    _bounded("steps_per_execution", o.steps_per_execution, 1, MAX_STEPS_PER_EXECUTION, "")
+    _bounded("seed", o.seed, 0, MAX_SEED, " (NumPy's seeds are 32-bit)")
     if o.policy not in POLICIES:
         raise OptionsError(f"unknown policy {o.policy!r}; use one of {', '.join(POLICIES)}")
+    if o.jit not in (None, True, False):
+        raise OptionsError(f"jit must be True, False or None (per hardware), got {o.jit!r}")
     if o.schedule is not None and o.schedule not in SCHEDULES:
         raise OptionsError(f"unknown schedule {o.schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if o.label_smoothing is not None and not 0 <= o.label_smoothing < 1:
-        raise OptionsError(f"--label-smoothing must be in [0, 1), got {o.label_smoothing:g}")
-    if o.width is not None and o.width < 1:
-        raise OptionsError(f"--width must be at least 1, got {o.width}")
+    if o.label_smoothing is not None and (isinstance(o.label_smoothing, bool) or not isinstance(
+            o.label_smoothing, (int, float)) or not 0 <= o.label_smoothing < 1):
+        raise OptionsError(f"--label-smoothing must be in [0, 1), got {o.label_smoothing!r}")
+    if o.width is not None:
+        if _is_int(o.width) and o.width < 1:
+            raise OptionsError(f"--width must be at least 1, got {o.width}")
+        _bounded("width", o.width, 1, MAX_WIDTH, " (widths w…8w: 8 × 512 filters is far beyond any memory here)")
+    from .data import MAX_NPZ_IMAGES
+
     for name in ("train_examples", "test_examples"):
         n = getattr(o, name)
-        if n is not None and n < 1 and n != -1:
-            raise OptionsError(f"--{name.replace('_', '-')} must be at least 1 (or -1 = whole split), got {n}")
+        if n is not None and (not _is_int(n) or (n < 1 and n != -1) or n > MAX_NPZ_IMAGES):
+            raise OptionsError(f"--{name.replace('_', '-')} must be 1 to {MAX_NPZ_IMAGES:,} (or -1 = whole split), "
+                               f"got {n!r}")
+    if o.validation_examples is not None and (not _is_int(o.validation_examples) or not
+                                              1 <= o.validation_examples <= MAX_NPZ_IMAGES):
+        raise OptionsError(f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
+                           f" got {o.validation_examples!r}")
     from . import config as _config
 
+    if o.cpu_replicas is not None and not _is_int(o.cpu_replicas):
+        raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
     try:
         data = _config._parse_data(o.data) if o.data is not None else _config.get().data
         replicas = _config.get().cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
@@ -201,9 +444,17 @@ def validate(o: Options) -> None:
         problem = file_problem(data[4:])
         if problem is not None:
             raise OptionsError(f"--data {data}: {data[4:]!r} {problem}")
-    if o.tensorboard and not tensorboard_installed():
-        raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer installs: "
-                           "pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard out)")
+    problem = out_problem(o.out)
+    if problem:
+        raise OptionsError(problem)
+    if o.tensorboard is not None:
+        problem = _folder_problem("--tensorboard", o.tensorboard)
+        if problem:
+            raise OptionsError(problem)
+        if not tensorboard_installed():
+            raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer "
+                               "installs: pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard "
+                               "out)")
     r = o.resolved()
     # CPU replicas are known before TensorFlow starts; a GPU/TPU count is checked again after detection.
     unit = replicas * o.accumulate
@@ -242,17 +493,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
                    help="wall-clock budget, evaluation included; picks the epochs and shapes the LR schedule")
     g.add_argument("--epochs", type=int, default=None, metavar="N")
-    p.add_argument("--out", default="runs/capstone", metavar="DIR", help="output folder (default runs/capstone)")
+    p.add_argument("--out", default="runs/capstone", metavar="DIR",
+                   help="output folder: new, empty, or an earlier capstone run (default runs/capstone)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out after the last finished epoch")
     p.add_argument("--batch-size", type=int, default=None, help="global batch per update (course 128, baseline 64)")
     p.add_argument("--policy", default="auto", help="auto | float32 | mixed_bfloat16 | mixed_float16")
+    j = p.add_mutually_exclusive_group()
+    j.add_argument("--jit", dest="jit", action="store_const", const=True, default=None,
+                   help="compile the step with XLA (default: on a GPU, off on a CPU; a TPU always compiles)")
+    j.add_argument("--no-jit", dest="jit", action="store_const", const=False)
     p.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per update (lesson 05)")
     p.add_argument("--steps-per-execution", type=int, default=1, metavar="N")
     p.add_argument("--cpu-replicas", type=int, default=None, metavar="N", help="split the CPU into N replicas")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard scalars + a profile of a few steps")
-    p.add_argument("--train-examples", type=int, default=None, metavar="N", help="first N training images (-1: all)")
+    p.add_argument("--train-examples", type=int, default=None, metavar="N",
+                   help="first N training images, validation included (-1: all)")
     p.add_argument("--test-examples", type=int, default=None, metavar="N", help="first N test images (-1: all)")
+    p.add_argument("--validation-examples", type=int, default=None, metavar="N",
+                   help=f"held out of the training images (default {VALIDATION_FRACTION:.0%}, at most {MAX_VALIDATION:,})")
     p.add_argument("--width", type=int, default=None, help=f"course: base width w (widths w,2w,4w,8w); default {COURSE['width']} (smoke 8), "
                         "chosen automatically with --time-budget")
     p.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None)
@@ -275,6 +534,8 @@ def parse_args(argv: list[str]) -> Options:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: 0 done, 1 a data or file error, 2 a bad option, 130 interrupted (Ctrl-C; resumable).
+    Every error is one ``capstone: ...`` line on stderr, never a traceback."""
     t0 = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -286,15 +547,28 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = train(opts, _t0=t0)
+    except RunStateError as exc:  # the run's folder, not the options
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except OptionsError as exc:  # found only after TensorFlow started (e.g. GPU count)
         print(f"{PROG}: error: {exc} (see --help)", file=sys.stderr)
         return 2
     except DataSourceError as exc:
         print(f"{PROG}: data error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        done = _backup_epoch(os.path.join(opts.out, "backup"))
+        saved = f"epochs 1–{done} are saved" if done else "no epoch had finished"
+        print(f"\n{PROG}: interrupted: {saved}; run the same command with --resume to continue", file=sys.stderr)
+        return 130
+    except OSError as exc:  # the disk, not the options: full, removed, or made read-only mid-run
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"{PROG}: error: {exc.strerror or exc}{where}; the finished epochs are saved: fix it and run the same "
+              "command with --resume", file=sys.stderr)
+        return 1
     s = result.summary
-    print(f"Done: test accuracy {100 * s['test_accuracy']:.2f}% after {s['epochs']} epochs in "
-          f"{s['wall_time_s']:.1f} s; summary in {os.path.join(opts.out, 'summary.json')}")
+    print(f"Done: test accuracy {100 * s['test_accuracy']:.2f}% (validation {100 * s['validation_accuracy']:.2f}%) "
+          f"after {s['epochs']} epochs in {s['wall_time_s']:.1f} s; summary in {os.path.join(opts.out, 'summary.json')}")
     return 0
 
 
@@ -530,12 +804,17 @@ class Result:
 
 def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
     """Class probabilities; with tta, averaged with the horizontally flipped images'. `plain`: the un-flipped
-    probabilities if already computed."""
+    probabilities if already computed. The images are padded to whole batches: one batch shape, so one compiled
+    predict function (under XLA a last, smaller batch would compile another)."""
     import numpy as np
     import tensorflow as tf
 
+    batch = max(batch_size, 256)
+
     def probs_of(images):
-        logits = model.predict(images, batch_size=max(batch_size, 256), verbose=0)
+        n = len(images)
+        padded = np.concatenate([images, np.zeros((-n % batch, *images.shape[1:]), images.dtype)]) if n % batch else images
+        logits = model.predict(padded, batch_size=batch, verbose=0)[:n]
         return tf.nn.softmax(tf.cast(logits, tf.float32)).numpy()
 
     xf = x.astype(np.float32)
@@ -562,21 +841,49 @@ def _arrays(ds, batch: int = 4096):
     return np.concatenate(xs).astype(np.uint8), np.concatenate(ys).astype(np.int64)
 
 
-def _choose_policy(o: Options, rt) -> tuple[str, str]:
-    from . import memory
+@dataclasses.dataclass
+class Splits:
+    """The three splits as uint8 images and int64 labels: ``train`` trains, ``validation`` (held out of the
+    training images) is evaluated after every epoch and chooses the best checkpoint, ``test`` is evaluated once."""
 
-    if o.policy != "auto":
-        return o.policy, "chosen with --policy"
-    if o.recipe == "baseline":
-        return "float32", "baseline: float32, as the tutorial"
-    policy, why = memory.recommended_policy(rt)
-    if rt.kind == "CPU" and policy == "mixed_bfloat16":
-        supported, flags = memory.cpu_bf16_support()
-        if supported is False:
-            return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"
-        if supported:
-            why = f"CPU with native bfloat16 ({', '.join(flags)}): mixed_bfloat16"
-    return policy, why
+    train: tuple
+    validation: tuple
+    test: tuple
+    source: str
+
+
+def validation_size(n_train_images: int, requested: int | None = None) -> int:
+    """How many of ``n_train_images`` the validation split holds: as requested, else :data:`VALIDATION_FRACTION`
+    (at least 1, at most :data:`MAX_VALIDATION`)."""
+    if requested is not None:
+        return int(requested)
+    return max(1, min(MAX_VALIDATION, round(VALIDATION_FRACTION * n_train_images)))
+
+
+def split_validation(x, y, size: int):
+    """``(x_train, y_train), (x_val, y_val)``: ``size`` images held out, chosen with :data:`VALIDATION_SEED` (not the
+    run's seed: runs on the same data are compared on the same validation images)."""
+    import numpy as np
+
+    order = np.random.default_rng(VALIDATION_SEED).permutation(len(x))
+    held, kept = np.sort(order[:size]), np.sort(order[size:])
+    return (x[kept], y[kept]), (x[held], y[held])
+
+
+def _load_splits(o: Options, cfg, say) -> Splits:
+    from . import data as _data
+
+    source = o.data if o.data is not None else cfg.data
+    synthetic = source == "synthetic"
+    n_train = o.train_examples if o.train_examples is not None else (None if synthetic else -1)
+    n_test = o.test_examples if o.test_examples is not None else (None if synthetic else -1)
+    d = _data.load_cifar10(source, n_train=n_train, n_test=n_test, seed=o.seed, verbose=o.verbose >= 0)
+    x, y = _arrays(d.train)
+    size = validation_size(len(x), o.validation_examples)
+    if size >= len(x):
+        raise OptionsError(f"--validation-examples {size} leaves no training images of the {len(x)} loaded; use fewer")
+    train, validation = split_validation(x, y, size)
+    return Splits(train, validation, _arrays(d.test), d.source)
 
 
 class _Clock:
@@ -589,63 +896,367 @@ class _Clock:
         return self.before + time.perf_counter() - self.t0
 
 
+# ----------------------------------------------------------------------------------------------
+# The budget plan: how many epochs, and the arithmetic that keeps a run within its budget
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class BudgetPlan:
+    """How many epochs the run trains, the learning-rate schedule's length, and — with a time budget — every
+    estimate and margin that chose them. Saved as ``plan.json`` (a resumed run keeps it).
+
+    With a budget: the warm-up's step times give an epoch's time (training + validation + :attr:`EPOCH_MIN_S`) and
+    the final evaluation's (the test split, twice with flip TTA, × :attr:`FINAL_EVAL_SAFETY` +
+    :attr:`FINAL_EVAL_MIN_S`); the epochs are the whole ones that fit in what is left. After every epoch
+    :meth:`replan` refits the rest at the epoch time measured since."""
+
+    # Margins (seconds or epochs), each with its reason
+    FINAL_EVAL_SAFETY: ClassVar[float] = 1.2  # the final evaluation runs once, cold: a fifth more than the warm-up's
+    FINAL_EVAL_MIN_S: ClassVar[float] = 1.0  # + fixed costs of predict (tracing it, softmax, copying to NumPy)
+    EPOCH_MIN_S: ClassVar[float] = 0.3  # an epoch's costs beyond its timed steps (callbacks, saving the backup)
+    LATE_TOLERANCE: ClassVar[float] = 0.5  # an epoch may start if it ends at most half an epoch past the budget
+    ROUND_UP: ClassVar[float] = 0.25  # a quarter epoch over still counts as fitting ("within one epoch")
+    GROW_AFTER: ClassVar[float] = 1.25  # grow only when more than this many epochs' time would go unused …
+    GROW_FRACTION: ClassVar[float] = 0.1  # … and more than this share of the time left
+    NO_GROW_LAST: ClassVar[int] = 2  # never grow in the last epochs: the LR has (almost) decayed to zero
+    RECENT_EPOCHS: ClassVar[int] = 3  # replan at the median of the last few epochs (the first left out)
+
+    options: dict
+    steps_per_epoch: int
+    policy: str
+    width: int | None
+    epochs: int
+    initial_epochs: int
+    warmup_steps: int
+    budget_s: float | None = None
+    epoch_estimate_s: float = 0.0
+    final_eval_estimate_s: float = 0.0
+    warm_up_epoch_s: float | None = None  # the warm-up's estimate: a vote in replan until 3 epochs are measured
+    planning_elapsed_s: float | None = None
+    warm_up: dict | None = None  # the warm-up's figures (train_step_s, eval_step_s, compile_s, …)
+    width_trials: list | None = None  # [width, epoch_s, epochs] per width the warm-up tried
+
+    @staticmethod
+    def warmup_for(epochs: int, steps_per_epoch: int) -> int:
+        return round(COURSE["warmup_fraction"] * epochs * steps_per_epoch)
+
+    @classmethod
+    def no_time_to_time_steps(cls, budget_s: float, elapsed_s: float) -> bool:
+        """After the first (compiling) step: less left than a final evaluation and two epochs at their least?
+        Then the plan is one epoch, whatever the steps take."""
+        return budget_s - elapsed_s < cls.FINAL_EVAL_MIN_S + 2 * cls.EPOCH_MIN_S
+
+    @classmethod
+    def estimates(cls, warm: dict, val_steps: int, test_steps: int, tta: bool) -> tuple[float, float]:
+        """``(epoch_s, final_eval_s)`` from the warm-up's step times."""
+        epoch_s = warm["train_epoch_s"] + warm["eval_step_s"] * val_steps + cls.EPOCH_MIN_S
+        final_s = warm["eval_step_s"] * test_steps * (2 if tta else 1) * cls.FINAL_EVAL_SAFETY + cls.FINAL_EVAL_MIN_S
+        return epoch_s, final_s
+
+    @staticmethod
+    def epochs_in(left_s: float, epoch_s: float) -> int:
+        """Whole epochs in ``left_s`` seconds; at least one (a run always finishes an epoch)."""
+        return max(1, int(left_s // epoch_s)) if epoch_s > 0 else 1
+
+    def schedule_steps(self) -> tuple[int, int]:
+        """``(warm-up steps, total steps)`` for the learning-rate schedule."""
+        return self.warmup_steps, self.epochs * self.steps_per_epoch
+
+    def fits_another(self, done: int, elapsed_s: float) -> bool:
+        """Whether one more epoch (and the final evaluation) ends within the budget, up to :attr:`LATE_TOLERANCE`
+        of an epoch late. The first epoch always fits."""
+        if self.budget_s is None or done == 0:
+            return True
+        est = self.epoch_estimate_s
+        return elapsed_s + est + self.final_eval_estimate_s <= self.budget_s + self.LATE_TOLERANCE * est
+
+    def replan(self, done: int, elapsed_s: float, epoch_times: list[float], cap: int) -> tuple | None:
+        """Fit the rest of the plan to the budget left at the epoch time measured in this process (median of the
+        last :attr:`RECENT_EPOCHS`; the first epoch, which fills the cache and compiles the evaluation, only while
+        it is all there is; the warm-up's estimate votes too until that many are measured). Returns ``(old epochs, new epochs, seconds left, epoch seconds)`` when the plan
+        changed, else None.
+
+        Hysteresis: change only when the plan would end more than :attr:`LATE_TOLERANCE` of an epoch late, or leave
+        more than :attr:`GROW_AFTER` epochs (and :attr:`GROW_FRACTION` of the time left) unused: short epochs
+        jitter by ±30% on a shared machine, and re-planning for every jitter would only churn the schedule."""
+        if self.budget_s is None or done >= cap or not epoch_times:
+            return None
+        recent = (epoch_times[1:] or epoch_times)[-self.RECENT_EPOCHS:]
+        if len(recent) < self.RECENT_EPOCHS and self.warm_up_epoch_s:
+            recent = recent + [self.warm_up_epoch_s]  # one slow epoch on a busy machine is not yet a trend
+        recent = sorted(recent)
+        epoch_s = recent[(len(recent) - 1) // 2]  # of two, the faster: a shrink needs two slow epochs
+        self.epoch_estimate_s = epoch_s
+        left = self.budget_s - elapsed_s - self.final_eval_estimate_s
+        fits = done + max(0, int(left / epoch_s + self.ROUND_UP))
+        fits = max(done, min(fits, cap))
+        slack = left - (self.epochs - done) * epoch_s
+        if -self.LATE_TOLERANCE * epoch_s <= slack <= max(self.GROW_AFTER * epoch_s, self.GROW_FRACTION * left):
+            return None
+        if fits > self.epochs and self.epochs - done < self.NO_GROW_LAST:
+            return None
+        if fits == self.epochs:
+            return None
+        old, self.epochs = self.epochs, fits
+        step = done * self.steps_per_epoch
+        if step < self.warmup_steps:  # still warming up: the warm-up keeps its share of the new plan
+            self.warmup_steps = min(max(step, self.warmup_for(fits, self.steps_per_epoch)), fits * self.steps_per_epoch)
+        return old, fits, left, epoch_s
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "BudgetPlan":
+        """The plan in ``d`` (plan.json); ValueError with the reason when it is not one this trainer wrote."""
+        if not isinstance(d, dict):
+            raise ValueError(f"it holds {type(d).__name__}, not a plan")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in ("options", "steps_per_epoch", "epochs", "initial_epochs", "warmup_steps")
+                         if n not in d)
+        if missing:
+            raise ValueError(f"it lacks {', '.join(missing)}")
+        plan = cls(**{k: v for k, v in d.items() if k in names and k != "policy"}, policy=d.get("policy", ""))
+        if not isinstance(plan.options, dict):
+            raise ValueError("its options are not a mapping")
+        for name in ("steps_per_epoch", "epochs", "initial_epochs"):
+            value = getattr(plan, name)
+            if not _is_int(value) or not 1 <= value <= MAX_SCHEDULE_STEPS:
+                raise ValueError(f"{name} is {value!r}, not a whole number from 1")
+        if not _is_int(plan.warmup_steps) or not 0 <= plan.warmup_steps <= plan.epochs * plan.steps_per_epoch:
+            raise ValueError(f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
+                             f"{plan.epochs * plan.steps_per_epoch} steps")
+        for name in ("epoch_estimate_s", "final_eval_estimate_s"):
+            value = getattr(plan, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} is {value!r}, not a number of seconds")
+        return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# The output folder and what a resumed run reads from it
+# ----------------------------------------------------------------------------------------------
+
+
+class RunFolder:
+    """The paths of a run's files in ``out``, and the only code that deletes there (the trainer's own names)."""
+
+    def __init__(self, out: str):
+        self.out = out
+        self.metrics, self.summary, self.plan, self.clock, self.best = (os.path.join(out, n) for n in RUN_FILES)
+        self.backup = os.path.join(out, "backup")
+        self.marker = os.path.join(out, MARKER)
+
+    def start_afresh(self) -> None:
+        """Delete an earlier run's files (only the trainer's own names) and mark the folder as a capstone run's."""
+        problem = out_problem(self.out)  # checked again: the folder may have changed since the options were
+        if problem:
+            raise OptionsError(problem)
+        os.makedirs(self.out, exist_ok=True)
+        for name in os.listdir(self.out):
+            path = os.path.join(self.out, name)
+            if name in RUN_FOLDERS and os.path.isdir(path) and not os.path.islink(path):
+                for inner in os.listdir(path):
+                    if _own_backup_name(inner) and os.path.isfile(os.path.join(path, inner)):
+                        os.remove(os.path.join(path, inner))
+                if not os.listdir(path):
+                    os.rmdir(path)
+            elif _own_name(name) and name != MARKER and os.path.isfile(path):
+                os.remove(path)
+        write_json_atomic(self.marker, {"written_by": f"course_utils.{PROG}", "what": "a capstone run's folder: "
+                                        "the trainer may delete its own files here when a new run starts"})
+
+
+@dataclasses.dataclass
+class ResumeState:
+    """What ``--resume`` continues from, read and checked before anything changes: the plan, the finished epochs'
+    records, the time already spent and the backup's epoch."""
+
+    plan: BudgetPlan
+    history: list
+    spent_s: float
+    backup_epoch: int
+
+
+def _backup_epoch(backup: str) -> int:
+    """The last epoch ``BackupAndRestore`` saved (0: none, or unreadable)."""
+    meta = _read_json(os.path.join(backup, "training_metadata.json"), {})
+    epoch = meta.get("epoch", 0) if isinstance(meta, dict) else 0
+    return epoch if _is_int(epoch) and epoch > 0 else 0
+
+
+def read_resume_state(run: RunFolder, o: Options) -> ResumeState:
+    """The state ``--resume`` continues from; :class:`OptionsError` with the reason for anything the trainer did not
+    write (nothing is changed, nothing discarded)."""
+    where = repr(run.out)
+
+    def fix(instead: str = "") -> str:
+        return (f"nothing was changed: fix or remove it{instead}, or run without --resume to start again (that deletes "
+                "the run)")
+
+    if os.path.exists(run.summary):
+        raise RunStateError(f"--resume: the run in {run.out} has finished (summary.json); nothing to resume — "
+                           "drop --resume to train again there, or use another --out")
+    if not os.path.exists(run.plan):
+        raise RunStateError(f"--resume: nothing to resume in {where}: it has no plan.json (the run stopped before it "
+                           "had planned its epochs); run without --resume")
+    try:
+        with open(run.plan, encoding="utf-8") as f:
+            plan = BudgetPlan.from_dict(json.load(f))
+    except (OSError, ValueError) as exc:
+        raise RunStateError(f"--resume: plan.json in {where} is not a plan this trainer wrote ({_one_line(exc)}); "
+                           f"{fix()}") from None
+    _check_same_run(plan.options, o)
+
+    history: list = []
+    if os.path.exists(run.metrics):
+        try:
+            with open(run.metrics, encoding="utf-8") as f:
+                history = json.load(f)
+            _check_history(history)
+        except (OSError, ValueError) as exc:
+            raise RunStateError(f"--resume: metrics.json in {where} is not what the trainer writes "
+                               f"({_one_line(exc)}); {fix()}") from None
+    spent = max([0.0] + [h["elapsed_s"] for h in history])
+    if os.path.exists(run.clock):
+        state = _read_json(run.clock, None)
+        value = state.get("elapsed_s") if isinstance(state, dict) else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise RunStateError(f"--resume: clock.json in {where} is not what the trainer writes (elapsed_s is "
+                               f"{value!r}); {fix(' (the time spent is then read from metrics.json)')}")
+        spent = max(spent, float(value))
+
+    meta_path = os.path.join(run.backup, "training_metadata.json")
+    epoch = 0
+    if os.path.exists(meta_path):
+        meta = _read_json(meta_path, None)
+        epoch = meta.get("epoch") if isinstance(meta, dict) else None
+        if meta is not None and (not _is_int(epoch) or epoch < 0):
+            raise RunStateError(f"--resume: the backup in {where} says epoch {epoch!r}, not a finished epoch; {fix()}")
+        epoch = epoch if _is_int(epoch) else 0  # a metadata file cut off mid-write: repair_backup falls back
+    if epoch > plan.epochs:
+        raise RunStateError(f"--resume: the backup in {where} says epoch {epoch}, beyond the plan's {plan.epochs} "
+                           f"epochs: it is not this run's backup; {fix()}")
+    return ResumeState(plan, history, spent, epoch)
+
+
+def _check_history(history: Any) -> None:
+    if not isinstance(history, list):
+        raise ValueError(f"it holds {type(history).__name__}, not a list of epochs")
+    for i, row in enumerate(history, 1):
+        if not isinstance(row, dict) or row.get("epoch") != i:
+            raise ValueError(f"entry {i} is not epoch {i}'s record")
+        elapsed = row.get("elapsed_s")
+        if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed < math.inf:
+            raise ValueError(f"epoch {i}'s elapsed_s is {elapsed!r}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def _check_same_run(stored: dict, o: Options) -> None:
+    for key in ("recipe", "data", "batch_size", "width", "accumulate", "policy", "augment", "label_smoothing",
+                "schedule", "ema", "train_examples", "test_examples", "validation_examples", "time_budget", "epochs"):
+        if stored.get(key) != getattr(o, key):
+            flag = "--" + key.replace("_", "-")
+            raise OptionsError(f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
+                               "resume with the same options or use another --out")
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------
+
+
+def _pipelines(o: Options, splits: Splits):
+    """Lesson 04's pipelines: training images uint8-cached, shuffled every epoch, augmented, batched with the global
+    batch; validation in batches of at least 256, the last one partial."""
+    import tensorflow as tf
+
+    from . import data as _data
+
+    def one_hot(x, y):
+        return x, tf.one_hot(y, 10)
+
+    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
+    train_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_train, y_train)), o.batch_size,
+                                    training=True, augment_fn=_data.augment if o.augment else None,
+                                    shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
+    train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o),
+                                  training=False, drop_remainder=False, prefetch=False)
+    return train_ds, val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
+
+
+def _eval_batch(o: Options) -> int:
+    return max(o.batch_size, 256)
+
+
+def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits):
+    """``(net, model, schedule, peak_lr)``: the recipe's network, the model fit trains (wrapped for --accumulate)
+    compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``."""
+    import keras
+    import tensorflow as tf
+
+    x_train = splits.train[0]
+    mean, var = x_train.reshape(-1, 3).mean(0), x_train.reshape(-1, 3).var(0)
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        with strategy.scope():
+            net = recipe.model(width, mean, var)
+            peak = recipe.peak_learning_rate(o.batch_size)
+            schedule = _schedule_class()(peak, o.schedule)
+            model = net
+            if o.accumulate > 1:
+                from . import accumulation
+
+                model = accumulation.AccumulatingModel(net, steps=o.accumulate)
+                model(tf.zeros((1, 32, 32, 3)))
+            model.compile(optimizer=recipe.optimizer(schedule, o.ema),
+                          loss=keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                                    label_smoothing=o.label_smoothing),
+                          metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+                          steps_per_execution=o.steps_per_execution, jit_compile=jit_compile)
+            model.optimizer.build(model.trainable_variables)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    return net, model, schedule, peak
+
+
 def train(options: Options, *, _t0: float | None = None) -> Result:
     """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``.
 
-    Raises :class:`OptionsError` for a bad option and :class:`course_utils.data.DataSourceError` when the
-    data cannot be loaded (never a silent switch to synthetic data)."""
+    Raises :class:`OptionsError` for a bad option (or an output folder / resume state to refuse) and
+    :class:`course_utils.data.DataSourceError` when the data cannot be loaded (never a silent switch to synthetic
+    data). Nothing in ``out`` changes before the options, the resume state and the data have been checked."""
     t0 = time.perf_counter() if _t0 is None else _t0
     validate(options)
     o = options.resolved()
+    recipe = RECIPES[o.recipe]
     say = print if o.verbose >= 0 else (lambda *a, **k: None)
-    out = o.out
-    paths = {k: os.path.join(out, v) for k, v in dict(
-        metrics="metrics.json", summary="summary.json", plan="plan.json", clock="clock.json",
-        backup="backup", best="best.weights.h5").items()}
-
-    # Resume or start afresh (before anything slow).
-    plan = _read_json(paths["plan"]) if o.resume else None
-    if o.resume and plan is None:
-        say(f"--resume: no plan.json in {out}: starting a new run there")
-    if plan is not None:
-        _check_same_run(plan["options"], o)
-        if os.path.exists(paths["summary"]):
-            raise OptionsError(f"--resume: the run in {out} has finished (summary.json); nothing to resume — "
-                               "drop --resume to train again there, or use another --out")
-    if plan is None:
-        for key in ("metrics", "summary", "plan", "clock", "best"):
-            if os.path.exists(paths[key]):
-                os.remove(paths[key])
-        shutil.rmtree(paths["backup"], ignore_errors=True)
-    os.makedirs(out, exist_ok=True)
-    before = 0.0
-    if plan is not None:
-        history = _read_json(paths["metrics"], [])
-        clock_state = _read_json(paths["clock"], {}) or {}
-        before = max([clock_state.get("elapsed_s", 0.0)] + [h["elapsed_s"] for h in history])
-    clock = _Clock(t0, before)
+    run = RunFolder(o.out)
+    state = read_resume_state(run, o) if o.resume else None
+    clock = _Clock(t0, state.spent_s if state else 0.0)
 
     from . import config as _config
-    from . import data as _data
+    from . import memory as _memory
     from . import runtime as _runtime
 
-    # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading
-    # data starts it). Then the data: a source that cannot deliver fails before anything is built.
+    # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
+    # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
     rt = _runtime.detect(cpu_replicas=o.cpu_replicas)
     cfg = _config.get()
-    source = o.data if o.data is not None else cfg.data
-    synthetic = source == "synthetic"
-    n_train = o.train_examples if o.train_examples is not None else (None if synthetic else -1)
-    n_test = o.test_examples if o.test_examples is not None else (None if synthetic else -1)
-    d = _data.load_cifar10(source, n_train=n_train, n_test=n_test, seed=o.seed, verbose=o.verbose >= 0)
+    splits = _load_splits(o, cfg, say)
 
-    import numpy as np
     import keras
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
-    strategy = rt.strategy
-    replicas = strategy.num_replicas_in_sync
+    strategy, replicas = rt.strategy, rt.strategy.num_replicas_in_sync
     if o.batch_size % (replicas * o.accumulate):
         raise OptionsError(f"--batch-size {o.batch_size} is not divisible by replicas × accumulate = "
                            f"{replicas} × {o.accumulate} on this {rt.kind}; use a multiple of {replicas * o.accumulate}")
@@ -654,79 +1265,38 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             f"--steps-per-execution {o.steps_per_execution} fails under MirroredStrategy ({replicas} replicas) in "
             f"Keras {keras.__version__} (keras-team/keras#19246: 'You must feed a value for placeholder tensor'); "
             "use --steps-per-execution 1 here (it pays on TPUs, which use TPUStrategy)")
-    policy, policy_why = _choose_policy(o, rt)
-    keras.utils.set_random_seed(o.seed)
-    x_train, y_train = _arrays(d.train)
-    x_test, y_test = _arrays(d.test)
+    (x_train, _), (x_val, _), (x_test, y_test) = splits.train, splits.validation, splits.test
     steps_per_epoch = len(x_train) // o.batch_size
     if steps_per_epoch < 1:
         raise OptionsError(f"--batch-size {o.batch_size} is larger than the {len(x_train)} training images")
+    if o.epochs is not None and o.epochs * steps_per_epoch > MAX_SCHEDULE_STEPS:
+        raise OptionsError(f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
+                           "the float32 schedule counts exactly; use fewer epochs")
+    policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
+    jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit)
+    if state is None:
+        run.start_afresh()  # only now: every input has been checked
+    keras.utils.set_random_seed(o.seed)
     say(rt.summary().splitlines()[0])
-    say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); global batch {o.batch_size} "
-        f"({replicas} replica(s) × {o.batch_size // replicas // o.accumulate} × {o.accumulate} accumulated); "
-        f"{steps_per_epoch} steps/epoch")
-
-    # Pipelines (lesson 04): uint8 cached, shuffled every epoch, augmented, batched with the global batch.
-    def one_hot(x, y):
-        return x, tf.one_hot(y, 10)
-
-    train_raw = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-    test_raw = tf.data.Dataset.from_tensor_slices((x_test, y_test))
-    train_ds = _data.build_pipeline(train_raw, o.batch_size, training=True,
-                                    augment_fn=_data.augment if o.augment else None,
-                                    shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
-    train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    test_ds = _data.build_pipeline(test_raw, max(o.batch_size, 256), training=False, drop_remainder=False,
-                                   prefetch=False).map(one_hot).prefetch(tf.data.AUTOTUNE)
-
-    # Model, optimizer, loss.
-    Schedule = _schedule_class()
-    mean = x_train.reshape(-1, 3).mean(0)
-    var = x_train.reshape(-1, 3).var(0)
+    say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why}); global batch "
+        f"{o.batch_size} ({replicas} replica(s) × {o.batch_size // replicas // o.accumulate} × {o.accumulate} "
+        f"accumulated); {steps_per_epoch} steps/epoch; {len(x_train)} training, {len(x_val)} validation, "
+        f"{len(x_test)} test images")
+    train_ds, val_ds = _pipelines(o, splits)
+    val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o)) for x in (x_val, x_test))
 
     def build(width: int):
-        previous_policy = keras.config.dtype_policy()
-        keras.config.set_dtype_policy(policy)
-        try:
-            with strategy.scope():
-                if o.recipe == "course":
-                    net = resnet9(width, mean=mean, variance=var)
-                    peak = peak_learning_rate(o.batch_size)
-                    schedule = Schedule(peak, o.schedule)
-                    optimizer = keras.optimizers.SGD(schedule, momentum=COURSE["momentum"], nesterov=True,
-                                                     weight_decay=COURSE["weight_decay"], use_ema=o.ema)
-                else:
-                    net = tutorial_cnn()
-                    peak = BASELINE["learning_rate"] * o.batch_size / BASELINE["batch_size"]
-                    schedule = Schedule(peak, o.schedule)
-                    optimizer = keras.optimizers.Adam(schedule, use_ema=o.ema)
-                model = net
-                if o.accumulate > 1:
-                    from . import accumulation
+        return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits)
 
-                    model = accumulation.AccumulatingModel(net, steps=o.accumulate)
-                    model(tf.zeros((1, 32, 32, 3)))
-                model.compile(optimizer=optimizer,
-                              loss=keras.losses.CategoricalCrossentropy(from_logits=True,
-                                                                        label_smoothing=o.label_smoothing),
-                              metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-                              steps_per_execution=o.steps_per_execution)
-                model.optimizer.build(model.trainable_variables)
-        finally:
-            keras.config.set_dtype_policy(previous_policy)
-        return net, model, schedule, peak
-
-    # Width: --width, else the course default capped by the config's model width (smoke sizes: 8), and with a
-    # time budget that is only where auto width starts.
-    auto_width = o.recipe == "course" and o.width is None and o.time_budget is not None
-    width = (plan or {}).get("width") or o.width or min(COURSE["width"], cfg.sizes.model_width)
+    # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
+    # budget that is only where auto width starts.
+    auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
+    width = state.plan.width if state else (o.width or min(COURSE["width"], cfg.sizes.model_width))
     net, model, schedule, peak = build(width)
-    if o.batch_size > MAX_LR_SCALING_BATCH and o.recipe == "course":
+    if o.batch_size > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
         say(f"Note: global batch {o.batch_size} > {MAX_LR_SCALING_BATCH}: the linear LR rule gets unreliable here")
 
     # Reset the allocator's peak so the figure is this run's (CPU with the BFC allocator, GPU, TPU).
-    from . import memory as _memory
-
     mem_device = _memory.default_device()
     try:
         tf.config.experimental.reset_memory_stats(mem_device)
@@ -734,70 +1304,38 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     except Exception:  # noqa: BLE001 - this allocator keeps no statistics
         allocator_stats = False
 
-    # The plan: how many epochs, and the LR schedule that ends with them.
-    if plan is None:
-        plan = {"options": dataclasses.asdict(o), "steps_per_epoch": steps_per_epoch, "policy": policy}
-        if o.time_budget is not None:
-            tried = []
-            while True:
-                # A second epoch needs final_s + 2 × epoch_s left, at least FINAL_EVAL_MIN_S + 2 × EPOCH_MIN_S:
-                # with less left once the first step has compiled, the plan is one epoch whatever the steps take.
-                est = _warm_up(model, train_ds, test_ds, o.steps_per_execution, steps_per_epoch,
-                               math.ceil(len(x_test) / max(o.batch_size, 256)),
-                               one_epoch_only=lambda: o.time_budget - clock() < FINAL_EVAL_MIN_S + 2 * EPOCH_MIN_S)
-                if est["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to try
-                    final_s, epoch_s, epochs = FINAL_EVAL_MIN_S, 0.0, 1
-                    tried.append((width, None, epochs))
-                    break
-                final_s = est["eval_epoch_s"] * (2 if o.tta else 1) * 1.2 + FINAL_EVAL_MIN_S
-                epoch_s = est["train_epoch_s"] + est["eval_epoch_s"] + EPOCH_MIN_S
-                left = o.time_budget - clock() - final_s
-                epochs = max(1, int(left // epoch_s))
-                tried.append((width, round(epoch_s, 2), epochs))
-                if not auto_width:
-                    break
-                new_width = next_width(width, epochs, [w for w, _, _ in tried])
-                if new_width is None:
-                    break
-                width = new_width
-                say(f"Budget {o.time_budget:g} s: ~{epochs} epochs at width {tried[-1][0]} → trying width {width}")
-                net, model, schedule, peak = build(width)
-            plan["width_trials"] = tried
-            plan.update(est, epoch_estimate_s=epoch_s, final_eval_estimate_s=final_s, planning_elapsed_s=clock())
-            if est["train_step_s"] is None:
-                say(f"Budget {o.time_budget:g} s: the first step compiled in {est['compile_s']:.1f} s; "
-                    f"{clock():.1f} s used so far → 1 epoch (no time left to time steps)")
-            else:
-                say(f"Budget {o.time_budget:g} s: warm-up measured {est['train_step_s'] * 1e3:.1f} ms/step "
-                    f"(compile excluded: {est['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with evaluation; "
-                    f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
-        else:
-            epochs = o.epochs
-        plan["epochs"] = plan["initial_epochs"] = epochs
-        plan["width"] = width
-        plan["warmup_steps"] = round(COURSE["warmup_fraction"] * epochs * steps_per_epoch)
-        write_json_atomic(paths["plan"], plan)
-    schedule.set_plan(plan["warmup_steps"], plan["epochs"] * steps_per_epoch)
+    if state is None:
+        plan, (net, model, schedule, peak) = _new_plan(
+            o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_steps, test_steps, auto_width,
+            build, (net, model, schedule, peak), x_test)
+        width = plan.width
+        write_json_atomic(run.plan, plan.to_dict())
+    else:
+        plan = state.plan
+    schedule.set_plan(*plan.schedule_steps())
 
-    # Resume: BackupAndRestore reloads weights + optimizer state; we continue metrics.json after that epoch.
-    if o.resume:
-        repaired = repair_backup(paths["backup"])
+    # Resume: BackupAndRestore reloads weights + optimizer state; metrics.json continues after that epoch.
+    done, history = 0, []
+    if state is not None:
+        repaired = repair_backup(run.backup)
         if repaired:
             say(repaired)
-    meta = _read_json(os.path.join(paths["backup"], "training_metadata.json"), {}) or {}
-    done = int(meta.get("epoch", 0)) if o.resume else 0
-    history = [h for h in (_read_json(paths["metrics"], []) if o.resume else []) if h["epoch"] <= done]
-    if o.resume:
-        say(f"Resuming after epoch {done} of {plan['epochs']}; {clock():.1f} s already spent"
+        done = _backup_epoch(run.backup)
+        _check_backup_fits(run, model)
+        history = [h for h in state.history if h["epoch"] <= done]
+        if done > len(history):
+            say(f"metrics.json lists {len(history)} of the {done} epochs in the backup: the records of the others "
+                "were lost with the kill (their training was not)")
+        say(f"Resuming after epoch {done} of {plan.epochs}; {clock():.1f} s already spent"
             + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
-    write_json_atomic(paths["metrics"], history)
+    write_json_atomic(run.metrics, history)
 
-    progress = _Progress(o, plan, paths, clock, history, schedule, steps_per_epoch, len(x_train), replicas, say)
+    progress = _Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say)
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
     # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
-    callbacks = [keras.callbacks.ModelCheckpoint(paths["best"], monitor="val_accuracy", save_best_only=True,
+    callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
                                                  save_weights_only=True),
-                 keras.callbacks.BackupAndRestore(paths["backup"], double_checkpoint=True)]
+                 keras.callbacks.BackupAndRestore(run.backup, double_checkpoint=True)]
     if o.tensorboard:
         first = min(3, steps_per_epoch)
         callbacks.append(keras.callbacks.TensorBoard(
@@ -812,18 +1350,18 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     if o.verbose >= 1:
         callbacks.append(_plan_progbar(plan))
 
-    if done < plan["epochs"] and progress.fits_another(done):
+    if done < plan.epochs and plan.fits_another(done, clock()):
         # With a budget the plan may still grow (the warm-up over-estimated) or shrink (the machine got
         # slower): fit may run up to `cap` epochs and the progress callback stops it at the plan.
-        cap = plan["epochs"] if o.time_budget is None else max(2 * plan["epochs"], plan["epochs"] + 5)
-        model.fit(train_ds, epochs=cap, validation_data=test_ds, callbacks=callbacks,
+        cap = plan.epochs if o.time_budget is None else max(2 * plan.epochs, plan.epochs + 5)
+        model.fit(train_ds, epochs=cap, validation_data=val_ds, callbacks=callbacks,
                   verbose=1 if o.verbose >= 1 else 0)
     else:  # nothing left to train: load the last backup
-        if os.path.exists(os.path.join(paths["backup"], "latest.weights.h5")):
-            model.load_weights(os.path.join(paths["backup"], "latest.weights.h5"))
-        shutil.rmtree(paths["backup"], ignore_errors=True)
+        if os.path.exists(os.path.join(run.backup, "latest.weights.h5")):
+            model.load_weights(os.path.join(run.backup, "latest.weights.h5"))
+        shutil.rmtree(run.backup, ignore_errors=True)
 
-    # Final evaluation (counted in the wall time): plain and flip-TTA.
+    # The test split, once, with the last epoch's weights (counted in the wall time): plain and flip-TTA.
     t_final = time.perf_counter()
     probs_plain = _predict_probs(net, x_test, False, o.batch_size)
     probs = _predict_probs(net, x_test, True, o.batch_size, plain=probs_plain) if o.tta else probs_plain
@@ -840,22 +1378,24 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         except Exception:  # noqa: BLE001
             peak_bytes = None
     if not peak_bytes:
-        rss = _memory._maxrss_bytes()
-        peak_bytes, peak_method = rss, "process peak RSS (resource.getrusage ru_maxrss; whole process)"
+        peak_bytes, peak_method = _memory._maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
 
     history = progress.history
     # Throughput: the median epoch's, leaving out the first (it traces, compiles and fills the cache).
     steady = sorted(h["images_per_s"] for h in (history[1:] if len(history) > 1 else history) if h["images_per_s"])
     ips = steady[len(steady) // 2] if steady else None
+    best = max(history, key=lambda h: h["val_accuracy"], default=None)
     summary = {
         "recipe": o.recipe,
         "test_accuracy": acc,
         "test_accuracy_no_tta": acc_plain,
         "tta": o.tta,
-        "best_epoch_test_accuracy": max((h["test_accuracy"] for h in history), default=None),
+        "validation_accuracy": history[-1]["val_accuracy"] if history else None,
+        "best_validation_epoch": best["epoch"] if best else None,
+        "best_validation_accuracy": best["val_accuracy"] if best else None,
         "epochs": len(history),
-        "planned_epochs": plan["epochs"],
-        "initially_planned_epochs": plan["initial_epochs"],
+        "planned_epochs": plan.epochs,
+        "initially_planned_epochs": plan.initial_epochs,
         "wall_time_s": wall,
         "budget_s": o.time_budget,
         "budget_used_s": wall if o.time_budget else None,
@@ -874,13 +1414,17 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "peak_learning_rate": peak,
         "policy": policy,
         "policy_why": policy_why,
-        "width": width if o.recipe == "course" else None,
-        "width_trials": plan.get("width_trials"),
+        "jit_compile": jit_compile,
+        "xla": xla,
+        "xla_why": jit_why,
+        "width": width if recipe.sized_by_width else None,
+        "width_trials": plan.width_trials,
         "parameters": int(net.count_params()),
         "peak_memory_bytes": peak_bytes,
         "peak_memory_method": peak_method,
-        "data": d.source,
+        "data": splits.source,
         "train_examples": len(x_train),
+        "validation_examples": len(x_val),
         "test_examples": len(x_test),
         "options": dataclasses.asdict(o),
         "hardware": dict(rt.as_dict(), cpu_count=os.cpu_count()),
@@ -888,28 +1432,83 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "keras_version": keras.__version__,
         "python_version": sys.version.split()[0],
     }
-    write_json_atomic(paths["summary"], summary)
-    write_json_atomic(paths["clock"], {"elapsed_s": wall, "finished": True})
+    write_json_atomic(run.summary, summary)
+    write_json_atomic(run.clock, {"elapsed_s": wall, "finished": True})
     say(f"Final test accuracy {100 * acc:.2f}%" + (f" with flip TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
+        + f" (validation {100 * summary['validation_accuracy']:.2f}% after the last epoch)" * bool(history)
         + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
     preds = Predictions(x_test, y_test, probs.argmax(1), probs, o.tta)
     return Result(summary, history, net, o, (x_test, y_test), preds)
 
 
-def _check_same_run(stored: dict, o: Options) -> None:
-    for key in ("recipe", "data", "batch_size", "width", "accumulate", "policy", "augment", "label_smoothing",
-                "schedule", "ema", "train_examples", "test_examples", "time_budget", "epochs"):
-        if stored.get(key) != getattr(o, key):
-            flag = "--" + key.replace("_", "-")
-            raise OptionsError(f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
-                               "resume with the same options or use another --out")
+def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
+              val_steps: int, test_steps: int, auto_width: bool, build: Callable, built: tuple,
+              x_test) -> tuple[BudgetPlan, tuple]:
+    """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
+    width: the widths it tried, and the model of the one chosen)."""
+    plan = BudgetPlan(options=dataclasses.asdict(o), steps_per_epoch=steps_per_epoch, policy=policy, width=width,
+                      epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
+    if o.time_budget is not None:
+        tried = []
+        while True:
+            net, model = built[0], built[1]
+            warm = _warm_up(model, *datasets, o.steps_per_execution, steps_per_epoch,
+                            val_steps, one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(o.time_budget, clock()),
+                            predict=lambda: _predict_probs(net, x_test[:1], False, o.batch_size))
+            if warm["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to try
+                epoch_s, final_s, epochs = 0.0, BudgetPlan.FINAL_EVAL_MIN_S, 1
+                tried.append([width, None, epochs])
+                break
+            epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+            epochs = BudgetPlan.epochs_in(o.time_budget - clock() - final_s, epoch_s)
+            tried.append([width, round(epoch_s, 2), epochs])
+            new_width = next_width(width, epochs, [w for w, _, _ in tried]) if auto_width else None
+            if new_width is None:
+                break
+            say(f"Budget {o.time_budget:g} s: ~{epochs} epochs at width {width} → trying width {new_width}")
+            width = new_width
+            built = build(width)
+        plan.width, plan.width_trials, plan.warm_up = width, tried, warm
+        plan.epoch_estimate_s, plan.final_eval_estimate_s, plan.planning_elapsed_s = epoch_s, final_s, clock()
+        plan.warm_up_epoch_s = epoch_s or None
+        plan.epochs = plan.initial_epochs = epochs
+        if warm["train_step_s"] is None:
+            say(f"Budget {o.time_budget:g} s: the first step compiled in {warm['compile_s']:.1f} s; "
+                f"{clock():.1f} s used so far → 1 epoch (no time left to time steps)")
+        else:
+            say(f"Budget {o.time_budget:g} s: warm-up measured {warm['train_step_s'] * 1e3:.1f} ms/step "
+                f"(compile excluded: {warm['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with validation; "
+                f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
+    plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
+    return plan, built
+
+
+def _check_backup_fits(run: RunFolder, model) -> None:
+    """A backup another run wrote (another recipe or width) fails inside fit with a shape error: refuse it first."""
+    weights = os.path.join(run.backup, "latest.weights.h5")
+    if not os.path.exists(weights):
+        return
+    import warnings
+
+    snapshot = [v.numpy() for v in model.variables]
+    try:
+        with warnings.catch_warnings():  # Keras warns per layer before it raises
+            warnings.simplefilter("ignore")
+            model.load_weights(weights)
+    except Exception:  # noqa: BLE001 - any failure to load means: not this run's backup
+        raise RunStateError(f"--resume: the backup in {run.out!r} does not fit this run's model (its weights have "
+                            "other shapes): it is another run's; nothing was changed: resume with that run's options, "
+                            "or use another --out") from None
+    for v, value in zip(model.variables, snapshot):  # BackupAndRestore loads it again, with the optimizer state
+        v.assign(value)
 
 
 def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
-             one_epoch_only: Callable[[], bool] = lambda: False) -> dict:
+             one_epoch_only: Callable[[], bool] = lambda: False, predict: Callable[[], Any] | None = None) -> dict:
     """Time a few real steps (the first call, which traces and compiles, is timed separately), then put the
     weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
-    budget is spent), stop there: only ``compile_s`` is measured, every other figure is None."""
+    budget is spent), stop there: only ``compile_s`` is measured, every other figure is None. ``predict``: called
+    once at the end, so the final evaluation's function is compiled (its time counted in ``compile_s``)."""
     import keras
 
     class Times(keras.callbacks.Callback):
@@ -952,18 +1551,23 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
         start = time.perf_counter()
         model.evaluate(test_ds.take(1), verbose=0)
         eval_step = time.perf_counter() - start
+    first_predict = 0.0
+    if predict is not None:
+        start = time.perf_counter()
+        predict()
+        first_predict = time.perf_counter() - start
     restore()
-    return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval,
+    return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval + first_predict,
             "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
 
 
-def _plan_progbar(plan: dict):
+def _plan_progbar(plan: BudgetPlan):
     """Keras' progress bar, showing the current plan's epoch count ("Epoch 3/17") rather than fit's cap."""
     import keras
 
     class PlanProgbar(keras.callbacks.ProgbarLogger):
         def on_epoch_begin(self, epoch, logs=None):
-            self.epochs = plan["epochs"]
+            self.epochs = plan.epochs
             super().on_epoch_begin(epoch, logs)
 
     return PlanProgbar()
@@ -974,23 +1578,17 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
         import keras
 
         class Progress(keras.callbacks.Callback):
-            """One line per epoch, metrics.json after every epoch, clock.json every few seconds, the plan
-            shrunk when the rest would not fit in the budget."""
+            """One line per epoch, metrics.json after every epoch, clock.json every few seconds, the plan refitted to
+            the budget after every epoch (:meth:`BudgetPlan.replan`)."""
 
-            def __init__(self, o, plan, paths, clock, history, schedule, steps_per_epoch, n_train, replicas, say):
+            def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
+                         steps_per_epoch: int, say):
                 super().__init__()
-                self.o, self.plan, self.paths, self.clock, self.history = o, plan, paths, clock, list(history)
-                self.schedule, self.steps_per_epoch, self.n_train, self.replicas, self.say = (
-                    schedule, steps_per_epoch, n_train, replicas, say)
+                self.o, self.plan, self.run, self.clock, self.history = o, plan, run, clock, list(history)
+                self.schedule, self.steps_per_epoch, self.say = schedule, steps_per_epoch, say
                 self.last_tick = 0.0
                 self.pending: list[str] = []
                 self.epoch_times: list[float] = []
-
-            def fits_another(self, done: int) -> bool:
-                if self.o.time_budget is None or done == 0:
-                    return True
-                est = self.plan.get("epoch_estimate_s", 0.0)
-                return self.clock() + est + self.plan.get("final_eval_estimate_s", 0.0) <= self.o.time_budget + 0.5 * est
 
             def _flush(self):
                 for line in self.pending:
@@ -1012,7 +1610,7 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                 now = time.perf_counter()
                 if now - self.last_tick > 2.0:
                     self.last_tick = now
-                    write_json_atomic(self.paths["clock"], {"elapsed_s": self.clock()})
+                    write_json_atomic(self.run.clock, {"elapsed_s": self.clock()})
 
             def on_epoch_end(self, epoch, logs=None):
                 logs = logs or {}
@@ -1028,59 +1626,34 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                     "images": images,
                     "train_loss": float(logs.get("loss", float("nan"))),
                     "train_accuracy": float(logs.get("accuracy", float("nan"))),
-                    "test_loss": float(logs.get("val_loss", float("nan"))),
-                    "test_accuracy": float(logs.get("val_accuracy", float("nan"))),
+                    "val_loss": float(logs.get("val_loss", float("nan"))),
+                    "val_accuracy": float(logs.get("val_accuracy", float("nan"))),
                     "images_per_s": images / train_s if train_s > 0 else None,
                     "lr": self.schedule.value(max(step - 1, 0)),
-                    "planned_epochs": self.plan["epochs"],
+                    "planned_epochs": self.plan.epochs,
                 }
                 self.history.append(entry)
                 self.epoch_times.append(entry["epoch_time_s"])
-                write_json_atomic(self.paths["metrics"], self.history)
-                write_json_atomic(self.paths["clock"], {"elapsed_s": entry["elapsed_s"]})
+                write_json_atomic(self.run.metrics, self.history)
+                write_json_atomic(self.run.clock, {"elapsed_s": entry["elapsed_s"]})
                 # Printed at the next epoch's start / the end: Keras' progress bar finishes its line after us.
                 self.pending.append(
-                    f"epoch {epoch + 1}/{self.plan['epochs']} · {entry['elapsed_s']:.1f} s · train loss "
-                    f"{entry['train_loss']:.4f} · test acc {100 * entry['test_accuracy']:.2f}% · "
+                    f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
+                    f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
                     f"{entry['images_per_s']:.0f} images/s")
                 if self.o.verbose < 1:
                     self._flush()
-                self._replan(epoch + 1)
-                if epoch + 1 >= self.plan["epochs"]:
-                    self.model.stop_training = True
-
-            def _replan(self, done: int) -> None:
-                """Fit the rest of the plan to the budget left, at the epoch time measured in this process
-                (median of the last 3 epochs; the first epoch, which fills the cache and compiles the
-                evaluation, only while it is all there is). Shrinks or grows the plan, up to fit's cap."""
-                o, plan = self.o, self.plan
-                cap = self.params.get("epochs") or plan["epochs"]
-                if o.time_budget is None or done >= cap:
-                    return
-                times = self.epoch_times[1:] or self.epoch_times
-                recent = sorted(times[-3:])
-                epoch_s = recent[len(recent) // 2]
-                plan["epoch_estimate_s"] = epoch_s
-                left = o.time_budget - self.clock() - plan.get("final_eval_estimate_s", 0.0)
-                fits = done + max(0, int(left / epoch_s + 0.25))  # a quarter epoch over is still "within one"
-                fits = max(done, min(fits, cap))
-                # Hysteresis: change the plan only when it would end more than half an epoch late or leave
-                # more than 1.25 epochs (and 10 % of the time left) unused: short epochs jitter by ±30 % on a
-                # shared machine, and re-planning 60 epochs for every jitter would only churn the schedule.
-                slack = left - (plan["epochs"] - done) * epoch_s
-                if -0.5 * epoch_s <= slack <= max(1.25 * epoch_s, 0.1 * left):
-                    return
-                if fits > plan["epochs"] and plan["epochs"] - done < 2:
-                    return  # the LR has (almost) reached zero: do not raise it again for one more epoch
-                if fits != plan["epochs"]:
-                    old = plan["epochs"]
-                    plan["epochs"] = fits
-                    warmup = plan["warmup_steps"] if fits > old else min(plan["warmup_steps"], max(done, 1) * self.steps_per_epoch)
-                    self.schedule.set_plan(warmup, fits * self.steps_per_epoch)
-                    write_json_atomic(self.paths["plan"], plan)
-                    decay = "; the LR decay now ends there" if o.schedule == "onecycle" else ""
+                cap = self.params.get("epochs") or self.plan.epochs
+                changed = self.plan.replan(epoch + 1, self.clock(), self.epoch_times, cap)
+                if changed:
+                    old, new, left, epoch_s = changed
+                    self.schedule.set_plan(*self.plan.schedule_steps())
+                    write_json_atomic(self.run.plan, self.plan.to_dict())
+                    decay = "; the LR decay now ends there" if self.o.schedule == "onecycle" else ""
                     self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
-                                        f"{fits} epochs{decay})")
+                                        f"{new} epochs{decay})")
+                if epoch + 1 >= self.plan.epochs:
+                    self.model.stop_training = True
 
         return Progress(*args, **kwargs)
 

@@ -53,6 +53,8 @@ class Sizes:
     # lesson 06: wall-clock seconds per training run (each recipe, each ablation)
     capstone_budget_s: float = 120.0
     capstone_ablations: int = 3  # lesson 06: how many of its ablations run (each is one budgeted training run)
+    # lesson 06 §5: fresh processes per precision variant (3 short epochs each); a speed-up needs repeats
+    capstone_precision_repeats: int = 3
     # lesson 07: the block net (tokens × width, `block_depth` residual MLP blocks) measured at `block_batch`
     block_width: int = 128
     block_depth: int = 4
@@ -126,6 +128,7 @@ SMOKE_SIZES = Sizes(
     memory_width=16,
     capstone_budget_s=4.0,  # one epoch for the ResNet (compiling alone takes longer): the notebook says what that shows
     capstone_ablations=1,  # each run costs ~8 s of compiling and one epoch, and shows nothing at this budget
+    capstone_precision_repeats=1,  # one process per variant (~5 s each): the table, not a verdict
     block_width=64,
     block_depth=2,
     block_tokens=32,

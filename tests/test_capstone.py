@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,7 +55,12 @@ def test_cli_smoke_run_learns_and_writes_its_files(reference):
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
     assert summary["test_accuracy"] >= 0.5, summary["test_accuracy"]  # chance is 0.1
     assert summary["recipe"] == "course" and summary["epochs"] == 3
-    assert summary["data"] == "synthetic" and summary["train_examples"] == 1024
+    # a tenth of the 1,024 training images held out for validation; the test split untouched
+    assert summary["data"] == "synthetic" and (summary["train_examples"], summary["validation_examples"],
+                                               summary["test_examples"]) == (922, 102, 256)
+    assert summary["validation_accuracy"] == metrics[-1]["val_accuracy"] >= 0.5
+    assert summary["best_validation_accuracy"] == max(m["val_accuracy"] for m in metrics)
+    assert summary["xla"] is False and summary["jit_compile"] is False and summary["xla_why"].startswith("CPU")
     for key in ("wall_time_s", "images_per_s_per_replica", "peak_memory_bytes", "peak_memory_method", "policy",
                 "tf_version", "keras_version", "hardware", "options"):
         assert summary[key], key
@@ -62,11 +68,12 @@ def test_cli_smoke_run_learns_and_writes_its_files(reference):
     assert summary["peak_memory_bytes"] > 1 << 20
     assert 0 < metrics[-1]["elapsed_s"] <= summary["wall_time_s"]
     assert metrics[0]["elapsed_s"] < metrics[1]["elapsed_s"] < metrics[2]["elapsed_s"]
-    # One line per epoch with elapsed s, train loss, test accuracy, images/s.
+    # One line per epoch with elapsed s, train loss, validation accuracy, images/s.
     lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
-    assert len(lines) == 3 and all("train loss" in x and "test acc" in x and "images/s" in x for x in lines)
+    assert len(lines) == 3 and all("train loss" in x and "val acc" in x and "images/s" in x for x in lines)
     assert (out / "best.weights.h5").exists()
     assert not (out / "backup").exists()  # BackupAndRestore removes its backup after a finished run
+    assert (out / capstone.MARKER).exists()
 
 
 def test_npz_data_baseline_and_tensorboard(tmp_path):
@@ -78,7 +85,7 @@ def test_npz_data_baseline_and_tensorboard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = read(tmp_path / "out" / "summary.json")
     assert summary["data"] == f"npz:{path}"
-    assert (summary["train_examples"], summary["test_examples"]) == (1024, 128)
+    assert (summary["train_examples"] + summary["validation_examples"], summary["test_examples"]) == (1024, 128)
     assert summary["recipe"] == "baseline" and summary["policy"] == "float32" and summary["global_batch"] == 64
     assert summary["test_accuracy"] > 0.3
     assert glob.glob(str(tb / "train" / "events.out.tfevents.*"))
@@ -96,6 +103,17 @@ BAD_OPTIONS = [
     (["--epochs", "1", "--policy", "float8"], "unknown policy 'float8'"),
     (["--epochs", "1", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["--data", "synthetic"], "give exactly one of --time-budget SECONDS or --epochs N"),
+    # numeric options bounded, each with its reason (seen: raw tracebacks, or --epochs 10**40 training into NaN)
+    (["--epochs", "1", "--seed", "-1"], "--seed must be 0 to 4,294,967,295 (NumPy's seeds are 32-bit), got -1"),
+    (["--epochs", "1", "--seed", str(2 ** 32)], "--seed must be 0 to 4,294,967,295"),
+    (["--time-budget", "1e308"], "--time-budget must be at most 604,800 seconds (a week"),
+    (["--time-budget", "nan"], "--time-budget must be a positive number of seconds, got nan"),
+    (["--epochs", str(10 ** 40)], "--epochs must be 1 to 10,000 (the learning-rate schedule counts steps in float32)"),
+    (["--epochs", "1", "--width", "100000"], "--width must be 1 to 512"),
+    (["--epochs", "1", "--batch-size", str(10 ** 9)], "--batch-size must be 1 to 65,536"),
+    (["--epochs", "1", "--validation-examples", "0"], "--validation-examples must be 1 to 200,000"),
+    (["--epochs", "1", "--out", ""], "--out must name a folder, got ''"),
+    (["--epochs", "1", "--jit", "--no-jit"], "not allowed with argument --jit"),
 ]
 
 
@@ -116,13 +134,29 @@ def test_bad_option_through_python_dash_m():
     assert proc.stdout == ""
 
 
-def test_unreadable_data_is_a_data_error_not_synthetic(tmp_path):
+def _earlier_run(run):
+    """A capstone run's folder from before, with the learner's own files beside the trainer's."""
+    run.mkdir()
+    (run / capstone.MARKER).write_text("{}")
+    (run / "notes.txt").write_text("mine")  # a capstone run's folder may hold the learner's files: they stay
+    (run / "tensorboard").mkdir()
+    (run / "metrics.json").write_text('[{"epoch": 1}]')
+    (run / "backup").mkdir()
+    (run / "backup" / "latest.weights.h5").write_text("old")
+    return run
+
+
+def test_unreadable_data_is_a_data_error_not_synthetic_and_deletes_nothing(tmp_path):
+    """The trainer once deleted the run files in --out before any check, also when the run then failed on bad data."""
     path = tmp_path / "broken.npz"
     np.savez(path, x_train=np.zeros((4, 32, 32, 3), np.uint8))  # lacks y_train, x_test, y_test
-    proc, _ = cli(["--data", f"npz:{path}", "--epochs", "1", "--out", str(tmp_path / "o")])
+    run = _earlier_run(tmp_path / "o")
+    before = _tree(run)
+    proc, _ = cli(["--data", f"npz:{path}", "--epochs", "1", "--out", str(run)])
     assert proc.returncode == 1
     assert "capstone: data error:" in proc.stderr and "lacks the key(s) y_train, x_test, y_test" in proc.stderr
     assert "Traceback" not in proc.stderr and "SYNTHETIC" not in proc.stdout
+    assert _tree(run) == before  # the data is checked before anything in --out changes
 
 
 def test_tfds_failure_raises_data_source_error(monkeypatch, tmp_path):
@@ -196,9 +230,12 @@ def test_budget_run_ends_within_one_epoch_of_budget(tmp_path):
 
 
 def test_python_api_result_and_predictions(tmp_path):
+    run = _earlier_run(tmp_path / "api")  # a new run there deletes only the trainer's own files
     opts = capstone.Options(data="synthetic", epochs=1, out=str(tmp_path / "api"), width=4, train_examples=256,
                             test_examples=64, batch_size=64, verbose=-1)
     result = capstone.train(opts)
+    assert [h["epoch"] for h in result.history] == [1] and not (run / "backup").exists()
+    assert (run / "notes.txt").read_text() == "mine" and (run / "tensorboard").is_dir()
     assert result.summary == read(tmp_path / "api" / "summary.json")
     assert result.history == read(tmp_path / "api" / "metrics.json")
     preds = result.predict_test()
@@ -316,5 +353,234 @@ def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_pa
     out = capsys.readouterr().out
     assert "→ 1 epoch (no time left to time steps)" in out, out
     plan = read(tmp_path / "tiny" / "plan.json")
-    assert plan["train_step_s"] is None and plan["compile_s"] > 0 and plan["width_trials"] == [[4, None, 1]]
+    assert plan["warm_up"]["train_step_s"] is None and plan["warm_up"]["compile_s"] > 0
+    assert plan["width_trials"] == [[4, None, 1]]
     assert result.summary["epochs"] == 1 and len(result.history) == 1 and result.summary["test_accuracy"] >= 0
+
+
+def _refused_before_tensorflow(args, cwd=None):
+    code = ("import sys; from course_utils import capstone; rc = capstone.main(sys.argv[1:]); "
+            "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=ENV, capture_output=True, text=True, timeout=60,
+                          cwd=cwd)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("capstone: error: "), proc.stderr
+    return lines[0]
+
+
+def _tree(path):
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None for p in sorted(path.rglob("*"))}
+
+
+def test_an_output_folder_that_is_not_a_capstone_run_is_refused_and_left_alone(tmp_path):
+    """The trainer once deleted <out>/backup and the run files before any check, in any folder (`--out ""`: the
+    current one). It writes only into a new or empty folder or one of its own runs; anything else is one line,
+    before TensorFlow starts, with nothing written or deleted."""
+    (tmp_path / "a_file").write_text("mine")
+    mine = tmp_path / "mine"
+    (mine / "backup").mkdir(parents=True)
+    (mine / "backup" / "thesis.tex").write_text("months of work")
+    (mine / "metrics.json").write_text("[1, 2]")
+    before = _tree(tmp_path)
+    cases = {"mine": "holds files that are not a capstone run's (backup/thesis.tex)",  # the trainer's names around it
+             "a_file": "is a file, not a folder", "a_file/run": "cannot be created: "}
+    base = ["--data", "synthetic", "--epochs", "1"]
+    for out, message in cases.items():
+        assert message in _refused_before_tensorflow([*base, "--out", out], cwd=tmp_path)
+    assert "--tensorboard 'a_file' is a file" in _refused_before_tensorflow(
+        [*base, "--out", "new", "--tensorboard", "a_file"], cwd=tmp_path)
+    assert _tree(tmp_path) == before  # nothing written, nothing deleted
+
+
+def test_out_problem_rules(tmp_path, monkeypatch):
+    assert capstone.out_problem(str(tmp_path / "new" / "deeper")) is None  # created on start
+    assert capstone.out_problem(str(tmp_path)) is None  # empty
+    (tmp_path / "metrics.json").write_text("[]")
+    (tmp_path / "plan.json.tmp123").write_text("")
+    assert capstone.out_problem(str(tmp_path)) is None  # a run from before the marker: only the trainer's names
+    (tmp_path / "notes.txt").write_text("mine")
+    assert "holds files that are not a capstone run's (notes.txt)" in capstone.out_problem(str(tmp_path))
+    (tmp_path / capstone.MARKER).write_text("{}")
+    assert capstone.out_problem(str(tmp_path)) is None  # its own run: the trainer deletes only its own names there
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "latest.weights.h5.bkp").write_text("")
+    assert capstone.out_problem(str(tmp_path)) is None
+    (tmp_path / "backup" / "mine.txt").write_text("")  # Keras removes backup/ when a run finishes: refused
+    assert "its backup folder holds files the trainer did not write (backup/mine.txt)" in capstone.out_problem(
+        str(tmp_path))
+    (tmp_path / "backup" / "mine.txt").unlink()
+    for bad in ("", "   ", None, 3):
+        assert capstone.out_problem(bad).startswith("--out must name a folder")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a non-root user in a read-only place
+    assert capstone.out_problem(str(tmp_path)) == f"--out {str(tmp_path)!r} is not writable"
+    assert "cannot be created: " in capstone.out_problem(str(tmp_path / "sub"))
+
+
+def _interrupted_run(tmp_path):
+    """A run stopped with Ctrl-C (SIGINT) after its first epoch: exit 130, one line, the state kept."""
+    import signal as _signal
+
+    out = tmp_path / "interrupted"
+    args = [*SMOKE, *LEARNABLE, "--width", "4", "--epochs", "4", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils.capstone", *args], env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: _signal.signal(_signal.SIGINT, _signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if read(out / "metrics.json"):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(_signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    return out, args, proc.returncode, stderr
+
+
+def test_ctrl_c_is_one_line_and_keeps_a_resumable_state_and_another_runs_backup_is_refused(tmp_path, reference):
+    out, args, code, stderr = _interrupted_run(tmp_path)
+    assert code == 130, stderr[-2000:]
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("capstone: interrupted: epochs 1")
+    assert stderr.strip().splitlines()[-1].endswith("run the same command with --resume to continue")
+    saved = capstone._backup_epoch(str(out / "backup"))
+    assert saved >= 1
+
+    # That backup (width 4) in a copy of the reference run (width 8): refused in one line, nothing changed
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(reference[0], other)
+    (other / "summary.json").unlink()
+    shutil.copytree(out / "backup", other / "backup")
+    before = _tree(other)
+    proc, _ = cli([*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(other), "--resume"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1] == (
+        f"capstone: error: --resume: the backup in {str(other)!r} does not fit this run's model (its weights have "
+        "other shapes): it is another run's; nothing was changed: resume with that run's options, or use another --out")
+    assert _tree(other) == before
+
+    # what --resume reads is intact (resuming itself runs in lesson 06, after SIGKILL)
+    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.parse_args([*args, "--resume"]).resolved())
+    assert state.backup_epoch == saved and [h["epoch"] for h in state.history] == list(range(1, saved + 1))
+    assert state.spent_s > 0 and state.plan.epochs == 4
+
+
+def _resumable_copy(reference, tmp_path, **files):
+    import shutil
+
+    run = tmp_path / "r"
+    shutil.copytree(reference[0], run)
+    (run / "summary.json").unlink()
+    (run / "backup").mkdir()
+    for name, text in files.items():
+        path = run / name.replace("__", "/")
+        if text is None:
+            path.unlink()
+        else:
+            path.write_text(text)
+    return run
+
+
+RESUME_STATES = [
+    ({"plan.json": "{}"}, "plan.json in {run!r} is not a plan this trainer wrote (it lacks epochs, initial_epochs"),
+    ({"plan.json": '{"epo'}, "plan.json in {run!r} is not a plan this trainer wrote ("),
+    ({"plan.json": None}, "nothing to resume in {run!r}: it has no plan.json"),
+    ({"clock.json": "[]"}, "clock.json in {run!r} is not what the trainer writes (elapsed_s is None)"),
+    ({"clock.json": '{"elapsed_s": "12"}'}, "clock.json in {run!r} is not what the trainer writes (elapsed_s is '12')"),
+    ({"metrics.json": "{}"}, "metrics.json in {run!r} is not what the trainer writes (it holds dict"),
+    ({"metrics.json": '[{"epoch": 2, "elapsed_s": 1.0}]'}, "(entry 1 is not epoch 1's record)"),
+    ({"backup__training_metadata.json": '{"epoch": 99, "batch": 0}'},
+     "the backup in {run!r} says epoch 99, beyond the plan's 3 epochs: it is not this run's backup"),
+    ({"backup__training_metadata.json": '{"epoch": -5, "batch": 0}'},
+     "the backup in {run!r} says epoch -5, not a finished epoch"),
+]
+
+
+@pytest.mark.parametrize("files,message", RESUME_STATES, ids=[m.split(" (")[0][:60] for _, m in RESUME_STATES])
+def test_resume_refuses_state_the_trainer_did_not_write_and_changes_nothing(reference, tmp_path, files, message):
+    """Seen: a backup at epoch 99 of a 10-epoch plan ended the run after 2 epochs; epoch -5 wrote metrics for epochs
+    -4…10; an unreadable plan.json started over and discarded the finished epochs."""
+    run = _resumable_copy(reference, tmp_path, **files)
+    before = _tree(run)
+    line = _refused_before_tensorflow([*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(run), "--resume"])
+    assert line.startswith("capstone: error: --resume: ") and message.format(run=str(run)) in line, line
+    assert "nothing was changed" in line or "run without --resume" in line
+    assert _tree(run) == before
+
+
+def test_validation_split_is_held_out_and_the_same_for_every_run():
+    x = np.arange(1000).reshape(1000, 1)
+    y = np.arange(1000)
+    (xt, yt), (xv, yv) = capstone.split_validation(x, y, capstone.validation_size(1000))
+    assert len(xv) == 100 and len(xt) == 900 and not set(yt) & set(yv) and set(yt) | set(yv) == set(range(1000))
+    assert np.array_equal(capstone.split_validation(x, y, 100)[1][1], yv)  # its own seed: the same images
+    assert capstone.validation_size(50_000) == 5_000 and capstone.validation_size(200_000) == capstone.MAX_VALIDATION
+    assert capstone.validation_size(5) == 1 and capstone.validation_size(1000, 7) == 7
+
+
+@pytest.mark.parametrize("kind,course_jit,asked,expected", [
+    ("CPU", False, None, (False, False)), ("GPU", False, None, (True, True)), ("multi-GPU", False, None, (True, True)),
+    ("TPU", False, None, (False, True)), ("CPU", True, None, (True, True)), ("GPU", False, False, (False, False)),
+    ("CPU", False, True, (True, True)), ("TPU", False, False, (False, True)),
+])
+def test_xla_is_chosen_per_hardware_not_left_to_keras_auto(kind, course_jit, asked, expected):
+    """Keras resolves jit_compile='auto' to False under any tf.distribute strategy, and the trainer always builds
+    in strategy.scope(): left to Keras a GPU would train without XLA."""
+    jit_compile, compiled, why = capstone.choose_jit(capstone.Options(jit=asked), kind, course_jit)
+    assert (jit_compile, compiled) == expected and why
+
+
+def _plan(**kw):
+    base = dict(options={}, steps_per_epoch=10, policy="float32", width=8, epochs=10, initial_epochs=10,
+                warmup_steps=20, budget_s=100.0, epoch_estimate_s=8.0, final_eval_estimate_s=2.0)
+    return capstone.BudgetPlan(**{**base, **kw})
+
+
+def test_budget_plan_refits_the_rest_with_hysteresis():
+    plan = _plan()
+    # on time (epoch 4 done at 40 s, 8 s/epoch): 6 × 8 = 48 of the 58 s left: within the slack, no change
+    assert plan.replan(4, 40.0, [9.0, 8.0, 8.0, 8.0], cap=20) is None and plan.epochs == 10
+    # slower: 14 s/epoch from epoch 2 on → 58 s left fit 4 more (+ a quarter epoch): shrink to 8; past the warm-up
+    assert plan.replan(4, 40.0, [9.0, 14.0, 14.0, 14.0], cap=20) == (10, 8, 58.0, 14.0)
+    assert plan.epochs == 8 and plan.schedule_steps() == (20, 80)
+    # one slow epoch after the first, against the warm-up's 8 s: not yet a trend (of two, the faster counts)
+    plan = _plan(warm_up_epoch_s=8.0, warmup_steps=200, epochs=100, budget_s=806.0)  # 98 × 8 s fill the 784 s left
+    assert plan.replan(2, 20.0, [9.0, 14.0], cap=200) is None and plan.epochs == 100
+    # a real slowdown (two slow epochs): shrinks; still warming up, the warm-up keeps its 20% of the new plan
+    assert plan.replan(3, 34.0, [9.0, 14.0, 14.0], cap=200) == (100, 58, 770.0, 14.0)
+    assert plan.warmup_steps == capstone.BudgetPlan.warmup_for(58, 10) == 116
+    # much faster: 3 s/epoch → grows, up to fit's cap
+    plan = _plan()
+    assert plan.replan(4, 40.0, [9.0, 3.0, 3.0, 3.0], cap=12) == (10, 12, 58.0, 3.0)
+    # never grows in the last epochs of the decay
+    plan = _plan(epochs=5)
+    assert plan.replan(4, 40.0, [9.0, 3.0, 3.0, 3.0], cap=20) is None and plan.epochs == 5
+    # without a budget there is nothing to refit
+    assert _plan(budget_s=None).replan(4, 40.0, [100.0] * 4, cap=10) is None
+
+
+def test_budget_plan_first_estimates_and_what_fits():
+    warm = {"train_epoch_s": 5.0, "eval_step_s": 0.1}
+    epoch_s, final_s = capstone.BudgetPlan.estimates(warm, val_steps=10, test_steps=20, tta=True)
+    assert epoch_s == pytest.approx(5.0 + 1.0 + capstone.BudgetPlan.EPOCH_MIN_S)
+    assert final_s == pytest.approx(0.1 * 20 * 2 * capstone.BudgetPlan.FINAL_EVAL_SAFETY
+                                    + capstone.BudgetPlan.FINAL_EVAL_MIN_S)
+    assert capstone.BudgetPlan.epochs_in(100, 30) == 3 and capstone.BudgetPlan.epochs_in(10, 30) == 1
+    plan = _plan()
+    assert plan.fits_another(0, 1e9)  # the first epoch always runs
+    # epoch (8 s) + final evaluation (2 s) ending 4 s (half an epoch) past the 100 s budget: still starts; later not
+    assert plan.fits_another(9, 100.0 + 4.0 - 8.0 - 2.0) and not plan.fits_another(9, 100.0 + 4.1 - 8.0 - 2.0)
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"epochs": 0}, "epochs is 0"), ({"epochs": 2.5}, "epochs is 2.5"), ({"steps_per_epoch": -1}, "steps_per_epoch"),
+    ({"warmup_steps": 10 ** 9}, "warmup_steps is 1000000000, not within the plan's 100 steps"),
+    ({"epoch_estimate_s": float("nan")}, "epoch_estimate_s is nan"), ({"options": []}, "options are not a mapping"),
+])
+def test_budget_plan_from_dict_refuses_what_the_trainer_did_not_write(change, reason):
+    good = _plan().to_dict()
+    assert capstone.BudgetPlan.from_dict(good) == _plan()
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        capstone.BudgetPlan.from_dict({**good, **change})

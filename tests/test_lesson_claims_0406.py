@@ -8,6 +8,7 @@ each)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import types
@@ -117,10 +118,12 @@ def test_lesson_04_what_one_replica_or_an_accelerator_cannot_show_says_why():
 # ----------------------------------------------------------------------------------------------
 
 
-def _summary(recipe, accuracy, epochs, steps, wall, before=2.0, final=0.5, no_tta=None, policy="float32", ips=900.0):
+def _summary(recipe, accuracy, epochs, steps, wall, before=2.0, final=0.5, no_tta=None, policy="float32", ips=900.0,
+             jit=False):
     return {"recipe": recipe, "test_accuracy": accuracy, "test_accuracy_no_tta": accuracy if no_tta is None else no_tta,
             "epochs": epochs, "steps_per_epoch": steps, "wall_time_s": wall, "time_before_first_epoch_s": before,
-            "final_eval_s": final, "policy": policy, "images_per_s_per_replica": ips, "initially_planned_epochs": epochs}
+            "final_eval_s": final, "policy": policy, "images_per_s_per_replica": ips, "initially_planned_epochs": epochs,
+            "jit_compile": jit, "xla": jit, "peak_memory_bytes": 50 << 20, "peak_memory_method": "allocator"}
 
 
 def _resume(**changes) -> dict:
@@ -142,10 +145,11 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
                    "course": _summary("course", 0.74, 22, 31, 125.0, no_tta=0.72, policy=chosen)}
         history = {"baseline": [{"epoch_time_s": 5.0}, {"epoch_time_s": 5.3}],
                    "course": [{"epoch_time_s": 5.1}, {"epoch_time_s": 6.0}]}
-    throughput = {"float32": {"images_per_s_per_replica": 900.0}}
-    if chosen != "float32":
-        throughput[chosen] = {"images_per_s_per_replica": 1200.0}
-    results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, throughput=throughput,
+    repeats = 1 if smoke else 3
+    speeds = {"float32": (900.0, False), chosen: (1200.0, False), f"{chosen}, XLA on": (700.0, True)}
+    precision = {label: [_summary("course", 0.3, 3, 10, 9.0, policy=label.split(",")[0], ips=ips + 10 * i, jit=jit)
+                         for i in range(repeats)] for label, (ips, jit) in speeds.items()}
+    results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, precision=precision,
                    resume=_resume())
     results.update(changes)
     return results
@@ -154,7 +158,7 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
 def test_lesson_06_claims_one_per_row_every_key_read():
     results = Recording(_results_06())
     claims = capstone_exp.claims(results)
-    assert len(claims) == 7 and {c.lesson for c in claims} == {"06"}
+    assert len(claims) == 8 and {c.lesson for c in claims} == {"06"}
     assert results.read == set(results), set(results) - results.read
     assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
 
@@ -176,6 +180,12 @@ def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_c
     assert no_room.holds is None and "only the one epoch every run trains" in no_room.note
     only_float32 = _find(capstone_exp.claims(_results_06(chosen="float32")), "policy chosen")
     assert only_float32.holds is None and only_float32.note  # not measurable, and says why
+    for name in ("policy chosen", "XLA choice"):  # one fresh process per variant: a ratio, never a verdict
+        claim = _find(claims, name)
+        assert claim.holds is None and "a speed-up needs repeats" in claim.note and "(1 run each)" in claim.measured
+    tpu = _results_06()
+    del tpu["precision"]["mixed_bfloat16, XLA on"]  # a TPU compiles every step: no XLA-off run
+    assert "a TPU compiles every step" in _find(capstone_exp.claims(tpu), "XLA choice").note
 
 
 def test_lesson_06_a_resume_that_started_over_does_not_hold():
@@ -199,13 +209,24 @@ def test_lesson_06_verdicts_follow_the_measurements():
     late["summary"]["baseline"]["wall_time_s"] = 140.0
     assert _find(capstone_exp.claims(late), "ends within one epoch").holds is False
     slower = _results_06()
-    slower["throughput"]["mixed_bfloat16"]["images_per_s_per_replica"] = 700.0
+    for run in slower["precision"]["mixed_bfloat16"]:
+        run["images_per_s_per_replica"] = 700.0
     claim = _find(capstone_exp.claims(slower), "policy chosen")
     assert claim.holds is False and claim.differs_here and not claim.fails  # a CPU: differs, with the reason
+    assert len(claim.samples) == 3  # repeat by repeat, each pair from fresh processes
+    xla_faster = _results_06()
+    for run in xla_faster["precision"]["mixed_bfloat16, XLA on"]:
+        run["images_per_s_per_replica"] = 1500.0
+    claim = _find(capstone_exp.claims(xla_faster), "XLA choice")
+    assert claim.holds is False and claim.fails  # the trainer's default would be the wrong one here
+    noisy = _results_06()
+    for run, ips in zip(noisy["precision"]["mixed_bfloat16"], (1300.0, 1000.0, 800.0)):
+        run["images_per_s_per_replica"] = ips
+    assert _find(capstone_exp.claims(noisy), "policy chosen").holds == "noise"
 
 
 @pytest.mark.parametrize("chosen", ["float32", "mixed_bfloat16"])
-def test_lesson_06_measure_runs_the_recipes_the_policies_and_the_resume_no_ablation(monkeypatch, chosen):
+def test_lesson_06_measure_runs_the_recipes_the_precision_processes_and_the_resume_no_ablation(monkeypatch, chosen):
     calls, lines = [], []
 
     def train(options):
@@ -215,6 +236,12 @@ def test_lesson_06_measure_runs_the_recipes_the_policies_and_the_resume_no_ablat
         summary = _summary(options.recipe, 0.5, 2, 10, 3.0, policy=policy)
         return types.SimpleNamespace(summary=summary, history=[{"epoch_time_s": 1.0}])
 
+    def precision_runs(source, variants, repeats, examples, out, progress=None):
+        calls.append(("precision", source, dict(variants), repeats, examples))
+        progress("§5")
+        return {label: [_summary("course", 0.3, 3, 10, 9.0, policy=v["policy"], jit=v["jit"])] * repeats
+                for label, v in variants.items()}
+
     def kill_and_resume(source, out, examples):
         calls.append(("cli", source, examples))
         return _resume()
@@ -222,20 +249,62 @@ def test_lesson_06_measure_runs_the_recipes_the_policies_and_the_resume_no_ablat
     from course_utils import capstone
 
     monkeypatch.setattr(capstone, "train", train)
+    monkeypatch.setattr(capstone_exp, "precision_runs", precision_runs)
     monkeypatch.setattr(capstone_exp, "kill_and_resume", kill_and_resume)
     cfg = config.get()
     lab = types.SimpleNamespace(cfg=cfg, sizes=cfg.sizes, runtime=types.SimpleNamespace(kind="CPU"), jit=False,
                                 progress=lines.append)
     results = capstone_exp.measure(lab)
     runs = [c for c in calls if not isinstance(c, tuple)]
-    assert [(o.recipe, o.time_budget) for o in runs[:2]] == [("baseline", cfg.sizes.capstone_budget_s),
-                                                             ("course", cfg.sizes.capstone_budget_s)]
-    policies = ["float32"] + ([chosen] if chosen != "float32" else [])
-    assert [(o.policy, o.epochs, o.tta, o.train_examples) for o in runs[2:]] == [
-        (p, 3, False, cfg.sizes.test_examples) for p in policies]
+    assert [(o.recipe, o.time_budget) for o in runs] == [("baseline", cfg.sizes.capstone_budget_s),
+                                                         ("course", cfg.sizes.capstone_budget_s)]
     assert all(o.augment is None and o.label_smoothing is None and o.schedule is None for o in runs)  # no ablation
+    expected = {"float32": {"policy": "float32", "jit": False}, chosen: {"policy": chosen, "jit": False},
+                f"{chosen}, XLA on": {"policy": chosen, "jit": True}}
+    assert calls[2] == ("precision", cfg.data, expected, cfg.sizes.capstone_precision_repeats, cfg.sizes.test_examples)
     assert calls[-1] == ("cli", cfg.data, cfg.sizes.test_examples)
-    assert len(lines) == len(runs) + 1  # a progress line per training run, and one for the resume
-    assert set(results) == set(_results_06()) and list(results["throughput"]) == policies
+    assert len(lines) == 4  # a progress line per training run, §5's, and one for the resume
+    assert set(results) == set(_results_06())
     assert not os.path.exists(os.path.dirname(runs[0].out))  # the temporary folder is gone
-    assert len(capstone_exp.claims(results)) == 7
+    assert len(capstone_exp.claims(results)) == 8
+
+
+def test_lesson_06_precision_variants_per_hardware():
+    cpu = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
+    assert cpu == {"float32": {"policy": "float32", "jit": False},
+                   "mixed_bfloat16": {"policy": "mixed_bfloat16", "jit": False},
+                   "mixed_bfloat16, XLA on": {"policy": "mixed_bfloat16", "jit": True}}
+    gpu = capstone_exp.precision_variants({"policy": "mixed_float16", "jit_compile": True}, "GPU")
+    assert list(gpu) == ["float32", "mixed_float16", "mixed_float16, XLA off"] and gpu["float32"]["jit"] is True
+    assert list(capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "TPU")) == [
+        "float32", "mixed_bfloat16"]
+
+
+def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, tmp_path):
+    """Each repeat of each variant is its own command-line process; repeat i of every variant runs before repeat
+    i + 1 of any; only the chosen policy's first run writes the profile; a failed run says which and why."""
+    import subprocess
+
+    commands = []
+
+    def run(cli, capture_output, text, timeout):
+        commands.append(cli)
+        out = cli[cli.index("--out") + 1]
+        os.makedirs(out)
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump({"policy": cli[cli.index("--policy") + 1]}, f)
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
+    runs = capstone_exp.precision_runs("synthetic", variants, 2, 256, str(tmp_path / "p"), tensorboard="tb")
+    assert [len(v) for v in runs.values()] == [2, 2, 2] and runs["float32"][1] == {"policy": "float32"}
+    flags = [(c[c.index("--policy") + 1], "--jit" in c) for c in commands]
+    assert flags == [("float32", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True)] * 2
+    assert [("--tensorboard" in c) for c in commands] == [False, True, False, False, False, False]
+    assert all(c[1:3] == ["-m", "course_utils.capstone"] and "--no-tta" in c and c[c.index("--epochs") + 1] == "3"
+               for c in commands)
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=1, stderr="x\nboom"))
+    with pytest.raises(RuntimeError, match="§5 run 'float32' exited with 1: boom"):
+        capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "q"))

@@ -1,4 +1,5 @@
-"""Read a TensorBoard profile: is the training step input-bound or compute-bound?
+"""Read a TensorBoard profile: is the training step input-bound or compute-bound (:func:`read_input_bound`), and
+what is alive in memory at its peak (:func:`read_memory_profile`)?
 
 Keras' ``TensorBoard(log_dir, profile_batch=(first, last))`` callback writes a profile of a few
 training steps (``log_dir/train/plugins/profile/<run>/<host>.xplane.pb``). TensorBoard's profile
@@ -146,3 +147,70 @@ def read_input_bound(log_dir: str) -> ProfileReading:
     share, steps, step_ms = traced
     return ProfileReading(share, steps, step_ms, "the trace: time in IteratorGetNext / time in the step",
                           "", paths[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# The memory profile: what is alive at the peak
+# ----------------------------------------------------------------------------------------------
+
+
+UNUSED_PREALLOCATED = "unused preallocated device memory"  # xprof's name for an allocator's reserve at the peak
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryProfile:
+    """TensorBoard's *memory profile* of a profiled span, as numbers: the allocator it watched, the most bytes in use
+    at any allocation or free in the span (``peak_bytes``), the tensors alive at that moment, grouped by the op that
+    made them and their shape, largest first (``at_peak``: dicts of op, shape, bytes, count), and what the allocator
+    held in no tensor then (``reserved_bytes``)."""
+
+    allocator: str
+    peak_bytes: int
+    at_peak: list
+    path: str
+    reserved_bytes: int = 0  # held by the allocator at the peak but in no tensor ("unused preallocated device memory")
+
+    def share(self, predicate) -> float:
+        """The share of the peak's live bytes in tensors for which ``predicate(entry)`` holds."""
+        total = sum(e["bytes"] for e in self.at_peak)
+        return sum(e["bytes"] for e in self.at_peak if predicate(e)) / total if total else 0.0
+
+
+def read_memory_profile(log_dir: str) -> MemoryProfile:
+    """The memory profile in ``log_dir`` (``tf.profiler.experimental.start/stop``, or Keras' ``TensorBoard`` callback
+    with ``profile_batch``), read with the plugin's own converter (its ``memory_profile`` tool: the Memory Profile page
+    in TensorBoard's Profile tab). Of the allocators it watched, the one with the highest peak: a GPU's or TPU's, or on
+    a CPU TensorFlow's BFC allocator (which the course turns on; the default CPU allocator keeps no record). Raises
+    :class:`ProfileError` (one line, with the fix) when there is no profile, no plugin or no allocator activity."""
+    paths = find_xplanes(log_dir)
+    data = _tool_json(_converter(), paths, "memory_profile")
+    allocators = (data or {}).get("memoryProfilePerAllocator") or {}
+    best = None
+    for name, profile in allocators.items():
+        snapshots = profile.get("memoryProfileSnapshots") or []
+        if not snapshots:
+            continue
+        peak = max(int(s.get("aggregationStats", {}).get("heapAllocatedBytes", 0)) for s in snapshots)
+        if best is None or peak > best[1]:
+            best = (name, peak, profile)
+    if best is None:
+        raise ProfileError(f"the profile in {os.path.dirname(paths[0])!r} recorded no allocations: on a CPU the "
+                           "allocator must be TensorFlow's BFC one (TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow "
+                           "starts; importing course_utils first does it)")
+    name, peak, profile = best
+    snapshots, special = profile["memoryProfileSnapshots"], profile.get("specialAllocations") or []
+    groups: dict = {}
+    reserved = 0
+    for active in profile.get("activeAllocations") or []:
+        index = int(active.get("specialIndex", -1))
+        meta = special[index] if index >= 0 else snapshots[int(active["snapshotIndex"])].get("activityMetadata", {})
+        key = (meta.get("tfOpName", "?"), meta.get("tensorShape", "?"))
+        count = int(active.get("numOccurrences", 1))
+        if key[0] == UNUSED_PREALLOCATED:  # the allocator's reserve, not a tensor
+            reserved += int(meta.get("allocationBytes", 0)) * count
+            continue
+        entry = groups.setdefault(key, {"op": key[0], "shape": key[1], "bytes": 0, "count": 0})
+        entry["bytes"] += int(meta.get("allocationBytes", 0)) * count
+        entry["count"] += count
+    at_peak = sorted(groups.values(), key=lambda e: -e["bytes"])
+    return MemoryProfile(name, peak, at_peak, os.path.dirname(paths[0]), reserved)

@@ -385,3 +385,15 @@ def test_output_saving_layer_norm_lowers_peak_memory():
         print(f"LayerNorm {label:14s} peak {memory.format_bytes(peak.peak_bytes)}  samples {peak.samples}")
     activation = sizes["batch"] * sizes["width"] * 4
     assert peaks["output_saving"].peak_bytes < peaks["keras"].peak_bytes - 2 * activation
+
+
+def test_optimizer_state_counts_what_keras_keeps():
+    """Lesson 07 §7. Keras 3's Adafactor stores a full-size `velocity` per weight beside its factored statistics
+    (keras/src/optimizers/adafactor.py build): if a release drops it, this fails and the lesson must change."""
+    from course_utils.experiments import activation_memory as exp
+
+    state = exp.optimizer_state(width=16, depth=2, tokens=8)
+    per = {name: o["per_parameter"] for name, o in state["optimizers"].items()}
+    assert per["SGD"] == 0 and per["SGD + momentum"] == per["Lion"] == 1.0 and per["Adam"] == 2.0
+    assert 1.0 < per["Adafactor"] < 1.1  # velocity (1×) + row and column statistics
+    assert state["factored_bytes"] < 0.5 * state["parameter_bytes"]  # the published method keeps n + m per matrix

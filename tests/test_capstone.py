@@ -41,23 +41,27 @@ def read(path):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted 3-epoch run of the course recipe: the CLI smoke run, and a finished run for --resume."""
-    out = tmp_path_factory.mktemp("capstone") / "ref"
-    proc, seconds = cli([*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(out)])
+    """An uninterrupted 3-epoch run of the course recipe from an npz file, with a TensorBoard profile: the CLI smoke
+    run, and a finished run for --resume. Returns (out, process, seconds, the command's arguments)."""
+    folder = tmp_path_factory.mktemp("capstone")
+    path = str(folder / "mini.npz")
+    data.write_npz(path, *data.synthetic_cifar(1024, 256, seed=0))
+    args = ["--data", f"npz:{path}", "--quiet", *LEARNABLE, "--epochs", "3", "--out", str(folder / "ref")]
+    proc, seconds = cli([*args, "--tensorboard", str(folder / "tb")])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out, proc, seconds
+    return folder / "ref", proc, seconds, args
 
 
 def test_cli_smoke_run_learns_and_writes_its_files(reference):
-    out, proc, seconds = reference
+    out, proc, seconds, _ = reference
     assert seconds <= 60, f"smoke CLI run took {seconds:.1f} s"
     summary, metrics = read(out / "summary.json"), read(out / "metrics.json")
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
     assert summary["test_accuracy"] >= 0.5, summary["test_accuracy"]  # chance is 0.1
     assert summary["recipe"] == "course" and summary["epochs"] == 3
     # a tenth of the 1,024 training images held out for validation; the test split untouched
-    assert summary["data"] == "synthetic" and (summary["train_examples"], summary["validation_examples"],
-                                               summary["test_examples"]) == (922, 102, 256)
+    assert summary["data"] == reference[3][1] and (summary["train_examples"], summary["validation_examples"],
+                                                   summary["test_examples"]) == (922, 102, 256)
     assert summary["validation_accuracy"] == metrics[-1]["val_accuracy"] >= 0.5
     assert summary["best_validation_accuracy"] == max(m["val_accuracy"] for m in metrics)
     assert summary["xla"] is False and summary["jit_compile"] is False and summary["xla_why"].startswith("CPU")
@@ -74,20 +78,7 @@ def test_cli_smoke_run_learns_and_writes_its_files(reference):
     assert (out / "best.weights.h5").exists()
     assert not (out / "backup").exists()  # BackupAndRestore removes its backup after a finished run
     assert (out / capstone.MARKER).exists()
-
-
-def test_npz_data_baseline_and_tensorboard(tmp_path):
-    path = str(tmp_path / "mini.npz")
-    data.write_npz(path, *data.synthetic_cifar(1024, 128, seed=3))
-    tb = tmp_path / "tb"
-    proc, _ = cli(["--data", f"npz:{path}", "--recipe", "baseline", "--epochs", "4", "--quiet",
-                   "--out", str(tmp_path / "out"), "--tensorboard", str(tb)])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    summary = read(tmp_path / "out" / "summary.json")
-    assert summary["data"] == f"npz:{path}"
-    assert (summary["train_examples"] + summary["validation_examples"], summary["test_examples"]) == (1024, 128)
-    assert summary["recipe"] == "baseline" and summary["policy"] == "float32" and summary["global_batch"] == 64
-    assert summary["test_accuracy"] > 0.3
+    tb = out.parent / "tb"
     assert glob.glob(str(tb / "train" / "events.out.tfevents.*"))
     assert glob.glob(str(tb / "train" / "plugins" / "profile" / "*" / "*.xplane.pb")), "no profile written"
 
@@ -171,7 +162,7 @@ def test_tfds_failure_raises_data_source_error(monkeypatch, tmp_path):
 def test_resume_of_a_finished_run_is_one_line_exit_2(reference):
     """Kill-and-resume itself runs once, in lesson 06 (its claim reads the trainer's own evidence: see
     test_lesson_claims_0406); a finished run has nothing to resume."""
-    ref_out, args = reference[0], [*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(reference[0])]
+    ref_out, args = reference[0], reference[3]
     metrics = read(ref_out / "metrics.json")
     again, _ = cli([*args, "--resume"])
     assert again.returncode == 2 and "has finished (summary.json); nothing to resume" in again.stderr
@@ -253,6 +244,7 @@ def test_options_defaults_and_lr_rule():
     assert (base.augment, base.tta, base.label_smoothing, base.schedule, base.batch_size) == (
         False, False, 0.0, "constant", 64)
     assert capstone.peak_learning_rate(512) == pytest.approx(2 * capstone.peak_learning_rate(256))
+    assert capstone.RECIPES["baseline"].choose_policy(None) == ("float32", "baseline: float32, as the tutorial")
     with pytest.raises(capstone.OptionsError, match="exactly one"):
         capstone.validate(capstone.Options(epochs=2, time_budget=10))
 
@@ -455,7 +447,7 @@ def test_ctrl_c_is_one_line_and_keeps_a_resumable_state_and_another_runs_backup_
     (other / "summary.json").unlink()
     shutil.copytree(out / "backup", other / "backup")
     before = _tree(other)
-    proc, _ = cli([*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(other), "--resume"])
+    proc, _ = cli([*reference[3][:-1], str(other), "--resume"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1] == (
         f"capstone: error: --resume: the backup in {str(other)!r} does not fit this run's model (its weights have "
         "other shapes): it is another run's; nothing was changed: resume with that run's options, or use another --out")
@@ -504,7 +496,7 @@ def test_resume_refuses_state_the_trainer_did_not_write_and_changes_nothing(refe
     -4…10; an unreadable plan.json started over and discarded the finished epochs."""
     run = _resumable_copy(reference, tmp_path, **files)
     before = _tree(run)
-    line = _refused_before_tensorflow([*SMOKE, *LEARNABLE, "--epochs", "3", "--out", str(run), "--resume"])
+    line = _refused_before_tensorflow([*reference[3][:-1], str(run), "--resume"])
     assert line.startswith("capstone: error: --resume: ") and message.format(run=str(run)) in line, line
     assert "nothing was changed" in line or "run without --resume" in line
     assert _tree(run) == before

@@ -40,7 +40,7 @@ def _ctx(ex, context):
 
 @pytest.fixture(scope="module", autouse=True)
 def train_each_capstone_answer_once():
-    """The capstone's one_knob checker trains for its budget (15 s) with the answer's options. Several tests here
+    """The capstone's one_knob checker trains for its budget (10 s) with the answer's options. Several tests here
     check the same correct answer (the reference, the printed solution, by keyword, silently): the first check
     trains; a later check of equal options gets a copy of that run's folder and result, and the checker reads them
     as it reads any run. What the training itself reaches is tested once, by the first check."""

@@ -99,3 +99,44 @@ def test_reads_a_tpu_profiles_columns_not_the_trace(monkeypatch, tmp_path):
     keep = [i for i, c in enumerate(cols) if not c.startswith("scv0")]
     tables["input_pipeline_analyzer"] = _table([cols[i] for i in keep], [[r[i] for i in keep] for r in rows])
     assert profiler.read_input_bound(str(tmp_path)).input_share == pytest.approx(0.65)
+
+
+def _memory_profile(allocators: dict):
+    """xprof's memory_profile tool output (the shape it has for a CPU BFC, GPU or TPU allocator)."""
+    import json
+
+    class Convert:
+        @staticmethod
+        def xspace_to_tool_data(paths, tool, params):
+            assert tool == "memory_profile", tool
+            return json.dumps({"memoryProfilePerAllocator": allocators, "numHosts": 1, "version": 1}).encode(), None
+
+    return Convert
+
+
+def _snapshot(heap, op, shape, size):
+    return {"aggregationStats": {"heapAllocatedBytes": str(heap)},
+            "activityMetadata": {"memoryActivity": "ALLOCATION", "allocationBytes": str(size), "tfOpName": op,
+                                 "tensorShape": shape}}
+
+
+def test_memory_profile_reads_the_peak_and_what_is_alive_there(monkeypatch, tmp_path):
+    gpu = {"memoryProfileSnapshots": [_snapshot(100, "a/Gelu", "[8,256]", 60), _snapshot(160, "a/MatMul", "[8,64]", 40),
+                                      _snapshot(220, "b/Gelu", "[8,256]", 60)],
+           "activeAllocations": [{"snapshotIndex": "0", "specialIndex": "-1", "numOccurrences": "1"},
+                                 {"snapshotIndex": "2", "specialIndex": "-1", "numOccurrences": "2"},
+                                 {"snapshotIndex": "-1", "specialIndex": "0", "numOccurrences": "1"}],
+           "specialAllocations": [{"allocationBytes": "20", "tfOpName": "unused preallocated device memory",
+                                   "tensorShape": "unknown"}]}
+    host = {"memoryProfileSnapshots": [_snapshot(50, "x", "[1]", 50)], "activeAllocations": []}
+    monkeypatch.setattr(profiler, "find_xplanes", lambda log_dir: [str(tmp_path / "run" / "h.xplane.pb")])
+    monkeypatch.setattr(profiler, "_converter", lambda: _memory_profile({"host_bfc": host, "GPU_0_bfc": gpu}))
+    profile = profiler.read_memory_profile(str(tmp_path))
+    assert profile.allocator == "GPU_0_bfc" and profile.peak_bytes == 220  # the allocator with the highest peak
+    assert [(e["op"], e["bytes"], e["count"]) for e in profile.at_peak] == [("b/Gelu", 120, 2), ("a/Gelu", 60, 1)]
+    assert profile.reserved_bytes == 20  # the allocator's reserve is no tensor: kept apart
+    assert profile.share(lambda e: e["op"] == "b/Gelu") == pytest.approx(120 / 180)
+
+    monkeypatch.setattr(profiler, "_converter", lambda: _memory_profile({"cpu": {"memoryProfileSnapshots": []}}))
+    with pytest.raises(profiler.ProfileError, match="recorded no allocations: on a CPU the allocator must be"):
+        profiler.read_memory_profile(str(tmp_path))

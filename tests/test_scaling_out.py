@@ -179,3 +179,11 @@ def test_every_worker_program_refuses_bad_arguments_and_a_wrong_cluster_in_one_l
         result = run(module, *args, tf_config=tf_config)
         assert result.returncode == 2, (module, args, result.stderr[-500:])
         assert expected in result.stderr and "Traceback" not in result.stderr, (module, args, result.stderr[-500:])
+
+
+def test_worker_program_refuses_alone_without_time_in_one_line(monkeypatch, capsys, tmp_path):
+    from course_utils.experiments import multiworker
+
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
+    assert multiworker.main(["--alone", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["--alone needs --time STEPS"]

@@ -111,12 +111,12 @@ def start_options(time_budget: float, out: str, **overrides):
 
 
 def example_start():
-    """The start the course's own tests use: synthetic data, small splits, a 15 s budget (enough epochs for the
+    """The start the course's own tests use: synthetic data, small splits, a 10 s budget (enough epochs for the
     tutorial's CNN to learn even on a busy machine)."""
     import os
     import tempfile
 
-    return start_options(15.0, out=os.path.join(tempfile.gettempdir(), "course_capstone_exercise"), data="synthetic",
+    return start_options(10.0, out=os.path.join(tempfile.gettempdir(), "course_capstone_exercise"), data="synthetic",
                          train_examples=512, test_examples=256)
 
 

@@ -11,6 +11,7 @@ The step builders here are module-level, for :func:`course_utils.memory.measure_
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -383,6 +384,70 @@ def largest_batches(peaks: dict, batch: int, budget_gib: float = BUDGET_GIB) -> 
     return out
 
 
+# §7: optimizers whose state the lesson counts, each with what it keeps per trainable variable
+OPTIMIZERS = {
+    "SGD": ("keras.optimizers.SGD(0.01)", "nothing"),
+    "SGD + momentum": ("keras.optimizers.SGD(0.01, momentum=0.9)", "one momentum per weight"),
+    "Lion": ("keras.optimizers.Lion()", "one momentum per weight (its update is a sign)"),
+    "Adam": ("keras.optimizers.Adam()", "two moments per weight"),
+    "Adafactor": ("keras.optimizers.Adafactor()", "row and column statistics per matrix, and a full-size velocity"),
+}
+
+
+def optimizer_state(**net) -> dict:
+    """§7: the bytes of optimizer state Keras keeps for the block net (``block_net(**net)``), per optimizer in
+    :data:`OPTIMIZERS`, built on the model's trainable variables (the state exists before the first step). Scalars —
+    the step counter, the learning rate — are left out. Also ``factored_bytes``: what Adafactor as published keeps
+    (Shazeer & Stern 2018: for an n×m matrix only n + m second-moment statistics, no first moment; a vector in full).
+
+    Returns ``{"parameter_bytes", "factored_bytes", "optimizers": {name: {"bytes", "per_parameter", "keeps"}}}``."""
+    import keras
+
+    model = block_net(**net)
+    variables = model.trainable_variables
+    parameter_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    out = {}
+    for name, (code, keeps) in OPTIMIZERS.items():
+        optimizer = eval(code, {"keras": keras})  # noqa: S307 - the constructors above, shown as code in the table
+        optimizer.build(variables)
+        state = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables if len(v.shape))
+        out[name] = {"bytes": state, "per_parameter": state / parameter_bytes, "keeps": keeps, "code": code}
+    factored = sum((int(np.prod(v.shape[:-1])) + int(np.prod(v.shape[:-2])) * int(v.shape[-1])) if len(v.shape) >= 2
+                   else int(np.prod(v.shape)) for v in variables) * 4
+    return {"parameter_bytes": parameter_bytes, "factored_bytes": factored, "optimizers": out}
+
+
+def profile_step_memory(log_dir: str, **step_kwargs):
+    """§7: TensorBoard's memory profile of one block-net training step (``make_block_net_step(**step_kwargs)``,
+    traced and run once first), in this process; read with :func:`course_utils.profiler.read_memory_profile`. The
+    profile's files stay in ``log_dir`` (emptied first) for TensorBoard's Profile tab."""
+    import shutil
+
+    import tensorflow as tf
+
+    from .. import profiler
+
+    step = make_block_net_step(**step_kwargs)
+    step()  # trace (and compile): the profile shows a step as it runs from then on
+    shutil.rmtree(log_dir, ignore_errors=True)
+    tf.profiler.experimental.start(log_dir)
+    try:
+        step()
+    finally:
+        tf.profiler.experimental.stop()
+    return profiler.read_memory_profile(log_dir)
+
+
+def wide_share(profile, width: int, expansion: int = 4) -> float:
+    """The share of the bytes alive at the profile's peak in the blocks' wide tensors: a last dimension of
+    ``expansion × width`` (the Dense(4·W) output, GELU's output and temporaries, and their gradients)."""
+    def wide(entry):
+        dims = entry["shape"].strip("[]").split(",")
+        return len(dims) > 1 and dims[-1].strip() == str(expansion * width)
+
+    return profile.share(wide)
+
+
 def few_bit_fidelity(bits=(1, 2, 3, 4), n: int = 200_000) -> dict:
     """§3: the cosine between few-bit GELU's input gradient and exact GELU's, per number of bits, on ``n`` normal
     inputs with normal upstream gradients (seeds 3 and 4, as the notebook's cell)."""
@@ -472,6 +537,16 @@ def measure(lab) -> dict:
                                   "4 chunks": dict(chunks=4, rows=sizes.logits_rows, classes=sizes.logits_classes)},
                                  parallel=2, time_rounds=rounds, time_repeats=3, time_baseline="whole logits")
     out["ce_peaks"] = ce.peaks
+    lab.progress("optimizer state, and the memory profile of a plain and a recomputing step")
+    out["optimizer_state"] = optimizer_state(**net)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="course-07-profile-") as folder:
+        profiles = {name: profile_step_memory(os.path.join(folder, str(i)), batch=batch, **net, **switches)
+                    for i, (name, switches) in enumerate((("plain", {}),
+                                                          ("recompute blocks", TECHNIQUES["recompute blocks"])))}
+    out["profile_peaks"] = {name: p.peak_bytes for name, p in profiles.items()}
+    out["wide_share"] = {name: wide_share(p, net["width"]) for name, p in profiles.items()}
     return out
 
 
@@ -527,6 +602,8 @@ def claims(r: dict) -> list:
     ce = dict(table=r["ce_peaks"], base="whole logits")
     largest = largest_batches(peaks, batch)
     bigger = ("recompute blocks", "few-bit GELU (2 bits)")
+    state = r["optimizer_state"]["optimizers"]
+    factored = r["optimizer_state"]["factored_bytes"] / r["optimizer_state"]["parameter_bytes"]
     out = [
         report.Claim("Activations are most of a training step's memory (estimate)", "§1", "> 50% of the estimate",
                      f"{activation_share:.0%}", activation_share > 0.5),
@@ -569,6 +646,19 @@ def claims(r: dict) -> list:
                      "; ".join(f"{n.split(' (')[0]}: {largest[(n, False)] / largest[('plain', False)]:.2f}× / "
                                f"{largest[(n, True)] / largest[('plain', True)]:.2f}×" for n in bigger),
                      all(largest[(n, j)] > 1.1 * largest[("plain", j)] for n in bigger for j in (False, True))),
+        report.Claim("Keras' Adafactor keeps about as much state as SGD with momentum: half of Adam's, not the "
+                     "published few percent", "§7; keras/src/optimizers/adafactor.py",
+                     "Adafactor 0.95–1.1× the parameters, Adam 2×; published ≤ 0.1×",
+                     f"Adafactor {state['Adafactor']['per_parameter']:.2f}×, Adam {state['Adam']['per_parameter']:.2f}×,"
+                     f" SGD + momentum {state['SGD + momentum']['per_parameter']:.2f}×; published {factored:.2f}×",
+                     0.95 <= state["Adafactor"]["per_parameter"] <= 1.1 and abs(state["Adam"]["per_parameter"] - 2) < 0.01
+                     and factored <= 0.1),
+        report.Claim("At a plain step's peak most live bytes are the blocks' wide insides; recomputing blocks lowers "
+                     "the profiled peak", "§7; memory profile", "> 50% in 4·W-wide tensors; recompute < plain",
+                     f"{r['wide_share']['plain']:.0%} wide; peak {r['profile_peaks']['recompute blocks'] / 2**20:.1f} "
+                     f"vs {r['profile_peaks']['plain'] / 2**20:.1f} MiB",
+                     r["wide_share"]["plain"] > 0.5
+                     and r["profile_peaks"]["recompute blocks"] < r["profile_peaks"]["plain"]),
     ]
     for claim in out:
         claim.lesson = "07"

@@ -182,6 +182,49 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
 
 
+PREEMPTED_EXIT = 42  # PreemptionCheckpointHandler's exit code after saving (TensorFlow's default on other platforms)
+
+
+def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_after: int | None = None,
+                      step_seconds: float = 0.05, global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """TensorFlow's own answer for preempted workers in a custom loop: ``tf.distribute.experimental.
+    PreemptionCheckpointHandler``. It restores the latest checkpoint in ``ckpt_dir`` when it is created (a step
+    counter in the checkpoint says how many steps are done: TensorFlow deprecated ``handler.total_run_calls`` for
+    that); every step goes through ``handler.run``. When any worker
+    receives SIGTERM (how a cloud VM is told it will be preempted; off Google Cloud the handler watches SIGTERM), the
+    workers agree on a step, all save a checkpoint after it, and exit with :data:`PREEMPTED_EXIT` — no step lost, no
+    checkpoint every step. ``term_after``: this worker sends itself SIGTERM after that step (standing in for the
+    cloud's notice); ``step_seconds``: a pause per step, so the notice lands while the cluster is training. Each
+    worker appends every step it finished to ``log_path``."""
+    import signal
+
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+        done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, steps_done=done)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, ckpt_dir)
+    start = int(done.numpy())  # the handler restored its latest checkpoint, the step counter with it
+    dist = iter(strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start)))
+    step = _train_step(strategy, model, optimizer, global_batch)
+
+    def step_and_count(batch):  # the counter moves inside the step: a checkpoint after it holds both
+        step(batch)
+        done.assign_add(1)
+
+    for _ in range(start, steps):
+        handler.run(step_and_count, next(dist))  # after a preemption notice: saves here, on every worker, and exits
+        with open(log_path, "a") as f:
+            f.write(f"{int(done.numpy())}\n")
+        if term_after is not None and int(done.numpy()) == term_after:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(step_seconds)
+    return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
+
+
 def time_steps(strategy, steps: int, per_worker_batch: int = 64, rounds: int = 3) -> dict:
     """Seconds per training step, and per all-reduce of the same gradients alone (medians of ``rounds``).
 
@@ -263,6 +306,30 @@ def single_process_weights(steps: int, global_batch: int = GLOBAL_BATCH) -> dict
     return train(tf.distribute.OneDeviceStrategy("/cpu:0"), steps, global_batch)
 
 
+def _time_alone(args, task: dict, workers: int, wait_s: float = 120.0) -> int:
+    """``--time --alone``: this worker leaves the cluster (its own one-worker strategy), waits until every worker of
+    the launch is ready (files in ``--out``: no communication between them), then times its step and its local
+    all-reduce while the others do the same on the shared cores."""
+    import tensorflow as tf
+
+    del os.environ["TF_CONFIG"]  # a one-worker MultiWorkerMirroredStrategy: the same step, no peers
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    name = f"{task['type']}{task['index']}"
+    with open(os.path.join(args.out, f"{name}.ready"), "w"):
+        pass
+    deadline = time.monotonic() + wait_s
+    while sum(f.endswith(".ready") for f in os.listdir(args.out)) < workers:
+        if time.monotonic() > deadline:
+            print(f"{name}: the other workers did not get ready within {wait_s:g} s", file=sys.stderr)
+            return 1
+        time.sleep(0.01)
+    timing = time_steps(strategy, args.time, args.per_worker_batch)
+    with open(os.path.join(args.out, f"{name}_timing.json"), "w") as f:
+        json.dump(dict(timing, alone_of=workers), f)
+    print(f"{name}: {timing['step_s'] * 1e3:.2f} ms a step alone, beside {workers - 1} other worker(s)", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=positive_int, default=4)
@@ -274,16 +341,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time", type=positive_int, metavar="STEPS",
                         help="after training, time this many steps and all-reduces per round (3 rounds)")
     parser.add_argument("--per-worker-batch", type=positive_int, default=64, help="with --time")
+    parser.add_argument("--preemptible", metavar="DIR",
+                        help="train under TensorFlow's PreemptionCheckpointHandler, checkpoints in DIR")
+    parser.add_argument("--term-worker", type=int, help="with --preemptible: this worker sends itself SIGTERM ...")
+    parser.add_argument("--term-after", type=positive_int, help="... after this step")
+    parser.add_argument("--alone", action="store_true",
+                        help="with --time: each worker trains on its own (no cluster), all at the same time: the step "
+                             "with the cores shared and no communication")
     args = parser.parse_args(argv)
     problem = cluster_problem({"worker": 1})
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    if args.alone and not args.time:
+        print("--alone needs --time STEPS", file=sys.stderr)
+        return 2
     import tensorflow as tf
 
-    task = json.loads(os.environ["TF_CONFIG"])["task"]
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    config = json.loads(os.environ["TF_CONFIG"])
+    task = config["task"]
     os.makedirs(args.out, exist_ok=True)
+    if args.alone:
+        return _time_alone(args, task, len(config["cluster"]["worker"]))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     if args.fit:
         import keras
 
@@ -300,11 +380,16 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{task['type']} {task['index']}: model.fit finished", flush=True)
         return 0
-    if args.ckpt:
-        crash = args.crash_after if args.crash_worker == task["index"] else None
-        log_path = os.path.join(args.out, f"{task['type']}{task['index']}_steps.txt")
-        result = train_resumable(strategy, args.steps, args.ckpt, log_path, crash_after=crash)
-        path = os.path.join(args.out, f"{task['type']}{task['index']}.npz")
+    if args.preemptible or args.ckpt:
+        name = f"{task['type']}{task['index']}"
+        log_path = os.path.join(args.out, f"{name}_steps.txt")
+        if args.preemptible:
+            term = args.term_after if args.term_worker == task["index"] else None
+            result = train_preemptible(strategy, args.steps, args.preemptible, log_path, term_after=term)
+        else:
+            crash = args.crash_after if args.crash_worker == task["index"] else None
+            result = train_resumable(strategy, args.steps, args.ckpt, log_path, crash_after=crash)
+        path = os.path.join(args.out, f"{name}.npz")
         np.savez(path, *result["weights"], start=np.array(result["start"]))
         print(f"{task['type']} {task['index']}: resumed at step {result['start']}, trained to {args.steps} → {path}",
               flush=True)

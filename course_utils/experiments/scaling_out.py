@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 MW = "course_utils.experiments.multiworker"  # the worker program (python -m ...)
+PREEMPTED_EXIT = 42  # multiworker.PREEMPTED_EXIT (importing it here would load the worker program's module)
 
 
 def _max_diff(a, b) -> float:
@@ -65,6 +66,23 @@ def measure(lab) -> dict:
             r["committed"][i] = [int(s) for s in f.read().split()]
     r["diff_resumed"] = _max_diff(multiworker.load_result(f"{fault}/worker0.npz")[0], single["weights"])
 
+    lab.progress("a preemption notice (SIGTERM) to a worker under PreemptionCheckpointHandler, the cluster restarted")
+    pre = f"{out_dir}/preempt"
+    preemptible = ["--steps", steps, "--out", pre, "--preemptible", f"{pre}/ckpt"]
+    r["notice_message"] = None
+    try:
+        cluster.launch(MW, preemptible + ["--term-worker", 1, "--term-after", steps // 2], workers=2, timeout=300,
+                       log=None)
+    except cluster.ClusterError as err:
+        r["notice_message"] = str(err).split(" Last output")[0]
+    cluster.launch(MW, preemptible, workers=2, timeout=300, log=None)
+    r["preempt_steps"], r["preempt_resumed"] = {}, {}
+    for i in (0, 1):
+        with open(f"{pre}/worker{i}_steps.txt", encoding="utf-8") as f:
+            r["preempt_steps"][i] = [int(s) for s in f.read().split()]
+        r["preempt_resumed"][i] = int(multiworker.load_result(f"{pre}/worker{i}.npz")[1]["start"])
+    r["diff_preempted"] = _max_diff(multiworker.load_result(f"{pre}/worker0.npz")[0], single["weights"])
+
     lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps)")
     cluster.launch("course_utils.experiments.parameter_server", ["--steps", sizes.ps_steps, "--out", f"{out_dir}/ps"],
                    chief=True, workers=2, ps=1, timeout=300, log=None)
@@ -88,16 +106,57 @@ def measure(lab) -> dict:
                            workers=n, timeout=300, log=None)
             with open(f"{out_dir}/scale{n}/worker0_timing.json", encoding="utf-8") as f:
                 r["timings"][n] = json.load(f)
+    r["alone"] = {}
+    for n in sizes.scaling_workers:
+        if n > 1:
+            lab.progress(f"{n} workers at once, each alone (shared cores, no communication)")
+            r["alone"][n] = time_alone(n, sizes.scaling_steps, f"{out_dir}/alone{n}")
     import shutil
 
     shutil.rmtree(out_dir, ignore_errors=True)
     return r
 
 
+def _exit_code(message: str | None) -> str:
+    """"exit code N" from the launcher's ClusterError line (its first task to fail), or what happened instead."""
+    import re
+
+    found = re.search(r"exited with code (-?\d+)", message or "")
+    return f"exit code {found.group(1)}" if found else (message or "every task finished: no notice reached them")
+
+
 def pipelining(mp: dict) -> tuple[str, list[float]]:
     """§5: the first pipelined variant (2 micro-batches) and naive ÷ pipelined step time, round by round."""
     pipe = next(name for name in mp["times_s"] if "micro-batches" in name)
     return pipe, [a / b for a, b in zip(mp["times_s"]["split (naive)"], mp["times_s"][pipe])]
+
+
+def time_alone(workers: int, steps: int, out: str) -> dict:
+    """§7: ``workers`` processes started together, each training on its own (``--time --alone``: no cluster, no
+    communication) while the others do the same: worker 0's step time with the cores shared."""
+    from .. import cluster
+
+    cluster.launch(MW, ["--steps", 1, "--time", steps, "--alone", "--out", out], workers=workers, timeout=300,
+                   log=None)
+    with open(f"{out}/worker0_timing.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def step_parts(timings: dict, alone: dict) -> dict:
+    """§7: each multi-worker step (ms) split into what was measured: the 1-worker step (compute, cores to itself),
+    + core sharing (the same step with that many processes running at once, alone: ``alone[n]``), + the all-reduce
+    beyond a 1-worker all-reduce (timed alone in the cluster), + the rest (waiting for the slowest worker, the loss's
+    collective, dispatch): what the measured parts leave unexplained."""
+    base = timings[1] if 1 in timings else None
+    out = {}
+    for n, t in sorted(timings.items()):
+        if n == 1 or n not in alone or base is None:
+            continue
+        step, one, shared = t["step_s"] * 1e3, base["step_s"] * 1e3, alone[n]["step_s"] * 1e3
+        reduce_extra = max(0.0, (t["all_reduce_s"] - base["all_reduce_s"]) * 1e3)
+        out[n] = {"step": step, "one_worker": one, "core_sharing": shared - one, "all_reduce": reduce_extra,
+                  "rest": step - shared - reduce_extra}
+    return out
 
 
 def communication_share(timings: dict, scaling_workers) -> tuple[list[int], list[float]]:
@@ -121,6 +180,8 @@ def claims(r: dict) -> list:
     pipe, pipe_vs_naive = pipelining(mp)
     pipe_vs_naive = report.Samples(pipe_vs_naive)
     workers, comm_share = communication_share({int(n): t for n, t in r["timings"].items()}, r["scaling_workers"])
+    parts = step_parts({int(n): t for n, t in r["timings"].items() if int(n) in r["scaling_workers"]},
+                       {int(n): t for n, t in r["alone"].items()})
     local = r["local_examples"]
 
     def timed(claim, source, expected, samples, op, threshold):
@@ -146,6 +207,17 @@ def claims(r: dict) -> list:
                      f"{committed[0]} / {committed[1]}; max |Δ| {r['diff_resumed']:.1e}",
                      r["crash_message"] is not None and committed[0] == committed[1] == steps
                      and r["diff_resumed"] <= 1e-6),
+        report.Claim("PreemptionCheckpointHandler: on a SIGTERM notice every worker saves at one step and exits 42; the "
+                     "restart resumes there, no step lost or repeated", "§3; tf.distribute.experimental",
+                     f"exit code 42; steps {steps[0]}–{steps[-1]} once on each worker, resumed at the same step; equal to "
+                     "one process",
+                     f"{_exit_code(r['notice_message'])}; {r['preempt_steps'][0]} / {r['preempt_steps'][1]}, "
+                     f"resumed after {r['preempt_resumed'][0]} / {r['preempt_resumed'][1]}; max |Δ| "
+                     f"{r['diff_preempted']:.1e}",
+                     r["notice_message"] is not None and f"exited with code {PREEMPTED_EXIT}" in r["notice_message"]
+                     and r["preempt_steps"][0] == r["preempt_steps"][1] == steps
+                     and r["preempt_resumed"][0] == r["preempt_resumed"][1] >= r["cluster_steps"] // 2
+                     and r["diff_preempted"] <= 1e-6),
         report.Claim("ParameterServerStrategy trains a Keras 3 model with a custom loop; variables on the parameter server",
                      "§4", "loss falls; variables on /job:ps",
                      f"{losses[:k].mean():.3f} → {losses[-k:].mean():.3f}; {', '.join(ps['variable_devices'])}",
@@ -163,6 +235,13 @@ def claims(r: dict) -> list:
                      "(tiny model)", "§7", "> 50% of the step beyond the 1-worker step",
                      ", ".join(f"{n}: {s:.0%}" for n, s in zip(workers[1:], comm_share[1:])),
                      all(s > 0.5 for s in comm_share[1:])),
+        report.Claim("Sharing the cores does not explain the 2-worker step: the cluster adds time the same processes "
+                     "running alone at once do not", "§7", "2-worker step > 1.2 × the step alone beside another",
+                     f"{parts[2]['step']:.2f} ms in the cluster vs {parts[2]['one_worker'] + parts[2]['core_sharing']:.2f}"
+                     f" ms alone beside another ({parts[2]['one_worker']:.2f} ms with the cores to itself)"
+                     if 2 in parts else "no 2-worker runs",
+                     parts[2]["step"] > 1.2 * (parts[2]["one_worker"] + parts[2]["core_sharing"]) if 2 in parts else None,
+                     "" if 2 in parts else "this mode times no 2-worker cluster"),
     ]
     for claim in out:
         claim.lesson = "08"

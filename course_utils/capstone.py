@@ -220,6 +220,10 @@ class _Course(Recipe):
 
         policy, why = memory.recommended_policy(rt)
         if rt.kind == "CPU" and policy == "mixed_bfloat16":
+            if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("0", "false"):
+                # measured on a 2-core AVX512-BF16 CPU: 207 ms a step under mixed_bfloat16, 38 ms under float32
+                return "float32", ("CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own kernels run "
+                                   "bfloat16 several times slower than float32")
             supported, flags = memory.cpu_bf16_support()
             if supported is False:
                 return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"
@@ -455,12 +459,12 @@ def validate(o: Options) -> None:
             raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer "
                                "installs: pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard "
                                "out)")
-    r = o.resolved()
+    batch = o.batch_size if o.batch_size is not None else RECIPES[o.recipe].batch_size
     # CPU replicas are known before TensorFlow starts; a GPU/TPU count is checked again after detection.
     unit = replicas * o.accumulate
-    if r.batch_size % unit:
+    if batch % unit:
         raise OptionsError(
-            f"--batch-size {r.batch_size} is not divisible by replicas × accumulate = {replicas} × {o.accumulate}; "
+            f"--batch-size {batch} is not divisible by replicas × accumulate = {replicas} × {o.accumulate}; "
             f"use a multiple of {unit}")
     if o.resume and not os.path.isdir(o.out):
         raise OptionsError(f"--resume: {o.out!r} does not exist; run once without --resume first")
@@ -1369,16 +1373,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     acc = float((probs.argmax(1) == y_test).mean())
     final_eval_s = time.perf_counter() - t_final
     wall = clock()
-
-    peak_bytes, peak_method = None, None
-    if allocator_stats:
-        try:
-            peak_bytes = int(tf.config.experimental.get_memory_info(mem_device)["peak"])
-            peak_method = f"{_memory.MEMORY_INFO}({mem_device!r})['peak'] over this process's training"
-        except Exception:  # noqa: BLE001
-            peak_bytes = None
-    if not peak_bytes:
-        peak_bytes, peak_method = _memory._maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
+    peak_bytes, peak_method = _peak_memory(mem_device if allocator_stats else None)
 
     history = progress.history
     # Throughput: the median epoch's, leaving out the first (it traces, compiles and fills the cache).
@@ -1439,6 +1434,23 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
     preds = Predictions(x_test, y_test, probs.argmax(1), probs, o.tta)
     return Result(summary, history, net, o, (x_test, y_test), preds)
+
+
+def _peak_memory(device: str | None) -> tuple[int, str]:
+    """``(bytes, method)``: the allocator's peak on ``device`` since its reset, or where it keeps no statistics
+    (``device`` None, or a failed reading) the process's peak RSS — with the method that measured it."""
+    import tensorflow as tf
+
+    from . import memory as _memory
+
+    if device is not None:
+        try:
+            peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+            if peak:
+                return peak, f"{_memory.MEMORY_INFO}({device!r})['peak'] over this process's training"
+        except Exception:  # noqa: BLE001 - no statistics after all
+            pass
+    return _memory._maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
 
 
 def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,

@@ -576,3 +576,22 @@ def test_budget_plan_from_dict_refuses_what_the_trainer_did_not_write(change, re
     assert capstone.BudgetPlan.from_dict(good) == _plan()
     with pytest.raises(ValueError, match=re.escape(reason)):
         capstone.BudgetPlan.from_dict({**good, **change})
+
+
+def test_course_policy_on_a_cpu_follows_bf16_instructions_and_onednn(monkeypatch):
+    """With oneDNN off (TF_ENABLE_ONEDNN_OPTS=0) TensorFlow's own CPU kernels ran a mixed_bfloat16 step 5x slower
+    than float32 on an AVX512-BF16 CPU (a 10 s budget then bought one epoch): the trainer chooses float32 there."""
+    import types
+
+    from course_utils import memory
+
+    cpu, course = types.SimpleNamespace(kind="CPU"), capstone.RECIPES["course"]
+    monkeypatch.setattr(memory, "cpu_bf16_support", lambda: (True, ["avx512_bf16"]))
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    assert course.choose_policy(cpu)[0] == "mixed_bfloat16"
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert course.choose_policy(cpu) == ("float32", "CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own "
+                                         "kernels run bfloat16 several times slower than float32")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    monkeypatch.setattr(memory, "cpu_bf16_support", lambda: (False, []))
+    assert course.choose_policy(cpu)[0] == "float32"

@@ -359,6 +359,40 @@ def _learner_code(filename: str) -> bool:
     return not known
 
 
+def _raised_in_learner_code(exc: BaseException) -> bool:
+    """Did the exception pass through the learner's code (a method of their class the checker called)?"""
+    import traceback
+
+    try:
+        return any(_learner_code(frame.filename) for frame in traceback.extract_tb(exc.__traceback__))
+    except Exception:  # noqa: BLE001 - a traceback that cannot be read: not the learner's, as far as we know
+        return False
+
+
+def _learner_place(exc: BaseException) -> str:
+    """" (in `name`, line N)" of the last learner frame the exception passed through, or ""."""
+    import traceback
+
+    try:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if _learner_code(f.filename)]
+    except Exception:  # noqa: BLE001
+        return ""
+    return f" (in `{frames[-1].name}`, line {frames[-1].lineno})" if frames else ""
+
+
+def _bounded_short(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message in one line, read under a short time bound: its ``__str__`` may be the learner's, and
+    the check's own time bound has ended by the time a message is built."""
+    try:
+        with _TimeBound(MESSAGE_TIMEOUT_S):
+            return _short(exc, limit)
+    except BaseException:  # noqa: BLE001 - _TimedOut, or anything its __str__ raised past _safe_text
+        return "its message could not be read"
+
+
+MESSAGE_TIMEOUT_S = 2.0  # reading one exception's message (a learner's __str__ may loop)
+
+
 class _TimeBound:
     """``with _TimeBound(seconds): ...`` raises :class:`_TimedOut` in this thread after ``seconds``, whatever the
     code inside does.
@@ -824,19 +858,26 @@ class Exercise:
             return verdict.result
         except _TimedOut:
             return CheckResult("error", _timeout_message(seconds))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C lands in whatever frame runs, the learner's too: never "your code raised"
             return CheckResult("error", "the check was interrupted (KeyboardInterrupt); run it again.")
         except Exception as exc:  # a bug in the checker itself must not look like the learner's
+            if _raised_in_learner_code(exc):  # the checker used the learner's object (a method of their class)
+                return CheckResult(
+                    "incorrect",
+                    f"Your code raised {type(exc).__name__} ({_bounded_short(exc)}) while the checker used your "
+                    f"answer{_learner_place(exc)}. Return plain values (numbers, text, lists, dicts), not objects "
+                    "of your own classes.",
+                )
             return CheckResult(
                 "error",
-                f"the checker itself failed ({type(exc).__name__}: {_short(exc)}); this is a course bug, "
+                f"the checker itself failed ({type(exc).__name__}: {_bounded_short(exc)}); this is a course bug, "
                 "please report it. Compare your code with `solution()` meanwhile.",
             )
         except BaseException as exc:  # noqa: BLE001 - SystemExit & co. from learner code reached via the checker
             return CheckResult(
                 "error",
-                f"the check was stopped by {type(exc).__name__} ({_short(exc, 80)}), raised while it ran your "
-                "code; does your code call `exit()` or `sys.exit()`? A checked function must return its result.",
+                f"the check was stopped by {type(exc).__name__} ({_bounded_short(exc, 80)}), raised while it ran "
+                "your code; does your code call `exit()` or `sys.exit()`? A checked function must return its result.",
             )
 
     def _arguments(self, answer: Any, args: tuple, context: dict) -> tuple[Any, dict]:

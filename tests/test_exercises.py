@@ -7,6 +7,7 @@ stub (including the notebook's own stub code) counts as unanswered; learner cras
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -932,3 +933,84 @@ def test_one_knob_reports_a_trainer_refusal_as_the_learners_not_a_course_bug(con
     result = ex.check(ex.reference(), start=context["start"], target=0.25)
     assert result.status == "incorrect" and "the trainer stopped: --out" in result.message, result
     assert "checker itself failed" not in result.message
+
+
+# -- Issue 21: the scaling_out checkers under hostile answers ------------------------------------------------------
+
+_HOSTILE = '''
+import json
+class LoopExc(Exception):
+    def __str__(self):
+        while True:
+            pass
+class LoopLen(tuple):
+    def __len__(self):
+        raise LoopExc()
+class BadStr(str):
+    def startswith(self, *a):
+        raise TypeError("boom")
+class BadItem(tuple):
+    def __getitem__(self, i):
+        raise KeyError("learner getitem")
+'''
+
+
+def test_a_learner_exception_whose_message_loops_cannot_hang_the_check():
+    """Seen: the checker used the learner's object, it raised an exception whose __str__ loops, and check() hung
+    building its message (after the check's time bound had ended)."""
+    code = _HOSTILE + '''
+from course_utils import exercises
+r = exercises.load("scaling_out").global_batch_and_lr.check(lambda b, c, lr, bb: LoopLen((b * c, lr * b * c / bb)))
+print(r.status, "|", r.message)
+'''
+    env = dict(os.environ, COURSE_SMOKE="1", COURSE_CHECK_TIMEOUT="3")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - start < 30 and proc.returncode == 0, proc.stderr[-1500:]
+    status, message = proc.stdout.strip().splitlines()[-1].split(" | ", 1)
+    assert status in ("incorrect", "error") and "course bug" not in message, message
+
+
+def test_json_text_in_a_str_subclass_is_read_as_the_text_it_holds():
+    """A str subclass whose methods raise once gave "the checker itself failed": its text is what TensorFlow reads."""
+    namespace: dict = {}
+    exec(_HOSTILE, namespace)  # noqa: S102
+    answer = eval("lambda a, i: BadStr(json.dumps({'cluster': {'worker': a}, 'task': {'type': 'worker', "  # noqa: S307
+                  "'index': i}}))", namespace)
+    assert exercises.load("scaling_out").tf_config_for.check(answer).status == "correct"
+
+
+@pytest.mark.parametrize("name,answer,expected", [
+    ("global_batch_and_lr", "lambda b, c, lr, bb: BadItem((b * c, lr * b * c / bb))", "return two numbers"),
+    ("tf_config_for", "lambda a, i: {'cluster': {'worker': a}, 'task': {'type': 'worker', 'index': i}, 'rpc_layer': 'bogus'}",
+     "sets 'rpc_layer'"),
+    ("tf_config_for", "lambda a, i: {'cluster': {'worker': a}, 'task': {'type': 'worker', 'index': (len(a) - 1) if i else 0}}",
+     "expected 2"),
+    ("global_batch_and_lr", "lambda b, c, lr, bb: (float(b * c), lr * b * c / bb)", "whole numbers"),
+    ("global_batch_and_lr", "lambda b, c, lr, bb: (b * c, round(lr * b * c / bb, 2))", "expected 0.01845"),
+    ("global_batch_and_lr",
+     "lambda b, c, lr, bb: (b * c, lr * 2 ** round(__import__('math').log2(b * c / bb)))", "expected 0.01845"),
+    ("global_batch_and_lr", "lambda b, c, lr, bb: (b * c, lr * max(b * c / bb, 1))", "the base LR unchanged"),
+    ("pipeline_idle_fraction", "lambda s, m: (s - 1) / (m + s - 1) if m >= s else (s - m) / s", "expected 0.6"),
+])
+def test_scaling_out_checkers_reject_hostile_and_subtly_wrong_answers(name, answer, expected):
+    namespace: dict = {}
+    exec(_HOSTILE, namespace)  # noqa: S102 - the hostile classes, as a learner's cell defines them
+    result = getattr(exercises.load("scaling_out"), name).check(eval(answer, namespace))  # noqa: S307
+    assert result.status == "incorrect" and expected in result.message, (result.status, result.message)
+    assert "course bug" not in result.message
+
+
+def test_an_exception_from_the_learners_own_class_is_theirs_not_a_course_bug():
+    """The checker reads an attribute of the learner's object; the learner's property raises: the verdict names the
+    learner's code (it said "the checker itself failed … a course bug")."""
+    class FakeNumber:
+        __module__ = "numpy"
+
+        @property
+        def ndim(self):
+            raise ValueError("from my class")
+
+    result = exercises.load("scaling_out").pipeline_idle_fraction.check(lambda s, m: FakeNumber())
+    assert result.status == "incorrect" and "Your code raised ValueError (from my class)" in result.message
+    assert "in `ndim`" in result.message and "course bug" not in result.message

@@ -6,7 +6,8 @@ import json
 import math
 from typing import Any
 
-from ..exercises import Exercise, Incorrect, call_learner, describe, register_bank, require_callable, require_number
+from ..exercises import (Exercise, Incorrect, call_learner, describe, register_bank, require_callable, require_int,
+                         require_number)
 
 # -- 1. tf_config_for -------------------------------------------------------------------------
 
@@ -14,12 +15,14 @@ _CONFIG_CASES = (
     (["10.0.0.1:12345", "10.0.0.2:12345"], 1),
     (["10.0.0.1:12345", "10.0.0.2:12345"], 0),
     (["localhost:2222", "localhost:2223", "localhost:2224", "localhost:2225"], 3),
+    (["localhost:2222", "localhost:2223", "localhost:2224", "localhost:2225"], 2),  # neither first nor last
     (["host-a:5000"], 0),
 )
 
 
-# keys TensorFlow's TFConfigClusterResolver also reads; an answer may carry them
+# keys TensorFlow's TFConfigClusterResolver also reads; an answer may carry them, with a value TensorFlow accepts
 _OPTIONAL_KEYS = ("rpc_layer", "environment", "session_master")
+_OPTIONAL_VALUES = {"rpc_layer": ("grpc",), "environment": ("cloud", "google")}
 
 
 def _expected_config(addresses, index):
@@ -30,8 +33,8 @@ def _as_config(value: Any, shown: str) -> dict:
     """The learner's TF_CONFIG as a dict: a dict, or the JSON text TensorFlow actually reads."""
     if isinstance(value, (str, bytes)):
         try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
+            value = json.loads(str.__str__(value) if isinstance(value, str) else bytes(value))
+        except Exception:  # noqa: BLE001 - not JSON, or a str/bytes subclass whose methods misbehave
             raise Incorrect(f"{shown} returned text that is not JSON ({describe(value)}); TF_CONFIG is a JSON "
                             "string: `json.dumps({...})`.") from None
     if not isinstance(value, dict):
@@ -54,6 +57,10 @@ def _check_tf_config(answer: Any) -> str:
             raise Incorrect(f"{shown} has the keys {sorted(map(str, got))[:5]}; TF_CONFIG needs 'cluster' (every "
                             "task's address, by job) and 'task' (which one this process is); other keys it may "
                             f"hold: {', '.join(_OPTIONAL_KEYS)}.")
+        for key in _OPTIONAL_KEYS:
+            if key in got and (key not in _OPTIONAL_VALUES or got[key] not in _OPTIONAL_VALUES[key]):
+                raise Incorrect(f"{shown} sets {key!r} to {describe(got[key])}; leave it out (the exercise asks for "
+                                "'cluster' and 'task'): a wrong value changes how TensorFlow connects.")
         cluster, task = got["cluster"], got["task"]
         if cluster == list(addresses) or cluster == {"workers": list(addresses)}:
             raise Incorrect(f"{shown}: 'cluster' maps each job name to its addresses; the job is called 'worker' "
@@ -68,8 +75,9 @@ def _check_tf_config(answer: Any) -> str:
             raise Incorrect(f"{shown}: the task type is {describe(task.get('type'))}; these processes are all "
                             "'worker' tasks.")
         if isinstance(task["index"], bool) or not isinstance(task["index"], int):
+            kind = "not text" if isinstance(task["index"], str) else "an int"
             raise Incorrect(f"{shown}: the task index is {describe(task['index'])}; it is a whole number "
-                            f"({index}), not text.")
+                            f"({index}), {kind}.")
         if task["index"] != index:
             raise Incorrect(f"{shown}: the task index is {task['index']}, expected {index}: the position of this "
                             "process's own address in the list.")
@@ -80,7 +88,10 @@ def _check_tf_config(answer: Any) -> str:
 # -- 2. global_batch_and_lr -------------------------------------------------------------------
 
 # (per-core batch, cores, base LR, base batch)
-_LR_CASES = ((128, 8, 0.1, 256), (128, 1, 0.1, 256), (64, 32, 0.2, 512), (32, 256, 0.05, 128), (256, 4, 0.4, 1024))
+# The last case's ratio (384 / 256 = 1.5) is not a power of two and its LR (0.0184500…) has more than two decimals:
+# an answer that rounds, or scales by powers of two, fails there
+_LR_CASES = ((128, 8, 0.1, 256), (128, 1, 0.1, 256), (64, 32, 0.2, 512), (32, 256, 0.05, 128), (256, 4, 0.4, 1024),
+             (48, 8, 0.0123, 256))
 
 
 def _check_global_batch_and_lr(answer: Any) -> str:
@@ -88,10 +99,10 @@ def _check_global_batch_and_lr(answer: Any) -> str:
     for per_core, cores, base_lr, base_batch in _LR_CASES:
         shown = f"global_batch_and_lr({per_core}, {cores}, {base_lr}, {base_batch})"
         got = call_learner(fn, per_core, cores, base_lr, base_batch, shown_as=shown)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
+        if type(got) not in (tuple, list) or len(got) != 2:  # plain ones: a subclass's len/[] are the learner's
             raise Incorrect(f"{shown} returned {describe(got)}; return two numbers: (global_batch, lr).")
-        batch = require_number(got[0], "the global batch (a whole number)")
-        lr = require_number(got[1], "the learning rate (a number)")
+        batch = require_int(got[0], "the global batch")
+        lr = require_number(got[1], "the learning rate")
         expected_batch = per_core * cores
         expected_lr = base_lr * expected_batch / base_batch
         if batch != expected_batch:
@@ -105,7 +116,10 @@ def _check_global_batch_and_lr(answer: Any) -> str:
         if math.isclose(lr, base_lr * math.sqrt(expected_batch / base_batch), rel_tol=1e-6):
             raise Incorrect(f"{shown} returned lr {lr:g}: that is square-root scaling. The rule taught here (Goyal et "
                             "al. 2017, for SGD) is linear: the LR grows in proportion to the global batch.")
-        if math.isclose(lr, base_lr * cores, rel_tol=1e-6) or math.isclose(lr, base_lr, rel_tol=1e-6):
+        if math.isclose(lr, base_lr, rel_tol=1e-6):
+            raise Incorrect(f"{shown} returned lr {lr:g}, the base LR unchanged, expected {expected_lr:g}: scale it by "
+                            "global_batch / base_batch — down, too, when the global batch is the smaller one.")
+        if math.isclose(lr, base_lr * cores, rel_tol=1e-6):
             raise Incorrect(f"{shown} returned lr {lr:g}: scale by the global batch relative to the batch the base "
                             "LR was tuned for (base_batch), not by the number of cores.")
         raise Incorrect(f"{shown} returned lr {lr:g}, expected {expected_lr:g}: base_lr × global_batch / base_batch.")
@@ -116,7 +130,7 @@ def _check_global_batch_and_lr(answer: Any) -> str:
 
 # -- 3. pipeline_idle_fraction ----------------------------------------------------------------
 
-_BUBBLE_CASES = ((2, 1), (2, 4), (4, 4), (4, 16), (8, 32), (1, 8))
+_BUBBLE_CASES = ((2, 1), (2, 4), (4, 4), (4, 16), (8, 32), (1, 8), (4, 2))  # (4, 2): fewer micro-batches than stages
 
 
 def _check_pipeline_idle_fraction(answer: Any) -> str:

@@ -390,7 +390,7 @@ def _bounded_short(exc: BaseException, limit: int = 200) -> str:
         return "its message could not be read"
 
 
-MESSAGE_TIMEOUT_S = 2.0  # reading one exception's message (a learner's __str__ may loop)
+MESSAGE_TIMEOUT_S = 0.5  # reading one exception's message (a learner's __str__ may loop)
 
 
 class _TimeBound:

@@ -282,29 +282,41 @@ def test_lesson_06_precision_variants_per_hardware():
 
 def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, tmp_path):
     """Each repeat of each variant is its own command-line process; repeat i of every variant runs before repeat
-    i + 1 of any; only the chosen policy's first run writes the profile; a failed run says which and why."""
+    i + 1 of any, one process at a time (with one repeat, smoke mode, all at once); only the chosen policy's first run
+    writes the profile; a failed run says which and why."""
     import subprocess
 
-    commands = []
+    commands, alive, most = [], [], [0]
 
-    def run(cli, capture_output, text, timeout):
-        commands.append(cli)
-        out = cli[cli.index("--out") + 1]
-        os.makedirs(out)
-        with open(os.path.join(out, "summary.json"), "w") as f:
-            json.dump({"policy": cli[cli.index("--policy") + 1]}, f)
-        return types.SimpleNamespace(returncode=0, stderr="")
+    class Process:
+        def __init__(self, cli, stdout=None, stderr=None, text=None, returncode=0):
+            commands.append(cli)
+            alive.append(self)
+            most[0] = max(most[0], len(alive))
+            self.returncode, self.cli = returncode, cli
 
-    monkeypatch.setattr(subprocess, "run", run)
+        def communicate(self, timeout=None):
+            out = self.cli[self.cli.index("--out") + 1]
+            os.makedirs(out)
+            with open(os.path.join(out, "summary.json"), "w") as f:
+                json.dump({"policy": self.cli[self.cli.index("--policy") + 1]}, f)
+            alive.remove(self)
+            return "", "x\nboom" if self.returncode else ""
+
+    monkeypatch.setattr(subprocess, "Popen", Process)
     variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
     runs = capstone_exp.precision_runs("synthetic", variants, 2, 256, str(tmp_path / "p"), tensorboard="tb")
     assert [len(v) for v in runs.values()] == [2, 2, 2] and runs["float32"][1] == {"policy": "float32"}
+    assert most[0] == 1  # timed: one process at a time
     flags = [(c[c.index("--policy") + 1], "--jit" in c) for c in commands]
     assert flags == [("float32", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True)] * 2
     assert [("--tensorboard" in c) for c in commands] == [False, True, False, False, False, False]
     assert all(c[1:3] == ["-m", "course_utils.capstone"] and "--no-tta" in c and c[c.index("--epochs") + 1] == "3"
                for c in commands)
+    most[0] = 0
+    capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "s"))
+    assert most[0] == 3  # one repeat: no verdict to protect, the variants run at once
 
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=1, stderr="x\nboom"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: Process(*a, returncode=1, **k))
     with pytest.raises(RuntimeError, match="§5 run 'float32' exited with 1: boom"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "q"))

@@ -93,16 +93,16 @@ def precision_runs(source: str, variants: dict, repeats: int, examples: int, out
                    progress=None, timeout: float = 900.0) -> dict:
     """§5: each variant (:func:`precision_variants`) trained for :data:`PRECISION_EPOCHS` short epochs of ``examples``
     images by the trainer's command line — each run in its own fresh process, ``repeats`` times, the variants taking
-    turns (a machine that slows down slows all alike). Returns ``label → [summary.json of each repeat]``. A run that
+    turns (a machine that slows down slows all alike), one at a time. With one repeat (smoke mode: no verdict comes
+    from it) the variants run at the same time. Returns ``label → [summary.json of each repeat]``. A run that
     fails raises RuntimeError with its last line. ``tensorboard``: the chosen policy's first run writes its profile
     there (a few steps of its first epoch, which the throughput figure leaves out)."""
     import subprocess
     import sys
 
-    from .. import capstone
-
     runs: dict = {label: [] for label in variants}
     for i in range(int(repeats)):
+        started = []
         for n, (label, v) in enumerate(variants.items()):
             folder = os.path.join(out, f"{n}-{v['policy']}-{'xla' if v['jit'] else 'noxla'}-{i}")
             cli = [sys.executable, "-m", "course_utils.capstone", "--data", source, "--epochs", str(PRECISION_EPOCHS),
@@ -111,13 +111,30 @@ def precision_runs(source: str, variants: dict, repeats: int, examples: int, out
             if tensorboard and i == 0 and n == 1:
                 cli += ["--tensorboard", tensorboard]
             if progress:
-                progress(f"§5 {label}: run {i + 1} of {repeats}, a fresh process")
-            done = subprocess.run(cli, capture_output=True, text=True, timeout=timeout)
-            if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise RuntimeError(f"§5 run {label!r} exited with {done.returncode}: {last}")
-            runs[label].append(capstone.load_result(folder)["summary"])
+                progress(f"§5 {label}: run {i + 1} of {repeats}, a fresh process"
+                         + (" (all variants at once: one run each is no verdict)" if repeats == 1 else ""))
+            proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            started.append((label, folder, proc))
+            if repeats > 1:  # timed runs one at a time: a speed-up needs cores to itself
+                _finish(*started.pop(), runs, timeout)
+        for entry in started:  # one repeat (smoke mode): the variants ran at the same time
+            _finish(*entry, runs, timeout)
     return runs
+
+
+def _finish(label: str, folder: str, proc, runs: dict, timeout: float) -> None:
+    from .. import capstone
+
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"§5 run {label!r} exited with {proc.returncode}: {last}")
+    runs[label].append(capstone.load_result(folder)["summary"])
 
 
 def precision_table(runs: dict) -> list[dict]:

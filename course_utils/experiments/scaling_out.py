@@ -52,35 +52,14 @@ def measure(lab) -> dict:
 
     lab.progress("a worker killed mid-run, the cluster restarted")
     fault = f"{out_dir}/fault"
-    resumable = ["--steps", steps, "--out", fault, "--ckpt", f"{fault}/ckpt"]
-    r["crash_message"] = None
-    try:
-        cluster.launch(MW, resumable + ["--crash-worker", 1, "--crash-after", steps // 2], workers=2, timeout=300,
-                       log=None)
-    except cluster.ClusterError as err:
-        r["crash_message"] = str(err).split(" Last output")[0]
-    cluster.launch(MW, resumable, workers=2, timeout=300, log=None)
-    r["committed"] = {}
-    for i in (0, 1):
-        with open(f"{fault}/worker{i}_steps.txt", encoding="utf-8") as f:
-            r["committed"][i] = [int(s) for s in f.read().split()]
+    r["crash_message"], r["committed"], _ = interrupted_then_resumed(
+        fault, ["--ckpt", f"{fault}/ckpt"], ["--crash-worker", 1, "--crash-after", steps // 2], steps)
     r["diff_resumed"] = _max_diff(multiworker.load_result(f"{fault}/worker0.npz")[0], single["weights"])
 
     lab.progress("a preemption notice (SIGTERM) to a worker under PreemptionCheckpointHandler, the cluster restarted")
     pre = f"{out_dir}/preempt"
-    preemptible = ["--steps", steps, "--out", pre, "--preemptible", f"{pre}/ckpt"]
-    r["notice_message"] = None
-    try:
-        cluster.launch(MW, preemptible + ["--term-worker", 1, "--term-after", steps // 2], workers=2, timeout=300,
-                       log=None)
-    except cluster.ClusterError as err:
-        r["notice_message"] = str(err).split(" Last output")[0]
-    cluster.launch(MW, preemptible, workers=2, timeout=300, log=None)
-    r["preempt_steps"], r["preempt_resumed"] = {}, {}
-    for i in (0, 1):
-        with open(f"{pre}/worker{i}_steps.txt", encoding="utf-8") as f:
-            r["preempt_steps"][i] = [int(s) for s in f.read().split()]
-        r["preempt_resumed"][i] = int(multiworker.load_result(f"{pre}/worker{i}.npz")[1]["start"])
+    r["notice_message"], r["preempt_steps"], r["preempt_resumed"] = interrupted_then_resumed(
+        pre, ["--preemptible", f"{pre}/ckpt"], ["--term-worker", 1, "--term-after", steps // 2], steps)
     r["diff_preempted"] = _max_diff(multiworker.load_result(f"{pre}/worker0.npz")[0], single["weights"])
 
     lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps)")
@@ -129,6 +108,29 @@ def pipelining(mp: dict) -> tuple[str, list[float]]:
     """§5: the first pipelined variant (2 micro-batches) and naive ÷ pipelined step time, round by round."""
     pipe = next(name for name in mp["times_s"] if "micro-batches" in name)
     return pipe, [a / b for a, b in zip(mp["times_s"]["split (naive)"], mp["times_s"][pipe])]
+
+
+def interrupted_then_resumed(out: str, mode: list, interrupt: list, steps: int) -> tuple:
+    """§3: a 2-worker cluster of the worker program in ``mode`` (``--ckpt DIR`` or ``--preemptible DIR``), run once
+    with ``interrupt`` (a worker SIGKILLs itself, or sends itself SIGTERM) and once more without it. Returns the
+    launcher's line about the first run's end (None if it finished), the steps each worker logged over both runs,
+    and the step each worker's second run resumed after."""
+    from .. import cluster
+    from . import multiworker
+
+    args = ["--steps", steps, "--out", out, *mode]
+    message = None
+    try:
+        cluster.launch(MW, args + interrupt, workers=2, timeout=300, log=None)
+    except cluster.ClusterError as err:
+        message = str(err).split(" Last output")[0]
+    cluster.launch(MW, args, workers=2, timeout=300, log=None)
+    logged, resumed = {}, {}
+    for i in (0, 1):
+        with open(f"{out}/worker{i}_steps.txt", encoding="utf-8") as f:
+            logged[i] = [int(s) for s in f.read().split()]
+        resumed[i] = int(multiworker.load_result(f"{out}/worker{i}.npz")[1]["start"])
+    return message, logged, resumed
 
 
 def time_alone(workers: int, steps: int, out: str) -> dict:

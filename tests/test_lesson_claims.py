@@ -16,8 +16,17 @@ def _lesson_08_results(rounds: int, naive_s: float) -> dict:
             "crash_message": "worker 1 exited", "committed": {0: [1, 2, 3, 4], 1: [1, 2, 3, 4]}, "diff_resumed": 0.0,
             "notice_message": "worker 0 exited with code 42; the other tasks were stopped",
             "preempt_steps": {0: [1, 2, 3, 4], 1: [1, 2, 3, 4]}, "preempt_resumed": {0: 3, 1: 3}, "diff_preempted": 0.0,
+            "stall": {"no timeout": {"step_s": [0.1, 0.01, 4.01, 0.01], "error": None, "failed_step": None,
+                                     "waited_s": None, "timeout_s": 0.0, "stall_s": 4.0, "stall_after": 2,
+                                     "message": None},
+                      "timeout": {"step_s": [0.1, 0.01], "error": "DeadlineExceededError", "failed_step": 3,
+                                  "waited_s": 2.0, "timeout_s": 2.0, "stall_s": 4.0, "stall_after": 2,
+                                  "message": "worker 0 exited with code 3; the other tasks were stopped"}},
             "ps": {"losses": [2.0, 1.8, 1.5, 1.2], "variable_devices": ["/job:ps/replica:0/task:0/device:CPU:0"],
-                   "fit": "ValueError: no"},
+                   "fit": "ValueError: no",
+                   "evaluation": {"examples": 4, "batches": 2, "coordinator_correct": 3,
+                                  "per-worker dataset": {"visits": [2, 2, 0, 0], "correct": 4},
+                                  "one batch per step": {"visits": [1, 1, 1, 1], "correct": 3}}},
             "mp": {"times_s": times, "max_grad_diff": {"one device": 0.0}, "grad_scale": 1.0},
             "timings": {1: {"step_s": 0.001, "all_reduce_s": 0.0002}, 2: {"step_s": 0.003, "all_reduce_s": 0.001},
                         4: {"step_s": 0.005, "all_reduce_s": 0.002}},
@@ -75,3 +84,50 @@ def test_lesson_08_preemption_claim_fails_on_a_lost_step_a_second_start_or_no_no
         changed = dict(r, **change)
         claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith(name))
         assert claim.status == report.FAILS, change
+
+
+def test_lesson_08_hung_worker_claim_fails_when_a_wait_or_the_timeout_is_not_what_it_says():
+    """Issue 21 (CommunicationOptions): the claim holds only when the step without a timeout lasted the whole stall
+    and the step with one raised DeadlineExceededError about the timeout later, before the stall ended, exit code 3."""
+    import copy
+
+    from course_utils.experiments import multiworker
+
+    assert scaling_out.COLLECTIVE_TIMEOUT_EXIT == multiworker.COLLECTIVE_TIMEOUT_EXIT
+    assert scaling_out.PREEMPTED_EXIT == multiworker.PREEMPTED_EXIT
+    name = "A hung worker"
+    r = _lesson_08_results(rounds=3, naive_s=1.0)
+    assert next(c for c in scaling_out.claims(r) if c.claim.startswith(name)).status == report.HOLDS
+    for run, change in (("no timeout", {"step_s": [0.1, 0.01, 0.02, 0.01]}),  # nobody waited: no stall happened
+                        ("no timeout", {"error": "DeadlineExceededError", "failed_step": 3, "waited_s": 2.0,
+                                        "step_s": [0.1, 0.01]}),
+                        ("timeout", {"error": None, "failed_step": None, "waited_s": None,
+                                     "step_s": [0.1, 0.01, 4.0, 0.01], "message": None}),  # the timeout did nothing
+                        ("timeout", {"failed_step": 1}),  # it fired at the first step (workers joined late)
+                        ("timeout", {"waited_s": 3.9}),  # it fired only as the stall ended
+                        ("timeout", {"waited_s": 1.0}),  # before the timeout
+                        ("timeout", {"error": "UnavailableError"}),
+                        ("timeout", {"message": "worker 0 exited with code 1; the other tasks were stopped"})):
+        changed = copy.deepcopy(r)
+        changed["stall"][run].update(change)
+        claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith(name))
+        assert claim.status == report.FAILS, (run, change)
+
+
+def test_lesson_08_evaluation_claims_count_every_visit():
+    import copy
+
+    r = _lesson_08_results(rounds=3, naive_s=1.0)
+    by = {c.claim.split(" ")[2]: c for c in scaling_out.claims(r) if c.claim.startswith("Evaluation")}
+    exact, per_worker = by["one"], by["a"]
+    assert exact.status == per_worker.status == report.HOLDS
+    assert "4 once, 0 more than once, 0 never" in exact.measured and "0 once, 2 more than once, 2 never" in per_worker.measured
+    for change in ({"visits": [1, 1, 2, 0]}, {"correct": 2}):  # an example twice, another never; a count off by one
+        changed = copy.deepcopy(r)
+        changed["ps"]["evaluation"]["one batch per step"].update(change)
+        claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith("Evaluation scheduled one batch"))
+        assert claim.status == report.FAILS, change
+    changed = copy.deepcopy(r)
+    changed["ps"]["evaluation"]["per-worker dataset"]["visits"] = [1, 1, 1, 1]  # one worker ran every step
+    claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith("Evaluation from a per-worker"))
+    assert claim.status == report.UNMEASURABLE and "exact by chance" in claim.note

@@ -303,6 +303,16 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
             alive.remove(self)
             return "", "x\nboom" if self.returncode else ""
 
+        def poll(self):  # every fake run has ended once communicate() returned
+            return None if self in alive else self.returncode
+
+        def kill(self):
+            alive.remove(self)
+            self.returncode = -9
+
+        def wait(self, timeout=None):
+            return self.returncode
+
     monkeypatch.setattr(subprocess, "Popen", Process)
     variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
     runs = capstone_exp.precision_runs("synthetic", variants, 2, 256, str(tmp_path / "p"), tensorboard="tb")
@@ -320,3 +330,35 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: Process(*a, returncode=1, **k))
     with pytest.raises(RuntimeError, match="§5 run 'float32' exited with 1: boom"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "q"))
+    assert alive == []  # the two variants started beside it were stopped
+
+
+def test_lesson_06_precision_run_past_its_timeout_is_one_message_and_stops_the_others(monkeypatch, tmp_path):
+    """Issue 21: a §5 run that hangs raised a raw TimeoutExpired after 900 s and left the other variants running
+    (smoke mode starts them together). Now: one RuntimeError naming the run and the limit; every process stopped."""
+    import subprocess
+
+    procs = []
+
+    class Hanging:
+        def __init__(self, cli, **_kwargs):
+            self.cli, self.returncode, self.killed = cli, None, False
+            procs.append(self)
+
+        def communicate(self, timeout=None):
+            raise subprocess.TimeoutExpired(self.cli, timeout)
+
+        def poll(self):
+            return self.returncode
+
+        def kill(self):
+            self.killed, self.returncode = True, -9
+
+        def wait(self, timeout=None):
+            return self.returncode
+
+    monkeypatch.setattr(subprocess, "Popen", Hanging)
+    variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
+    with pytest.raises(RuntimeError, match=r"§5 run 'float32' did not finish within 0\.5 s and was stopped"):
+        capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "t"), timeout=0.5)
+    assert len(procs) == 3 and all(p.killed for p in procs)

@@ -63,6 +63,10 @@ def test_parameter_server_coordinator_trains_a_keras_3_model_and_fit_does_not_ru
     assert out["variable_devices"] and all(d.startswith("/job:ps/") for d in out["variable_devices"])
     assert 0 < out["optimizer_iterations"] <= 24  # asynchronous updates: the counter may miss some, never add
     assert any("custom loop, 24 steps scheduled" in line for line in lines)
+    ev = out["evaluation"]  # one batch per scheduled step: every example once, the coordinator's count (on one core)
+    assert ev["one batch per step"]["visits"] == [1] * ev["examples"]
+    assert ev["one batch per step"]["correct"] == ev["coordinator_correct"]
+    assert sum(ev["per-worker dataset"]["visits"]) == ev["examples"]  # as many visits, not necessarily these
     assert all(_gone(pid) for pid in result.pids.values())  # the serving workers and ps were stopped
 
 
@@ -190,3 +194,19 @@ def test_worker_program_refuses_alone_without_time_in_one_line(monkeypatch, caps
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
     assert multiworker.main(["--alone", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["--alone needs --time STEPS"]
+
+
+@pytest.mark.parametrize("args, expected", [(["--collective-timeout", "nan"], "must be a finite number of seconds"),
+                                            (["--collective-timeout", "-1"], "must be a finite number of seconds"),
+                                            (["--collective-timeout", "inf"], "must be a finite number of seconds"),
+                                            (["--stall-seconds", "soon"], "must be a number of seconds"),
+                                            (["--stall-after", "0"], "must be at least 1")])
+def test_worker_program_refuses_a_bad_timeout_or_stall_in_one_line(monkeypatch, capsys, tmp_path, args, expected):
+    """The class of bad arguments runs in a fresh process above; these run through the same parser in-process."""
+    from course_utils.experiments import multiworker
+
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
+    with pytest.raises(SystemExit) as exit_info:
+        multiworker.main(["--out", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and expected in err and "Traceback" not in err, err

@@ -63,7 +63,11 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
     spent = (read("clock.json", {}) or {}).get("elapsed_s", 0.0)
     r = {"command": cli, "killed_returncode": first.returncode, "finished_at_kill": len(history),
          "backed_up_at_kill": backed_up()}
-    resumed = subprocess.run(cli + ["--resume"], capture_output=True, text=True, timeout=timeout)
+    try:
+        resumed = subprocess.run(cli + ["--resume"], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # run() has killed it
+        raise RuntimeError(f"the resumed run did not finish within {timeout:g} s and was stopped; its files are in "
+                           f"{out}") from None
     after = read("metrics.json", [])
     summary = read("summary.json", {}) or {}
     lines = resumed.stdout.strip().splitlines() or resumed.stderr.strip().splitlines() or [""]
@@ -95,14 +99,27 @@ def precision_runs(source: str, variants: dict, repeats: int, examples: int, out
     images by the trainer's command line — each run in its own fresh process, ``repeats`` times, the variants taking
     turns (a machine that slows down slows all alike), one at a time. With one repeat (smoke mode: no verdict comes
     from it) the variants run at the same time. Returns ``label → [summary.json of each repeat]``. A run that
-    fails raises RuntimeError with its last line. ``tensorboard``: the chosen policy's first run writes its profile
-    there (a few steps of its first epoch, which the throughput figure leaves out)."""
+    fails, or runs past ``timeout`` seconds, raises RuntimeError saying so, and the runs still going are stopped.
+    ``tensorboard``: the chosen policy's first run writes its profile there (a few steps of its first epoch, which
+    the throughput figure leaves out)."""
+    runs: dict = {label: [] for label in variants}
+    started: list = []
+    try:
+        _precision_runs(source, variants, repeats, examples, out, tensorboard, progress, timeout, runs, started)
+    finally:  # one run failed or timed out, or Ctrl-C: stop the runs still going (smoke mode starts them together)
+        for _label, _folder, proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return runs
+
+
+def _precision_runs(source, variants, repeats, examples, out, tensorboard, progress, timeout, runs, started) -> None:
     import subprocess
     import sys
 
-    runs: dict = {label: [] for label in variants}
     for i in range(int(repeats)):
-        started = []
+        started.clear()
         for n, (label, v) in enumerate(variants.items()):
             folder = os.path.join(out, f"{n}-{v['policy']}-{'xla' if v['jit'] else 'noxla'}-{i}")
             cli = [sys.executable, "-m", "course_utils.capstone", "--data", source, "--epochs", str(PRECISION_EPOCHS),
@@ -119,14 +136,20 @@ def precision_runs(source: str, variants: dict, repeats: int, examples: int, out
                 _finish(*started.pop(), runs, timeout)
         for entry in started:  # one repeat (smoke mode): the variants ran at the same time
             _finish(*entry, runs, timeout)
-    return runs
 
 
 def _finish(label: str, folder: str, proc, runs: dict, timeout: float) -> None:
     from .. import capstone
 
+    import subprocess
+
     try:
         _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"§5 run {label!r} did not finish within {timeout:g} s and was stopped: a busy or slow "
+                           "machine? Run the cell again, or lower sizes.capstone_precision_repeats") from None
     except BaseException:
         proc.kill()
         proc.wait()

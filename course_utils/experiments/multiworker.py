@@ -225,6 +225,50 @@ def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_a
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
 
 
+COLLECTIVE_TIMEOUT_EXIT = 3  # the worker program's exit code when a collective timed out (a restartable failure)
+
+
+def strategy_with_timeout(timeout_s: float | None):
+    """``MultiWorkerMirroredStrategy`` whose collectives fail after ``timeout_s`` seconds (None or 0: wait forever).
+
+    ``CommunicationOptions(implementation=RING)``: the ring all-reduce over gRPC, TensorFlow's implementation for CPUs
+    (``NCCL`` is for GPUs, ``AUTO`` lets TensorFlow choose); ``timeout_seconds``: a collective that takes longer
+    raises ``tf.errors.DeadlineExceededError`` on this worker instead of waiting."""
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=timeout_s or None)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def train_with_a_stall(strategy, steps: int, stall_after: int, stall_s: float, stalls: bool,
+                       global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """:func:`train`'s loop, timing each step; if ``stalls``, this worker stops for ``stall_s`` seconds after step
+    ``stall_after`` (standing in for a hung process: a deadlock, stuck storage, a debugger). The other workers' next
+    all-reduce waits for it — as long as it takes, or until the strategy's collective timeout: then this returns the
+    error's type and how long the step had waited, instead of raising."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+    dist = iter(strategy.experimental_distribute_dataset(_dataset(steps, global_batch)))
+    step = _train_step(strategy, model, optimizer, global_batch)
+    step_s: list[float] = []
+    for number in range(1, steps + 1):
+        if stalls and number == stall_after + 1:
+            time.sleep(stall_s)
+        start = time.perf_counter()
+        try:
+            step(next(dist))
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError) as err:
+            return {"step_s": step_s, "error": type(err).__name__, "failed_step": number,
+                    "waited_s": time.perf_counter() - start}
+        step_s.append(time.perf_counter() - start)
+    return {"step_s": step_s, "error": None, "failed_step": None, "waited_s": None}
+
+
 def time_steps(strategy, steps: int, per_worker_batch: int = 64, rounds: int = 3) -> dict:
     """Seconds per training step, and per all-reduce of the same gradients alone (medians of ``rounds``).
 
@@ -330,6 +374,36 @@ def _time_alone(args, task: dict, workers: int, wait_s: float = 120.0) -> int:
     return 0
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number of seconds, 0 or more (else one line, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, 0 or more, got {text!r}")
+    return value
+
+
+def _stall(args, strategy, task: dict) -> int:
+    """``--stall-worker I``: :func:`train_with_a_stall`; each worker writes ``worker{i}_stall.json``. A worker whose
+    collective timed out says so in one line and exits with :data:`COLLECTIVE_TIMEOUT_EXIT` (a cluster manager would
+    restart the job from its last checkpoint)."""
+    name = f"{task['type']}{task['index']}"
+    result = train_with_a_stall(strategy, args.steps, args.stall_after, args.stall_seconds,
+                                stalls=task["index"] == args.stall_worker)
+    result.update(timeout_s=args.collective_timeout, stall_s=args.stall_seconds, stall_after=args.stall_after)
+    with open(os.path.join(args.out, f"{name}_stall.json"), "w") as f:
+        json.dump(result, f)
+    if result["error"]:
+        print(f"{task['type']} {task['index']}: step {result['failed_step']} raised {result['error']} after "
+              f"{result['waited_s']:.1f} s (collective timeout {args.collective_timeout:g} s)", flush=True)
+        return COLLECTIVE_TIMEOUT_EXIT
+    print(f"{task['type']} {task['index']}: {len(result['step_s'])} steps; the longest took "
+          f"{max(result['step_s']):.1f} s", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=positive_int, default=4)
@@ -348,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone", action="store_true",
                         help="with --time: each worker trains on its own (no cluster), all at the same time: the step "
                              "with the cores shared and no communication")
+    parser.add_argument("--collective-timeout", type=non_negative_float, default=0.0, metavar="SECONDS",
+                        help="collectives fail after this long (CommunicationOptions.timeout_seconds; 0: never)")
+    parser.add_argument("--stall-worker", type=int, help="this worker stops for --stall-seconds ...")
+    parser.add_argument("--stall-after", type=positive_int, default=1, help="... after this step")
+    parser.add_argument("--stall-seconds", type=non_negative_float, default=0.0)
     args = parser.parse_args(argv)
     problem = cluster_problem({"worker": 1})
     if problem:
@@ -363,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.alone:
         return _time_alone(args, task, len(config["cluster"]["worker"]))
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = strategy_with_timeout(args.collective_timeout)
+    if args.stall_worker is not None:
+        return _stall(args, strategy, task)
     if args.fit:
         import keras
 

@@ -38,14 +38,13 @@ def try_fit(strategy, steps: int) -> str:
     return "runs"
 
 
-def train(strategy, steps: int, batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
-    """``steps`` steps scheduled on the workers by a ClusterCoordinator; the custom loop of lesson 05."""
+def train(strategy, coordinator, model, steps: int, batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+    """``steps`` steps of ``model`` (built under ``strategy``) scheduled on the workers by ``coordinator``; the custom
+    loop of lesson 05."""
     import keras
     import tensorflow as tf
 
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model = toy_model()
         optimizer = keras.optimizers.SGD(lr)
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -76,6 +75,59 @@ def train(strategy, steps: int, batch: int = GLOBAL_BATCH, lr: float = 0.1) -> d
             "optimizer_iterations": int(optimizer.iterations.numpy())}
 
 
+EVAL_EXAMPLES, EVAL_BATCH = 128, 16  # a held-out set of 8 batches (toy_data with another seed)
+
+
+def evaluate(strategy, coordinator, model, examples: int = EVAL_EXAMPLES, batch: int = EVAL_BATCH) -> dict:
+    """Evaluation scheduled on the workers, two ways, and the same model evaluated in the coordinator (the reference).
+
+    *per-worker dataset* (the pattern of TensorFlow's parameter-server tutorial): every worker holds an iterator over
+    the whole evaluation set, and each scheduled step evaluates the *next* batch of whichever worker runs it. *One
+    batch per step*: step k is given k and evaluates batch k (``skip(k).take(1)``; with files on disk, file k). Each
+    step returns the ids of the examples it saw and which it got right, so every visit is counted."""
+    import numpy as np
+    import tensorflow as tf
+
+    from .multiworker import toy_data
+
+    x, y = toy_data(examples, seed=1)
+    ids = np.arange(examples, dtype="int32")
+    batches = examples // batch
+
+    def eval_set():
+        return tf.data.Dataset.from_tensor_slices((ids, x, y)).batch(batch, drop_remainder=True)
+
+    def judge(i, xb, yb):
+        return i, tf.cast(tf.argmax(model(xb, training=False), axis=-1, output_type=tf.int32) == yb, tf.int32)
+
+    per_worker = coordinator.create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(lambda _context: eval_set()))
+    iterator = iter(per_worker)
+
+    @tf.function
+    def next_batch(iterator):
+        return strategy.run(judge, args=next(iterator))
+
+    @tf.function
+    def batch_k(k):
+        return strategy.run(judge, args=eval_set().skip(k).take(1).get_single_element())
+
+    out = {"examples": examples, "batches": batches}
+    for name, scheduled in (("per-worker dataset", lambda: [coordinator.schedule(next_batch, args=(iterator,))
+                                                           for _ in range(batches)]),
+                            ("one batch per step", lambda: [coordinator.schedule(batch_k, args=(tf.constant(k, tf.int64),))
+                                                           for k in range(batches)])):
+        remote = scheduled()
+        coordinator.join()
+        seen = [r.fetch() for r in remote]
+        visited = np.concatenate([np.asarray(i) for i, _ in seen])
+        out[name] = {"visits": np.bincount(visited, minlength=examples).tolist(),
+                     "correct": int(sum(int(np.asarray(c).sum()) for _, c in seen))}
+    reference = judge(ids, x, y)[1]  # in the coordinator: the variables read from the parameter server
+    out["coordinator_correct"] = int(np.asarray(reference).sum())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -94,10 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     result = {"fit": "not tried" if args.no_fit else try_fit(strategy, args.steps)}
     print(f"chief: Keras model.fit under ParameterServerStrategy: {result['fit']}", flush=True)
-    result.update(train(strategy, args.steps))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = toy_model()  # its variables are created on the parameter server
+    result.update(train(strategy, coordinator, model, args.steps))
     print(f"chief: custom loop, {args.steps} steps scheduled on the workers in {result['seconds']:.1f} s; loss "
           f"{result['losses'][0]:.3f} (first step) → {result['losses'][-1]:.3f} (last step); variables on "
           f"{result['variable_devices']}", flush=True)
+    result["evaluation"] = ev = evaluate(strategy, coordinator, model)
+    for name in ("per-worker dataset", "one batch per step"):
+        visits = ev[name]["visits"]
+        print(f"chief: evaluation scheduled on the workers, {name}: {ev[name]['correct']}/{ev['examples']} right; "
+              f"{visits.count(1)} examples seen once, {sum(v > 1 for v in visits)} more than once, "
+              f"{visits.count(0)} never", flush=True)
+    print(f"chief: the same model evaluated in the coordinator: {ev['coordinator_correct']}/{ev['examples']} right",
+          flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "parameter_server.json"), "w") as f:
         json.dump(result, f)

@@ -13,6 +13,7 @@ import numpy as np
 
 MW = "course_utils.experiments.multiworker"  # the worker program (python -m ...)
 PREEMPTED_EXIT = 42  # multiworker.PREEMPTED_EXIT (importing it here would load the worker program's module)
+COLLECTIVE_TIMEOUT_EXIT = 3  # multiworker.COLLECTIVE_TIMEOUT_EXIT
 
 
 def _max_diff(a, b) -> float:
@@ -61,6 +62,9 @@ def measure(lab) -> dict:
     r["notice_message"], r["preempt_steps"], r["preempt_resumed"] = interrupted_then_resumed(
         pre, ["--preemptible", f"{pre}/ckpt"], ["--term-worker", 1, "--term-after", steps // 2], steps)
     r["diff_preempted"] = _max_diff(multiworker.load_result(f"{pre}/worker0.npz")[0], single["weights"])
+
+    lab.progress("a worker that hangs, without and with a collective timeout")
+    r["stall"] = stalled_worker(f"{out_dir}/stall")
 
     lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps)")
     cluster.launch("course_utils.experiments.parameter_server", ["--steps", sizes.ps_steps, "--out", f"{out_dir}/ps"],
@@ -133,6 +137,31 @@ def interrupted_then_resumed(out: str, mode: list, interrupt: list, steps: int) 
     return message, logged, resumed
 
 
+COLLECTIVE_TIMEOUT_S, STALL_S = 2.0, 4.0  # §3: the timeout given to the collectives; how long worker 1 hangs
+
+
+def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, stall_s: float = STALL_S,
+                   stall_after: int = 2) -> dict:
+    """§3: a 2-worker cluster in which worker 1 stops for ``stall_s`` seconds after step ``stall_after``, run without a
+    collective timeout and with ``timeout_s``. Returns worker 0's record of each run (its step times, or the error
+    and how long the failing step waited), the second with the launcher's line about how it ended."""
+    from .. import cluster
+
+    runs = {}
+    for name, timeout in (("no timeout", 0.0), ("timeout", timeout_s)):
+        folder = f"{out}/{'none' if timeout == 0 else 'timeout'}"
+        message = None
+        try:
+            cluster.launch(MW, ["--steps", stall_after + 2, "--out", folder, "--stall-worker", 1, "--stall-after",
+                                stall_after, "--stall-seconds", stall_s, "--collective-timeout", timeout],
+                           workers=2, timeout=300, log=None)
+        except cluster.ClusterError as err:
+            message = str(err).split(" Last output")[0]
+        with open(f"{folder}/worker0_stall.json", encoding="utf-8") as f:
+            runs[name] = dict(json.load(f), message=message)
+    return runs
+
+
 def time_alone(workers: int, steps: int, out: str) -> dict:
     """§7: ``workers`` processes started together, each training on its own (``--time --alone``: no cluster, no
     communication) while the others do the same: worker 0's step time with the cores shared."""
@@ -166,6 +195,54 @@ def communication_share(timings: dict, scaling_workers) -> tuple[list[int], list
     workers = sorted(n for n in timings if n in scaling_workers)
     step_ms = np.array([timings[n]["step_s"] * 1e3 for n in workers])
     return workers, [float(s) for s in 1 - step_ms[0] / step_ms]
+
+
+def _stall_claim(stall: dict):
+    """§3: without a timeout worker 0's step after the stall lasts the whole stall; with one it raises
+    DeadlineExceededError about the timeout later (before the stall ends), and the program exits with its code."""
+    from .. import report
+
+    none, timed = stall["no timeout"], stall["timeout"]
+    after, t, w = timed["stall_after"], timed["timeout_s"], timed["stall_s"]
+    waited_none = none["step_s"][after] if none["error"] is None and len(none["step_s"]) > after else None
+    holds = (waited_none is not None and waited_none >= 0.9 * w
+             and timed["error"] == "DeadlineExceededError" and timed["failed_step"] == after + 1
+             and 0.95 * t <= timed["waited_s"] < min(w, t + 1.5)
+             and f"exited with code {COLLECTIVE_TIMEOUT_EXIT}" in (timed["message"] or ""))
+    without = (f"{waited_none:.1f} s" if waited_none is not None else
+               f"{none['error'] or 'no step'} at step {none['failed_step']}")
+    with_timeout = (f"{timed['error']} at step {timed['failed_step']} after {timed['waited_s']:.1f} s; "
+                    f"{_exit_code(timed['message'])}" if timed["error"] else "no error")
+    return report.Claim(
+        "A hung worker: without a collective timeout the others wait as long as it hangs; with "
+        "CommunicationOptions(timeout_seconds=T) their all-reduce fails after T", "§3; tf.distribute.experimental",
+        f"step {after + 1} waits the whole {w:g} s stall / DeadlineExceededError after {t:g}–{t + 1.5:g} s, exit code "
+        f"{COLLECTIVE_TIMEOUT_EXIT}", f"{without} / {with_timeout}", holds)
+
+
+def visit_counts(visits: list) -> str:
+    """§4: how many examples an evaluation saw once, more than once, never."""
+    return (f"{visits.count(1)} once, {sum(v > 1 for v in visits)} more than once, {visits.count(0)} never")
+
+
+def _evaluation_claims(ev: dict) -> list:
+    """§4: evaluation scheduled on the workers — one batch per step is exact; a per-worker dataset is not."""
+    from .. import report
+
+    per_worker, by_batch, n = ev["per-worker dataset"], ev["one batch per step"], ev["examples"]
+    exact = all(v == 1 for v in by_batch["visits"]) and by_batch["correct"] == ev["coordinator_correct"]
+    one_worker_did_all = all(v == 1 for v in per_worker["visits"])  # every iterator starts at batch 1
+    return [
+        report.Claim("Evaluation scheduled one batch per step sees every example once: the coordinator's accuracy",
+                     "§4", f"{n} once; right: as in the coordinator",
+                     f"{visit_counts(by_batch['visits'])}; right {by_batch['correct']} vs {ev['coordinator_correct']}",
+                     exact),
+        report.Claim("Evaluation from a per-worker dataset (TensorFlow's tutorial) repeats some batches and skips "
+                     "others", "§4", "some examples more than once, some never",
+                     visit_counts(per_worker["visits"]), None if one_worker_did_all else
+                     any(v > 1 for v in per_worker["visits"]) and 0 in per_worker["visits"],
+                     "one worker ran every step this time: exact by chance" if one_worker_did_all else ""),
+    ]
 
 
 def claims(r: dict) -> list:
@@ -220,12 +297,14 @@ def claims(r: dict) -> list:
                      and r["preempt_steps"][0] == r["preempt_steps"][1] == steps
                      and r["preempt_resumed"][0] == r["preempt_resumed"][1] >= r["cluster_steps"] // 2
                      and r["diff_preempted"] <= 1e-6),
+        _stall_claim(r["stall"]),
         report.Claim("ParameterServerStrategy trains a Keras 3 model with a custom loop; variables on the parameter server",
                      "§4", "loss falls; variables on /job:ps",
                      f"{losses[:k].mean():.3f} → {losses[-k:].mean():.3f}; {', '.join(ps['variable_devices'])}",
                      losses[-k:].mean() < losses[:k].mean() and all("/job:ps" in d for d in ps["variable_devices"])),
         report.Claim("Keras 3 model.fit does not run under ParameterServerStrategy", "§4", "an error",
                      ps["fit"].split(":")[0], ps["fit"] != "runs"),
+        *_evaluation_claims(ps["evaluation"]),
         report.Claim("A model split over two devices computes the same gradients", "§5", "max |Δ| ≤ 1e-5 × max |gradient|",
                      f"{max(mp['max_grad_diff'].values()) / mp['grad_scale']:.0e} ×",
                      max(mp["max_grad_diff"].values()) <= 1e-5 * mp["grad_scale"]),

@@ -250,6 +250,7 @@ def test_ctrl_c_while_tasks_start_leaves_none_behind(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal, subprocess, sys
         from course_utils import cluster
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started with it ignored
         real = subprocess.Popen
         def popen(*args, **kwargs):
             proc = real(*args, **kwargs)

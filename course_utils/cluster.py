@@ -115,18 +115,36 @@ class _Stopped(BaseException):
         self.signum = signum
 
 
+_GIVEN_PORTS: dict[int, float] = {}  # port -> when this process last handed it to a cluster
+_GIVEN_LOCK = threading.Lock()
+PORT_REUSE_AFTER_S = 120.0  # a port handed out is not handed out again by this process for this long
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports that were free a moment ago (the OS picks them; another program could still take one)."""
-    socks, ports = [], []
-    try:
-        for _ in range(int(n)):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct ports that were free a moment ago (the OS picks them; another program could still take one).
+
+    Never one this process handed out in the last :data:`PORT_REUSE_AFTER_S` seconds: clusters launched at the same
+    time (threads) would otherwise be given the same port — free when picked, taken once the first cluster's task
+    binds it."""
+    with _GIVEN_LOCK:
+        now = time.monotonic()
+        for port in [p for p, t in _GIVEN_PORTS.items() if now - t > PORT_REUSE_AFTER_S]:
+            del _GIVEN_PORTS[port]
+        socks, ports = [], []
+        try:
+            while len(ports) < int(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((host, 0))
+                socks.append(s)  # held until all are picked: the OS gives each a different port
+                port = s.getsockname()[1]
+                if port not in _GIVEN_PORTS:
+                    ports.append(port)
+                if len(socks) > 100 * max(1, int(n)):  # pragma: no cover - defensive
+                    raise ClusterError("could not find free ports on 127.0.0.1")
+        finally:
+            for s in socks:
+                s.close()
+        _GIVEN_PORTS.update((p, now) for p in ports)
     return ports
 
 
@@ -339,7 +357,13 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
         raise ValueError(f"wait_for must name task types of this cluster ({', '.join(sorted({k for k, _ in tasks}))}),"
                          f" got {wait_for!r}")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
-    ports = free_ports(len(tasks)) if ports is None else _checked_ports(ports, len(tasks))
+    if ports is None:  # ours to pick: a port another program took in the meantime is picked again
+        for _attempt in range(3):
+            ports = free_ports(len(tasks))
+            if not any(_port_in_use(p) for p in ports):
+                break
+    else:
+        ports = _checked_ports(ports, len(tasks))
     taken = [p for p in ports if _port_in_use(p)]
     if taken:
         raise ClusterError(f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use by another program; "

@@ -308,3 +308,30 @@ def test_a_task_that_prints_hundreds_of_mb_keeps_the_launcher_small(tmp_path):
     assert result.ok() and lines[-1] == "done" and len(lines) == cluster.MAX_LOG_LINES
     assert max(len(line) for line in lines) <= cluster.MAX_LINE_CHARS
     assert grew_mib < 100, grew_mib  # it held all of it before: 1.5 GB
+
+
+def test_clusters_launched_at_once_are_never_given_the_same_port(monkeypatch):
+    """Two clusters launched from two threads (lesson 08's hung-worker demo) were given the same port: free when
+    picked, taken by the first cluster's task a moment later. The OS may hand a just-released port out again; this
+    process does not, for PORT_REUSE_AFTER_S."""
+    import socket as socket_module
+
+    offered = iter([41000, 41001, 41000, 41001, 41002, 41003])  # what the OS offers, call after call
+
+    class FakeSocket:
+        def __init__(self, *args):
+            self.port = None
+
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cluster, "_GIVEN_PORTS", {})
+    monkeypatch.setattr(socket_module, "socket", FakeSocket)
+    first, second = cluster.free_ports(2), cluster.free_ports(2)
+    assert first == [41000, 41001] and second == [41002, 41003]

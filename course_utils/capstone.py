@@ -282,14 +282,12 @@ def choose_jit(o: Options, kind: str, course_jit: bool = False) -> tuple[bool, b
       (lesson 06 §5 measures it)."""
     if o.jit is not None:
         return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
-    if kind == "TPU":
-        return False, True, "TPU: TPUStrategy compiles every step with XLA"
-    if course_jit:
-        return True, True, "COURSE_JIT=1: every measured step compiles with XLA"
-    if kind in ("GPU", "multi-GPU"):
-        return True, True, ("GPU: XLA fuses the step's small ops; Keras' jit_compile='auto' would turn it off under "
-                            "tf.distribute, so the trainer asks for it")
-    return False, False, "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
+    from .runtime import fit_jit_compile
+
+    jit, compiled, why = fit_jit_compile(kind, course_jit)  # the rule every lesson's fit follows
+    if not compiled:  # a CPU: lesson 06 measured it for this model
+        why = "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
+    return jit, compiled, why
 
 
 # ----------------------------------------------------------------------------------------------

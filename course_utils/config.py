@@ -174,11 +174,6 @@ class CourseConfig:
             f"jit={'on (XLA, as on a TPU)' if self.jit else 'off'}"
         )
 
-    @property
-    def xla_label(self) -> str:
-        """'with XLA' or 'without XLA': how this run's measured steps were compiled (for claims and prose)."""
-        return "with XLA" if self.jit else "without XLA"
-
 
 def _parse_bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()

@@ -9,8 +9,9 @@ Three helpers, each saying exactly what it counts (CONTRIBUTING.md §6):
   parameters, gradients and optimizer slots do not shrink; only activations (compute dtype) halve.
   Only a pure ``bfloat16``/``float16`` policy halves the parameter bytes.
 - :func:`measure_peak` — run a function and measure the peak memory it needed: reset the allocator's
-  statistics, run, read ``tf.config.experimental.get_memory_info(device)["peak"]`` (TPU, GPU, and CPU
-  when oneDNN is on), otherwise fall back to the process's peak resident memory (RSS) growth. The
+  statistics, run, read ``tf.config.experimental.get_memory_info(device)["peak"]`` (TPU, GPU, and a CPU
+  whose allocator is TensorFlow's BFC one: ``TF_CPU_ALLOCATOR_USE_BFC=true``, which importing course_utils sets before
+  TensorFlow starts), otherwise fall back to the process's peak resident memory (RSS) growth. The
   result always names the method used.
 - :func:`measure_peak_isolated` / :func:`measure_peaks_isolated` — the same, for a step built in a
   **fresh process**, so that nothing this process ran before changes the figure (on a CPU; on a
@@ -381,7 +382,8 @@ class PeakMemory:
 
 
 def default_device() -> str:
-    """The device TensorFlow places ops on by default: 'TPU:0', else 'GPU:0', else 'CPU:0'."""
+    """The accelerator a measurement here is about: 'TPU:0', else 'GPU:0', else 'CPU:0'. TensorFlow places ops on a
+    GPU by default, on a TPU only when told (``tf.device`` or TPUStrategy): a step measured on a TPU must be placed."""
     import tensorflow as tf
 
     for kind in ("TPU", "GPU"):
@@ -457,9 +459,9 @@ def measure_peak(fn: Callable[..., Any], *args: Any, device: Any = None, **kwarg
     ``device``: ``"CPU:0"``, ``"GPU:0"``, ``"TPU:0"``, a full device name, or a strategy (its first
     replica's device); default: the device TensorFlow uses by default here. Method 1: reset the
     allocator's statistics, run, read ``tf.config.experimental.get_memory_info(device)["peak"]``
-    (TPU, GPU, and CPU when oneDNN is on). Method 2 (when the allocator does not report): the growth of
-    the process's resident memory during the call, sampled every millisecond (psutil; or
-    ``resource.getrusage`` peak RSS). Run ``fn`` once beforehand if you want tracing excluded; wrap it in
+    (TPU, GPU, and a CPU with ``TF_CPU_ALLOCATOR_USE_BFC=true``, set by importing course_utils). Method 2
+    (when the allocator does not report): the growth of the process's resident memory during the call,
+    sampled every millisecond (psutil; or ``resource.getrusage`` peak RSS). Run ``fn`` once beforehand if you want tracing excluded; wrap it in
     ``tf.function`` (eager mode keeps extra tensors alive).
     """
     import tensorflow as tf

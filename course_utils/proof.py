@@ -83,7 +83,8 @@ class Lab:
 
     @property
     def jit(self) -> bool:
-        """Compile the measured steps with XLA: asked for (COURSE_JIT=1, ``--jit``), or a TPU (always compiles)."""
+        """Compile the measured steps with XLA: asked for (COURSE_JIT=1, ``--jit``), or a TPU (always compiles) — the
+        notebooks' ``runtime.xla``, for the configuration this Lab was given."""
         return bool(self.cfg.jit or getattr(self.runtime, "kind", "") == "TPU")
 
 

@@ -98,6 +98,25 @@ def _dist_requires(name: str) -> list[str]:
         return []
 
 
+def _untested_libtpu(tf_version: str, req, got: str) -> list[str]:
+    """A libtpu that ``tensorflow-tpu``'s declared range accepts but newer than the one its release was built with.
+
+    TensorFlow's TPU wheel names one libtpu (2.20.0's metadata: ``Requires-Dist: libtpu~=0.0.14``), and ``~=0.0.14``
+    also accepts every later 0.0.x — JAX's 0.0.4x among them. Whether a later one works, package
+    metadata cannot tell: this says so instead of calling it satisfied (Kaggle stopped preinstalling
+    tensorflow-tpu when a newer libtpu left TensorFlow with "No TPU platform found": Kaggle/docker-python#1499)."""
+    from packaging.version import Version
+
+    built = [spec.version for spec in req.specifier if spec.operator in ("~=", "==", ">=")]
+    if not built or Version(got) <= Version(built[0].rstrip(".*")):
+        return []
+    return [f"untested libtpu: tensorflow-tpu {tf_version} names {req.name} {built[0]} ({req.name}{req.specifier}); "
+            f"{got} is newer. The range accepts it, but nothing says TensorFlow was tested with it, "
+            "and package metadata cannot tell whether it works. If the TPU does not start (\"No TPU platform found\"), "
+            f"pip install {req.name}=={built[0]} and restart the runtime (JAX's own pin then no longer holds: one "
+            "framework per TPU runtime)."]
+
+
 def libtpu_check(version: Callable[[str], str | None] | None = None,
                  requires: Callable[[str], list[str]] | None = None) -> tuple[str, list[str]]:
     """Which libtpu is installed, and whether TensorFlow's TPU build and JAX both accept it.
@@ -132,6 +151,8 @@ def libtpu_check(version: Callable[[str], str | None] | None = None,
             ok = got is not None and req.specifier.contains(got, prereleases=True)
             parts.append(f"{label} {owner_version} asks for {req.name}{req.specifier} "
                          f"({'satisfied' if ok else 'NOT satisfied'})")
+            if ok and owner == "tensorflow-tpu":
+                problems.extend(_untested_libtpu(owner_version, req, got))
             if ok:
                 continue
             if owner == "tensorflow-tpu":
@@ -205,6 +226,22 @@ def install_tensorflow(on_tpu: bool | None = None,
     return out
 
 
+def fit_jit_compile(kind: str, course_jit: bool = False) -> tuple[bool, bool, str]:
+    """``(jit_compile, compiled, why)`` for a Keras model built in a strategy's scope on hardware ``kind``: what to pass
+    ``compile(jit_compile=...)``, whether its steps then run under XLA, and why. Keras resolves
+    ``jit_compile="auto"`` to False on a machine without a GPU or TPU *and* for any model built under a tf.distribute
+    strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute"), so "auto" never compiles a course
+    model: the choice is made here."""
+    if kind == "TPU":
+        return False, True, "TPU: TPUStrategy compiles every step with XLA, whatever compile() is told"
+    if course_jit:
+        return True, True, "COURSE_JIT=1 asks for XLA"
+    if kind in ("GPU", "multi-GPU"):
+        return True, True, ("GPU: XLA fuses the step's small ops; Keras' jit_compile='auto' would leave it off under "
+                            "tf.distribute, so it is asked for")
+    return False, False, "CPU: Keras' jit_compile='auto' leaves XLA off on a CPU-only machine; COURSE_JIT=1 turns it on"
+
+
 @dataclasses.dataclass
 class Runtime:
     """What :func:`detect` found. ``strategy`` is created on first use (TPU: at detection)."""
@@ -241,6 +278,21 @@ class Runtime:
     @property
     def fell_back(self) -> bool:
         return bool(self.fallbacks)
+
+    @property
+    def xla(self) -> bool:
+        """Do the lessons' measured steps run under XLA here? ``COURSE_JIT=1`` asks for it; a TPU compiles every step
+        with XLA whatever a function or ``compile()`` is told. The one definition every lesson labels its figures by."""
+        return bool(self.config.jit or self.kind == "TPU")
+
+    @property
+    def xla_label(self) -> str:
+        """'with XLA' or 'without XLA' (:attr:`xla`), for printed figures and claims."""
+        return "with XLA" if self.xla else "without XLA"
+
+    def fit_jit_compile(self) -> tuple[bool, bool, str]:
+        """:func:`fit_jit_compile` for this runtime's hardware and ``COURSE_JIT``."""
+        return fit_jit_compile(self.kind, self.config.jit)
 
     def summary(self) -> str:
         names = ", ".join(n.split("device:")[-1] for n in self.device_names)
@@ -429,7 +481,8 @@ def detect(
                     _strategy=strategy,
                     **common,
                 )
-                _CACHE[key] = rt
+                if use_cache:  # a probe with use_cache=False (a test's fake TPU) must not become every later answer
+                    _CACHE[key] = rt
                 return rt
             except Exception as exc:  # noqa: BLE001 - any failure means "no usable TPU"
                 seen = f" ({hints[0]})" if hints else ""

@@ -88,6 +88,7 @@ def test_a_worker_that_crashes_on_import_fails_fast_and_stops_the_others(tmp_pat
     assert len(pids) == 4 and all(_gone(pid) for pid in pids), pids
 
 
+@pytest.mark.extended  # waits out a limit (5 s): .ci/run
 def test_timeout_stops_every_task_and_its_children(tmp_path):
     command = _task_script(tmp_path, "time.sleep(120)\n")
     start = time.monotonic()

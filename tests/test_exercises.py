@@ -851,9 +851,10 @@ def test_pipeline_order_accepts_with_options_at_the_end():
     assert "Tip" not in result.message
 
 
-def test_pipeline_order_accepts_a_float32_cache_with_a_tip():
+def test_pipeline_order_rejects_a_float32_cache():
+    """Issue 22: the question asks for the uint8 images in the cache; a float32 cache was accepted with a tip."""
     result = exercises.load("data_pipeline").pipeline_order.check(_pipeline(cache_float=True))
-    assert result.passed and "Tip: your cache holds float32" in result.message, result
+    assert result.status == "incorrect" and "your cache holds float32 images" in result.message, result
 
 
 def test_dataset_fn_ids_out_of_range_are_one_clear_line():

@@ -64,6 +64,8 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
         file_policy_failed=True,
         shuffle_rows=[{"case": c, "count": 128, "duplicated": d, "missing": d} for c, d in
                       zip(pipeline.SHUFFLE_CASES, (38, 0, 0))],
+        upstream_rows=[{"case": c, "count": 64, "duplicated": d, "missing": d} for c, d in
+                       zip(pipeline.UPSTREAM_CASES, (17, 0, 0, 0))],
         bottleneck="training step", bottleneck_ratio=1.9, steps_per_epoch=8, calls_expected=2, calls_per_epoch_n=2,
         spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.01, 1.02, 1.05]}, spe_auto="TypeError",
         mirrored_spe_ran=False, prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
@@ -74,7 +76,7 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
 def test_lesson_04_claims_one_per_row_every_key_read():
     results = Recording(_results_04())
     claims = pipeline.claims(results)
-    assert len(claims) == 18 and {c.lesson for c in claims} == {"04"}
+    assert len(claims) == 19 and {c.lesson for c in claims} == {"04"}
     assert results.read == set(results), set(results) - results.read
     assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
     timed = [c for c in claims if c.samples is not None]
@@ -89,8 +91,12 @@ def test_lesson_04_notebook_and_measure_hand_claims_the_same_keys():
 def test_lesson_04_verdicts_follow_the_measurements():
     failing = {
         "Auto-shard": dict(summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 0}}),
-        "unseeded shuffle": dict(shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0}
+        "An unseeded shuffle before shard": dict(shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0}
                                                for c in pipeline.SHUFFLE_CASES]),
+        "Sharding by DATA after an unseeded shuffle": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": 0, "missing": 0}
+                                                                  for c in pipeline.UPSTREAM_CASES]),
+        "FILE shards the file list before": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": d, "missing": d}
+                                                           for c, d in zip(pipeline.UPSTREAM_CASES, (17, 0, 5, 0))]),
         "fails under MirroredStrategy": dict(mirrored_spe_ran=True),
         '"auto" fails': dict(spe_auto="fit ran"),
         "input-bound check": dict(bottleneck="input pipeline"),

@@ -380,6 +380,7 @@ def slow_step(mib: int, seconds: float):
     return allocating_step(mib)
 
 
+@pytest.mark.extended  # a 5 s race scenario: .ci/run
 def test_a_failing_step_beside_one_still_building_reports_its_error_and_leaves_the_helper_clean():
     """The failing variant's error comes back at once; its sibling, still building, exits instead of carrying on
     as a copy of the forking process (it would then hang the call until the timeout)."""

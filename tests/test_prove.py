@@ -80,6 +80,7 @@ def test_report_card_has_a_table_per_lesson_and_the_machine():
     assert "| A claim | < 1 | 0.5 | ✅ holds |" in card
 
 
+@pytest.mark.extended  # two lessons measured twice (16 s): .ci/run runs it after the README's pytest
 def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     """Two lessons in smoke mode (03 and 02, the quickest with memory claims from repeats). Interrupted (Ctrl-C)
     after the first lesson, the folder keeps it; run again, it is skipped and only 02 is measured. A claims.json

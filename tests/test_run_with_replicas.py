@@ -35,3 +35,18 @@ def test_refuses_what_a_fresh_process_cannot_import():
         runtime.run_with_replicas(2, None, local)
     with pytest.raises(TypeError, match="module-level"):
         runtime.run_with_replicas(2, None, "loss_averaging_effect")
+
+
+def test_lesson_02_forward_step_runs_where_it_is_placed():
+    """Issue 22: lesson 02 read a TPU's peak while its forward pass ran unplaced (a TPU gets only ops placed on it).
+    The step places its images, weights and calls on the device asked for: on 2 CPU devices, the second one."""
+    out = runtime.run_on_cpu_replicas(2, "\n".join([
+        "import course_utils",
+        "from course_utils.experiments import conversion",
+        "assert course_utils.detect().num_replicas == 2  # the CPU split into 2 devices",
+        "for device in ('/CPU:1', None):",
+        "    step = conversion.forward_step('float32', width=8, batch=4, device=device)",
+        "    print(step().device)",
+    ]))
+    placed, default = out.strip().splitlines()[-2:]
+    assert placed.endswith("device:CPU:1") and default.endswith("device:CPU:0"), out

@@ -29,7 +29,8 @@ def _runtime_in_fresh_process(replicas: int) -> dict:
 
 @pytest.mark.parametrize(
     "replicas, strategy_name",
-    [(1, "OneDeviceStrategy"), (4, "MirroredStrategy")],
+    [(1, "OneDeviceStrategy"),
+     pytest.param(4, "MirroredStrategy", marks=pytest.mark.extended)],  # a fresh 4-replica process: .ci/run
 )
 def test_cpu_strategy_has_the_requested_replicas_and_fit_works(replicas, strategy_name):
     info = _runtime_in_fresh_process(replicas)
@@ -117,6 +118,9 @@ def test_tpu_path_runs_the_four_calls_in_order(monkeypatch):
     assert (rt.kind, rt.num_replicas, rt.strategy_name, rt.fallbacks) == ("TPU", 1, "TPUStrategy", [])
     assert rt.tpu_resolver is resolver
     assert "TPU · 1 replica (TPUStrategy) · devices: TPU:0" in rt.summary()
+    # issue 22: a TPU compiles every step: the label every lesson prints says so without COURSE_JIT
+    assert rt.config.jit is False and rt.xla is True and rt.xla_label == "with XLA"
+    assert rt.fit_jit_compile()[:2] == (False, True)  # nothing to ask compile() for: TPUStrategy compiles anyway
 
 
 def test_tpu_hints_read_pci_ids_and_device_files(tmp_path, monkeypatch):
@@ -188,12 +192,17 @@ def _metadata(**versions):
     return names.get, lambda name: requires.get(name, []) if names.get(name) else []
 
 
-def test_libtpu_check_accepts_a_libtpu_both_frameworks_allow():
+def test_libtpu_check_says_a_libtpu_newer_than_tensorflows_release_is_untested():
+    """Issue 22: `libtpu~=0.0.14` accepts JAX's 0.0.42 — satisfied on paper, never tested with TensorFlow 2.20."""
     summary, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.42", jax="0.10.2", tensorflow_tpu="2.20.0"))
-    assert problems == []
     assert "libtpu installed: libtpu 0.0.42" in summary
     assert "tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14 (satisfied)" in summary
     assert "JAX 0.10.2 asks for libtpu==0.0.42.* (satisfied)" in summary
+    assert len(problems) == 1 and problems[0].startswith("untested libtpu: tensorflow-tpu 2.20.0 names libtpu 0.0.14 "
+                                                         "(libtpu~=0.0.14); 0.0.42 is newer")
+    assert "pip install libtpu==0.0.14" in problems[0]
+    _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.14", tensorflow_tpu="2.20.0"))
+    assert problems == []  # the release's own libtpu: nothing to say
 
 
 def test_libtpu_check_names_a_jax_mismatch():
@@ -413,3 +422,34 @@ def test_a_long_tpu_error_reaches_the_fallback_reason_whole(monkeypatch):
     rt = runtime.detect(probe_tpu=True, resolver_factory=lambda tpu: object(), use_cache=False)
     assert "does not match the TensorFlow version" in rt.fallbacks[0]
     assert "does not match the TensorFlow version" in rt.summary()
+
+
+@pytest.mark.parametrize("kind, course_jit, expected", [
+    ("TPU", False, (False, True)), ("TPU", True, (False, True)), ("GPU", False, (True, True)),
+    ("multi-GPU", False, (True, True)), ("CPU", False, (False, False)), ("CPU", True, (True, True))])
+def test_fit_jit_compile_per_hardware(kind, course_jit, expected):
+    jit_compile, compiled, why = runtime.fit_jit_compile(kind, course_jit)
+    assert (jit_compile, compiled) == expected and why
+
+
+def test_keras_auto_jit_is_off_for_a_model_built_under_a_strategy_even_with_a_gpu(monkeypatch):
+    """Why the course never passes jit_compile="auto" (lessons 01 and 06): Keras resolves it to False for any model
+    built in a tf.distribute scope, even where a GPU exists. If a Keras release changes this, lesson 01's text and
+    runtime.fit_jit_compile must change with it."""
+    import keras
+    import tensorflow as tf
+
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",  # pretend a GPU: Keras' CPU-only rule does not fire
+                        lambda kind=None: real(kind) + ([] if kind else [types.SimpleNamespace(device_type="GPU")]))
+
+    def auto(scope):
+        with scope:
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(loss="mse", jit_compile="auto")
+        return model.jit_compile
+
+    assert auto(tf.distribute.OneDeviceStrategy("/cpu:0").scope()) is False
+    import contextlib
+
+    assert auto(contextlib.nullcontext()) is True  # the same model outside a strategy: XLA on

@@ -20,6 +20,7 @@ from course_utils import cluster
 pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
 
 
+@pytest.mark.extended  # lesson 08 runs this cluster in every mode; the message format is checked in .ci/run
 def test_keras_fit_under_multi_worker_mirrored_fails_in_one_readable_line(tmp_path):
     """Lesson 08 §2 shows this failing (keras-team/keras#20585). If a Keras release fixes it, this test fails:
     then the lesson's text, its claim and this test must change."""
@@ -70,6 +71,7 @@ def test_parameter_server_coordinator_trains_a_keras_3_model_and_fit_does_not_ru
     assert all(_gone(pid) for pid in result.pids.values())  # the serving workers and ps were stopped
 
 
+@pytest.mark.extended  # lesson 08 runs this cluster (and its gradient claim) in every mode; placement details in .ci/run
 def test_model_parallel_split_and_pipelined_steps_compute_the_one_device_gradients(tmp_path):
     lines = []
     result = cluster.launch("course_utils.experiments.model_parallel",

@@ -251,6 +251,15 @@ def _pipeline_no_cache(ds, batch_size):
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def _pipeline_float_cache(ds, batch_size):
+    import tensorflow as tf
+
+    from course_utils import data
+
+    ds = ds.map(data.to_float).cache().shuffle(1000).map(data.augment)  # caches float32: 4× the uint8 bytes
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
 def _pipeline_ragged(ds, batch_size):
     import tensorflow as tf
 
@@ -433,15 +442,16 @@ def _check_pipeline(answer: Any) -> str:
     last = next((d for d in _chain(ds) if not any(k in _kind(d) for k in _PASS_THROUGH)), ds)
     if "Prefetch" not in _kind(last):
         raise Incorrect("The last step should be `prefetch(tf.data.AUTOTUNE)`, so batches are ready before the step asks.")
-    tip = ""
-    if _cached_dtype(ds) == "float32":
-        tip = (
-            " Tip: your cache holds float32 images; cache before `to_float` and it holds uint8 — 4× less memory "
-            "(lesson 04 §2)."
+    cached = _cached_dtype(ds)
+    if cached is not None and cached != "uint8":
+        raise Incorrect(
+            f"Everything else works, but your cache holds {cached} images: the question asks to cache the uint8 "
+            "images — move `cache()` before `map(data.to_float)`, and the same cache takes 4× less memory than "
+            "float32 (lesson 04 §2)."
         )
     return (
         "cache (uint8) → shuffle → to_float + augment → batch(drop_remainder=True) → prefetch: read once, a new "
-        "order and new augmentations every epoch, static shapes, and the next batch ready in time." + tip
+        "order and new augmentations every epoch, static shapes, and the next batch ready in time."
     )
 
 
@@ -558,6 +568,7 @@ def make_pipeline(ds, batch_size):
                 ("no cache", lambda: _pipeline_no_cache, "nothing is cached"),
                 ("ragged", lambda: _pipeline_ragged, "drop_remainder=True"),
                 ("no prefetch", lambda: _pipeline_no_prefetch, "prefetch"),
+                ("float32 cache", lambda: _pipeline_float_cache, "your cache holds float32 images"),
             ),
         ),
     ],

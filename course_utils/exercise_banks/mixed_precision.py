@@ -57,7 +57,8 @@ def _check_layer_dtypes(answer: Any) -> str:
 # ----------------------------------------------------------------------------------------------
 
 _LR = 1.0
-_SCALE = 2.0**15
+_SCALE = 2.0**17  # not Keras' default 2**15: a step that hard-codes 32768 instead of the optimizer's scale is wrong
+_OVERFLOW_Y = 1e10  # targets this large make the scaled float16 gradients overflow (inf): the step must be skipped
 
 
 def _loss_fn(y, pred):
@@ -85,6 +86,7 @@ def _setup():
     finally:
         keras.config.set_dtype_policy(previous)
     optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(_LR), initial_scale=_SCALE)
+    # dynamic loss scaling changes the scale during training: the checker's optimizer starts at 2**17, not 2**15
     optimizer.build(model.trainable_variables)
     kernel, bias = model.layers[0].kernel, model.layers[0].bias
     with tf.GradientTape() as tape:  # the float32 reference step
@@ -139,13 +141,22 @@ def _check_scaled_step(answer: Any) -> str:
     ratio = float(np.median(everything[nonzero] / reference[nonzero]))
     if abs(ratio * _SCALE - 1) < 0.05:
         raise Incorrect(
-            "The update is 1/32768 of the right size: you unscaled the gradients yourself, and "
-            "`LossScaleOptimizer.apply` unscales them again. Pass the scaled gradients straight to `optimizer.apply`."
+            f"The update is 1/{_SCALE:.0f} of the right size (1/the optimizer's scale): you unscaled the gradients "
+            "yourself, and `LossScaleOptimizer.apply` unscales them again. Pass the scaled gradients straight to "
+            "`optimizer.apply`."
         )
     if abs(ratio / _SCALE - 1) < 0.05:
         raise Incorrect(
-            "The update is 32768× too large: the gradients were never unscaled. Apply them with the "
-            "LossScaleOptimizer itself (`optimizer.apply`), not its `inner_optimizer`."
+            f"The update is {_SCALE:.0f}× too large (the optimizer's scale): the gradients were never unscaled. Apply "
+            "them with the LossScaleOptimizer itself (`optimizer.apply`), not its `inner_optimizer`."
+        )
+    fixed = ratio * _SCALE  # the factor the loss was really multiplied by, if the update is off by a constant
+    power = next((2.0**k for k in range(1, 31) if abs(fixed / 2.0**k - 1) < 0.05), None)
+    if 0 < ratio < 0.95 and power is not None:
+        raise Incorrect(
+            f"The update is {ratio:.3g}× the right size: the loss was multiplied by a fixed {power:.0f}, but this "
+            f"optimizer's scale is {_SCALE:.0f} (dynamic loss scaling halves and doubles it during training). Scale "
+            "with `optimizer.scale_loss(loss)`, which always uses the current scale."
         )
     for name in expected:
         want, have = expected[name], got[name]
@@ -159,7 +170,7 @@ def _check_scaled_step(answer: Any) -> str:
     loss = require_number(returned, "the loss your train_step returns (a scalar)")
     if np.isclose(loss, expected_loss * _SCALE, rtol=0.01):
         raise Incorrect(
-            f"The update is right, but you returned the SCALED loss ({loss:.3g}, 32768× too large); return the "
+            f"The update is right, but you returned the SCALED loss ({loss:.3g}, {_SCALE:.0f}× too large); return the "
             "loss itself (`loss`, not `optimizer.scale_loss(loss)`), so logs and metrics show the real value."
         )
     if not np.isclose(loss, expected_loss, rtol=0.01):
@@ -167,11 +178,45 @@ def _check_scaled_step(answer: Any) -> str:
             f"The update is right, but you returned {describe(returned)}; expected the (unscaled) loss of the "
             f"batch, about {expected_loss:.3g}: `return loss`, the value of `loss_fn(y, model(x))`."
         )
+    _check_overflow_is_skipped(fn, model, optimizer, x, y)
     return (
-        "Scaled loss inside the tape, gradients of the scaled loss, `optimizer.apply` unscales them and "
-        "skips the step if any is inf/NaN: every weight's update matches float32 within 5%, and the loss you "
-        "return is the real (unscaled) one."
+        "Scaled loss inside the tape (with the optimizer's current scale), gradients of the scaled loss, "
+        "`optimizer.apply` unscales them: every weight's update matches float32 within 5%, and the loss you return is "
+        "the real (unscaled) one. On a batch whose scaled gradients overflow, your step left the weights alone and "
+        "halved the scale, as dynamic loss scaling must."
     )
+
+
+def _check_overflow_is_skipped(fn, model, optimizer, x, y) -> None:
+    """A second step on targets so large that the scaled float16 gradients overflow: ``LossScaleOptimizer.apply``
+    skips it (no weight changes) and halves the scale; a step that unscales by hand and calls the inner optimizer
+    writes inf/NaN into the weights and keeps the scale."""
+    import numpy as np
+
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    scale = float(optimizer.dynamic_scale.numpy())
+    call_learner(
+        _guard_no_gradients(fn), model, optimizer, _loss_fn, x, y * _OVERFLOW_Y,
+        shown_as="train_step(model, optimizer, loss_fn, x, y_huge)",
+        on_error="on a batch whose scaled gradients overflow, `optimizer.apply` must still be what applies them.",
+    )
+    after = [v.numpy() for v in model.trainable_variables]
+    changed = not all(np.array_equal(a, b) for a, b in zip(before, after))
+    if changed:
+        finite = all(np.all(np.isfinite(a)) for a in after)
+        raise Incorrect(
+            "Your first step was right, but on a batch whose scaled gradients overflow float16 (inf) your step "
+            f"changed the weights{'' if finite else ' to inf/NaN'}: `LossScaleOptimizer.apply` skips such a step and "
+            "halves the scale. Unscaling the gradients yourself and applying them with `inner_optimizer` skips that "
+            "check: pass the scaled gradients to `optimizer.apply`."
+        )
+    now = float(optimizer.dynamic_scale.numpy())
+    if now != scale / 2:
+        raise Incorrect(
+            f"On a batch whose scaled gradients overflow, the weights stayed, but the scale went from {scale:.0f} to "
+            f"{now:.0f}, not to {scale / 2:.0f}: the step must go through `optimizer.apply(grads, ...)`, which halves "
+            "the scale after an overflow so the next step fits."
+        )
 
 
 _STEP_SOLUTION = '''\
@@ -181,7 +226,7 @@ def train_step(model, optimizer, loss_fn, x, y):
     """One step for a mixed_float16 model; `optimizer` is a keras.optimizers.LossScaleOptimizer."""
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
-        scaled_loss = optimizer.scale_loss(loss)  # × 2**15: small gradients stay above float16's floor
+        scaled_loss = optimizer.scale_loss(loss)  # × the current scale (2**15 at first, by default)
     grads = tape.gradient(scaled_loss, model.trainable_variables)
     optimizer.apply(grads, model.trainable_variables)  # unscales (apply_gradients too); skips the step on inf/NaN
     return loss
@@ -249,6 +294,27 @@ def _step_scale_outside_tape(model, optimizer, loss_fn, x, y):
     return loss
 
 
+def _step_fixed_scale(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = loss * 32768.0  # Keras' default initial scale, hard-coded
+    optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+    return loss
+
+
+def _step_unscale_then_inner(model, optimizer, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    grads = [g / optimizer.dynamic_scale for g in tape.gradient(scaled, model.trainable_variables)]
+    optimizer.inner_optimizer.apply(grads, model.trainable_variables)  # no inf/NaN check, no scale update
+    return loss
+
+
 def _step_inner(model, optimizer, loss_fn, x, y):
     import tensorflow as tf
 
@@ -306,8 +372,10 @@ def train_step(model, optimizer, loss_fn, x, y):
             reference=lambda: _step_reference,
             wrong_examples=(
                 ("no scaling", lambda: _step_unscaled, "underflowed to zero"),
-                ("unscaled twice", lambda: _step_double_unscale, "1/32768"),
-                ("inner optimizer", lambda: _step_inner, "32768× too large"),
+                ("unscaled twice", lambda: _step_double_unscale, "1/131072 of the right size"),
+                ("inner optimizer", lambda: _step_inner, "131072× too large"),
+                ("a hard-coded 32768", lambda: _step_fixed_scale, "multiplied by a fixed 32768"),
+                ("unscaled by hand, inner optimizer", lambda: _step_unscale_then_inner, "changed the weights to inf/NaN"),
                 ("bias only", lambda: _step_bias_only, "The kernel's update does not match float32"),
                 ("returns the scaled loss", lambda: _step_returns_scaled, "returned the SCALED loss"),
                 ("scale_loss outside the tape", lambda: _step_scale_outside_tape, "got no gradients (all None)"),

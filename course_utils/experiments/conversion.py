@@ -10,17 +10,30 @@ import re
 
 
 def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: int = 10, jit: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, device: str | None = None):
     """One forward pass (inference) of the course's ``small_cnn`` built under ``policy``, as a step for
-    :func:`course_utils.memory.measure_peaks_isolated`: a zero-argument ``tf.function``
-    (``jit_compile=jit``) over a fixed batch of ``batch`` CIFAR-shaped uint8 images."""
+    :func:`course_utils.memory.measure_peaks_isolated`: a zero-argument callable running a ``tf.function``
+    (``jit_compile=jit``) over a fixed batch of ``batch`` CIFAR-shaped uint8 images.
+
+    Placed on ``device`` explicitly — the images, the weights and every call (default:
+    :func:`course_utils.memory.default_device`, the accelerator whose peak is read): TensorFlow puts ops on a GPU by
+    itself, but on a TPU only when told (``tf.device`` or TPUStrategy) — unplaced, the step would run on the host CPU
+    while its peak is read from ``TPU:0``."""
     import tensorflow as tf
 
-    from .. import data, models
+    from .. import data, memory, models
 
-    images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes, seed=seed)[0][0])
-    model = models.build_under_policy(policy, width=width, num_classes=num_classes)
-    return tf.function(lambda: model(images), jit_compile=jit)
+    device = device or memory.default_device()
+    with tf.device(device):
+        images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes, seed=seed)[0][0])
+        model = models.build_under_policy(policy, width=width, num_classes=num_classes)
+    forward = tf.function(lambda: model(images), jit_compile=jit)
+
+    def step():
+        with tf.device(device):
+            return forward()
+
+    return step
 
 
 _CONV = re.compile(r"=\s*([a-z]+[0-9]+)\[[^\]]*\][^=]*?\bconvolution\(")
@@ -290,7 +303,8 @@ def claims(r: dict) -> list:
                      f"(float32 gradients exactly 0: {r['zero_grad_f32']:.1%})",
                      sgd["float32"] > 0 and sgd["bfloat16"] < 0.5 * sgd["float32"]
                      and sgd["mixed_bfloat16"] >= 0.9 * sgd["float32"]),
-        report.Claim("Pure bfloat16 + Adam changes no weight at all (β₂ = 0.999 rounds to 1.0)", "Keras 3 Adam; §4",
+        report.Claim("Pure bfloat16 + Keras' Adam changes no weight at all (it casts β₂ = 0.999 to the variable's "
+                     "dtype: 1.0)", "keras/src/optimizers/adam.py; §4",
                      "0%", f"{r['changed']['bfloat16', 'Adam(1e-3)']:.1%}; 0.999 → {r['beta_2_in_bf16']}",
                      r["changed"]["bfloat16", "Adam(1e-3)"] == 0.0),
         report.Claim("bfloat16 inference predicts (almost) the same classes as float32", "§5",

@@ -181,6 +181,46 @@ def auto_shard_table(paths: list[str], num_workers: int, policies=("FILE", "DATA
     return rows
 
 
+UPSTREAM_CASES = ("DATA after shuffle(n), no seed", "DATA after shuffle(n, seed=SEED)",
+                  "FILE on list_files(pattern), its default shuffle", "FILE on list_files(pattern, shuffle=False)")
+
+
+def upstream_order_cases(pattern: str, num_workers: int, seed: int = 7, cases=UPSTREAM_CASES) -> list[dict]:
+    """Auto-sharding when the order *above* the shard is random: each simulated worker builds its own pipeline
+    and gets tf.distribute's rewrite (:func:`shard_as_worker`), as on a cluster. ``DATA`` keeps every k-th element
+    of what its pipeline produces — TensorFlow's docstring: it "needs to produce elements in a deterministic
+    order" — and ``FILE`` every k-th file of the file list, which ``list_files`` shuffles unless told not to.
+    Returns ``{"case", "per_worker" (ids), "count", "duplicated", "missing"}`` per case."""
+    import tensorflow as tf
+
+    from ..data import parse_record
+
+    def pipeline(case: str):
+        options = tf.data.Options()
+        if case.startswith("DATA"):
+            ds = tf.data.Dataset.list_files(pattern, shuffle=False).interleave(tf.data.TFRecordDataset,
+                                                                                cycle_length=1)
+            ds = ds.map(parse_record).shuffle(10_000, seed=seed if "seed=" in case else None)
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        else:
+            files = tf.data.Dataset.list_files(pattern) if "default" in case else tf.data.Dataset.list_files(
+                pattern, shuffle=False)
+            ds = files.interleave(tf.data.TFRecordDataset, cycle_length=1).map(parse_record)
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+        return ds.with_options(options)
+
+    n = sum(1 for _ in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern)))
+    rows = []
+    for case in cases:
+        per_worker = []
+        for w in range(num_workers):
+            ctx = tf.distribute.InputContext(num_input_pipelines=num_workers, input_pipeline_id=w,
+                                             num_replicas_in_sync=num_workers)
+            per_worker.append(sorted(int(e["id"]) for e in shard_as_worker(pipeline(case), ctx)))
+        rows.append({"case": case, "per_worker": per_worker, **_coverage(per_worker, n)})
+    return rows
+
+
 SHUFFLE_CASES = ("unseeded shuffle → shard", "seeded shuffle → shard", "shard → shuffle")
 
 
@@ -521,6 +561,9 @@ def measure(lab) -> dict:
     out["file_policy_failed"] = auto_shard_table(two_files, num_workers=4, policies=("FILE",))[-1]["failed"]
     out["shuffle_rows"] = [{k: r[k] for k in ("case", "count", "duplicated", "missing")}
                            for r in shuffle_shard_cases(len(shard_data), num_workers=4, seed=cfg.seed)]
+    out["upstream_rows"] = [{k: r[k] for k in ("case", "count", "duplicated", "missing")}
+                            for r in upstream_order_cases(f"{record_dir}/four/*.tfrecord", num_workers=4,
+                                                          seed=cfg.seed)]
 
     # §6: the input-bound check on one replica
     lab.progress("§6 the input-bound check")
@@ -529,7 +572,7 @@ def measure(lab) -> dict:
     with one_replica.scope():
         model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                      jit_compile=lab.jit)
+                      jit_compile=lab.cfg.jit)
     train_pipeline = data.build_pipeline(cifar.train, global_batch, seed=cfg.seed)
     check = input_bound_check(model, train_pipeline, steps=5, repeats=sizes.timing_repeats)
     out["bottleneck"], out["bottleneck_ratio"] = check.bottleneck, check.ratio
@@ -554,7 +597,7 @@ def measure(lab) -> dict:
         with on_strategy.scope():
             m = make_model()
             m.compile(optimizer="adam", loss="sparse_categorical_crossentropy", steps_per_execution=steps_per_execution,
-                      jit_compile=lab.jit)
+                      jit_compile=lab.cfg.jit)
         return m
 
     def fit_epochs(steps_per_execution, pipeline, on_strategy, epochs=1, tiny=True):
@@ -605,6 +648,23 @@ def measure(lab) -> dict:
     out["prefetch_sim"] = ratio_samples(sim_times, "plain, without", "plain, with").values
     out["prefetch_default"] = ratio_samples(sim_times, "defaults, without", "defaults, with").values
     return out
+
+
+def _upstream_claim(rows: list[dict]):
+    """§5: auto-sharding after a random order — DATA overlaps unless the shuffle is seeded; FILE does not (the rewrite
+    shards the file list before list_files' shuffle)."""
+    from .. import report
+
+    by = {row["case"]: row for row in rows}
+    clean = [by[c] for c in UPSTREAM_CASES[1:]]
+    unseeded = by[UPSTREAM_CASES[0]]
+    return report.Claim(
+        "Sharding by DATA after an unseeded shuffle overlaps the workers (DATA needs a deterministic order); seeded it "
+        "splits cleanly; FILE shards the file list before list_files' own shuffle", "tf.data AutoShardPolicy; §5",
+        "DATA unseeded: > 0 dups and > 0 missing; the other three: 0 / 0",
+        "; ".join(f"{row['case']}: {row['duplicated']} dups, {row['missing']} missing" for row in rows),
+        unseeded["duplicated"] > 0 and unseeded["missing"] > 0
+        and all(row["duplicated"] == row["missing"] == 0 for row in clean))
 
 
 def claims(r: dict) -> list:
@@ -679,6 +739,7 @@ def claims(r: dict) -> list:
                       for row in r["shuffle_rows"]),
             unseeded["duplicated"] > 0 and unseeded["missing"] > 0
             and all(row["duplicated"] == row["missing"] == 0 for row in fixes)),
+        _upstream_claim(r["upstream_rows"]),
         report.Claim(
             f"With steps_per_execution={N}, batch callbacks fire once every {N} steps",
             "Keras compile docs; §7", f"⌈{r['steps_per_epoch']}/{N}⌉ = {r['calls_expected']} calls per epoch",

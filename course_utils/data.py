@@ -631,6 +631,24 @@ def augment(image, label, pad: int = 4):
     return image, label
 
 
+def augment_batch(images, labels, pad: int = 4):
+    """:func:`augment` for a whole batch in one call (``ds.batch(n).map(augment_batch)``): each image gets its own
+    flip and its own crop offset, as with :func:`augment` per image.
+
+    ``tf.image.random_flip_left_right`` flips each image of a 4-D batch independently; ``tf.image.random_crop`` does
+    not — it draws one offset for the whole batch — so the crop is a gather with one random offset per image."""
+    import tensorflow as tf
+
+    n, size = tf.shape(images)[0], images.shape[1] or tf.shape(images)[1]
+    images = tf.image.random_flip_left_right(images)
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+    offsets = tf.random.uniform([n, 2], 0, 2 * pad + 1, dtype=tf.int32)  # (row, column) per image
+    window = tf.range(size)[tf.newaxis]
+    images = tf.gather(padded, offsets[:, :1] + window, axis=1, batch_dims=1)  # rows
+    images = tf.gather(images, offsets[:, 1:] + window, axis=2, batch_dims=1)  # columns
+    return images, labels
+
+
 def build_pipeline(
     ds,
     batch_size: int,

@@ -14,6 +14,9 @@ reads the same file with the plugin's own converter, so a notebook can print the
   (waiting for the next batch from ``tf.data``) as a share of the profiled steps' time (Keras
   marks each profiled step as a "Profiled batch" event).
 
+Where the plugin is missing or cannot load (Colab: xprof 2.20.9 needs protobuf >= 6.31, Colab has 5.29), the
+trace figure is read from the same file with TensorFlow's own XSpace proto (:func:`_from_xspace`).
+
 Either way the figure is the share of step time spent waiting for input: above about 10–20% the
 step is input-bound (make the pipeline faster: lesson 04); near 0 it is compute-bound.
 """
@@ -129,13 +132,55 @@ def _from_trace(trace) -> tuple[float, int, float] | None:
     return min(wait_us / step_us, 1.0), len(steps), step_us / len(steps) / 1000
 
 
+def _from_xspace(paths: list[str]) -> tuple[float, int, float] | None:
+    """:func:`_from_trace`'s figure read straight from the ``.xplane.pb`` files with TensorFlow's own XSpace proto
+    (``tensorflow.tsl.profiler.protobuf.xplane_pb2``): no plugin needed. None if TensorFlow has no such module or the
+    files hold no profiled steps; raises ProfileError for a file that is not an XSpace."""
+    try:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    except ImportError:
+        return None
+    step_ps = wait_ps = steps = 0
+    for path in paths:
+        space = xplane_pb2.XSpace()
+        try:
+            with open(path, "rb") as f:
+                space.ParseFromString(f.read())
+        except Exception as err:  # noqa: BLE001 - protobuf's DecodeError, OSError: one line
+            raise ProfileError(f"{path!r} is not a readable profile ({type(err).__name__}): profile again") from None
+        for plane in space.planes:
+            names = {key: meta.name for key, meta in plane.event_metadata.items()}
+            for line in plane.lines:
+                for event in line.events:
+                    name = names.get(event.metadata_id, "")
+                    if name == "Profiled batch":
+                        step_ps, steps = step_ps + event.duration_ps, steps + 1
+                    elif name.startswith("IteratorGetNext"):
+                        wait_ps += event.duration_ps
+    if not steps or step_ps <= 0:
+        return None
+    return min(wait_ps / step_ps, 1.0), steps, step_ps / steps / 1e9
+
+
 def read_input_bound(log_dir: str) -> ProfileReading:
     """How much of each profiled training step waited for input, read from the profile in ``log_dir``.
 
-    Raises :class:`ProfileError` (one line, with the fix) when there is no profile or no plugin.
+    With TensorBoard's profile plugin: its input pipeline analysis, or its trace viewer on a CPU-only host. Without
+    a usable plugin (not installed, or — as on Colab — an xprof built for a newer protobuf): the same trace figure,
+    read with TensorFlow's own profile format. Raises :class:`ProfileError` (one line, with the fix) when there is no
+    profile, or no way to read it.
     """
     paths = find_xplanes(log_dir)
-    convert = _converter()
+    try:
+        convert = _converter()
+    except ProfileError:
+        traced = _from_xspace(paths)
+        if traced is None:
+            raise
+        share, steps, step_ms = traced
+        return ProfileReading(share, steps, step_ms, "the trace, read with TensorFlow's own profile format (TensorBoard's "
+                              "profile plugin is not usable here): time in IteratorGetNext / time in the step", "",
+                              paths[0])
     analysis = _from_analyzer(_tool_json(convert, paths, "input_pipeline_analyzer"))
     if analysis is not None:
         share, steps, step_ms, conclusion = analysis

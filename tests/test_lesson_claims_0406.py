@@ -53,6 +53,10 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
         download_error="… set COURSE_DATA=synthetic, or npz:PATH …",
         pipeline_speedup=report.Samples([1.5, 1.6, 1.7]),
         order_frozen=True, order_fresh=True, per_replica_batch=per_replica, global_batch=global_batch,
+        read_speedups={"local files": [0.8, 0.9, 1.0], "bucket": [4.8, 5.0, 5.2]}, nondeterministic_speedup=[1.3, 1.5, 1.9],
+        order_moved=1020, fused_moved={"fused (default)": 0, "fusion off": 253}, vectorized_speedup=[1.9, 2.2, 3.5],
+        crops={pipeline.CROP_CASES[0]: 9, pipeline.CROP_CASES[1]: 1},
+        profile_shares={pipeline.PROFILE_CASES[0]: 0.47, pipeline.PROFILE_CASES[1]: 0.012},
         shape_rows=[{"API": api, "global batch": global_batch, "per-replica shapes": [[per_replica]] * replicas}
                     for api in pipeline.APIS],
         real_global=per_replica, n_examples=n,
@@ -76,11 +80,11 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
 def test_lesson_04_claims_one_per_row_every_key_read():
     results = Recording(_results_04())
     claims = pipeline.claims(results)
-    assert len(claims) == 19 and {c.lesson for c in claims} == {"04"}
+    assert len(claims) == 25 and {c.lesson for c in claims} == {"04"}
     assert results.read == set(results), set(results) - results.read
     assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
     timed = [c for c in claims if c.samples is not None]
-    assert len(timed) == 5 and all(len(c.samples) == 3 for c in timed)  # the repeats are kept
+    assert len(timed) == 8 and all(len(c.samples) == 3 for c in timed)  # the repeats are kept
 
 
 def test_lesson_04_notebook_and_measure_hand_claims_the_same_keys():
@@ -101,10 +105,22 @@ def test_lesson_04_verdicts_follow_the_measurements():
         '"auto" fails': dict(spe_auto="fit ran"),
         "input-bound check": dict(bottleneck="input pipeline"),
         "injects a prefetch": dict(prefetch_default=[1.5, 1.6, 1.7]),
+        "interleave overlaps the waits": dict(read_speedups={"local files": [1.0] * 3, "bucket": [0.9, 0.95, 0.97]}),
+        "deterministic=False lets interleave": dict(nondeterministic_speedup=[0.8, 0.9, 0.95]),
+        "deterministic=False changes the order": dict(fused_moved={"fused (default)": 30, "fusion off": 253}),
+        "Batching before a cheap map": dict(vectorized_speedup=[0.7, 0.8, 0.9]),
+        "random_crop on a batch": dict(crops={pipeline.CROP_CASES[0]: 1, pipeline.CROP_CASES[1]: 1}),
+        "profile shows the wait": dict(profile_shares={pipeline.PROFILE_CASES[0]: 0.05,
+                                                       pipeline.PROFILE_CASES[1]: 0.01}),
     }
     for words, change in failing.items():
         claim = _find(pipeline.claims(_results_04(**change)), words)
         assert claim.holds is False and claim.fails, (words, claim.verdict)
+    for order_moved, fused in ((0, {"fused (default)": 0, "fusion off": 253}), (1020, {"fused (default)": 0, "fusion off": 0})):
+        claim = _find(pipeline.claims(_results_04(order_moved=order_moved, fused_moved=fused)), "changes the order")
+        assert claim.holds is False, (order_moved, fused)
+    slower_than_memory = {pipeline.PROFILE_CASES[0]: 0.3, pipeline.PROFILE_CASES[1]: 0.4}
+    assert _find(pipeline.claims(_results_04(profile_shares=slower_than_memory)), "profile shows").holds is False
     noisy = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [0.9, 1.2, 1.3],
                                                             "small CNN": [1.01, 1.02, 1.05]})), "tiny model")
     assert noisy.holds == "noise"

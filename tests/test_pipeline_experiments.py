@@ -163,3 +163,93 @@ def test_shard_as_worker_is_tensorflows_auto_shard_rewrite():
     ds = tf.data.Dataset.range(12).with_options(options)
     shares = [[int(v) for v in exp.shard_as_worker(ds, tf.distribute.InputContext(3, worker, 3))] for worker in range(3)]
     assert shares == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading files, deterministic=False, batch before map, the profiler's view (lesson 04 §2, §6)
+# ----------------------------------------------------------------------------------------------
+
+
+def _row_images(n: int, size: int = 32) -> np.ndarray:
+    """Images whose pixels name their row (channel 0) and column (channel 1): a crop and a flip can be read back."""
+    x = np.zeros((n, size, size, 3), np.uint8)
+    x[..., 0] = np.arange(size)[:, None] + 100
+    x[..., 1] = np.arange(size)[None, :] + 100
+    return x
+
+
+def _image_dataset(n: int):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((_row_images(n), np.arange(n) % 10))
+
+
+def test_augment_batch_gives_each_image_its_own_flip_and_crop():
+    import tensorflow as tf
+
+    x = _row_images(64)
+    out = data.augment_batch(tf.constant(x), tf.zeros([64], tf.int64))[0].numpy()
+    assert out.shape == x.shape and out.dtype == x.dtype
+    padded = np.pad(x, ((0, 0), (4, 4), (4, 4), (0, 0)))
+    windows = {(flip, dy, dx) for flip in (False, True) for dy in range(9) for dx in range(9)}
+
+    def window_of(i):  # the (flip, row offset, column offset) that gives image i, or None
+        for flip, dy, dx in windows:
+            image = padded[i][:, ::-1] if flip else padded[i]
+            if np.array_equal(image[dy:dy + 32, dx:dx + 32], out[i]):
+                return flip, dy, dx
+        return None
+
+    found = [window_of(i) for i in range(64)]
+    assert None not in found  # every output is a flip + crop of its own padded image
+    assert len({f[0] for f in found}) == 2 and len({f[1] for f in found}) > 3  # drawn per image, not per batch
+    assert exp.distinct_crops(data.augment_batch, 64) > 3
+    assert exp.distinct_crops(exp.augment_batch_one_crop, 64) == 1  # the mistake: one offset for the batch
+
+
+def test_bucket_reader_reads_every_record_and_waits(tmp_path):
+    import tensorflow as tf
+
+    files = data.write_tfrecords(str(tmp_path), _image_dataset(64), num_files=4)
+    reader = exp.bucket_reader(open_s=0.01, request_s=0.01)
+    records = tf.data.Dataset.from_tensor_slices(files).flat_map(reader).map(data.parse_record)
+    start = time.perf_counter()
+    ids = [int(r["id"]) for r in records.as_numpy_iterator()]
+    waited = time.perf_counter() - start
+    assert ids == list(range(64))
+    assert waited >= 4 * 0.01 + 4 * 0.01  # 4 opens, 4 requests of 16 records, one after another
+
+
+def test_read_and_tail_latency_pipelines_deliver_the_same_records(tmp_path):
+    files = data.write_tfrecords(str(tmp_path), _image_dataset(128), num_files=8)
+    for name, ds in exp.read_pipelines(files, 32).items():
+        assert sorted(exp.arrival_ids(ds)) == list(range(128)), name
+    tail = exp.tail_latency_pipelines(files, 32, cycle_length=8)
+    arrived = {flag: exp.arrival_ids(ds) for flag, ds in tail.items()}
+    assert sorted(arrived[False]) == list(range(128))
+    assert list(arrived[True][:8]) == [0, 16, 32, 48, 64, 80, 96, 112]  # round robin over the 8 files
+    assert (arrived[True] != arrived[False]).any()  # the next ready record goes first
+
+
+def test_fused_map_and_batch_keeps_the_order_even_with_deterministic_false():
+    moved = exp.fused_map_order(n=64, batch_size=16, slow_one_in=8, slow_s=0.02)
+    assert moved["fused (default)"] == 0 and moved["fusion off"] > 0
+
+
+def test_profiled_input_share_tells_slow_reads_from_memory(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    x = np.zeros((64, 32, 32, 3), np.float32)
+    fast = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int64))).batch(16).cache()
+
+    def slow(image, label):
+        waited = tf.py_function(lambda v: (time.sleep(0.02), v)[1], [image], tf.float32)
+        waited.set_shape(image.shape)
+        return waited, label
+
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    slow_share = exp.profiled_input_share(model, fast.map(slow), str(tmp_path / "slow")).input_share
+    fast_share = exp.profiled_input_share(model, fast, str(tmp_path / "fast")).input_share
+    assert slow_share > 0.5 > fast_share

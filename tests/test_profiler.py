@@ -54,14 +54,37 @@ def test_no_profile_is_a_clear_error(tmp_path):
         profiler.read_input_bound(str(tmp_path))
 
 
-def test_missing_plugin_says_how_to_install(tmp_path, monkeypatch):
-    plane = tmp_path / "train" / "plugins" / "profile" / "2026_01_01_00_00_00" / "host.xplane.pb"
-    plane.parent.mkdir(parents=True)
-    plane.write_bytes(b"")
+def _hide_plugin(monkeypatch):
     for name in ("xprof", "xprof.convert", "tensorboard_plugin_profile", "tensorboard_plugin_profile.convert"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+
+
+def test_missing_plugin_says_how_to_install_when_tensorflow_cannot_read_the_profile_either(tmp_path, monkeypatch):
+    plane = tmp_path / "train" / "plugins" / "profile" / "2026_01_01_00_00_00" / "host.xplane.pb"
+    plane.parent.mkdir(parents=True)
+    plane.write_bytes(b"")  # an empty profile: no steps
+    _hide_plugin(monkeypatch)
     with pytest.raises(profiler.ProfileError, match="pip install tensorboard-plugin-profile"):
         profiler.read_input_bound(str(tmp_path))
+    plane.write_bytes(b"\xff" * 64)  # not an XSpace at all
+    with pytest.raises(profiler.ProfileError, match="not a readable profile"):
+        profiler.read_input_bound(str(tmp_path))
+
+
+@pytest.mark.parametrize("slow_input", [True, False])
+def test_without_the_plugin_the_trace_is_read_with_tensorflows_own_format(tmp_path, monkeypatch, slow_input):
+    """Colab: tensorboard-plugin-profile is not installed, and xprof 2.20.9 cannot load on its protobuf 5.29."""
+    _profiled_fit(tmp_path, slow_input)
+    try:
+        with_plugin = profiler.read_input_bound(str(tmp_path))
+    except profiler.ProfileError:
+        with_plugin = None
+    _hide_plugin(monkeypatch)
+    reading = profiler.read_input_bound(str(tmp_path))
+    assert "TensorFlow's own profile format" in reading.source and reading.steps == 9
+    assert reading.bound == ("input-bound" if slow_input else "compute-bound"), reading
+    if with_plugin is not None and "trace" in with_plugin.source:  # the same events, read two ways
+        assert reading.input_share == pytest.approx(with_plugin.input_share, abs=1e-6)
 
 
 def _table(cols, rows, conclusion="Your program is HIGHLY input-bound"):

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..data import APIS, distribute, tfrecord_dataset
+from ..profiler import INPUT_BOUND_ABOVE
 from ..report import Samples
 
 # ----------------------------------------------------------------------------------------------
@@ -414,6 +415,192 @@ def input_bound_check(model, ds, steps: int = 10, repeats: int = 5) -> Bottlenec
     return BottleneckReport(pipeline, batch_size / step.median_s, batch_size)
 
 
+# ----------------------------------------------------------------------------------------------
+# Reading files (interleave, deterministic=False), batching before map, the profiler's view
+# ----------------------------------------------------------------------------------------------
+
+BUCKET_OPEN_S = 0.02  # simulated: opening one file in a cloud bucket
+BUCKET_REQUEST_S = 0.008  # simulated: one request for the next REQUEST_RECORDS records of a file
+REQUEST_RECORDS = 16
+TAIL_S = 0.08  # simulated tail latency: a slow request takes this long instead of BUCKET_REQUEST_S
+TAIL_ONE_IN = 8  # one request in this many, in each file, is slow
+IO_THREADS = 32
+READ_CASES = ("local files, one at a time", "local files, interleave", "bucket, one file at a time",
+              "bucket, interleave")
+MAP_CASES = ("per image: map → batch", "per batch: batch → map")
+CROP_CASES = ("data.augment_batch", "random_crop on the batch (wrong)")
+PROFILE_CASES = ("bucket, one file at a time", "in memory (train_pipeline)")
+
+
+def _waited(x, seconds: float, slow=None, slow_s: float = 0.0):
+    """``x`` unchanged, after sleeping ``seconds`` (``slow_s`` where the boolean tensor ``slow`` is true)."""
+    import tensorflow as tf
+
+    def wait(value, is_slow):
+        time.sleep(slow_s if bool(is_slow) else seconds)
+        return value
+
+    out = tf.py_function(wait, [x, False if slow is None else slow], x.dtype)
+    out.set_shape(x.shape)
+    return out
+
+
+def bucket_reader(open_s: float = BUCKET_OPEN_S, request_s: float = BUCKET_REQUEST_S, tail_s: float | None = None):
+    """``path → its records``, read as from a cloud bucket: the file takes ``open_s`` to open and each request for
+    :data:`REQUEST_RECORDS` records ``request_s``. With ``tail_s``, one request in :data:`TAIL_ONE_IN` of each file
+    takes ``tail_s`` instead (which one depends on the file: the slow requests of different files fall at different
+    times). The waits are sleeps: time passes, no core works — as when a TPU host waits for Cloud Storage. Local
+    files in the page cache have nothing to wait for, so this is what ``interleave`` is for."""
+    import tensorflow as tf
+
+    def read(path):
+        opened = tf.data.Dataset.from_tensors(path).map(lambda p: _waited(p, open_s))
+        requests = opened.flat_map(tf.data.TFRecordDataset).batch(REQUEST_RECORDS).enumerate()
+        phase = tf.strings.to_hash_bucket_fast(path, TAIL_ONE_IN)
+
+        def request(k, chunk):
+            slow = tf.equal((k + phase) % TAIL_ONE_IN, 0) if tail_s is not None else None
+            return _waited(chunk, request_s, slow, tail_s or 0.0)
+
+        return requests.map(request).unbatch()
+
+    return read
+
+
+def with_io_threads(ds, threads: int = IO_THREADS):
+    """``ds`` with a private pool of ``threads`` tf.data threads. A simulated wait (:func:`bucket_reader`) runs as a
+    TensorFlow op on tf.data's pool, which has one thread per core: on 2 cores at most 2 waits overlap (measured). A
+    real bucket read waits inside the interleave's own threads, so the simulation gets threads to wait in."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    return ds.with_options(options)
+
+
+def _records_to_batches(records, batch_size: int):
+    import tensorflow as tf
+
+    from ..data import parse_record
+
+    batches = records.map(parse_record, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size)
+    return with_io_threads(batches.prefetch(tf.data.AUTOTUNE))
+
+
+def read_pipelines(paths: list[str], batch_size: int) -> dict[str, Any]:
+    """The :data:`READ_CASES`: the files read one after another (``flat_map``) or ``interleave``d (all files in flight,
+    ``num_parallel_calls=AUTOTUNE``), from local disk and from a simulated bucket (:func:`bucket_reader`); each parsed
+    and batched the same way. Elements are :func:`data.parse_record` dicts (``id``, ``image``, ``label``)."""
+    import tensorflow as tf
+
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    bucket = bucket_reader()
+    return {
+        READ_CASES[0]: _records_to_batches(files.flat_map(tf.data.TFRecordDataset), batch_size),
+        READ_CASES[1]: _records_to_batches(files.interleave(tf.data.TFRecordDataset, cycle_length=len(paths),
+                                                            num_parallel_calls=tf.data.AUTOTUNE), batch_size),
+        READ_CASES[2]: _records_to_batches(files.flat_map(bucket), batch_size),
+        READ_CASES[3]: _records_to_batches(files.interleave(bucket, cycle_length=len(paths),
+                                                            num_parallel_calls=tf.data.AUTOTUNE), batch_size),
+    }
+
+
+def tail_latency_pipelines(paths: list[str], batch_size: int, cycle_length: int = 4) -> dict[bool, Any]:
+    """``interleave(..., deterministic=flag)`` for both flags, over a bucket with tail latency (one slow request in
+    :data:`TAIL_ONE_IN`), ``cycle_length`` files in flight."""
+    import tensorflow as tf
+
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    bucket = bucket_reader(tail_s=TAIL_S)
+    return {flag: _records_to_batches(files.interleave(bucket, cycle_length=cycle_length, num_parallel_calls=cycle_length,
+                                                        deterministic=flag), batch_size)
+            for flag in (True, False)}
+
+
+def arrival_ids(ds) -> np.ndarray:
+    """The ``id`` of every record, in the order ``ds`` (batches of :func:`data.parse_record` dicts) delivers them."""
+    return np.concatenate([batch["id"] for batch in ds.as_numpy_iterator()])
+
+
+def fused_map_order(n: int = 256, batch_size: int = 32, slow_one_in: int = 16, slow_s: float = 0.02) -> dict:
+    """``map(f, num_parallel_calls=4, deterministic=False).batch(n)`` where one element in ``slow_one_in`` takes
+    ``slow_s``: how many elements arrive out of place with tf.data's ``map_and_batch_fusion`` on (the default: map
+    and batch become one step) and off. The slow calls sleep, so they get threads to sleep in
+    (:func:`with_io_threads`): with one core, tf.data's own pool runs one call at a time and nothing can overtake."""
+    import tensorflow as tf
+
+    def wait(i):
+        time.sleep(slow_s if int(i) % slow_one_in == 0 else slow_s / 20)
+        return i
+
+    def slow(i):
+        out = tf.py_function(wait, [i], tf.int64)
+        out.set_shape(())
+        return out
+
+    moved = {}
+    for fusion in (True, False):
+        options = tf.data.Options()
+        options.experimental_optimization.map_and_batch_fusion = fusion
+        ds = tf.data.Dataset.range(n).map(slow, num_parallel_calls=4, deterministic=False).batch(batch_size)
+        order = np.concatenate(list(with_io_threads(ds.with_options(options)).as_numpy_iterator()))
+        moved["fused (default)" if fusion else "fusion off"] = int((order != np.arange(n)).sum())
+    return moved
+
+
+def map_placement_pipelines(images, batch_size: int) -> dict[str, Any]:
+    """The :data:`MAP_CASES` on ``images`` (uint8 ``(image, label)`` pairs, cached): random augmentation per image
+    (:func:`data.augment`, then ``batch``) or per batch (``batch``, then :func:`data.augment_batch`), both
+    ``num_parallel_calls=AUTOTUNE`` and prefetched."""
+    import tensorflow as tf
+
+    from ..data import augment, augment_batch, to_float
+
+    auto = tf.data.AUTOTUNE
+    return {
+        MAP_CASES[0]: images.map(lambda x, y: augment(*to_float(x, y)), num_parallel_calls=auto).batch(batch_size)
+                            .prefetch(auto),
+        MAP_CASES[1]: images.batch(batch_size).map(lambda x, y: augment_batch(*to_float(x, y)), num_parallel_calls=auto)
+                            .prefetch(auto),
+    }
+
+
+def augment_batch_one_crop(images, labels, pad: int = 4):
+    """WRONG, on purpose: the per-image recipe applied to a batch — ``tf.image.random_crop`` on a 4-D batch draws
+    one crop offset for the whole batch."""
+    import tensorflow as tf
+
+    size = images.shape[1]
+    images = tf.image.random_flip_left_right(images)
+    images = tf.image.resize_with_crop_or_pad(images, size + 2 * pad, size + 2 * pad)
+    return tf.image.random_crop(images, tf.stack([tf.shape(images)[0], size, size, 3])), labels
+
+
+def distinct_crops(augment_fn, batch_size: int, pad: int = 4) -> int:
+    """How many different vertical crop offsets ``augment_fn`` (a batch function like :func:`data.augment_batch`)
+    gives the images of one batch: each image's rows are numbered in its pixels, so the crop is read back."""
+    import tensorflow as tf
+
+    size = 32
+    rows = np.broadcast_to((np.arange(size) + 100)[None, :, None, None], (batch_size, size, size, 3)).astype(np.uint8)
+    out, _ = augment_fn(tf.constant(rows), tf.zeros([batch_size], tf.int64), pad=pad)
+    middle = np.asarray(out)[:, size // 2, size // 2, 0].astype(int)  # = 100 + size // 2 + offset - pad
+    return len(set((middle - 100 - size // 2 + pad).tolist()))
+
+
+def profiled_input_share(model, ds, log_dir: str, steps: int = 8):
+    """Train ``model`` on ``ds`` for ``steps`` steps with Keras' TensorBoard callback profiling steps 3 to
+    ``steps - 2``, and read the profile's answer (:func:`course_utils.profiler.read_input_bound`): the share of each
+    step spent waiting for input."""
+    import keras
+
+    from .. import profiler
+
+    keras_profile = keras.callbacks.TensorBoard(log_dir, profile_batch=(3, steps - 2), write_graph=False)
+    model.fit(ds.repeat(), steps_per_epoch=steps, epochs=1, callbacks=[keras_profile], verbose=0)
+    return profiler.read_input_bound(log_dir)
+
+
 def plot_speedups(speedups: dict[str, Samples], title: str = ""):
     """Horizontal bars: median speed-up of each comparison, with its spread as an error bar, and a line at
     1× (no change). Returns the figure."""
@@ -512,6 +699,29 @@ def measure(lab) -> dict:
     out["order_frozen"] = same[0][0] and same[0][1]
     out["order_fresh"] = not (same[1][0] or same[1][1])
 
+    # §2: reading many files (interleave, deterministic=False); batch before map
+    lab.progress(f"§2 8 files read one at a time or interleaved (local, simulated bucket), deterministic=False, "
+                 f"batch before map, {rounds} rounds each")
+    read_files = data.write_tfrecords(f"{tempfile.mkdtemp()}/eight", cifar.train.take(min(timed_examples, 1024)),
+                                      num_files=8)
+    reads = read_pipelines(read_files, global_batch)
+    read_times = interleaved_times({name: (lambda ds=ds: drain(ds)) for name, ds in reads.items()}, rounds=rounds)
+    out["read_speedups"] = {"local files": ratio_samples(read_times, *READ_CASES[:2]).values,
+                            "bucket": ratio_samples(read_times, *READ_CASES[2:]).values}
+    tail = tail_latency_pipelines(read_files, global_batch, cycle_length=8)
+    tail_times = interleaved_times({flag: (lambda ds=ds: drain(ds)) for flag, ds in tail.items()}, rounds=rounds)
+    out["nondeterministic_speedup"] = ratio_samples(tail_times, True, False).values
+    arrived = {flag: arrival_ids(ds) for flag, ds in tail.items()}
+    out["order_moved"] = int((arrived[True] != arrived[False]).sum())
+    out["fused_moved"] = fused_map_order()
+    cached_images = cifar.train.take(timed_examples).cache()
+    list(cached_images)  # fill the cache before timing
+    placements = map_placement_pipelines(cached_images, global_batch)
+    map_times = interleaved_times({name: (lambda ds=ds: drain(ds)) for name, ds in placements.items()}, rounds=rounds)
+    out["vectorized_speedup"] = ratio_samples(map_times, *MAP_CASES).values
+    out["crops"] = {CROP_CASES[0]: distinct_crops(data.augment_batch, per_replica_batch),
+                    CROP_CASES[1]: distinct_crops(augment_batch_one_crop, per_replica_batch)}
+
     # §3: the shapes each replica gets from both APIs; the per-replica-batch mistake
     lab.progress("§3 both distribution APIs, the per-replica batching mistake; §4 every example once")
     ids = tf.data.Dataset.range(10 * global_batch)
@@ -576,6 +786,10 @@ def measure(lab) -> dict:
     train_pipeline = data.build_pipeline(cifar.train, global_batch, seed=cfg.seed)
     check = input_bound_check(model, train_pipeline, steps=5, repeats=sizes.timing_repeats)
     out["bottleneck"], out["bottleneck_ratio"] = check.bottleneck, check.ratio
+    lab.progress("§6 the profiler's view: 8 profiled training steps on slow reads and on the in-memory pipeline")
+    bucket_batches = reads[READ_CASES[2]].map(lambda b: data.to_float(b["image"], b["label"]))
+    out["profile_shares"] = {name: profiled_input_share(model, ds, tempfile.mkdtemp()).input_share
+                             for name, ds in zip(PROFILE_CASES, (bucket_batches, train_pipeline))}
 
     # §7: steps_per_execution (callbacks, speed, "auto", MirroredStrategy) and prefetch
     lab.progress(f"§7 steps_per_execution={N}: callbacks, {rounds} timing rounds per model, 'auto', MirroredStrategy")
@@ -650,6 +864,10 @@ def measure(lab) -> dict:
     return out
 
 
+def _samples(values) -> Samples:
+    return values if isinstance(values, Samples) else Samples(list(values))
+
+
 def _upstream_claim(rows: list[dict]):
     """§5: auto-sharding after a random order — DATA overlaps unless the shuffle is seeded; FILE does not (the rewrite
     shards the file list before list_files' shuffle)."""
@@ -680,6 +898,7 @@ def claims(r: dict) -> list:
     unseeded, fixes = r["shuffle_rows"][0], r["shuffle_rows"][1:]
     traces_static, traces_ragged = r["traces_static"], r["traces_ragged"]
     mirrored_measurable = replicas > 1 and kind != "TPU"
+    fused, crops, shares = r["fused_moved"], r["crops"], r["profile_shares"]
     out = [
         report.Claim(
             "Every source yields the same elements; a failed download is an error naming the offline options, never a "
@@ -696,6 +915,30 @@ def claims(r: dict) -> list:
             "tf.data guide; §2", "same order and pixels",
             f"wrong order frozen: {r['order_frozen']}; right order fresh: {r['order_fresh']}",
             r["order_frozen"] and r["order_fresh"]),
+        report.Claim.from_samples(
+            "interleave overlaps the waits of reading files from a bucket: several files in flight instead of one",
+            "tf.data performance guide (parallelizing data extraction); §2", "> 1× (up to the 8 files in flight)",
+            r["read_speedups"]["bucket"], ">", 1.0,
+            note=f"simulated bucket; local files: {_samples(r['read_speedups']['local files']).format(unit='×')}"),
+        report.Claim.from_samples(
+            "deterministic=False lets interleave hand out the next ready record: faster when some reads are slow",
+            "tf.data performance guide (non-deterministic order); §2", "> 1×", r["nondeterministic_speedup"], ">", 1.0,
+            note=f"simulated bucket: one request in {TAIL_ONE_IN} takes {TAIL_S * 1e3:.0f} ms, not "
+                 f"{BUCKET_REQUEST_S * 1e3:.0f}"),
+        report.Claim(
+            "deterministic=False changes the order; a parallel map followed by batch is fused into one step that keeps "
+            "it", "measured: tf.data map_and_batch_fusion; §2", "interleave: records move; map → batch: 0 fused, > 0 unfused",
+            f"interleave: {r['order_moved']} records moved; map → batch: {fused['fused (default)']} moved fused, "
+            f"{fused['fusion off']} with the fusion off",
+            r["order_moved"] > 0 and fused["fused (default)"] == 0 and fused["fusion off"] > 0),
+        report.Claim.from_samples(
+            "Batching before a cheap map (one call per batch) is faster than mapping each image, then batching",
+            "tf.data performance guide (vectorizing mapping); §2", "> 1×", r["vectorized_speedup"], ">", 1.0),
+        report.Claim(
+            "tf.image.random_crop on a batch crops every image at one offset; data.augment_batch draws one per image",
+            "tf.image.random_crop; §2", "1 offset vs > 1",
+            f"{crops[CROP_CASES[1]]} vs {crops[CROP_CASES[0]]} different offsets in one batch",
+            crops[CROP_CASES[1]] == 1 and crops[CROP_CASES[0]] > 1),
         report.Claim(
             "Both APIs give each replica the per-replica batch (global batch / replicas)",
             "tf.distribute input guide; §3", f"{replicas} × [{per_replica_batch}]",
@@ -782,6 +1025,12 @@ def claims(r: dict) -> list:
             f"{xla_label}",
             (r["bottleneck"] == "training step") if kind == "CPU" else None,
             "" if kind == "CPU" else "on an accelerator either answer can be right: the check tells you which"),
+        report.Claim(
+            "A training run's profile shows the wait: reading a bucket one file at a time is input-bound, the in-memory "
+            "pipeline waits less", "TensorBoard profiler (input pipeline analysis); §6",
+            f"> {INPUT_BOUND_ABOVE:.0%} of each step waiting, and more than in memory",
+            "; ".join(f"{name}: {share:.0%} waiting" for name, share in shares.items()),
+            shares[PROFILE_CASES[0]] > INPUT_BOUND_ABOVE and shares[PROFILE_CASES[0]] > shares[PROFILE_CASES[1]]),
     ]
     for claim in out:
         claim.lesson = "04"

@@ -6,6 +6,7 @@
   capstone   train CIFAR-10 for a time budget (lesson 06; same as `python -m course_utils.capstone`)
   cluster    run a program once per task of a TensorFlow cluster on localhost (lesson 08)
   prove      measure every lesson's claims on this hardware: claims.json and a report card
+  site       render every lesson with its outputs, and the report cards side by side, as an offline site
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         "capstone": "course_utils.capstone:main",
         "cluster": "course_utils.cluster:main",
         "prove": "course_utils.proof:main",
+        "site": "course_utils.site:main",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())

@@ -1410,6 +1410,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "jit_compile": jit_compile,
         "xla": xla,
         "xla_why": jit_why,
+        "xla_chosen_by": "option" if o.jit is not None else ("COURSE_JIT" if cfg.jit and rt.kind != "TPU" else "trainer"),
         "width": width if recipe.sized_by_width else None,
         "width_trials": plan.width_trials,
         "parameters": int(net.count_params()),

@@ -66,6 +66,9 @@ COLAB_URL_RE = re.compile(
 BINDER_URL_RE = re.compile(
     r"https://mybinder\.org/v2/gh/(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/(?P<ref>[A-Za-z0-9_.%-]+)"
 )
+PAGES_URL_RE = re.compile(  # the course site (`python -m course_utils site`, published by .github/workflows/pages.yml)
+    r"https://(?P<owner>[A-Za-z0-9-]+)\.github\.io/(?P<name>[A-Za-z0-9_.-]+)/(?P<path>[A-Za-z0-9_./-]*)"
+)
 SETUP_REPO_LINE_RE = re.compile(r'^COURSE_REPO, COURSE_REF = "[^"\n]*", "[^"\n]*"$', re.M)
 
 REQUIRED_METADATA: dict[str, Any] = {
@@ -112,6 +115,18 @@ runtime = course_utils.setup()'''
 def colab_url(notebook_relpath: str, repo: str = REPO, ref: str = REF) -> str:
     """The Colab URL that opens ``notebook_relpath`` (e.g. ``notebooks/01_x.ipynb``) from GitHub."""
     return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{notebook_relpath}"
+
+
+def pages_url(path: str = "", repo: str = REPO) -> str:
+    """The course site's address on GitHub Pages (``https://OWNER.github.io/NAME/PATH``): GitHub lowercases the
+    owner in the host name."""
+    owner, name = repo.split("/", 1)
+    return f"https://{owner.lower()}.github.io/{name}/{path}"
+
+
+def _site_pages(root: Path) -> set[str]:
+    """What the site has: its index, the report cards and one page per notebook (``lessons/NN_name.html``)."""
+    return {"", "index.html", "report-cards.html"} | {f"lessons/{p.stem}.html" for p in list_notebooks(root)}
 
 
 def badge_markdown(notebook_relpath: str, repo: str = REPO, ref: str = REF) -> str:
@@ -304,6 +319,13 @@ def _url_problems(text: str, where: str, repo: str, ref: str, root: Path | None)
         binder_ref = m["ref"].replace("%2F", "/").replace("%2f", "/")
         if (m["repo"], binder_ref) != (repo, ref):
             problems.append(f"{where}: Binder link uses {m['repo']}@{binder_ref}, expected {repo}@{ref}")
+    for m in PAGES_URL_RE.finditer(text):
+        if not m.group(0).startswith(pages_url("", repo)):
+            problems.append(f"{where}: site link {m.group(0)} is not under {pages_url('', repo)} "
+                            "(run `python -m course_utils set-repo`)")
+        elif root is not None and m["path"] not in _site_pages(root):
+            problems.append(f"{where}: site link to {m['path']}, which the site does not have (a lesson page is "
+                            "lessons/NN_name.html for notebooks/NN_name.ipynb)")
     return problems
 
 
@@ -625,6 +647,7 @@ def _markdown_docs(root: Path) -> list[Path]:
 def _rewrite_links(text: str, repo: str, ref: str, old_repo: str | None) -> str:
     text = COLAB_URL_RE.sub(lambda m: colab_url(m["path"], repo, ref), text)
     text = BINDER_URL_RE.sub(f"https://mybinder.org/v2/gh/{repo}/{ref.replace('/', '%2F')}", text)
+    text = PAGES_URL_RE.sub(lambda m: pages_url(m["path"], repo), text)
     if old_repo and old_repo != repo:  # clone URLs etc.: github.com/OLD -> github.com/NEW
         end = r"(?=\.git\b|\.?(?:[^A-Za-z0-9_.-]|$))"  # the whole name: not a-b/c-d-extras
         text = re.sub(rf"github\.com/{re.escape(old_repo)}{end}", f"github.com/{repo}", text, flags=re.M)
@@ -753,6 +776,7 @@ __all__ = [
     "lint_main",
     "lint_notebook",
     "nbfmt_bytes",
+    "pages_url",
     "set_repo",
     "set_repo_main",
     "setup_cell_source",

@@ -325,6 +325,19 @@ def report_card(data: dict) -> str:
     return "\n".join(lines)
 
 
+def writable_problem(folder: pathlib.Path) -> str | None:
+    """None when ``folder`` exists or can be made, and a file can be written in it; otherwise why not (one line).
+    Used for ``--out`` by ``prove`` and ``site``."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line, exit 2 (argparse would print the usage first)
@@ -368,13 +381,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     out = pathlib.Path(args.out).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".prove-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to --out {str(out)!r}: {e.strerror or e}") from None
+    problem = writable_problem(out)
+    if problem:
+        raise UsageError(f"cannot write to --out {str(out)!r}: {problem}")
     args.out = out
     return args
 

@@ -241,6 +241,13 @@ def test_lesson_06_verdicts_follow_the_measurements():
         run["images_per_s_per_replica"] = 1500.0
     claim = _find(capstone_exp.claims(xla_faster), "XLA choice")
     assert claim.holds is False and claim.fails  # the trainer's default would be the wrong one here
+    forced = _results_06()  # COURSE_JIT=1 (prove --jit): XLA on for every run, 0.53x as fast as off on a 2-core CPU
+    forced["summary"]["course"].update(jit_compile=True, xla=True, xla_chosen_by="COURSE_JIT")
+    for run in forced["precision"]["mixed_bfloat16"]:
+        run["images_per_s_per_replica"] = 500.0
+    claim = _find(capstone_exp.claims(forced), "XLA choice")
+    assert claim.holds is None and "COURSE_JIT=1 set XLA on for every run" in claim.note and "×" in claim.measured
+    assert not claim.fails
     noisy = _results_06()
     for run, ips in zip(noisy["precision"]["mixed_bfloat16"], (1300.0, 1000.0, 800.0)):
         run["images_per_s_per_replica"] = ips

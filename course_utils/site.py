@@ -245,6 +245,9 @@ table.course th { background: var(--bg-soft); }
 table.course td.measured { min-width: 12rem; }
 table.course tr.lesson th { background: #eaeef2; font-size: 1rem; }
 table.course tr.differs td:first-child { border-left: 4px solid #bf8700; }
+table.cards td:first-child, table.cards thead th:first-child { position: sticky; left: 0; z-index: 1;
+  background: #fff; }  /* the claim stays in view while the machines scroll past */
+table.cards thead th:first-child { background: var(--bg-soft); }
 .verdict { display: block; margin-top: .25rem; font-weight: 600; }
 .v-fails { color: var(--bad); }
 .v-none { color: var(--muted); font-weight: 400; }
@@ -255,6 +258,7 @@ table.course tr.differs td:first-child { border-left: 4px solid #bf8700; }
   .course-page { padding: .6rem; font-size: 15px; }
   table.course { font-size: .85rem; }
   table.course td.measured { min-width: 9rem; }
+  table.cards td:first-child, table.cards thead th:first-child { min-width: 8rem; max-width: 10rem; }
   .course-nav { font-size: 14px; }
 }
 """

@@ -315,6 +315,54 @@ def offline(nb):
     return nb
 
 
+TITLE_LITERAL = re.compile(r"""(?:\btitle\s*=\s*|\.set_title\(\s*|\.suptitle\(\s*|plt\.title\(\s*)f?(["'])(?P<text>(?:(?!\1).)+)\1""")
+NBCONVERT_DEFAULT_ALT = "No description has been provided for this image"
+
+
+def figure_alts(nb) -> list[str]:
+    """Alt text for each figure (a PNG output) of ``nb``, in order: the titles its cell sets (``title=``,
+    ``set_title``, ``suptitle``; an f-string's fields become "…", a title that is mostly fields is left out), else
+    "A figure", and the section it is in."""
+    alts, section = [], ""
+    for cell in nb.cells:
+        if cell.get("cell_type") == "markdown":
+            headings = re.findall(r"^#{1,4}\s+(.+)$", cell.source, re.M)
+            section = headings[-1].strip() if headings else section
+            continue
+        pngs = sum("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
+        if not pngs:
+            continue
+        titles = [re.sub(r"\{[^{}]*\}", "…", m["text"]).replace("\\n", " ") for m in TITLE_LITERAL.finditer(cell.source)]
+        titles = [t for t in titles if t.count("…") <= 2 and len(re.findall(r"[A-Za-z]", t)) >= 6]  # not "… → …"
+        what = "Figure: " + "; ".join(dict.fromkeys(titles)) if titles else "A figure"
+        where = re.sub(r"`|\*\*|(?<!\w)[*_]|[*_](?!\w)", "", section)
+        alts += [f"{what}" + (f" (section “{where}”)" if where else "")] * pngs
+    return alts
+
+
+def _with_alts(page: str, alts: list[str]) -> str:
+    """``page`` with nbconvert's placeholder alt text on its figures replaced by ``alts``, when they match one to one
+    (otherwise unchanged: a wrong description is worse than the placeholder)."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(page, features="html.parser")
+    images = soup.select("div.jp-RenderedImage img")
+    if len(images) != len(alts) or any(img.get("alt") != NBCONVERT_DEFAULT_ALT for img in images):
+        return page
+    for img, alt in zip(images, alts):
+        img["alt"] = alt
+    return str(soup)
+
+
+def write_template(template_dir: pathlib.Path) -> pathlib.Path:
+    """The course's nbconvert template (``course``, extending ``lab``) written under ``template_dir``."""
+    (template_dir / "course").mkdir(parents=True, exist_ok=True)
+    (template_dir / "course" / "index.html.j2").write_text(LESSON_TEMPLATE, encoding="utf-8")
+    (template_dir / "course" / "conf.json").write_text(json.dumps({"base_template": "lab",
+                                                                   "mimetypes": {"text/html": True}}), encoding="utf-8")
+    return template_dir
+
+
 def render_lesson(nb, lessons: list[Lesson], index: int, template_dir: pathlib.Path,
                   available: set[str] | None = None) -> str:
     """One lesson as a standalone HTML page (nbconvert's HTML exporter, the course template); the navigation links
@@ -331,7 +379,7 @@ def render_lesson(nb, lessons: list[Lesson], index: int, template_dir: pathlib.P
     body, _ = exporter.from_notebook_node(offline(nb), resources={
         "metadata": {"name": f"{lesson.id} · {re.sub(r'[*_`]', '', lesson.title)}"},
         "course_css": SITE_CSS, "course_header": header})
-    return body
+    return _with_alts(body, figure_alts(nb))
 
 
 def _page(title: str, body: str, lessons: list[Lesson]) -> str:
@@ -484,11 +532,7 @@ def build(out: pathlib.Path, *, root: pathlib.Path, mode: str = "smoke", data: s
               for path in card_paths]
     _writable(out)
     (out / LESSON_DIR).mkdir(exist_ok=True)
-    template_dir = out / EXECUTED_DIR / "templates"
-    (template_dir / "course").mkdir(parents=True, exist_ok=True)
-    (template_dir / "course" / "index.html.j2").write_text(LESSON_TEMPLATE, encoding="utf-8")
-    (template_dir / "course" / "conf.json").write_text(json.dumps({"base_template": "lab",
-                                                                   "mimetypes": {"text/html": True}}), encoding="utf-8")
+    template_dir = write_template(out / EXECUTED_DIR / "templates")
     env = dict(os.environ, COURSE_SMOKE="1" if mode == "smoke" else "0")
     if data:
         env["COURSE_DATA"] = data

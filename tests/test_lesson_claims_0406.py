@@ -165,8 +165,8 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
         budget = 120.0
         summary = {"baseline": _summary("baseline", 0.53, 22, 63, 118.3),
                    "course": _summary("course", 0.74, 22, 31, 125.0, no_tta=0.72, policy=chosen)}
-        history = {"baseline": [{"epoch_time_s": 5.0}, {"epoch_time_s": 5.3}],
-                   "course": [{"epoch_time_s": 5.1}, {"epoch_time_s": 6.0}]}
+        history = {"baseline": [{"epoch_time_s": 5.0, "elapsed_s": 108.0}, {"epoch_time_s": 5.3, "elapsed_s": 113.3}],
+                   "course": [{"epoch_time_s": 5.1, "elapsed_s": 117.0}, {"epoch_time_s": 6.0, "elapsed_s": 123.0}]}
     repeats = 1 if smoke else 3
     speeds = {"float32": (900.0, False), chosen: (1200.0, False), f"{chosen}, XLA on": (700.0, True)}
     precision = {label: [_summary("course", 0.3, 3, 10, 9.0, policy=label.split(",")[0], ips=ips + 10 * i, jit=jit)
@@ -228,8 +228,16 @@ def test_lesson_06_verdicts_follow_the_measurements():
                   {"plan_kept": False}):
         assert _find(capstone_exp.claims(_results_06(resume=_resume(**wrong))), "resumes").holds is False, wrong
     late = _results_06()
-    late["summary"]["baseline"]["wall_time_s"] = 140.0
-    assert _find(capstone_exp.claims(late), "ends within one epoch").holds is False
+    late["summary"]["baseline"].update(wall_time_s=140.0, trained_s=139.5)
+    claim = _find(capstone_exp.claims(late), "ends within one epoch")
+    assert claim.holds is False and "last epoch ended at 113.3 s, training at 139.5 s" in claim.measured
+    # "one epoch" is the longest wall time between two epochs' ends: a stall between epochs counts in it
+    stalled = _results_06()
+    stalled["summary"]["baseline"]["wall_time_s"] = 127.0  # 7 s past the budget, every epoch ≤ 5.3 s on its own
+    stalled["history"]["baseline"][1]["elapsed_s"] = 116.0  # but 8 s passed between the two epochs' ends
+    claim = _find(capstone_exp.claims(stalled), "ends within one epoch")
+    assert claim.holds is True and "baseline: 127.0 s (longest epoch 8.0 s)" in claim.measured
+    assert "last epoch ended" not in claim.measured
     slower = _results_06()
     for run in slower["precision"]["mixed_bfloat16"]:
         run["images_per_s_per_replica"] = 700.0

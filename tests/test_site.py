@@ -72,6 +72,28 @@ def _card(kind="CPU", xla=False, verdict="holds", holds=True, measured="1.5×", 
                                                                   "seconds": 9.0}}}
 
 
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAYAAABytg0kAAAAEklEQVR4nGP4z8DwHwQZYAwAkNwL9TpMoEcAAAAASUVORK5CYII="
+
+
+def test_each_figure_gets_alt_text_from_its_titles_and_section(tmp_path):
+    figure = nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure size 640x480>"})
+    plot = nbformat.v4.new_code_cell('fig, ax = plt.subplots()\nax.set(ylabel="MiB", title=f"Peak, batch {n}")\n'
+                                     'fig.suptitle("Memory of steps_per_execution")\nplt.show()', outputs=[figure])
+    unnamed = nbformat.v4.new_code_cell("plt.imshow(x)", outputs=[figure, figure])
+    fields = nbformat.v4.new_code_cell('ax.set_title(f"{a} → {b}")', outputs=[figure])
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 01 · First\n## 2. Memory: `steps_per_execution` and **prefetch**"), plot,
+        nbformat.v4.new_markdown_cell("Some text, no heading"), unnamed, fields])
+    where = " (section “2. Memory: steps_per_execution and prefetch”)"
+    assert site.figure_alts(nb) == ["Figure: Peak, batch …; Memory of steps_per_execution" + where,
+                                    "A figure" + where, "A figure" + where, "A figure" + where]
+    lessons = [site.Lesson("01", "First", "notebooks/01_first.ipynb", "5 min", "a figure")]
+    page = site.render_lesson(nb, lessons, 0, site.write_template(tmp_path / "templates"))
+    assert re.findall(r'<img[^>]*alt="([^"]*)"', page) == site.figure_alts(nb)
+    # only nbconvert's placeholders are replaced, and only where the figures and the outputs match one to one
+    assert site._with_alts(page, ["a"] * 4) == page and site._with_alts(page, ["a"]) == page
+
+
 @pytest.mark.extended  # starts Jupyter kernels: .ci/run's extended step
 def test_builds_the_lessons_marks_a_failed_one_with_its_cell_and_reuses_unchanged_copies(tmp_path, capsys):
     root, out = _course(tmp_path), tmp_path / "site"

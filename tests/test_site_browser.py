@@ -69,9 +69,12 @@ def test_index_lesson_and_cards_in_chromium(built, tmp_path):
                 for name, rel in pages.items():
                     page.goto((built / rel).as_uri(), wait_until="load")
                     images = page.eval_on_selector_all(
-                        "img", "els => els.map(e => ({ok: e.complete && e.naturalWidth > 0, src: e.src.slice(0, 60)}))")
+                        "img", "els => els.map(e => ({ok: e.complete && e.naturalWidth > 0, src: e.src.slice(0, 60), "
+                               "alt: e.alt}))")
                     bad = [i["src"] for i in images if not i["ok"]]
                     assert not bad, f"{name}: figures that did not load: {bad}"
+                    undescribed = [i["src"] for i in images if not i["alt"] or i["alt"] == site.NBCONVERT_DEFAULT_ALT]
+                    assert not undescribed, f"{name}: figures without a description for a screen reader: {undescribed}"
                     if name == "lesson":
                         assert len(images) >= 2, "lesson 04 draws figures: none on its page"
                         claims = page.locator("table:has(th:text-is('Verdict'))")

@@ -497,9 +497,11 @@ def _machine_line(card: dict) -> str:
     from .proof import machine_line
 
     try:
-        return machine_line(card["machine"])
+        line = machine_line(card["machine"])
     except (KeyError, TypeError):
         return ""
+    code = card["machine"].get("course_utils")  # cards measured with other course code are not the same experiment
+    return line + (f" · course_utils {code[:12]}" if isinstance(code, str) and code else "")
 
 
 # ----------------------------------------------------------------------------------------------

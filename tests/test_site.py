@@ -150,6 +150,7 @@ def test_report_cards_side_by_side_with_columns_for_what_is_not_measured(tmp_pat
     assert heads == ["Claim", "CPU · 2 cores · full mode · without XLA", "CPU · 2 cores · full mode · with XLA",
                      "GPU (GPU 1) · full mode · without XLA", "TPU"]
     assert "not measured yet" in page and "prove --mode full" in page
+    assert page.count("· course_utils abc</span>") == 3  # which course code measured each card
     row = re.search(r'<tr class="differs"><td>prefetch overlaps input</td>(.*?)</tr>', page).group(1)
     assert row.count('<td class="measured">') == 4 and "1.9×" in row and "inconclusive" in row
     assert '04 · Data pipelines and sharding' in page

@@ -438,6 +438,13 @@ def profile_step_memory(log_dir: str, **step_kwargs):
     return profiler.read_memory_profile(log_dir)
 
 
+def tensor_bytes_at_peak(profile) -> int:
+    """The bytes in tensors at a memory profile's peak: the peak less what the allocator held in no tensor then. The
+    reserved part moves with everything else the process did before (in a notebook, under one core it ate a 6 MiB
+    saving: 34.8 vs 34.6 MiB in all), the tensors' part is the step's own."""
+    return profile.peak_bytes - profile.reserved_bytes
+
+
 def wide_share(profile, width: int, expansion: int = 4) -> float:
     """The share of the bytes alive at the profile's peak in the blocks' wide tensors: a last dimension of
     ``expansion × width`` (the Dense(4·W) output, GELU's output and temporaries, and their gradients)."""
@@ -545,7 +552,7 @@ def measure(lab) -> dict:
         profiles = {name: profile_step_memory(os.path.join(folder, str(i)), batch=batch, **net, **switches)
                     for i, (name, switches) in enumerate((("plain", {}),
                                                           ("recompute blocks", TECHNIQUES["recompute blocks"])))}
-    out["profile_peaks"] = {name: p.peak_bytes for name, p in profiles.items()}
+    out["profile_peaks"] = {name: tensor_bytes_at_peak(p) for name, p in profiles.items()}
     out["wide_share"] = {name: wide_share(p, net["width"]) for name, p in profiles.items()}
     return out
 
@@ -654,9 +661,10 @@ def claims(r: dict) -> list:
                      0.95 <= state["Adafactor"]["per_parameter"] <= 1.1 and abs(state["Adam"]["per_parameter"] - 2) < 0.01
                      and factored <= 0.1),
         report.Claim("At a plain step's peak most live bytes are the blocks' wide insides; recomputing blocks lowers "
-                     "the profiled peak", "§7; memory profile", "> 50% in 4·W-wide tensors; recompute < plain",
+                     "the profiled peak", "§7; memory profile", "> 50% in 4·W-wide tensors; recompute < plain (bytes in "
+                     "tensors at the peak)",
                      f"{r['wide_share']['plain']:.0%} wide; peak {r['profile_peaks']['recompute blocks'] / 2**20:.1f} "
-                     f"vs {r['profile_peaks']['plain'] / 2**20:.1f} MiB",
+                     f"vs {r['profile_peaks']['plain'] / 2**20:.1f} MiB in tensors",
                      r["wide_share"]["plain"] > 0.5
                      and r["profile_peaks"]["recompute blocks"] < r["profile_peaks"]["plain"]),
     ]

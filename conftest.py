@@ -9,8 +9,11 @@
    ``COURSE_TOTAL_BUDGET_S`` (default 480). The seconds include the kernel's start-up and shutdown:
    nbval starts one kernel per notebook in the setup phase of its first cell and stops it in the
    teardown phase of its last, and all three phases of every cell are counted.
-   Budgets are enforced in smoke mode only (full mode downloads real data and trains real sizes). They are for 2
-   cores: with one usable core (``taskset -c 0``) the defaults double.
+   Budgets are for CI's machine (2 cores; with one usable core, ``taskset -c 0``, the defaults double) and fail
+   the run only there: in smoke mode with ``CI=true`` (GitHub Actions sets it; ``.ci/run`` exports it) or
+   ``COURSE_ENFORCE_BUDGETS=1``. Elsewhere — a learner checking their install on a slower laptop — the table
+   reports each notebook's time against its budget and says what is over, without failing a run in which every
+   cell passed. Full mode is never held to them (it downloads real data and trains real sizes).
 3. No claim "does not hold" in smoke mode either. Claims are data: every ``report.ClaimsTable`` a
    notebook builds saves its claims as JSON to ``$COURSE_CLAIMS_DIR`` (set here, so the kernels inherit
    it), and a cell that wrote a claim whose verdict is "does not hold" fails, with the claims named. No
@@ -76,8 +79,17 @@ def _budget(name: str, default: float) -> float:
         raise pytest.UsageError(f"{name}={value!r} is not a number of seconds") from None
 
 
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _smoke() -> bool:
+    return _truthy("COURSE_SMOKE")
+
+
 def _enforced() -> bool:
-    return os.environ.get("COURSE_SMOKE", "").strip().lower() in {"1", "true", "yes", "on"}
+    """Whether the time budgets fail the run: smoke mode on CI's machine (``CI``) or when asked for."""
+    return _smoke() and (_truthy("CI") or _truthy("COURSE_ENFORCE_BUDGETS"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -121,7 +133,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     from course_utils.report import FAILS, WORDS
 
     claims = _new_claims()  # always read, so a table saved by a failing cell is not blamed on the next one
-    if not rep.passed or not _enforced():
+    if not rep.passed or not _smoke():
         return
     failed = [c for c in claims if c.get("verdict") == WORDS[FAILS]]
     if failed:
@@ -135,7 +147,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _over_budget.clear()
-    if not _seconds or not _enforced():
+    if not _seconds or not _smoke():
         return
     per_notebook = _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)
     total_budget = _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
@@ -151,7 +163,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"all notebooks took {total:.1f} s, over the total budget of {total_budget:g} s "
             "(COURSE_TOTAL_BUDGET_S)"
         )
-    if _over_budget and session.exitstatus == pytest.ExitCode.OK:
+    if _over_budget and _enforced() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -168,21 +180,28 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     tr = terminalreporter
     per_notebook = _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)
     total_budget = _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
-    enforced = _enforced()
+    enforced, smoke = _enforced(), _smoke()
     tr.section("notebook time budget")
     width = max(len("notebook"), *(len(p) for p in _seconds))
     tr.write_line(f"{'notebook':<{width}}  {'seconds':>8}  {'budget':>7}")
     for path, seconds in sorted(_seconds.items()):
-        over = enforced and seconds > per_notebook
+        over = smoke and seconds > per_notebook
         tr.write_line(
             f"{path:<{width}}  {seconds:>8.1f}  {per_notebook:>7g}" + ("  OVER" if over else ""),
-            red=over,
+            red=over and enforced, yellow=over and not enforced,
         )
     total = sum(_seconds.values())
-    over = enforced and total > total_budget
-    tr.write_line(f"{'total':<{width}}  {total:>8.1f}  {total_budget:>7g}" + ("  OVER" if over else ""), red=over)
+    over = smoke and total > total_budget
+    tr.write_line(f"{'total':<{width}}  {total:>8.1f}  {total_budget:>7g}" + ("  OVER" if over else ""),
+                  red=over and enforced, yellow=over and not enforced)
     tr.write_line("(seconds include kernel start-up and shutdown)")
-    if not enforced:
-        tr.write_line(f"budgets not enforced: COURSE_SMOKE={os.environ.get('COURSE_SMOKE', '')!r} (full mode)")
+    if not smoke:
+        tr.write_line(f"budgets not applied: COURSE_SMOKE={os.environ.get('COURSE_SMOKE', '')!r} (full mode)")
+    elif not enforced:
+        tr.write_line("budgets reported, not enforced: they are for CI's 2-core machine (CI=true or "
+                      "COURSE_ENFORCE_BUDGETS=1 makes them fail the run)")
     for line in _over_budget:
-        tr.write_line(f"NOTEBOOK TIME BUDGET EXCEEDED: {line}", red=True, bold=True)
+        if enforced:
+            tr.write_line(f"NOTEBOOK TIME BUDGET EXCEEDED: {line}", red=True, bold=True)
+        else:
+            tr.write_line(f"slower than CI's budget here (every cell passed; not a failure): {line}", yellow=True)

@@ -14,17 +14,20 @@ from __future__ import annotations
 import sys
 
 
+COMMANDS = {  # command -> "module:function" taking argv and returning the exit status
+    "doctor": "course_utils.doctor:main",
+    "lint": "course_utils.notebooks:lint_main",
+    "set-repo": "course_utils.notebooks:set_repo_main",
+    "capstone": "course_utils.capstone:main",
+    "cluster": "course_utils.cluster:main",
+    "prove": "course_utils.proof:main",
+    "site": "course_utils.site:main",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {
-        "doctor": "course_utils.doctor:main",
-        "lint": "course_utils.notebooks:lint_main",
-        "set-repo": "course_utils.notebooks:set_repo_main",
-        "capstone": "course_utils.capstone:main",
-        "cluster": "course_utils.cluster:main",
-        "prove": "course_utils.proof:main",
-        "site": "course_utils.site:main",
-    }
+    commands = COMMANDS
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(__doc__.strip())
         if argv and argv[0] not in ("-h", "--help"):

@@ -73,6 +73,10 @@ COURSE = dict(
 # Auto width (course recipe with a time budget and no --width): start at COURSE["width"]; double the widths
 # while the warm-up says the doubled net still gets `min_epochs` epochs (a doubled net costs about
 # `cost_of_doubling` times as much per image); halve them below `narrow_below_epochs`. Tuning note: real images.
+# At most this share of a time budget goes to planning (compiling and timing warm-up steps) before the first epoch:
+# no other width is tried once one more warm-up would pass it, and a budget the first warm-up already overran is
+# told so up front
+PLANNING_SHARE = 0.25
 AUTO_WIDTH = dict(min=8, max=64, cost_of_doubling=2.5, min_epochs=30, narrow_below_epochs=8)
 BASELINE = dict(batch_size=64, learning_rate=1e-3)
 # Goyal et al. 2017 scaled linearly to 8k on ImageNet with a 5-epoch warm-up; CIFAR-10 under a minutes budget has
@@ -150,6 +154,7 @@ class Options:
     epochs: int | None = None
     out: str = "runs/capstone"
     resume: bool = False
+    overwrite: bool = False  # replace an earlier run in ``out`` (else a run there is refused: --resume or --overwrite)
     batch_size: int | None = None  # global batch per optimizer update (course 128, baseline 64)
     policy: str = "auto"  # auto = the hardware's (course) / float32 (baseline, as the tutorial)
     jit: bool | None = None  # XLA (jit_compile); None = per hardware (see choose_jit)
@@ -367,6 +372,30 @@ def out_problem(out: Any) -> str | None:
     return None
 
 
+def earlier_run(out: str) -> str | None:
+    """Why a new run may not start in ``out`` unless told to (``--resume`` or ``--overwrite``): what an earlier run
+    left there, finished or not. None when ``out`` holds no run's results (new, empty, or only a marker)."""
+    run = RunFolder(out)
+    if not os.path.isdir(out):
+        return None
+    summary = _read_json(run.summary)
+    if os.path.exists(run.summary):
+        what = "a finished run"
+        if isinstance(summary, dict) and isinstance(summary.get("test_accuracy"), (int, float)):
+            what += (f" (test accuracy {100 * summary['test_accuracy']:.1f}% after {summary.get('epochs', '?')} epochs"
+                     f" on {summary.get('data', '?')} data)")
+        return (f"--out {out!r} holds {what}; nothing was changed: add --overwrite to replace it, or choose another "
+                "--out")
+    history = _read_json(run.metrics, [])
+    left = [name for name in RUN_FILES if name != "summary.json" and os.path.exists(os.path.join(out, name))]
+    if os.path.isdir(run.backup) or left:
+        epochs = len(history) if isinstance(history, list) else 0
+        return (f"--out {out!r} holds an unfinished run ({epochs} epoch{'s' if epochs != 1 else ''} in metrics.json);"
+                " nothing was changed: add --resume to continue it, --overwrite to start again, or choose another "
+                "--out")
+    return None
+
+
 def _bounded(name: str, value: Any, low: float, high: float, why: str, whole: bool = True) -> None:
     flag = "--" + name.replace("_", "-")
     if whole and not _is_int(value):
@@ -449,6 +478,12 @@ def validate(o: Options) -> None:
     problem = out_problem(o.out)
     if problem:
         raise OptionsError(problem)
+    if o.resume and o.overwrite:
+        raise OptionsError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    if not o.resume and not o.overwrite:
+        problem = earlier_run(o.out)
+        if problem:
+            raise RunStateError(problem)
     if o.tensorboard is not None:
         problem = _folder_problem("--tensorboard", o.tensorboard)
         if problem:
@@ -497,7 +532,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=None, metavar="N")
     p.add_argument("--out", default="runs/capstone", metavar="DIR",
                    help="output folder: new, empty, or an earlier capstone run (default runs/capstone)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out after the last finished epoch")
+    r = p.add_mutually_exclusive_group()
+    r.add_argument("--resume", action="store_true", help="continue the run in --out after the last finished epoch")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it, a folder holding a run is refused)")
     p.add_argument("--batch-size", type=int, default=None, help="global batch per update (course 128, baseline 64)")
     p.add_argument("--policy", default="auto", help="auto | float32 | mixed_bfloat16 | mixed_float16")
     j = p.add_mutually_exclusive_group()
@@ -513,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first N training images, validation included (-1: all)")
     p.add_argument("--test-examples", type=int, default=None, metavar="N", help="first N test images (-1: all)")
     p.add_argument("--validation-examples", type=int, default=None, metavar="N",
-                   help=f"held out of the training images (default {VALIDATION_FRACTION:.0%}, at most {MAX_VALIDATION:,})")
+                   help=f"held out of the training images (default {VALIDATION_FRACTION:.0%}, at most {MAX_VALIDATION:,})"
+                   .replace("%", "%%"))  # argparse %-formats help strings
     p.add_argument("--width", type=int, default=None, help=f"course: base width w (widths w,2w,4w,8w); default {COURSE['width']} (smoke 8), "
                         "chosen automatically with --time-budget")
     p.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None)
@@ -521,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, help="onecycle | constant")
     p.add_argument("--no-tta", dest="tta", action="store_const", const=False, default=None)
     p.add_argument("--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
+                                                     "a notebook, never into a log or a pipe)")
     return p
 
 
@@ -542,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         opts = parse_args(argv)
+    except RunStateError as exc:  # the folder, not the options: its line says what to add
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except OptionsError as exc:
         print(f"{PROG}: error: {exc} (see --help)", file=sys.stderr)
         return 2
@@ -556,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {exc} (see --help)", file=sys.stderr)
         return 2
     except DataSourceError as exc:
-        print(f"{PROG}: data error: {exc}", file=sys.stderr)
+        print(f"{PROG}: data error: {in_cli_words(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         done = _backup_epoch(os.path.join(opts.out, "backup"))
@@ -572,6 +615,48 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Done: test accuracy {100 * s['test_accuracy']:.2f}% (validation {100 * s['validation_accuracy']:.2f}%) "
           f"after {s['epochs']} epochs in {s['wall_time_s']:.1f} s; summary in {os.path.join(opts.out, 'summary.json')}")
     return 0
+
+
+def progress_bar_wanted(stream: Any = None) -> bool:
+    """Whether a progress bar that redraws its line suits ``stream`` (default stdout): a terminal or a notebook."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or not a file
+        tty = False
+    if tty:
+        return True
+    ipython = sys.modules.get("IPython")  # a notebook's kernel (Jupyter, Colab) draws the bar in the cell's output
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+    except Exception:  # noqa: BLE001 - an odd IPython: no bar
+        return False
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def in_cli_words(message: str) -> str:
+    """A data error as the command line says it: ``--data synthetic``, not the notebooks' ``COURSE_DATA=synthetic``
+    set before a setup cell the command line does not have."""
+    from . import data as _data
+
+    message = message.replace(_data.NO_INTERNET_FIX, (
+        "Use --data npz:/path/cifar10.npz (a copy of CIFAR-10) or --data synthetic (generated CIFAR-shaped data, no "
+        "download). To get CIFAR-10 for this machine: on a connected one run load_cifar10(\"tfds\", n_train=-1, "
+        "n_test=-1) and write_npz(...) (see course_utils.data.write_npz), or copy its ~/tensorflow_datasets/cifar10 "
+        "folder here."))
+    for notebook, cli in (
+            (" or COURSE_SMOKE=1 before the setup cell (restart the kernel if it already ran)", " or --data synthetic"),
+            (" or COURSE_SMOKE=1 before the setup cell", " or --data synthetic"),
+            (" (then restart the kernel)", ""),
+            ("Fix the path in COURSE_DATA", "Fix the path in --data"),
+            ("COURSE_DATA=npz:", "--data npz:"), ("COURSE_DATA=synthetic", "--data synthetic"),
+            ("COURSE_DATA", "--data"), ("set --data", "use --data")):
+        message = message.replace(notebook, cli)
+    return message
+
+
+SYNTHETIC_NOTE = ("These accuracies are on synthetic images (generated offline to be easy to learn), not CIFAR-10: "
+                  "they show the trainer works, not how well it learns real images (--data tfds or npz:PATH).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1101,12 +1186,12 @@ def read_resume_state(run: RunFolder, o: Options) -> ResumeState:
     where = repr(run.out)
 
     def fix(instead: str = "") -> str:
-        return (f"nothing was changed: fix or remove it{instead}, or run without --resume to start again (that deletes "
-                "the run)")
+        return (f"nothing was changed: fix or remove it{instead}, or run with --overwrite instead of --resume to start "
+                "again (that deletes the run)")
 
     if os.path.exists(run.summary):
         raise RunStateError(f"--resume: the run in {run.out} has finished (summary.json); nothing to resume — "
-                           "drop --resume to train again there, or use another --out")
+                           "use --overwrite instead of --resume to train again there, or use another --out")
     if not os.path.exists(run.plan):
         raise RunStateError(f"--resume: nothing to resume in {where}: it has no plan.json (the run stopped before it "
                            "had planned its epochs); run without --resume")
@@ -1356,7 +1441,10 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         # (swap_on_epoch=True would leave the averages in the model across a kill/--resume, and with fit's
         # epoch cap above the plan its last-epoch fix-up would not run.)
         callbacks.insert(0, keras.callbacks.SwapEMAWeights(swap_on_epoch=False))
-    if o.verbose >= 1:
+    # Keras' progress bar redraws its line with \r and \b (it assumes a terminal wherever "posix" is imported): in a
+    # log file or a pipe that is noise, so there only the line per epoch is written
+    bar = progress.bar = o.verbose >= 1 and progress_bar_wanted()
+    if bar:
         callbacks.append(_plan_progbar(plan))
 
     if done < plan.epochs and plan.fits_another(done, clock()):
@@ -1364,7 +1452,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         # slower): fit may run up to `cap` epochs and the progress callback stops it at the plan.
         cap = plan.epochs if o.time_budget is None else max(2 * plan.epochs, plan.epochs + 5)
         model.fit(train_ds, epochs=cap, validation_data=val_ds, callbacks=callbacks,
-                  verbose=1 if o.verbose >= 1 else 0)
+                  verbose=1 if bar else 0)
     else:  # nothing left to train: load the last backup
         if os.path.exists(os.path.join(run.backup, "latest.weights.h5")):
             model.load_weights(os.path.join(run.backup, "latest.weights.h5"))
@@ -1439,7 +1527,12 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     write_json_atomic(run.clock, {"elapsed_s": wall, "finished": True})
     say(f"Final test accuracy {100 * acc:.2f}%" + (f" with flip TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
         + f" (validation {100 * summary['validation_accuracy']:.2f}% after the last epoch)" * bool(history)
-        + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
+        + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
+        + (f"\n{SYNTHETIC_NOTE}" if splits.source == "synthetic" else ""))
+    if o.time_budget and wall > 1.1 * o.time_budget:
+        say(f"Over the budget by {wall - o.time_budget:.1f} s ({wall / o.time_budget:.2f}×): planning took "
+            f"{plan.planning_elapsed_s or 0:.1f} s, training {max(0.0, trained_s - (plan.planning_elapsed_s or 0)):.1f} s,"
+            f" the test evaluation {final_eval_s:.1f} s")
     preds = Predictions(x_test, y_test, probs.argmax(1), probs, o.tta)
     return Result(summary, history, net, o, (x_test, y_test), preds)
 
@@ -1471,6 +1564,7 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
     if o.time_budget is not None:
         tried = []
         while True:
+            warm_started = clock()
             net, model = built[0], built[1]
             warm = _warm_up(model, *datasets, o.steps_per_execution, steps_per_epoch,
                             val_steps, one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(o.time_budget, clock()),
@@ -1482,8 +1576,16 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
             epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
             epochs = BudgetPlan.epochs_in(o.time_budget - clock() - final_s, epoch_s)
             tried.append([width, round(epoch_s, 2), epochs])
+            if len(tried) == 1 and clock() > PLANNING_SHARE * o.time_budget:
+                say(f"Budget {o.time_budget:g} s is short for this machine: compiling and timing the first steps took "
+                    f"{clock():.1f} s ({clock() / o.time_budget:.0%} of it) → no other width is tried")
+                break
             new_width = next_width(width, epochs, [w for w, _, _ in tried]) if auto_width else None
             if new_width is None:
+                break
+            if clock() + (clock() - warm_started) > PLANNING_SHARE * o.time_budget:
+                say(f"Budget {o.time_budget:g} s: ~{epochs} epochs at width {width}; width {new_width} is not tried "
+                    f"(another warm-up would take planning past {PLANNING_SHARE:.0%} of the budget)")
                 break
             say(f"Budget {o.time_budget:g} s: ~{epochs} epochs at width {width} → trying width {new_width}")
             width = new_width
@@ -1665,7 +1767,7 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                     f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
                     f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
                     f"{entry['images_per_s']:.0f} images/s")
-                if self.o.verbose < 1:
+                if self.o.verbose < 1 or not getattr(self, "bar", False):  # no bar to finish its line first
                     self._flush()
                 cap = self.params.get("epochs") or self.plan.epochs
                 changed = self.plan.replan(epoch + 1, self.clock(), self.epoch_times, cap)

@@ -15,8 +15,9 @@ in-process. Stock nbfmt *deletes* two things the course needs:
 * ``metadata.colab.gpuType`` -- it keeps only ``colab.{collapsed_sections,name,toc_visible}``, but
   ``"gpuType": "V5E1"`` is what makes Colab open the notebook on a v5e-1 TPU runtime
   (``"accelerator": "TPU"`` alone is kept by nbfmt);
-* cell ``metadata.tags`` -- it keeps only ``id``/``cellView``/``colab``, but nbval reads the
-  ``raises-exception`` tag from there.
+* cell ``metadata.tags`` -- it keeps only ``id``/``cellView``/``colab``; the course's cells carry none today
+  (a ``raises-exception`` tag is refused: Colab's *Run all* stops at a cell that raises, whatever its tags, so
+  failures on purpose run inside ``course_utils.demo.expect_failure``), but a tag a maintainer adds is kept.
 
 So "nbfmt-clean" here means: exactly the bytes nbfmt writes, with those two keys put back (see
 :data:`NBFMT_PRESERVED`). Format with ``python -m course_utils lint --fix``, not with bare nbfmt;
@@ -36,6 +37,7 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from course_utils._repo import REF, REPO
 
@@ -62,9 +64,15 @@ COLAB_URL_RE = re.compile(
     r"(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/blob/(?P<ref>[A-Za-z0-9_./-]+?)/"
     r"(?P<path>notebooks/[A-Za-z0-9_.-]+\.ipynb)"
 )
-# https://mybinder.org/v2/gh/OWNER/NAME/REF[?...]  (REF may be URL-encoded, e.g. feature%2Fx)
+BINDER_BADGE_SVG = "https://mybinder.org/badge_logo.svg"
+BINDER_URLPATH = "lab/tree/notebooks"  # the Binder badge opens JupyterLab on the lessons folder
+# https://mybinder.org/v2/gh/OWNER/NAME/REF[?urlpath=lab/tree/PATH]. mybinder.org wants a REF with "/" URL-encoded
+# (feature%2Fx); an unencoded one is matched whole, so set-repo replaces all of it. A ref never ends in "." or "/":
+# a full stop after a bare URL is prose. No REF at all: Binder builds the default branch (flagged, then rewritten).
 BINDER_URL_RE = re.compile(
-    r"https://mybinder\.org/v2/gh/(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/(?P<ref>[A-Za-z0-9_.%-]+)"
+    r"https://mybinder\.org/v2/gh/(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)"
+    r"(?:/(?P<ref>[A-Za-z0-9_%-](?:[A-Za-z0-9_.%/-]*[A-Za-z0-9_%-])?))?"
+    r"(?:\?urlpath=(?P<urlpath>[^\s()<>\"'&#]*))?"
 )
 PAGES_URL_RE = re.compile(  # the course site (`python -m course_utils site`, published by .github/workflows/pages.yml)
     r"https://(?P<owner>[A-Za-z0-9-]+)\.github\.io/(?P<name>[A-Za-z0-9_.-]+)/(?P<path>[A-Za-z0-9_./-]*)"
@@ -132,6 +140,29 @@ def _site_pages(root: Path) -> set[str]:
 def badge_markdown(notebook_relpath: str, repo: str = REPO, ref: str = REF) -> str:
     """The Open-in-Colab badge (markdown) for a notebook path relative to the repo root."""
     return f"[![Open In Colab]({COLAB_BADGE_SVG})]({colab_url(notebook_relpath, repo, ref)})"
+
+
+def binder_url(repo: str = REPO, ref: str = REF, urlpath: str | None = BINDER_URLPATH) -> str:
+    """The mybinder.org URL that builds (repo, ref) with ``binder/`` and opens ``urlpath`` (default: JupyterLab on
+    ``notebooks/``; None: no ``?urlpath``). The ref is URL-encoded (``feature/x`` -> ``feature%2Fx``), as
+    mybinder.org requires."""
+    url = f"https://mybinder.org/v2/gh/{repo}/{quote(ref, safe='')}"
+    return url if urlpath is None else f"{url}?urlpath={urlpath}"
+
+
+def binder_badge_markdown(repo: str = REPO, ref: str = REF) -> str:
+    """The Launch-Binder badge (markdown) the README carries: JupyterLab on the lessons folder."""
+    return f"[![Binder]({BINDER_BADGE_SVG})]({binder_url(repo, ref)})"
+
+
+def _binder_target(urlpath: str) -> str | None:
+    """The repository path a Binder ``urlpath`` opens (``lab/tree/notebooks`` -> ``notebooks``), or None when it
+    opens no file or folder (``lab``, ``voila/render/...``)."""
+    path = unquote(urlpath).lstrip("/")
+    for prefix in ("lab/tree/", "doc/tree/", "tree/", "notebooks/tree/"):
+        if path.startswith(prefix):
+            return path[len(prefix):].strip("/")
+    return None
 
 
 def setup_cell_source(repo: str = REPO, ref: str = REF) -> str:
@@ -293,6 +324,10 @@ def _is_markdown(cell: dict) -> bool:
     return cell.get("cell_type") == "markdown"
 
 
+def _demonstrates_failure(cell: dict) -> bool:
+    return "expect_failure(" in cell_source(cell)
+
+
 def _raises_exception(cell: dict) -> bool:
     tags = cell.get("metadata", {}).get("tags") or []
     if any(t in RAISES_TAGS for t in tags):
@@ -316,9 +351,16 @@ def _url_problems(text: str, where: str, repo: str, ref: str, root: Path | None)
         if root is not None and not (root / m["path"]).is_file():
             problems.append(f"{where}: Colab link points to {m['path']}, which does not exist")
     for m in BINDER_URL_RE.finditer(text):
-        binder_ref = m["ref"].replace("%2F", "/").replace("%2f", "/")
+        binder_ref = unquote(m["ref"]) if m["ref"] else "(the default branch)"
         if (m["repo"], binder_ref) != (repo, ref):
-            problems.append(f"{where}: Binder link uses {m['repo']}@{binder_ref}, expected {repo}@{ref}")
+            problems.append(f"{where}: Binder link uses {m['repo']}@{binder_ref}, expected {repo}@{ref} "
+                            "(run `python -m course_utils set-repo`)")
+        elif m["ref"] != quote(ref, safe=""):
+            problems.append(f"{where}: Binder link names the ref as {m['ref']}, mybinder.org needs it URL-encoded: "
+                            f"{quote(ref, safe='')} (run `python -m course_utils set-repo`)")
+        target = _binder_target(m["urlpath"]) if m["urlpath"] else None
+        if root is not None and target is not None and not (root / target).exists():
+            problems.append(f"{where}: Binder link opens {target}, which does not exist")
     for m in PAGES_URL_RE.finditer(text):
         if not m.group(0).startswith(pages_url("", repo)):
             problems.append(f"{where}: site link {m.group(0)} is not under {pages_url('', repo)} "
@@ -447,13 +489,22 @@ def lint_data(
                 "expected " + " -> ".join(SECTION_ORDER)
             )
 
-    # Demonstrated failures are explained next to the cell.
+    # Colab's Run all stops at any cell that raises: a failure on purpose runs inside expect_failure, and is
+    # explained next to the cell.
     for i, cell in enumerate(cells):
-        if cell.get("cell_type") == "code" and _raises_exception(cell):
+        if cell.get("cell_type") != "code":
+            continue
+        if _raises_exception(cell):
+            problems.append(
+                f"cell {i}: marked to raise (raises-exception / NBVAL_RAISES_EXCEPTION), but Colab's Run all stops at "
+                "any cell that raises: run the failing lines inside `with expect_failure(ErrorType):` "
+                "(course_utils.demo) and drop the mark"
+            )
+        if _raises_exception(cell) or _demonstrates_failure(cell):
             neighbours = [cells[k] for k in (i - 1, i + 1) if 0 <= k < len(cells)]
             if not any(_is_markdown(c) and cell_source(c).strip() for c in neighbours):
                 problems.append(
-                    f"cell {i}: tagged raises-exception, but no markdown cell right before or after "
+                    f"cell {i}: fails on purpose, but no markdown cell right before or after "
                     "it says what fails and why"
                 )
     return problems
@@ -646,7 +697,7 @@ def _markdown_docs(root: Path) -> list[Path]:
 
 def _rewrite_links(text: str, repo: str, ref: str, old_repo: str | None) -> str:
     text = COLAB_URL_RE.sub(lambda m: colab_url(m["path"], repo, ref), text)
-    text = BINDER_URL_RE.sub(f"https://mybinder.org/v2/gh/{repo}/{ref.replace('/', '%2F')}", text)
+    text = BINDER_URL_RE.sub(lambda m: binder_url(repo, ref, m["urlpath"]), text)  # keeps what it opens
     text = PAGES_URL_RE.sub(lambda m: pages_url(m["path"], repo), text)
     if old_repo and old_repo != repo:  # clone URLs etc.: github.com/OLD -> github.com/NEW
         end = r"(?=\.git\b|\.?(?:[^A-Za-z0-9_.-]|$))"  # the whole name: not a-b/c-d-extras
@@ -665,6 +716,12 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
     repo_file = root / REPO_FILE
     old_repo, old_ref = read_repo_settings(root)
     changed: list[str] = []
+    if list_notebooks(root):  # they are written back through nbfmt: stop before changing any file where it is missing
+        try:
+            from tensorflow_docs.tools.nbfmt import __main__ as _nbfmt  # noqa: F401
+        except ImportError as err:
+            raise RuntimeError("the notebooks are formatted with tensorflow-docs' nbfmt, which is not installed: "
+                               "pip install -r requirements-dev.txt") from err
 
     text = repo_file.read_text(encoding="utf-8")
     new = re.sub(r'^REPO = "[^"\n]*"$', f'REPO = "{repo}"', text, flags=re.M)
@@ -719,7 +776,7 @@ def set_repo_main(argv: list[str] | None = None) -> int:
     try:
         ref = args.ref if args.ref is not None else read_repo_settings(root)[1]
         changed = set_repo(args.repo, ref, root)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, RuntimeError) as err:
         print(f"set-repo: {err}", file=sys.stderr)
         return 2
     if changed:
@@ -770,6 +827,8 @@ __all__ = [
     "REQUIRED_METADATA",
     "apply_metadata",
     "badge_markdown",
+    "binder_badge_markdown",
+    "binder_url",
     "colab_url",
     "consistency_problems",
     "fix_notebook",

@@ -174,7 +174,7 @@ def test_unreadable_data_is_a_data_error_not_synthetic_and_deletes_nothing(tmp_p
     np.savez(path, x_train=np.zeros((4, 32, 32, 3), np.uint8))  # lacks y_train, x_test, y_test
     run = _earlier_run(tmp_path / "o")
     before = _tree(run)
-    proc, _ = cli(["--data", f"npz:{path}", "--epochs", "1", "--out", str(run)])
+    proc, _ = cli(["--data", f"npz:{path}", "--epochs", "1", "--out", str(run), "--overwrite"])
     assert proc.returncode == 1
     assert "capstone: data error:" in proc.stderr and "lacks the key(s) y_train, x_test, y_test" in proc.stderr
     assert "Traceback" not in proc.stderr and "SYNTHETIC" not in proc.stdout
@@ -188,6 +188,38 @@ def test_tfds_failure_raises_data_source_error(monkeypatch, tmp_path):
     monkeypatch.setattr(data, "_tfds_load", fail)
     with pytest.raises(data.DataSourceError, match="npz"):  # names the offline way out
         capstone.train(capstone.Options(data="tfds", epochs=1, out=str(tmp_path / "o"), verbose=-1))
+
+
+def test_a_finished_or_unfinished_run_is_kept_unless_told(reference, tmp_path):
+    """The same --out again without --resume once deleted a finished run (summary.json, best weights): it is refused
+    in one line, naming what is there, before TensorFlow starts; --resume with --overwrite is a usage error."""
+    ref_out, args = reference[0], reference[3]
+    unfinished = _earlier_run(tmp_path / "unfinished")
+    before = _tree(ref_out), _tree(unfinished)
+    cases = [args, [*args[:-1], str(unfinished)], [*args, "--resume", "--overwrite"]]
+    (code1, finished), (code2, partial), (code3, both) = _refused_before_tensorflow_each(cases)
+    assert code1 == code2 == code3 == 2
+    assert len(finished) == 1 and finished[0].startswith(f"capstone: error: --out {str(ref_out)!r} holds a finished "
+                                                         "run (test accuracy ")
+    assert finished[0].endswith("nothing was changed: add --overwrite to replace it, or choose another --out")
+    assert partial == [f"capstone: error: --out {str(unfinished)!r} holds an unfinished run (1 epoch in metrics.json); "
+                       "nothing was changed: add --resume to continue it, --overwrite to start again, or choose "
+                       "another --out"]
+    assert "argument --overwrite: not allowed with argument --resume" in both[0]
+    assert (_tree(ref_out), _tree(unfinished)) == before
+
+
+def test_data_errors_name_the_command_lines_options(monkeypatch, tmp_path, capsys):
+    """From the command line, a data error names --data, not the notebooks' COURSE_DATA and setup cell."""
+    def fail(**kwargs):
+        raise ConnectionError("no network here")
+
+    monkeypatch.setattr(data, "_tfds_load", fail)
+    assert capstone.main(["--data", "tfds", "--epochs", "1", "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("capstone: data error: ") and "--data npz:" in err and len(err.splitlines()) == 1
+    for text in (err, *(capstone.in_cli_words(m) for m in (data.NO_INTERNET_FIX, data.OFFLINE_OPTIONS, data.NPZ_HOWTO))):
+        assert "COURSE_" not in text and "setup cell" not in text and "kernel" not in text, text
 
 
 def test_resume_of_a_finished_run_is_one_line_exit_2(reference):
@@ -237,11 +269,24 @@ def test_a_backup_cut_off_mid_write_is_repaired_on_resume(tmp_path):
     assert not backup.exists()
 
 
-def test_python_api_result_and_predictions(tmp_path):
-    run = _earlier_run(tmp_path / "api")  # a new run there deletes only the trainer's own files
+def test_python_api_result_and_predictions(tmp_path, capsys):
+    run = _earlier_run(tmp_path / "api")  # a new run there deletes only the trainer's own files, when told to
     opts = capstone.Options(data="synthetic", epochs=1, out=str(tmp_path / "api"), width=4, train_examples=256,
-                            test_examples=64, batch_size=64, verbose=-1)
-    result = capstone.train(opts)
+                            test_examples=64, batch_size=64, verbose=1)
+    with pytest.raises(capstone.RunStateError, match=r"holds an unfinished run \(1 epoch in metrics.json\); nothing "
+                                                     r"was changed: add --resume to continue it, --overwrite"):
+        capstone.train(opts)
+    result = capstone.train(dataclasses.replace(opts, overwrite=True))
+    out = capsys.readouterr().out
+    assert capstone.SYNTHETIC_NOTE in out  # synthetic accuracies say what they are
+    # not a terminal (captured): a line per epoch, no progress bar redrawing itself with \r and \b
+    assert "\r" not in out and "\x08" not in out and "\x1b" not in out
+    assert [line.split(" · ")[0] for line in out.splitlines() if line.startswith("epoch ")] == ["epoch 1/1"], out
+    finished = re.escape(f"--out {str(tmp_path / 'api')!r} holds a finished run (test accuracy "
+                         f"{100 * result.summary['test_accuracy']:.1f}% after 1 epochs on synthetic data); nothing was "
+                         "changed: add --overwrite to replace it")
+    with pytest.raises(capstone.RunStateError, match=finished):  # the learner's finished run is not deleted
+        capstone.train(opts)
     assert [h["epoch"] for h in result.history] == [1] and not (run / "backup").exists()
     assert (run / "notes.txt").read_text() == "mine" and (run / "tensorboard").is_dir()
     assert result.summary == read(tmp_path / "api" / "summary.json")

@@ -47,9 +47,9 @@ def good_notebook(relpath: str = f"notebooks/{NAME}", repo: str = REPO, ref: str
                 "**Runtime:** TPU if you can get one; GPU or CPU work too."),
             _code(nbl.setup_cell_source(repo, ref)),
             _md("## A section\n\nProse."),
-            _code("x = 1 + 1\nassert x == 2"),
+            _code("x = 1 + 1\nassert x == 2", tags=["parameters"]),
             _md("The next cell fails on purpose: Keras 3 layers have no `kernel` setter."),
-            _code("raise AttributeError('no setter')", tags=["raises-exception"]),
+            _code("with expect_failure(AttributeError):\n    raise AttributeError('no setter')"),
             _md("## Exercises\n\nTry it."),
             _code("print('exercise')"),
             _md("## Claims vs. measured on your hardware\n\n| claim | measured |"),
@@ -132,7 +132,7 @@ def test_course_nbfmt_is_stock_nbfmt_plus_preserved_keys(tmp_path: Path) -> None
     ours = json.loads(nbl.nbfmt_bytes(nb, path))
     assert ours["metadata"]["colab"].pop("gpuType") == "V5E1"
     assert ours["metadata"]["accelerator"] == "TPU" == stock["metadata"]["accelerator"]
-    assert [c["metadata"].pop("tags", None) for c in ours["cells"]].count(["raises-exception"]) == 1
+    assert [c["metadata"].pop("tags", None) for c in ours["cells"]].count(["parameters"]) == 1
     assert ours == stock
     # Idempotent: formatting formatted output changes nothing.
     once = nbl.nbfmt_bytes(nb, path)
@@ -250,11 +250,23 @@ def test_title_must_be_h1(repo_root: Path) -> None:
     assert_only(lint(repo_root, nb), r"cell 0: the first cell must be markdown starting with '# '")
 
 
-def test_unexplained_raises_exception_is_rejected(repo_root: Path) -> None:
+def test_unexplained_failure_on_purpose_is_rejected(repo_root: Path) -> None:
     nb = good_notebook()
     nb["cells"][5] = _code("y = 2")  # the explanation was the markdown cell before it
     nb["cells"].insert(7, _code("z = 3"))
-    assert_only(lint(repo_root, nb), r"cell 6: tagged raises-exception, but no markdown cell")
+    assert_only(lint(repo_root, nb), r"cell 6: fails on purpose, but no markdown cell")
+
+
+@pytest.mark.parametrize("mark", ["tag", "nbval-tag", "comment"])
+def test_a_cell_marked_to_raise_is_rejected(repo_root: Path, mark: str) -> None:
+    """Colab's Run all stops at a cell that raises whatever its tags: the failure must run inside expect_failure."""
+    nb = good_notebook()
+    if mark == "comment":
+        nb["cells"][6] = _code("# NBVAL_RAISES_EXCEPTION\nraise AttributeError('no setter')")
+    else:
+        nb["cells"][6] = _code("raise AttributeError('no setter')",
+                               tags=["raises-exception" if mark == "tag" else "nbval-raises-exception"])
+    assert_only(lint(repo_root, nb), r"cell 6: marked to raise .* Colab's Run all stops .*expect_failure")
 
 
 def test_private_keras_imports_are_rejected(repo_root: Path) -> None:
@@ -313,7 +325,7 @@ def test_fix_turns_a_messy_notebook_clean(repo_root: Path, capsys) -> None:
     assert "stripped outputs" in out and "1 notebook(s) clean" in out
     assert nbl.lint_notebook(path, REPO, REF, root=repo_root) == []
     fixed = json.loads(path.read_text())
-    assert fixed["cells"][6]["metadata"]["tags"] == ["raises-exception"]  # kept through nbfmt
+    assert fixed["cells"][4]["metadata"]["tags"] == ["parameters"]  # kept through nbfmt
     before = path.read_bytes()
     assert nbl.lint_main(["--fix", str(path)]) == 0
     assert path.read_bytes() == before

@@ -30,6 +30,7 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
 
     cli = [sys.executable, "-m", "course_utils.capstone", "--data", source, "--epochs", str(epochs), "--out", out,
            "--quiet", "--train-examples", str(examples), "--test-examples", str(examples)]
+    first_cli = cli + ["--overwrite"]  # the demo starts afresh (a notebook run again replaces its own run)
     from .. import capstone
 
     problem = capstone.out_problem(out)  # the run starts afresh there, deleting only an earlier run's own files
@@ -47,7 +48,7 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
         meta = read(os.path.join("backup", "training_metadata.json"), {})  # written after the weights
         return int(meta.get("epoch", 0)) if isinstance(meta, dict) else 0
 
-    first = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(first_cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while first.poll() is None and time.monotonic() < deadline and (len(read("metrics.json", [])) < 1
@@ -124,7 +125,8 @@ def _precision_runs(source, variants, repeats, examples, out, tensorboard, progr
             folder = os.path.join(out, f"{n}-{v['policy']}-{'xla' if v['jit'] else 'noxla'}-{i}")
             cli = [sys.executable, "-m", "course_utils.capstone", "--data", source, "--epochs", str(PRECISION_EPOCHS),
                    "--policy", v["policy"], "--jit" if v["jit"] else "--no-jit", "--no-tta", "--quiet",
-                   "--train-examples", str(examples), "--test-examples", str(examples), "--out", folder]
+                   "--train-examples", str(examples), "--test-examples", str(examples), "--out", folder,
+                   "--overwrite"]  # a notebook run again replaces its own runs
             if tensorboard and i == 0 and n == 1:
                 cli += ["--tensorboard", tensorboard]
             if progress:

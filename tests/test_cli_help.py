@@ -1,0 +1,69 @@
+"""Every command's --help prints and exits 0: `python -m course_utils`, each of its commands, the capstone's own
+entry point, lesson 08's worker programs and CI's `.ci/prove-perturbed`. argparse %-formats every help string only
+when --help is asked for, so a "10%" in one option's help crashed `capstone --help` while every run worked."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import runpy
+import subprocess
+import sys
+
+import pytest
+
+from course_utils import __main__ as cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKER_PROGRAMS = ["course_utils.experiments.multiworker", "course_utils.experiments.model_parallel",
+                   "course_utils.experiments.parameter_server"]
+
+
+def _status(func, argv: list[str]) -> int:
+    try:
+        status = func(argv)
+    except SystemExit as stop:  # argparse's --help exits 0
+        status = stop.code
+    return int(status or 0)
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_command_prints_its_help(command: str, capsys) -> None:
+    module_name, func_name = cli.COMMANDS[command].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    status = _status(func, ["--help"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert out.startswith("usage: ") and "--help" in out, out[:300]
+    assert "-h, --help" in out or "[-h]" in out
+
+
+def test_the_top_level_help_lists_every_command(capsys) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in cli.COMMANDS:
+        assert f"  {command} " in out, f"{command} is missing from `python -m course_utils --help`"
+
+
+@pytest.mark.parametrize("module", WORKER_PROGRAMS)
+def test_worker_programs_print_their_help(module: str, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_module(module, run_name="__main__")
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: ")
+
+
+def test_capstone_entry_point_help_in_a_fresh_process() -> None:
+    """What the README runs: `python -m course_utils.capstone --help` (it crashed on '10%' and '5,000')."""
+    done = subprocess.run([sys.executable, "-m", "course_utils.capstone", "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "--validation-examples" in done.stdout and "10%" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_prove_perturbed_help() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / ".ci" / "prove-perturbed"), "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.startswith("usage: ")

@@ -1,6 +1,7 @@
-"""Run the course's test suite against other package sets (issue 9 §5): `pip install nox`, then
+"""Run the course's test suite against other package sets (issue 9 §5): `pip install -r requirements-dev.txt`
+(it pins nox), then
 
-    nox -s pinned    # requirements.txt — what CI runs (.ci/run)
+    nox -s pinned    # requirements-dev.txt (requirements.txt + test tools) — what CI runs (.ci/run)
     nox -s colab     # requirements-colab.txt — the versions Colab's runtime ships
     nox -s latest    # requirements-latest.txt — the newest releases
 
@@ -23,7 +24,7 @@ def _suite(session: nox.Session, requirements: str) -> None:
 
 @nox.session
 def pinned(session: nox.Session) -> None:
-    _suite(session, "requirements.txt")
+    _suite(session, "requirements-dev.txt")
 
 
 @nox.session

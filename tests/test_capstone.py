@@ -412,6 +412,20 @@ def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_pa
     assert result.summary["epochs"] == 1 and len(result.history) == 1 and result.summary["test_accuracy"] >= 0
 
 
+def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsys, monkeypatch):
+    """With --time-budget 60 the width trials once used the whole budget and the run took 1.9x it, without a word:
+    once the first warm-up has used more than PLANNING_SHARE of the budget, no other width is tried, and it says so.
+    (The share is made tiny here so that any machine's warm-up passes it.)"""
+    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1e-6)
+    opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "short"), train_examples=256,
+                            test_examples=64, batch_size=64, verbose=0)  # no --width: the trainer may try widths
+    result = capstone.train(opts)
+    out = capsys.readouterr().out
+    assert "Budget 12 s is short for this machine: compiling and timing the first steps took " in out, out
+    assert "→ no other width is tried" in out and "trying width" not in out
+    assert len(result.summary["width_trials"]) == 1
+
+
 def _tree(path):
     return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None for p in sorted(path.rglob("*"))}
 

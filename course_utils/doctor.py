@@ -6,6 +6,9 @@ dataset is only a warning that names the offline options — and 1 with the reas
 
 Options: ``--offline`` skips the network check (also ``COURSE_OFFLINE=1``); ``-h``/``--help``.
 
+TensorFlow is imported in a child process first: on a CPU without AVX its import dies by SIGILL, with no
+Python exception, and the doctor reports that as a problem instead of dying with it.
+
 The doctor is the safety net: whatever the settings or the machine, it prints findings and an exit
 code, never a traceback (a bad setting is a finding, an unreadable folder is a finding, a terminal
 that cannot print ✔ gets ASCII marks).
@@ -16,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import signal
 import socket
+import subprocess
 import sys
 from typing import Callable
 
@@ -67,6 +72,66 @@ def _checked_version(version_of: Callable[[str], str | None], module: str) -> tu
         return version_of(module), None
     except Exception as exc:  # noqa: BLE001 - e.g. protobuf's VersionError: a finding, never a crash
         return None, exc
+
+
+# -- an import that kills the process ------------------------------------------------------------------------------
+# TensorFlow's pip wheels use AVX from their first instructions: on a CPU without it (pre-2011 Intel/AMD, some low-end
+# and emulated CPUs) `import tensorflow` dies by SIGILL, with no Python exception and no message, and the doctor with
+# it. So the doctor first imports TensorFlow in a child process and reads how that ended.
+
+IMPORT_PROBE_TIMEOUT_S = 600.0  # a first import on a slow disk takes a minute; a hang is not what the probe looks for
+_SIGNAL_WORDS = {"SIGILL": "illegal instruction", "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
+                 "SIGABRT": "aborted", "SIGFPE": "floating-point exception", "SIGKILL": "killed"}
+_WINDOWS_STATUS = {0xC000001D: "SIGILL", 0xC0000005: "SIGSEGV", 0xC0000409: "SIGABRT"}  # NTSTATUS exit codes
+
+
+def describe_import_death(returncode: int | None, package: str = "TensorFlow") -> tuple[str, str] | None:
+    """``(what happened, the fix)`` when a process importing ``package`` was killed by a signal (a negative exit status
+    on Linux/macOS, an NTSTATUS code on Windows); None when it exited by itself (0, or 1 after an ImportError, which
+    the doctor reports from its own import) or did not run."""
+    if not isinstance(returncode, int):
+        return None
+    name = None
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+    elif (returncode & 0xFFFFFFFF) in _WINDOWS_STATUS:
+        name = _WINDOWS_STATUS[returncode & 0xFFFFFFFF]
+    if name is None:
+        return None
+    words = _SIGNAL_WORDS.get(name)
+    what = f"importing {package} killed the process ({name}: {words})" if words else \
+        f"importing {package} killed the process ({name})"
+    if name == "SIGILL":
+        return (f"{what} — this CPU lacks instructions {package}'s wheel needs (AVX); use Colab or a newer machine",
+                "run the course on Colab (colab.research.google.com: every lesson runs there) or on a machine whose "
+                "CPU has AVX (on Linux `grep -m1 -o avx /proc/cpuinfo` prints avx when it has)")
+    if name == "SIGKILL":
+        return (f"{what} — most likely the system ran out of memory (its out-of-memory killer)",
+                "close other programs, or use a machine with more memory (Colab's has 12 GB)")
+    return (f"{what} — a broken or mismatched install, or a library it loads",
+            f"{_tf_install_fix()}\nin a fresh virtual environment: python3 -m venv .venv && . .venv/bin/activate")
+
+
+def _import_exit_status(module: str = "tensorflow", timeout: float = IMPORT_PROBE_TIMEOUT_S) -> int | None:
+    """The exit status of a fresh Python that imports ``module`` (negative: a signal killed it); None when the probe is
+    not needed or could not run: the module is already imported here (so importing it did not kill this process),
+    it is not installed, or the child could not start or ran past ``timeout``."""
+    if module in sys.modules:
+        return None
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ValueError, ImportError):
+        pass
+    try:
+        proc = subprocess.run([sys.executable, "-c", f"import {module}"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.returncode
 
 
 def _tf_install_fix() -> str:
@@ -138,10 +203,13 @@ def run_checks(
     network: bool = True,
     reachable: Callable[[], tuple[bool, str]] | None = None,
     version_of: Callable[[str], str | None] | None = None,
+    import_exit_status: Callable[[str], int | None] | None = None,
 ) -> list[Finding]:
-    """All checks, in order. ``reachable`` and ``version_of`` are replaceable for tests."""
+    """All checks, in order. ``reachable``, ``version_of`` and ``import_exit_status`` (how a fresh process importing
+    a module ended) are replaceable for tests."""
     version_of = version_of or _version_of
     reachable = reachable or _dataset_reachable
+    import_exit_status = import_exit_status or _import_exit_status
     out: list[Finding] = []
 
     py = sys.version_info
@@ -158,9 +226,12 @@ def run_checks(
         out.append(Finding("problem", "Course settings", str(exc), "unset or correct the variable named above"))
         cfg = None
 
-    tf_version, tf_error = _checked_version(version_of, "tensorflow")
+    death = describe_import_death(import_exit_status("tensorflow"))
+    tf_version, tf_error = (None, None) if death else _checked_version(version_of, "tensorflow")
     tf_usable = False
-    if tf_error is not None:
+    if death:  # importing it here would end the doctor too: everything that imports TensorFlow is skipped
+        out.append(Finding("problem", "TensorFlow", *death))
+    elif tf_error is not None:
         what, fix = describe_import_failure("tensorflow", tf_error)
         out.append(Finding("problem", "TensorFlow", what.split(" is ", 1)[1], fix))
     elif tf_version is None:
@@ -193,8 +264,11 @@ def run_checks(
             note = "" if backend == "tensorflow" else f" (KERAS_BACKEND={backend}: course_utils switches it to tensorflow)"
             out.append(Finding("ok", "Keras", keras_version + note))
 
-    tfds_version, tfds_error = _checked_version(version_of, "tensorflow_datasets")
-    if tfds_error is not None:
+    tfds_version, tfds_error = (None, None) if death else _checked_version(version_of, "tensorflow_datasets")
+    if death:
+        out.append(Finding("warn", "tensorflow-datasets", "not checked: importing it imports TensorFlow, which cannot "
+                           "start here", "fix TensorFlow first (above), then run the doctor again"))
+    elif tfds_error is not None:
         what, fix = describe_import_failure("tensorflow-datasets", tfds_error)
         out.append(Finding("warn", "tensorflow-datasets",
                            f"{what.split(' is ', 1)[1]}; lesson 04 on cannot load real CIFAR-10 with it",

@@ -316,3 +316,48 @@ def test_a_tfds_that_fails_to_import_in_a_fresh_process(tmp_path, swallows):
     assert line.strip().startswith("! tensorflow-datasets: installed but fails to import (VersionError: Detected "
                                    "incompatible Protobuf")
     assert "pip install -U protobuf" in out  # and no version claimed: the line starts with "installed but fails"
+
+
+# -- importing TensorFlow kills the process (SIGILL on a CPU without AVX) -------------------------------------------
+
+
+def _fake_tensorflow(tmp_path, signal_name: str):
+    package = tmp_path / "tensorflow"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"import os, signal\nos.kill(os.getpid(), signal.{signal_name})\n")
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_a_tensorflow_import_that_kills_the_process_is_one_line_in_a_fresh_process(tmp_path):
+    """As on an old CPU without AVX: the TensorFlow wheel's first instruction it lacks is SIGILL, and the doctor
+    died silently with it."""
+    proc = _doctor(_fake_tensorflow(tmp_path, "SIGILL"))
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 1, (proc.returncode, out + err)
+    assert "Traceback" not in out + err
+    problems = [line.strip() for line in out.splitlines() if line.strip().startswith("✘")]
+    assert len(problems) == 1, out
+    assert problems[0].startswith("✘ TensorFlow: importing TensorFlow killed the process (SIGILL: illegal instruction) "
+                                  "— this CPU lacks instructions TensorFlow's wheel needs (AVX); use Colab or a newer "
+                                  "machine"), problems[0]
+    assert "Result: cannot run the course yet — 1 problem(s): TensorFlow: importing TensorFlow killed" in out
+    assert "Accelerator:" not in out  # nothing else tried to import it (which would have killed the doctor)
+
+
+@pytest.mark.parametrize("signal_name, words", [("SIGSEGV", "segmentation fault"), ("SIGABRT", "aborted")])
+def test_other_signals_on_import_are_named_too(signal_name, words):
+    import signal
+
+    detail, fix = doctor.describe_import_death(-getattr(signal, signal_name))
+    assert f"importing TensorFlow killed the process ({signal_name}: {words})" in detail and fix
+    assert "AVX" not in detail
+
+
+def test_the_import_probe_reads_exit_statuses():
+    import signal
+
+    assert doctor.describe_import_death(0) is None and doctor.describe_import_death(1) is None  # an ImportError
+    detail, _ = doctor.describe_import_death(-signal.SIGILL)
+    assert "AVX" in detail
+    detail, _ = doctor.describe_import_death(0xC000001D)  # Windows' STATUS_ILLEGAL_INSTRUCTION
+    assert "illegal instruction" in detail

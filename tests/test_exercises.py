@@ -1019,3 +1019,176 @@ def test_an_exception_from_the_learners_own_class_is_theirs_not_a_course_bug():
     result = exercises.load("scaling_out").pipeline_idle_fraction.check(lambda s, m: FakeNumber())
     assert result.status == "incorrect" and "Your code raised ValueError (from my class)" in result.message
     assert "in `ndim`" in result.message and "course bug" not in result.message
+
+
+# -- hostile reviews: answers a checker accepted that are wrong, or rejected that are right --------------------------
+
+
+def _relu6_tape_code(x):
+    """ReLU6's gradient (Keras' ReLU(max_value=6)) as the code: 0 again from x = 6 on — the wrong layer."""
+    import tensorflow as tf
+
+    t = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(t)
+        y = tf.nn.relu6(t)
+    return tape.gradient(y, t).numpy() > 0
+
+
+@pytest.mark.parametrize("label, answer, expected", [
+    ("ReLU6's code", lambda x: (x > 0) & (x < 6), "ReLU6"),
+    ("ReLU6's gradient from a tape", _relu6_tape_code, "ReLU6"),
+    ("a small threshold", lambda x: x > 1e-35, "tiny positive"),
+    ("compared in float32 whatever x is", lambda x: x.astype("float32") > 0, "tiny positive"),
+    ("float32 bits reinterpreted", lambda x: x.view("int32") > 0, "shape"),
+])
+def test_relu_code_rejects_wrong_layers_and_dtype_tricks(label, answer, expected):
+    result = exercises.load("activation_memory").relu_code.check(answer)
+    assert result.status == "incorrect" and expected in result.message, (label, result)
+
+
+@pytest.mark.parametrize("label, answer", [
+    ("int64 0/1", lambda x: (x > 0).astype("int64")),
+    ("bool × 1", lambda x: (x > 0) * 1),
+    ("int32 tensor", lambda x: __import__("tensorflow").cast(x > 0, "int32")),
+    ("uint8 0/1", lambda x: (x > 0).astype("uint8")),
+    ("bool tensor", lambda x: __import__("tensorflow").constant(x) > 0),
+])
+def test_relu_code_takes_integer_0_1_as_the_prompt_allows(label, answer):
+    """Lesson 07's prompt: "one unpacked 0/1 (or boolean) per element"; an int 0/1 is that (packing comes after)."""
+    result = exercises.load("activation_memory").relu_code.check(answer)
+    assert result.passed, (label, result)
+
+
+@pytest.mark.parametrize("label, answer", [
+    ("2 decimals", lambda lr, b0, b: round(lr * b / b0, 2)),
+    ("4 decimals", lambda lr, b0, b: round(lr * b / b0, 4)),
+    ("4 significant digits", lambda lr, b0, b: float(f"{lr * b / b0:.4g}")),
+    ("float16", lambda lr, b0, b: __import__("numpy").float16(lr * b / b0)),
+])
+def test_scaled_learning_rate_rejects_a_rounded_rate(label, answer):
+    result = exercises.load("capstone").scaled_learning_rate.check(answer)
+    assert result.status == "incorrect" and "do not round" in result.message, (label, result)
+
+
+def test_scaled_learning_rate_takes_float32_arithmetic():
+    import numpy as np
+    import tensorflow as tf
+
+    ex = exercises.load("capstone").scaled_learning_rate
+    assert ex.check(lambda lr, b0, b: np.float32(lr) * np.float32(b) / np.float32(b0)).passed
+    assert ex.check(lambda lr, b0, b: tf.constant(lr, tf.float32) * b / b0).passed
+    assert ex.check(lambda lr, b0, b: lr / b0 * b).passed
+
+
+def test_global_batch_and_lr_takes_a_namedtuple():
+    import collections
+    import typing
+
+    ex = exercises.load("scaling_out").global_batch_and_lr
+    Pair = collections.namedtuple("Pair", "global_batch lr")
+    assert ex.check(lambda b, c, lr, bb: Pair(b * c, lr * b * c / bb)).passed
+    Swapped = collections.namedtuple("Swapped", "lr global_batch")  # the right fields, in another order
+    assert ex.check(lambda b, c, lr, bb: Swapped(lr=lr * b * c / bb, global_batch=b * c)).passed
+
+    class Typed(typing.NamedTuple):
+        global_batch_size: int
+        learning_rate: float
+
+    assert ex.check(lambda b, c, lr, bb: Typed(b * c, lr * b * c / bb)).passed
+    Other = collections.namedtuple("Other", "a b")  # no names to go by: read in order, as a plain tuple
+    assert ex.check(lambda b, c, lr, bb: Other(b * c, lr * b * c / bb)).passed
+    wrong = ex.check(lambda b, c, lr, bb: Other(lr * b * c / bb, b * c))
+    assert wrong.status == "incorrect" and "global batch" in wrong.message, wrong
+
+
+def _pipeline_tiny_shuffle(ds, batch_size):
+    import tensorflow as tf
+
+    from course_utils import data
+
+    ds = ds.cache().shuffle(2).map(data.to_float).map(data.augment)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _pipeline_whole_shuffle(ds, batch_size):
+    import tensorflow as tf
+
+    from course_utils import data
+
+    ds = ds.cache()
+    ds = ds.shuffle(ds.cardinality()).map(data.to_float).map(data.augment)  # the whole dataset, as a tensor
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def test_pipeline_order_rejects_a_shuffle_buffer_too_small_to_shuffle():
+    ex = exercises.load("data_pipeline").pipeline_order
+    result = ex.check(_pipeline_tiny_shuffle)
+    assert result.status == "incorrect" and "shuffle buffer" in result.message, result
+    assert "2 examples" in result.message, result
+    assert ex.check(_pipeline_whole_shuffle).passed
+
+
+def _step_by_hand(model, optimizer, loss_fn, x, y):
+    """Scales, unscales, skips an overflow and halves the scale itself, and never calls `optimizer.apply`."""
+    import numpy as np
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    scale = optimizer.dynamic_scale
+    if all(np.all(np.isfinite(g.numpy())) for g in grads):
+        for v, g in zip(model.trainable_variables, grads):
+            v.assign_sub(optimizer.learning_rate * tf.cast(g, v.dtype) / scale)
+    else:
+        scale.assign(scale / 2)
+    return loss
+
+
+def _step_by_hand_no_lr(model, optimizer, loss_fn, x, y):
+    """The same without the learning rate: right only when it is 1."""
+    import numpy as np
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    scale = optimizer.dynamic_scale
+    if all(np.all(np.isfinite(g.numpy())) for g in grads):
+        for v, g in zip(model.trainable_variables, grads):
+            v.assign_sub(tf.cast(g, v.dtype) / scale)
+    else:
+        scale.assign(scale / 2)
+    return loss
+
+
+@pytest.mark.parametrize("step", [_step_by_hand, _step_by_hand_no_lr], ids=["with the LR", "without the LR"])
+def test_loss_scaled_step_rejects_a_step_that_never_calls_the_optimizer(step):
+    result = exercises.load("mixed_precision").loss_scaled_step.check(step)
+    assert result.status == "incorrect" and "optimizer.apply" in result.message, result
+
+
+def test_loss_scaled_step_takes_apply_gradients():
+    import tensorflow as tf
+
+    def step(model, optimizer, loss_fn, x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    assert exercises.load("mixed_precision").loss_scaled_step.check(step).passed
+
+
+@pytest.mark.parametrize("label, answer", [
+    ("+ 0.25", lambda b, s, e: max(1, int((b - s) / e + 0.25))),
+    ("+ 0.1", lambda b, s, e: max(1, int((b - s) / e + 0.1))),
+])
+def test_epochs_that_fit_rejects_rounding_up_from_a_large_fraction(label, answer):
+    result = exercises.load("capstone").epochs_that_fit.check(answer)
+    assert result.status == "incorrect" and "past the" in result.message and "budget" in result.message, (label, result)

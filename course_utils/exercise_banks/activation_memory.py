@@ -13,10 +13,20 @@ from ..exercises import (Incorrect, Exercise, _is_tensor, call_learner, describe
 
 # -- 1. relu_code -----------------------------------------------------------------------------
 
+_TINY32 = float(np.finfo(np.float32).tiny)  # the smallest normal float32, about 1.2e-38
+
 _RELU_INPUTS = (
     np.array([-2.0, -0.5, 0.0, 0.25, 3.0], np.float32),
     np.linspace(-4, 4, 33, dtype=np.float32).reshape(3, 11),
     np.array([[0.0, -0.0], [1e-30, -1e-30]], np.float32),
+    # large x: ReLU passes the gradient however large x is; ReLU6 (Keras' `ReLU(max_value=6)`) blocks it from 6 on
+    np.array([5.5, 6.0, 7.5, 1e4, 3e38, -3e38, -6.0, -7.5], np.float32),
+    # the smallest normal float32: a threshold "just above 0" is not 0
+    np.array([_TINY32, -_TINY32, 1e-37, 0.0], np.float32),
+    # the dtypes ReLU also meets: mixed_float16's compute dtype (its smallest subnormal, 6e-8, included; TensorFlow's
+    # ReLU gradient is 1 there) and numpy's default float64, whose tiny values a cast to float32 turns into 0
+    np.array([-65504.0, -1.0, -6e-8, 0.0, 6e-8, 1e-3, 6.0, 65504.0], np.float16),
+    np.array([-2.0, -1e-300, 0.0, 1e-300, 0.5, 7.5], np.float64),
 )
 
 
@@ -36,43 +46,61 @@ def _as_array(value: Any, shown_as: str) -> np.ndarray:
                     "(a numpy array or an eager tensor).")
 
 
+def _shown_relu_call(x: np.ndarray) -> str:
+    head = np.array2string(x.ravel()[:5], precision=2)
+    dtype = "" if x.dtype == np.float32 else f", a {x.dtype.name} x"
+    return f"relu_code({head}{'…' if x.size > 5 else ''}{dtype})"
+
+
 def _check_relu_code(answer: Any) -> str:
     fn = require_callable(answer, "relu_code(x)", arity=1)
+    widest = None  # the widest integer dtype the codes came in (an unpacked 0/1 of any integer type is a code)
     for x in _RELU_INPUTS:
-        shown = f"relu_code({np.array2string(x.ravel()[:5], precision=2)}{'…' if x.size > 5 else ''})"
+        shown = _shown_relu_call(x)
         code = _as_array(call_learner(fn, x.copy(), shown_as=shown), shown)
         if code.shape != x.shape:
             raise Incorrect(f"{shown} returned shape {code.shape}; the code needs one entry per element of x, "
-                            f"shape {x.shape}.")
-        if code.dtype.kind == "f":
-            if np.array_equal(code, x):
-                raise Incorrect("That is x itself: 32 bits a number. The backward needs only one bit: which side "
-                                "of 0 each element is on.")
-            raise Incorrect(f"{shown} returned floats ({code.dtype}); the code is one bit a number: return booleans "
-                            "(e.g. `x > 0`) or uint8 0/1.")
+                            f"shape {x.shape} (whatever x's dtype: compare values, do not reinterpret bytes).")
+        if code.dtype.kind == "f" or code.dtype.name == "bfloat16":
+            if code.shape == x.shape and np.array_equal(code.astype(np.float64), x.astype(np.float64)):
+                raise Incorrect("That is x itself: 16 to 64 bits a number. The backward needs only one bit: which "
+                                "side of 0 each element is on.")
+            raise Incorrect(f"{shown} returned floats ({code.dtype.name}): a float is 16 to 64 bits a number, and the "
+                            "code is one bit. Return booleans (e.g. `x > 0`) or integer 0/1 (uint8 packs 8 to a byte).")
         if code.dtype.kind not in "biu":
-            raise Incorrect(f"{shown} returned an array of {code.dtype}; return booleans or uint8 0/1.")
-        if code.dtype.itemsize > 1:
-            raise Incorrect(f"{shown} returned {code.dtype} codes: {8 * code.dtype.itemsize} bits an element, "
-                            f"{'as much as' if code.dtype.itemsize == 4 else 'more than' if code.dtype.itemsize > 4 else 'half of'} "
-                            "the float32 input itself. The point is one bit: return booleans (`x > 0`) or uint8 0/1, "
-                            "which pack 8 to a byte.")
+            raise Incorrect(f"{shown} returned an array of {code.dtype}; return booleans or integer 0/1.")
         values = set(np.unique(code).tolist())
         if not values <= {0, 1}:
             raise Incorrect(f"{shown} returned the values {sorted(values)[:6]}; a 1-bit code holds only 0 and 1.")
-        dy = np.linspace(0.5, 1.5, x.size, dtype=np.float32).reshape(x.shape)
-        exact = dy * (x > 0)  # TensorFlow's ReLU gradient: 1 for x > 0, 0 for x <= 0 (0 at exactly 0)
-        got = dy * code.astype(np.float32)
-        if not np.array_equal(got, exact):
-            if np.array_equal(got, dy * (x >= 0)):
-                raise Incorrect("Close: at exactly x = 0 TensorFlow's ReLU gradient is 0, so the code must be 0 there "
-                                "(`x > 0`, not `x >= 0`).")
-            if np.array_equal(got, dy * (x <= 0)) or np.array_equal(got, dy * (x < 0)):
-                raise Incorrect("Upside down: the gradient passes (code 1) where x > 0 and is blocked where x <= 0.")
-            raise Incorrect(f"dy × code differs from ReLU's gradient for {shown}: the code must be 1 exactly where "
-                            "x > 0.")
+        if code.dtype.kind in "iu" and (widest is None or code.dtype.itemsize > widest.itemsize):
+            widest = code.dtype
+        have = code != 0
+        want = x > 0  # TensorFlow's ReLU gradient: dy where x > 0, 0 where x <= 0 (0 at exactly 0), in every dtype
+        if np.array_equal(have, want):
+            continue
+        wrong = have != want
+        if np.array_equal(have, x >= 0):
+            raise Incorrect("Close: at exactly x = 0 TensorFlow's ReLU gradient is 0, so the code must be 0 there "
+                            "(`x > 0`, not `x >= 0`).")
+        if np.array_equal(have, x <= 0) or np.array_equal(have, x < 0):
+            raise Incorrect("Upside down: the gradient passes (code 1) where x > 0 and is blocked where x <= 0.")
+        missed = want & ~have  # code 0 where the gradient passes
+        if np.array_equal(wrong, missed) and np.all(x[missed] >= 6):
+            raise Incorrect(f"{shown} gives 0 for large x (e.g. {float(x[missed].min()):g}): that is the gradient of "
+                            "ReLU6 (a ReLU clipped at `max_value=6`), which stops passing it at 6. Plain ReLU passes the "
+                            "gradient for every x > 0, however large.")
+        if np.array_equal(wrong, missed) and np.all(np.abs(x[missed].astype(np.float64)) < 1e-6):
+            raise Incorrect(f"{shown} gives 0 for tiny positive x (e.g. {float(x[missed].min()):.3g}), where ReLU "
+                            "still passes the gradient. Does your code compare with a small threshold, or convert x to "
+                            "a smaller dtype first? Compare x itself with 0: `x > 0`, in x's own dtype.")
+        raise Incorrect(f"dy × code differs from ReLU's gradient for {shown}: the code must be 1 exactly where "
+                        "x > 0.")
+    note = ""
+    if widest is not None and widest.itemsize > 1:
+        note = (f" Your {widest.name} codes take {widest.itemsize} bytes each until packed; bool or uint8 take 1, and "
+                "`np.packbits` puts 8 in a byte.")
     return ("One bit per element (`x > 0`) is all ReLU's backward needs: packed 8 to a byte that is 1/32 of a float32 "
-            "input. GELU's derivative is not 0/1 everywhere, so few-bit GELU needs a few bits and a table.")
+            "input. GELU's derivative is not 0/1 everywhere, so few-bit GELU needs a few bits and a table." + note)
 
 
 # -- 2. blocks_to_recompute -------------------------------------------------------------------
@@ -218,8 +246,9 @@ def relu_code(x):
                 (">= 0", lambda: (lambda x: x >= 0), "exactly x = 0"),
                 ("inverted", lambda: (lambda x: x <= 0), "Upside down"),
                 ("floats", lambda: (lambda x: (x > 0).astype(np.float32)), "one bit"),
-                ("int64 0/1", lambda: (lambda x: (x > 0).astype(np.int64)), "64 bits an element"),
-                ("int32 0/1", lambda: (lambda x: (x > 0).astype(np.int32)), "as much as the float32"),
+                ("ReLU6's code", lambda: (lambda x: (x > 0) & (x < 6)), "ReLU6"),
+                ("a threshold above 0", lambda: (lambda x: x > 1e-35), "tiny positive"),
+                ("compared in float32", lambda: (lambda x: x.astype(np.float32) > 0), "tiny positive"),
                 ("masked", lambda: (lambda x: np.ma.masked_array(x > 0)), "masked array"),
             ),
         ),

@@ -10,7 +10,12 @@ from ..exercises import Exercise, Incorrect, call_learner, describe, register_ba
 
 # -- 1. scaled_learning_rate ------------------------------------------------------------------
 
-_LR_CASES = ((0.2, 256, 512), (0.2, 256, 128), (0.1, 128, 1024), (0.4, 512, 64), (0.05, 64, 64))
+# The last three rates need many digits (0.0666…, 0.1171875, 0.0260416…): a rate rounded to a few decimals or
+# significant digits, or computed in float16/bfloat16, is off by more than the tolerance there. The tolerance, a
+# millionth of the rate, takes any float32 or float64 arithmetic (float32 keeps about 7 digits).
+_LR_CASES = ((0.2, 256, 512), (0.2, 256, 128), (0.1, 128, 1024), (0.4, 512, 64), (0.05, 64, 64),
+             (0.1, 384, 256), (0.03, 256, 1000), (0.2, 768, 100))
+_LR_REL_TOL = 1e-6
 
 
 def _check_scaled_learning_rate(answer: Any) -> str:
@@ -20,16 +25,24 @@ def _check_scaled_learning_rate(answer: Any) -> str:
                            shown_as=f"scaled_learning_rate({base_lr}, {base_batch}, {batch})")
         value = require_number(got, "a learning rate (a number)")
         expected = base_lr * batch / base_batch
-        if math.isclose(value, expected, rel_tol=1e-6):
+        if math.isclose(value, expected, rel_tol=_LR_REL_TOL):
             continue
         quote = f"scaled_learning_rate({base_lr}, {base_batch}, {batch}) returned {value:.4g}, expected {expected:.4g}"
-        if math.isclose(value, base_lr * base_batch / batch, rel_tol=1e-6):
+        if math.isclose(value, base_lr * base_batch / batch, rel_tol=_LR_REL_TOL):
             raise Incorrect(f"Upside down: {quote}. A bigger batch gets a bigger learning rate.")
-        if math.isclose(value, base_lr * math.sqrt(batch / base_batch), rel_tol=1e-6):
+        if math.isclose(value, base_lr * math.sqrt(batch / base_batch), rel_tol=_LR_REL_TOL):
             raise Incorrect(f"That is the square-root rule (used with Adam-type optimizers): {quote}. "
                             "§1 uses the linear rule for SGD.")
-        if math.isclose(value, base_lr, rel_tol=1e-6):
+        if math.isclose(value, base_lr, rel_tol=_LR_REL_TOL):
             raise Incorrect(f"The learning rate did not change with the batch: {quote}.")
+        rounded = value != 0 and (any(value == round(expected, k) for k in range(1, 8)) or
+                                  any(value == float(f"{expected:.{k}g}") for k in range(1, 8)))
+        if rounded or math.isclose(value, expected, rel_tol=0.01):
+            shown = describe(got) if type(got) in (int, float) else f"{value!r} ({describe(got)})"
+            raise Incorrect(f"Close, but not equal: scaled_learning_rate({base_lr}, {base_batch}, {batch}) returned "
+                            f"{shown}, expected {expected!r}. Return the exact product: do not "
+                            "round the rate (round only when you print it), and compute in Python floats, not "
+                            "float16/bfloat16 (they keep 3–4 digits).")
         raise Incorrect(f"Not quite: {quote}. Scale base_lr by global_batch / base_batch.")
     return ("Linear scaling: twice the batch, twice the step — with a warm-up, and only up to about a thousand "
             "examples per update for SGD.")
@@ -38,9 +51,11 @@ def _check_scaled_learning_rate(answer: Any) -> str:
 # -- 2. epochs_that_fit -----------------------------------------------------------------------
 
 # (budget, setup, epoch, expected). 100/28 = 3.57 and 90/16 = 5.63 catch rounding to the nearest (18.5 alone does
-# not: Python's round() goes to the even 18); 110/11 and 100/25 are exact.
+# not: Python's round() goes to the even 18); 110/11 and 100/25 are exact; 98/10 = 9.8 and 99.95/10 = 9.995 catch
+# rounding up from a large fraction (`int(x + 0.25)`, `int(x + 0.1)`: 10 epochs end past the budget).
 _FIT_CASES = ((120, 10, 11, 10), (120, 10, 10, 11), (600, 45, 30, 18), (60, 20, 50, 1), (30, 40, 5, 1),
-              (100, 0, 100, 1), (100, 0, 25, 4), (100, 0, 28, 3), (96, 6, 16, 5))
+              (100, 0, 100, 1), (100, 0, 25, 4), (100, 0, 28, 3), (96, 6, 16, 5), (100, 2, 10, 9),
+              (100.0, 0.05, 10.0, 9))
 
 
 def _is_whole_type(value: Any) -> bool:
@@ -67,17 +82,21 @@ def _check_epochs_that_fit(answer: Any) -> str:
                                 "whole, return an int (`int(...)`; `//` on floats still gives a float).")
             continue
         quote = f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}, expected {expected}"
-        if value == round((budget - setup) / epoch) and value > expected:
+        exact = (budget - setup) / epoch
+        if value == round(exact) and value > expected and exact % 1 < 0.75:
             raise Incorrect(f"{quote}: rounding to the nearest overruns the budget when the fraction is over a half; "
                             "round down (`//`).")
         if expected == 1 and value < 1:
             raise Incorrect(f"{quote}: when not even one epoch fits, the run still trains one (at least 1).")
-        if math.isclose(value, (budget - setup) / epoch) and not float(value).is_integer():
+        if math.isclose(value, exact) and not float(value).is_integer():
             raise Incorrect(f"{quote}: round down to whole epochs (`//`): a started epoch runs to its end.")
-        if value == budget // epoch and setup:
+        if value == budget // epoch and setup and value != math.ceil(exact):
             raise Incorrect(f"{quote}: the setup time comes out of the budget first.")
-        if value == math.ceil((budget - setup) / epoch):
-            raise Incorrect(f"{quote}: rounding up overruns the budget; round down.")
+        if value > expected >= 1 and float(value).is_integer() and setup + value * epoch > budget:
+            how = "rounding up" if value == math.ceil(exact) else "that"
+            raise Incorrect(f"{quote}: {how} overruns the budget — {value:g} epochs end at {setup + value * epoch:g} s, "
+                            f"past the {budget:g} s budget ({exact:.4g} epochs fit). A started epoch runs to its end: "
+                            "round down (`//`), whatever the fraction.")
         raise Incorrect(f"Not quite: {quote}. (budget − setup) // epoch, and at least 1.")
     return ("Whole epochs after the setup, at least one: the trainer does this with the step time it measures in its "
             "warm-up, then stretches the learning-rate schedule over exactly those epochs.")
@@ -90,7 +109,7 @@ def _check_epochs_that_fit(answer: Any) -> str:
 # recipe (a smaller test split or another seed can reach a target without a better recipe).
 RECIPE_OPTIONS = ("recipe", "batch_size", "policy", "jit", "accumulate", "steps_per_execution", "width", "augment",
                   "label_smoothing", "schedule", "tta", "ema")
-_FREE = ("out", "verbose", "resume", "tensorboard")
+_FREE = ("out", "verbose", "resume", "overwrite", "tensorboard")
 _FIXED = ("data", "train_examples", "test_examples", "validation_examples", "seed", "cpu_replicas")
 # of the baseline recipe's validation accuracy with its own batch, same budget (the notebook's §2 run). Runs are
 # compared on the validation split: choosing options by the test split would make its figure optimistic.
@@ -167,11 +186,15 @@ def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
         raise Incorrect(f"You changed {len(changed)} options ({', '.join(changed)}); change exactly one, so the "
                         "run shows what that one is worth.")
     try:
-        capstone.validate(answer)
+        # each check trains afresh: in the exercise's own folder it replaces what the previous check left there (the
+        # trainer refuses a folder holding a run unless told); any other folder the answer names is left as the
+        # trainer's rules have it, so a check never overwrites another run's results
+        fresh = answer.out == start.out
+        run_options = dataclasses.replace(answer, verbose=-1, resume=False, **({"overwrite": True} if fresh else {}))
+        capstone.validate(run_options)
     except capstone.OptionsError as err:
         raise Incorrect(f"The options are not valid: {err}") from None
     knob = changed[0]
-    run_options = dataclasses.replace(answer, verbose=-1, resume=False)
     try:
         result = capstone.train(run_options)
     except (capstone.OptionsError, OSError) as err:  # the learner's options or folder, not the course
@@ -218,6 +241,7 @@ def scaled_learning_rate(base_lr, base_batch, global_batch):
                 ("inverse", lambda: (lambda lr, b0, b: lr * b0 / b), "Upside down"),
                 ("sqrt", lambda: (lambda lr, b0, b: lr * (b / b0) ** 0.5), "square-root"),
                 ("constant", lambda: (lambda lr, b0, b: lr), "did not change"),
+                ("rounded", lambda: (lambda lr, b0, b: round(lr * b / b0, 3)), "do not round"),
             ),
         ),
         Exercise(
@@ -247,6 +271,7 @@ def epochs_that_fit(budget_s, setup_s, epoch_s):
                 ("float", lambda: (lambda b, s, e: max(1.0, (b - s) // e)), "return an int"),
                 ("ceil", lambda: (lambda b, s, e: max(1, math.ceil((b - s) / e))), "rounding up"),
                 ("nearest", lambda: (lambda b, s, e: max(1, round((b - s) / e))), "rounding to the nearest"),
+                ("up from .75", lambda: (lambda b, s, e: max(1, int((b - s) / e + 0.25))), "past the 100 s budget"),
                 ("numpy float", lambda: (lambda b, s, e: __import__("numpy").float32(max(1, (b - s) // e))),
                  "return an int"),
             ),

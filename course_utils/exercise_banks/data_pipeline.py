@@ -312,6 +312,15 @@ def _pipeline_dict_features(ds, batch_size):
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def _pipeline_tiny_shuffle(ds, batch_size):
+    import tensorflow as tf
+
+    from course_utils import data
+
+    ds = ds.cache().shuffle(2).map(data.to_float).map(data.augment)  # a buffer of 2: neighbours swap, nothing more
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
 _PASS_THROUGH = ("Options",)  # dataset kinds that only set options: `prefetch(...).with_options(...)` still ends in prefetch
 
 
@@ -353,6 +362,61 @@ def _same_order_message(ds: Any) -> str:
         "Both epochs arrive in the same shuffled order: a `shuffle` before `cache` is recorded once and replayed, "
         "and `reshuffle_each_iteration=False` repeats one order. Shuffle after cache, with the default reshuffle."
     )
+
+
+def _pipeline_shuffle_batches(ds, batch_size):
+    import tensorflow as tf
+
+    from course_utils import data
+
+    ds = ds.cache().map(data.to_float).map(data.augment).batch(batch_size, drop_remainder=True)
+    return ds.shuffle(1000).prefetch(tf.data.AUTOTUNE)  # shuffles batches: each holds the same examples every epoch
+
+
+_MIN_JUMP = 4  # a full shuffle of 32 moves some example >= 4 places ahead in an epoch but for a chance of ~1e-17
+
+
+def _shuffle_buffers(ds: Any) -> list[int]:
+    """The buffer sizes, in examples, of the learner's `shuffle` steps over examples, where they can be read (an int,
+    or a tensor such as `ds.cardinality()`). A shuffle of whole batches is left to the check that each epoch's batches
+    hold other examples."""
+    import tensorflow as tf
+
+    sizes = []
+    for d in _chain(ds):
+        if "Shuffle" in _kind(d):
+            try:
+                if tf.nest.flatten(d.element_spec)[0].shape.rank != 3:  # (height, width, channels): one example
+                    continue
+                size = int(getattr(d, "_buffer_size"))
+            except Exception:  # noqa: BLE001 - not readable here: the order the check saw decides alone
+                continue
+            if size > 0:
+                sizes.append(size)
+    return sizes
+
+
+def _small_shuffle_message(ds: Any, epochs: list[list[int]]) -> str | None:
+    """Why the order is barely shuffled, or None: a buffer smaller than the data (read from the learner's `shuffle`),
+    or, where it cannot be read, an order in which no example came more than a few places ahead of its place in the
+    file in either epoch (a buffer of B moves an example at most B − 1 places ahead)."""
+    why = ("`shuffle` draws each next example from only the examples in its buffer, so nearby examples of the file "
+           "(often alike: one class, one source) stay together in a batch, and the first batches always come from the "
+           "file's start. TensorFlow's docs: perfect shuffling needs a buffer at least the size of the dataset. Use "
+           f"`shuffle(ds.cardinality())` or a buffer at least as large as the data (the check's {_N} examples; "
+           "50,000 for CIFAR-10, whose uint8 images fit in memory once cached).")
+    buffers = _shuffle_buffers(ds)
+    if buffers:
+        if max(buffers) >= _N:
+            return None
+        size = max(buffers)
+        return (f"Your shuffle buffer holds {size} example{'s' if size != 1 else ''}, fewer than the check's {_N}: an "
+                f"example moves at most {size - 1} place{'s' if size != 2 else ''} ahead. {why}")
+    jump = max(max(i - p for p, i in enumerate(ids)) for ids in epochs)
+    if jump >= _MIN_JUMP:
+        return None
+    return (f"Your shuffle barely moves the examples: in two epochs none came more than {jump} place(s) ahead of its "
+            f"place in the file — a shuffle buffer of a few examples? {why}")
 
 
 def _cached_dtype(ds: Any) -> str | None:
@@ -413,6 +477,7 @@ def _check_pipeline(answer: Any) -> str:
             "label, and this exercise does not ask for one-hot labels."
         )
     epochs = []
+    groups = []  # per epoch: which examples each batch holds
     for _ in range(2):
         batches = read_dataset(ds, shown_as=where, limit=_N, what="batches")
         if not batches:
@@ -424,11 +489,21 @@ def _check_pipeline(answer: Any) -> str:
                 f"One epoch should deliver each of the {_N} examples once; got {len(ids)} with repeats or gaps."
             )
         epochs.append((ids, stacked[np.argsort(ids)]))
+        groups.append(sorted(sorted(int(v) for v in np.asarray(yb).reshape(-1)) for _, yb in batches))
     (ids1, im1), (ids2, im2) = epochs
     if ids1 == list(range(_N)) and ids2 == ids1:
         raise Incorrect("The examples arrive in file order every epoch: add `shuffle` (after `cache`).")
     if ids1 == ids2:
         raise Incorrect(_same_order_message(ds))
+    small = _small_shuffle_message(ds, [ids1, ids2])
+    if small:
+        raise Incorrect(small)
+    if groups[0] == groups[1]:  # shuffled examples make the same 4 batches of 8 twice with a chance of 1 in ~4e15
+        raise Incorrect(
+            "Every batch holds the same examples in both epochs; only the order of the batches changed: your "
+            "`shuffle` comes after `batch`, so it shuffles whole batches. Shuffle the examples: `shuffle` before "
+            "`batch` (right after `cache`)."
+        )
     if np.array_equal(im1, im2):
         raise Incorrect(
             "Each image is identical in both epochs: the random augmentation was cached (or is missing). "
@@ -569,6 +644,8 @@ def make_pipeline(ds, batch_size):
                 ("ragged", lambda: _pipeline_ragged, "drop_remainder=True"),
                 ("no prefetch", lambda: _pipeline_no_prefetch, "prefetch"),
                 ("float32 cache", lambda: _pipeline_float_cache, "your cache holds float32 images"),
+                ("shuffle(2)", lambda: _pipeline_tiny_shuffle, "Your shuffle buffer holds 2 examples"),
+                ("shuffle after batch", lambda: _pipeline_shuffle_batches, "shuffles whole batches"),
             ),
         ),
     ],

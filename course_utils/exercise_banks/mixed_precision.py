@@ -56,7 +56,7 @@ def _check_layer_dtypes(answer: Any) -> str:
 # 2. A custom training step with loss scaling (mixed_float16)
 # ----------------------------------------------------------------------------------------------
 
-_LR = 1.0
+_LR = 0.1  # not 1: a step that updates the weights by hand and leaves the learning rate out must show it
 _SCALE = 2.0**17  # not Keras' default 2**15: a step that hard-codes 32768 instead of the optimizer's scale is wrong
 _OVERFLOW_Y = 1e10  # targets this large make the scaled float16 gradients overflow (inf): the step must be skipped
 
@@ -135,6 +135,14 @@ def _check_scaled_step(answer: Any) -> str:
             "The weights did not change: the gradients underflowed to zero in float16. Take the gradient of "
             "`optimizer.scale_loss(loss)` inside the tape, not of `loss`."
         )
+    if int(optimizer.iterations.numpy()) == 0:
+        raise Incorrect(
+            "The weights changed, but not through the optimizer: `optimizer.iterations` is still 0 after your step, so "
+            "your code updated them itself. Hand the gradients of the scaled loss to `optimizer.apply(grads, "
+            "model.trainable_variables)`: it unscales them, skips a step whose gradients overflowed, adjusts the "
+            "scale, and applies the learning rate and the optimizer's state (momentum, Adam's moments), which a "
+            "hand-written `assign_sub` leaves out."
+        )
     everything = np.concatenate([got[k].ravel() for k in expected])
     reference = np.concatenate([expected[k].ravel() for k in expected])
     nonzero = reference != 0
@@ -149,6 +157,11 @@ def _check_scaled_step(answer: Any) -> str:
         raise Incorrect(
             f"The update is {_SCALE:.0f}× too large (the optimizer's scale): the gradients were never unscaled. Apply "
             "them with the LossScaleOptimizer itself (`optimizer.apply`), not its `inner_optimizer`."
+        )
+    if abs(ratio * _LR - 1) < 0.05:
+        raise Incorrect(
+            f"The update is {1 / _LR:g}× the right size (1/the learning rate, {_LR:g}): the learning rate was never "
+            "applied. `optimizer.apply(grads, model.trainable_variables)` applies it (and the optimizer's state)."
         )
     fixed = ratio * _SCALE  # the factor the loss was really multiplied by, if the update is off by a constant
     power = next((2.0**k for k in range(1, 31) if abs(fixed / 2.0**k - 1) < 0.05), None)
@@ -325,6 +338,25 @@ def _step_inner(model, optimizer, loss_fn, x, y):
     return loss
 
 
+def _step_by_hand(model, optimizer, loss_fn, x, y):
+    """Scales and unscales the loss, skips an overflow and halves the scale, all by hand: the weights change by the
+    right amount, but the optimizer never applies a step (no step count, no momentum, no growth of the scale)."""
+    import numpy as np
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    scale = optimizer.dynamic_scale
+    if all(np.all(np.isfinite(g.numpy())) for g in grads):
+        for variable, grad in zip(model.trainable_variables, grads):
+            variable.assign_sub(optimizer.learning_rate * tf.cast(grad, variable.dtype) / scale)
+    else:
+        scale.assign(scale / 2)
+    return loss
+
+
 register_bank(
     "mixed_precision",
     [
@@ -377,6 +409,7 @@ def train_step(model, optimizer, loss_fn, x, y):
                 ("a hard-coded 32768", lambda: _step_fixed_scale, "multiplied by a fixed 32768"),
                 ("unscaled by hand, inner optimizer", lambda: _step_unscale_then_inner, "changed the weights to inf/NaN"),
                 ("bias only", lambda: _step_bias_only, "The kernel's update does not match float32"),
+                ("by hand, never `optimizer.apply`", lambda: _step_by_hand, "`optimizer.iterations` is still 0"),
                 ("returns the scaled loss", lambda: _step_returns_scaled, "returned the SCALED loss"),
                 ("scale_loss outside the tape", lambda: _step_scale_outside_tape, "got no gradients (all None)"),
                 ("result, not function", lambda: 0.5, "Pass the function itself"),

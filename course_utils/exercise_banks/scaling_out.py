@@ -94,15 +94,49 @@ _LR_CASES = ((128, 8, 0.1, 256), (128, 1, 0.1, 256), (64, 32, 0.2, 512), (32, 25
              (48, 8, 0.0123, 256))
 
 
+def _namedtuple_fields(value: Any) -> tuple[str, ...] | None:
+    """The field names of a namedtuple (``collections.namedtuple``, ``typing.NamedTuple``), None for anything else."""
+    if not isinstance(value, tuple):
+        return None
+    try:
+        fields = next((k.__dict__["_fields"] for k in type(value).__mro__ if "_fields" in k.__dict__), None)
+    except Exception:  # noqa: BLE001 - a learner's class whose attributes cannot be read
+        return None
+    if type(fields) is not tuple or not all(type(f) is str for f in fields):
+        return None
+    return fields
+
+
+_BATCH_NAMES = ("global_batch", "global_batch_size", "batch", "batch_size")
+_LR_NAMES = ("lr", "learning_rate", "scaled_lr", "scaled_learning_rate")
+
+
+def _pair(value: Any) -> tuple | None:
+    """``(global_batch, lr)`` from a plain tuple or list of two, or a namedtuple of two (read by its field names when
+    they say which is which, else in order); None for anything else, other tuple and list subclasses included. A
+    namedtuple is read with tuple's own ``len``/``[]``: a learner's class that overrides them cannot make reading fail."""
+    if type(value) in (tuple, list):
+        return tuple(value) if len(value) == 2 else None
+    fields = _namedtuple_fields(value)
+    if fields is None or tuple.__len__(value) != 2 or len(fields) != 2:
+        return None
+    items = (tuple.__getitem__(value, 0), tuple.__getitem__(value, 1))
+    names = [name.lower() for name in fields]
+    if names[0] in _LR_NAMES and names[1] in _BATCH_NAMES:
+        return items[1], items[0]
+    return items
+
+
 def _check_global_batch_and_lr(answer: Any) -> str:
     fn = require_callable(answer, "global_batch_and_lr(per_core_batch, cores, base_lr, base_batch)", arity=4)
     for per_core, cores, base_lr, base_batch in _LR_CASES:
         shown = f"global_batch_and_lr({per_core}, {cores}, {base_lr}, {base_batch})"
         got = call_learner(fn, per_core, cores, base_lr, base_batch, shown_as=shown)
-        if type(got) not in (tuple, list) or len(got) != 2:  # plain ones: a subclass's len/[] are the learner's
+        pair = _pair(got)
+        if pair is None:
             raise Incorrect(f"{shown} returned {describe(got)}; return two numbers: (global_batch, lr).")
-        batch = require_int(got[0], "the global batch")
-        lr = require_number(got[1], "the learning rate")
+        batch = require_int(pair[0], "the global batch")
+        lr = require_number(pair[1], "the learning rate")
         expected_batch = per_core * cores
         expected_lr = base_lr * expected_batch / base_batch
         if batch != expected_batch:

@@ -618,9 +618,13 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
     def start(label: str, kwargs: dict) -> None:
         cmd_r, cmd_w = os.pipe()
         reply_r, reply_w = os.pipe()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: ends here, whatever happens (never returns into the parent's code)
             try:
+                from .fileguard import die_with_parent
+
+                die_with_parent(parent)  # the forking process killed (its parent died): this one goes too
                 os.close(cmd_w)
                 os.close(reply_r)
                 for _, cmd, reply in children.values():  # the other children's pipes are not this one's
@@ -745,7 +749,10 @@ class _Forker:
 
         self.env = env
         self.stderr = tempfile.TemporaryFile()
-        code = ("from course_utils import memory\n"
+        # it dies with this process, however that ends (a timeout's SIGKILL, Ctrl-C, os._exit: no atexit runs):
+        # the kernel's parent-death signal (Linux), armed before TensorFlow's import (seconds)
+        code = ("from course_utils import fileguard, memory\n"
+                f"fileguard.die_with_parent({os.getpid()})\n"
                 "memory._serve()\n"
                 "import os; os._exit(0)  # skip TensorFlow's teardown\n")
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,

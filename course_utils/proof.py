@@ -12,7 +12,20 @@ one lesson after another, and writes
 
 Both are rewritten after every lesson, so an interrupted run keeps what finished. A lesson already proved in
 DIR on the same machine, versions and settings is skipped unless ``--again``. Exit status: 0 when no claim
-reads "does not hold", 1 when one does (or a lesson could not run), 2 on bad usage.
+reads "does not hold", 1 when one does (or a lesson could not run), 2 on bad usage or when DIR cannot be
+written safely, 128 + N when signal N (SIGTERM, SIGHUP) stopped it (130 for Ctrl-C).
+
+What it writes, and what it will not do (each refusal is one line and exit status 2):
+
+- every file is written whole or not at all (:mod:`course_utils.fileguard`: a temporary file in DIR, fsync,
+  rename), never through a symbolic link: a link where ``claims.json``, ``report.md`` or ``.lock`` should be is
+  refused; a full disk leaves the files as they were;
+- one ``prove`` at a time per DIR (an ``flock`` on ``DIR/.lock``): a second one stops at once, naming the first's pid;
+- a ``claims.json`` or ``report.md`` it did not write (or cannot read) is never overwritten: see :func:`_load`;
+- a ``claims.json`` from another machine, versions or settings is moved aside to
+  ``claims.previous-<UTC time>.json`` (its ``report.md`` to ``report.previous-<UTC time>.md``), never overwritten;
+- the lesson's process and everything it started stop with ``prove``: on a timeout, Ctrl-C, SIGTERM, SIGHUP,
+  and (through a sentinel process, and the kernel's parent-death signal on Linux) when ``prove`` is killed.
 """
 
 from __future__ import annotations
@@ -23,18 +36,25 @@ import datetime
 import hashlib
 import importlib
 import json
+import math
 import os
 import pathlib
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
 from . import config as _config
-from . import report
+from . import fileguard, report
 
 FORMAT_VERSION = 1
+CLAIMS, REPORT = "claims.json", "report.md"
+REPORT_HEADING = "# Claims vs. measured — report card"  # the first line of every report.md prove writes
+MAX_CLAIMS_BYTES = 64 << 20  # a claims.json larger than this is not one prove wrote (all eight lessons: ~100 KB)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+PARENT_VARIABLE = "COURSE_PROVE_PARENT"  # the driver's pid, for the lesson process to die with it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +225,7 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
         claim.lesson = claim.lesson or lesson.id
     out = {"lesson": lesson.id, "title": lesson.title, "seconds": round(time.perf_counter() - start, 1),
            "claims": [c.to_dict() for c in claims]}
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(out, f, ensure_ascii=False)
+    fileguard.write_json(out_path, out, indent=None)
     return 0
 
 
@@ -215,8 +234,7 @@ def _describe_here(out_path: str, cpu_replicas: int) -> int:
 
     cfg = _config.get()
     machine = describe_machine(course_utils.detect(cpu_replicas=cpu_replicas), cfg)
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(machine, f)
+    fileguard.write_json(out_path, machine, indent=None)
     return 0
 
 
@@ -235,73 +253,163 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.pop(report.CLAIMS_DIR_VARIABLE, None)
     env["PYTHONUNBUFFERED"] = "1"
+    env[PARENT_VARIABLE] = str(os.getpid())
     return env
 
 
 def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple[int | None, list[str]]:
-    """Run ``python -m course_utils.proof ARGV``, echoing its output with ``prefix``; (exit code or None on
-    timeout, the last lines)."""
+    """Run ``python -m course_utils.proof ARGV`` in its own process group, echoing its progress lines with
+    ``prefix``; (exit code or None on timeout, the last lines). However it ends — the child's exit, the timeout,
+    Ctrl-C, SIGTERM — the group is stopped before this returns or raises (:func:`fileguard.process_group`): the
+    lesson's process and whatever it started. If this process is killed instead, the group's sentinel stops it,
+    and on Linux the kernel kills the child at once (``PARENT_VARIABLE``)."""
     import collections
     import threading
 
     tail: collections.deque = collections.deque(maxlen=12)
-    proc = subprocess.Popen([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    code = None
+    with fileguard.process_group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
 
-    def pump() -> None:
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            if line.strip():
-                tail.append(line)
-                if line.startswith("  · "):
-                    print(prefix + line, flush=True)
+        def pump() -> None:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                if line.strip():
+                    tail.append(line)
+                    if line.startswith("  · "):
+                        print(prefix + line, flush=True)
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    except BaseException:  # Ctrl-C: stop the lesson's process (and whatever it started) too
-        _kill(proc)
-        raise
-    if code is None:
-        _kill(proc)
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
     reader.join(timeout=5)
     return code, list(tail)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    import signal
-
+def _read_result(path: pathlib.Path) -> dict | None:
+    """A child's result file (in the driver's private folder), or None if it wrote none or a broken one."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (OSError, AttributeError):
-        proc.kill()
-    proc.wait()
+        data = json.loads(fileguard.read_regular(path, MAX_CLAIMS_BYTES, follow_links=False))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _load(path: pathlib.Path) -> dict | None:
+    """The claims.json an earlier run left in DIR, or None when there is none.
+
+    A file that is there but cannot be used — not valid JSON (a hand edit's trailing comma, a truncated copy),
+    not UTF-8, not what prove writes (another program's claims.json), a link, a folder — is refused
+    (:class:`UsageError`: one line, exit 2), never treated as absent: starting a new one would overwrite every
+    lesson proved so far. Refusing, rather than moving it aside under a new name, leaves the learner's file where
+    they look for it, and the line says what is wrong and what to do (fix it, or move it away to start anew).
+    A UTF-8 byte order mark (some Windows editors add one) is read past: the rest of the file is fine.
+
+    Nothing in it is trusted because it says so: whether its lessons count as proved here is decided by
+    recomputing the fingerprint of the machine it records (:func:`_same_machine`), and the lessons it keeps are
+    checked for the shape :func:`report_card` and :func:`exit_status` read (:func:`_entry_problem`)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        raw = fileguard.read_regular(path, MAX_CLAIMS_BYTES, follow_links=False)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("lessons"), dict) else None
+    except fileguard.NotRegular as err:
+        raise UsageError(f"{err}; prove keeps its claims in that name: move it away or use another --out") from None
+    todo = "fix it, or move it away (it keeps the lessons proved so far) to start a new one"
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text: {todo}") from None
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}): "
+                         f"{todo}") from None
+    except (ValueError, RecursionError):
+        raise UsageError(f"{path} is not valid JSON: {todo}") from None
+    if not (isinstance(data, dict) and isinstance(data.get("lessons"), dict) and "fingerprint" in data):
+        raise UsageError(f"{path} was not written by prove (it has no lessons and fingerprint): refusing to "
+                         "overwrite it; move it away or use another --out")
+    return data
 
 
-def _write_json(path: pathlib.Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
+def _same_machine(data: dict, machine: dict) -> bool:
+    """Whether claims.json ``data`` was written on this machine, versions and settings: the fingerprint is
+    recomputed from the machine it records (and must match the one it stores), never taken on its word."""
+    stored = data.get("machine")
+    return (data.get("format") == FORMAT_VERSION and isinstance(stored, dict)
+            and fingerprint(stored) == fingerprint(machine) == data.get("fingerprint"))
+
+
+def _entry_problem(entry: Any) -> str | None:
+    """None when a lesson's entry in claims.json has the shape prove writes; else what is wrong (a few words)."""
+    if not isinstance(entry, dict):
+        return "is not an object"
+    if not isinstance(entry.get("error", ""), (str, type(None))) or not isinstance(entry.get("claims", []), list):
+        return "has an error that is not text or claims that are not a list"
+    for n, claim in enumerate(entry.get("claims", []), 1):
+        if not isinstance(claim, dict) or not all(isinstance(claim.get(k), str)
+                                                  for k in ("claim", "expected", "measured", "verdict")):
+            return f"has a claim (number {n}) without text claim, expected, measured and verdict"
+        try:
+            report.Claim.from_dict(claim)
+        except Exception as err:  # noqa: BLE001 - whatever a hand edit broke
+            return f"has a claim (number {n}) that cannot be read ({err})"
+    return None
+
+
+def _written_by_prove(report_path: pathlib.Path) -> bool:
+    try:
+        text = fileguard.read_regular(report_path, MAX_CLAIMS_BYTES, follow_links=False).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return False
+    return text.lstrip("\ufeff").startswith(REPORT_HEADING)
+
+
+def _check_out(out: pathlib.Path) -> dict | None:
+    """Before anything runs (TensorFlow takes seconds to start): refuse a link where prove writes and a report.md
+    it did not write; the earlier claims.json, checked (:func:`_load`)."""
+    for name in (CLAIMS, REPORT):
+        if os.path.islink(out / name):
+            raise UsageError(f"{out / name} is a symbolic link: prove does not write through links; remove it or "
+                             "use another --out")
+    data = _load(out / CLAIMS)
+    if os.path.lexists(out / REPORT) and not _written_by_prove(out / REPORT):
+        raise UsageError(f"{out / REPORT} was not written by prove: refusing to overwrite it; move it away or use "
+                         "another --out")
+    return data
+
+
+def _move_aside(out: pathlib.Path) -> list[str]:
+    """Move claims.json and report.md to ``claims.previous-<UTC time>.json`` / ``report.previous-<UTC time>.md``
+    (a free name: ``-2``, ``-3`` … is added rather than overwrite one); the new names."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    moved = []
+    for name, stem, suffix in ((CLAIMS, "claims", ".json"), (REPORT, "report", ".md")):
+        src = out / name
+        if not os.path.lexists(src):
+            continue
+        for n in range(1, 1000):
+            dst = out / f"{stem}.previous-{stamp}{'' if n == 1 else f'-{n}'}{suffix}"
+            try:
+                os.link(src, dst, follow_symlinks=False)  # fails if dst exists: never overwrites
+            except FileExistsError:
+                continue
+            except OSError:  # no hard links on this file system: rename (under the lock) to a name not taken
+                if os.path.lexists(dst):
+                    continue
+                os.rename(src, dst)
+            else:
+                os.unlink(src)
+            moved.append(dst.name)
+            break
+    return moved
 
 
 def report_card(data: dict) -> str:
     """claims.json as Markdown: the machine, then one table per lesson."""
     machine = data.get("machine") or {}
-    lines = ["# Claims vs. measured — report card", ""]
+    lines = [REPORT_HEADING, ""]
     if machine:
         lines += [f"**Machine:** {machine_line(machine)}", ""]
     lines += [f"Written {data.get('written', '')} by `python -m course_utils prove` (course_utils "
@@ -318,7 +426,7 @@ def report_card(data: dict) -> str:
         if entry.get("error"):
             lines += [f"Could not be measured: {entry['error']}", ""]
             continue
-        claims = [report.Claim.from_dict(c) for c in entry["claims"]]
+        claims = [report.Claim.from_dict(c) for c in entry.get("claims", [])]
         table = report.Table([(c.claim, c.expected, c.measured, c.verdict) for c in claims],
                              ("Claim", "Expected", "Measured here", "Verdict"))
         lines += [table._repr_markdown_(), "", f"_{entry.get('seconds', '?')} s_", ""]
@@ -327,15 +435,15 @@ def report_card(data: dict) -> str:
 
 def writable_problem(folder: pathlib.Path) -> str | None:
     """None when ``folder`` exists or can be made, and a file can be written in it; otherwise why not (one line).
-    Used for ``--out`` by ``prove`` and ``site``."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        return err.strerror or str(err)
-    return None
+    Used for ``--out`` by ``prove`` and ``site`` (:func:`fileguard.folder_problem`)."""
+    return fileguard.folder_problem(folder)
+
+
+MODES_HELP = """modes:
+  smoke  (the default) tiny sizes on synthetic data, offline: seconds per lesson.
+  full   the lessons' real sizes: about 20 minutes or more for all eight on 2 CPU cores, on real CIFAR-10
+         downloaded from the internet (tensorflow-datasets) unless --data says otherwise.
+  Without --mode: smoke, unless COURSE_SMOKE is set (COURSE_SMOKE=0: full)."""
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -343,10 +451,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         def error(self, message):  # one line, exit 2 (argparse would print the usage first)
             raise UsageError(message)
 
-    parser = Parser(prog="python -m course_utils prove", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m course_utils prove", description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", nargs="+", metavar="NN", help="lessons to prove (default: all): 02 05 …")
     parser.add_argument("--mode", choices=("smoke", "full"), default=None,
-                        help="sizes: smoke (tiny, seconds) or full (the lessons' real sizes); default: COURSE_SMOKE")
+                        help="smoke (default: seconds per lesson, synthetic data) or full (~20+ minutes on 2 cores, "
+                             "real CIFAR-10 unless --data); see below")
     parser.add_argument("--jit", action="store_true", help="compile the measured steps with XLA, as a TPU does")
     parser.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, or the mode's)")
     parser.add_argument("--out", default=os.path.join("runs", "proof"), help="folder for claims.json and report.md")
@@ -363,8 +473,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if lesson_id not in lessons:
             lessons.append(lesson_id)
     args.lessons = lessons
-    if args.mode is None:
-        args.mode = _config.get().mode
+    if args.mode is None:  # smoke, unless the environment asks (COURSE_SMOKE=1 or 0, as the notebooks read it)
+        args.mode = _config.get().mode if os.environ.get("COURSE_SMOKE", "").strip() else "smoke"
     if args.data is not None:
         try:
             args.data = _config._parse_data(args.data)
@@ -378,13 +488,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                              "(the README, section Modes, says how to make one), or --data synthetic")
     if args.timeout is None:
         args.timeout = 900.0 if args.mode == "smoke" else 3600.0
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    out = pathlib.Path(args.out).expanduser()
-    problem = writable_problem(out)
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+        raise UsageError(f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week), "
+                         f"got {args.timeout:g}")
+    problem = fileguard.folder_problem(args.out)
     if problem:
-        raise UsageError(f"cannot write to --out {str(out)!r}: {problem}")
-    args.out = out
+        raise UsageError(f"cannot write to --out {args.out!r}: {problem}")
+    args.out = pathlib.Path(args.out).expanduser()
     return args
 
 
@@ -392,66 +502,86 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parse(argv)
-    except UsageError as e:
+    except (UsageError, _config.ConfigError) as e:
         print(f"prove: {e}", file=sys.stderr)
         return 2
-    except _config.ConfigError as e:
-        print(f"prove: {e}", file=sys.stderr)
-        return 2
+    kept = f"{args.out / CLAIMS} keeps the lessons that finished (run the same command again to go on)"
     try:
-        return _prove(args)
+        with fileguard.stop_on_signals(), fileguard.folder_lock(args.out, "prove"):
+            return _prove(args)
     except KeyboardInterrupt:
-        print(f"\nprove: interrupted; {args.out / 'claims.json'} keeps the lessons that finished "
-              "(run the same command again to go on)", file=sys.stderr)
+        print(f"\nprove: interrupted; the lesson running was stopped; {kept}", file=sys.stderr)
         return 130
+    except fileguard.Stopped as stop:
+        print(f"\nprove: {stop.name}; the lesson running was stopped; {kept}", file=sys.stderr)
+        return 128 + stop.signum
+    except (UsageError, fileguard.UnsafePath, fileguard.NotRegular, fileguard.FolderBusy) as e:
+        print(f"prove: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing half-written (fileguard)
+        print(f"prove: cannot write {e.filename or args.out}: {e.strerror or e}; the files in {args.out} are as they "
+              "were before this write (fix that, then run the same command again)", file=sys.stderr)
+        return 2
 
 
 def _prove(args: argparse.Namespace) -> int:
-    claims_path, report_path = args.out / "claims.json", args.out / "report.md"
+    data = _check_out(args.out)  # before TensorFlow starts: a refusal costs no time
+    with tempfile.TemporaryDirectory(prefix="prove-") as private:  # the children's results: not in DIR
+        return _prove_into(args, data, pathlib.Path(private))
+
+
+def _save(args: argparse.Namespace, data: dict) -> None:
+    """claims.json, then report.md, each whole or not at all; SIGINT/SIGTERM/SIGHUP wait until both are written."""
+    from .cluster import _signals_held
+
+    with _signals_held():
+        fileguard.write_json(args.out / CLAIMS, data, inside=args.out)
+        fileguard.write_text(args.out / REPORT, report_card(data), inside=args.out)
+
+
+def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Path) -> int:
+    claims_path, report_path = args.out / CLAIMS, args.out / REPORT
     start = time.perf_counter()
 
-    machine_file = args.out / ".machine.json"
+    machine_file = private / "machine.json"
     code, tail = _run_child(["_describe", str(machine_file), "1"], _child_env(args, None), 300, "")
-    try:
-        machine = json.loads(machine_file.read_text())
-        machine_file.unlink()
-    except (OSError, ValueError):
+    machine = _read_result(machine_file) if code == 0 else None
+    if machine is None:
         print(f"prove: could not start TensorFlow to describe this machine (exit {code}):", file=sys.stderr)
         print("\n".join(tail[-5:]), file=sys.stderr)
         return 1
     print(f"Proving lessons {' '.join(args.lessons)} on: {machine_line(machine)}", flush=True)
     print(f"Writing {claims_path} and {report_path} after each lesson.", flush=True)
 
-    data = _load(claims_path)
-    if data is not None and data.get("fingerprint") != fingerprint(machine):
-        old = claims_path.with_name("claims.previous.json")
-        os.replace(claims_path, old)
-        print(f"{claims_path} was written on another machine, versions or settings: kept as {old.name}, "
-              "starting a new one.", flush=True)
+    if data is not None and not _same_machine(data, machine):
+        moved = _move_aside(args.out)
+        print(f"{claims_path} was written on another machine, versions or settings: moved to "
+              f"{' and '.join(moved)}; starting a new one.", flush=True)
         data = None
+    if data is not None:
+        for lesson_id, entry in data["lessons"].items():
+            problem = _entry_problem(entry)
+            if problem:
+                raise UsageError(f"{claims_path}: lesson {lesson_id}'s entry {problem}: fix it, or move the file "
+                                 "away (it keeps the lessons proved so far) to start a new one")
     if data is None:
         data = {"format": FORMAT_VERSION, "machine": machine, "fingerprint": fingerprint(machine), "lessons": {}}
 
     for lesson_id in args.lessons:
         lesson = LESSONS[lesson_id]
         previous = data["lessons"].get(lesson_id)
-        if previous and not previous.get("error") and not args.again:
+        if previous and previous.get("claims") and not previous.get("error") and not args.again:
             print(f"[{lesson_id}] {lesson.title}: already proved here ({previous.get('written', '')}); "
                   "--again to measure it again", flush=True)
             continue
         print(f"[{lesson_id}] {lesson.title} …", flush=True)
-        result_file = args.out / f".lesson-{lesson_id}.json"
-        result_file.unlink(missing_ok=True)
+        result_file = private / f"lesson-{lesson_id}.json"
         t0 = time.perf_counter()
         code, tail = _run_child(["_lesson", lesson_id, str(result_file)], _child_env(args, lesson), args.timeout,
                                 f"[{lesson_id}]")
-        entry = None
-        if code == 0:
-            try:
-                entry = json.loads(result_file.read_text())
-            except (OSError, ValueError):
-                entry = None
-        result_file.unlink(missing_ok=True)
+        entry = _read_result(result_file) if code == 0 else None
+        if entry is not None and _entry_problem(entry):
+            entry = None
         written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         if entry is None:
             why = (f"did not finish within {args.timeout:g} s (--timeout)" if code is None
@@ -472,8 +602,7 @@ def _prove(args: argparse.Namespace) -> int:
         entry["written"] = written
         data["lessons"][lesson_id] = entry
         data["written"] = written
-        _write_json(claims_path, data)
-        report_path.write_text(report_card(data), encoding="utf-8")
+        _save(args, data)
 
     print(f"Done in {time.perf_counter() - start:.0f} s: {claims_path}, {report_path}", flush=True)
     code, summary = exit_status(data, args.lessons)
@@ -495,6 +624,9 @@ def exit_status(data: dict, lessons: list[str]) -> tuple[int, str]:
 
 
 def _child_main(argv: list[str]) -> int:
+    if argv[:1] in (["_lesson"], ["_describe"]):  # a driver's child: dies with the driver, however that ends
+        parent = os.environ.pop(PARENT_VARIABLE, "")
+        fileguard.die_with_parent(int(parent) if parent.isdigit() else None)
     if argv[:1] == ["_lesson"]:
         return run_lesson(argv[1], argv[2])
     if argv[:1] == ["_describe"]:

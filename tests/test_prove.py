@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -30,15 +32,22 @@ def _prove(*args: str, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, message", [
     (["--lessons", "99"], "unknown lesson '99'"),
     (["--lessons", "02", "--out", "{file}/sub"], "cannot write to --out"),
+    (["--lessons", "02", "--out", "{file}"], "it exists and is not a folder"),
+    (["--lessons", "02", "--out", "{fifo}"], "it exists and is not a folder"),
+    (["--lessons", "02", "--out", ""], "the folder name is empty"),
     (["--data", "npz:/no/such/file.npz"], "--data npz:/no/such/file.npz: the file does not exist"),
     (["--data", "kaggle"], "--data 'kaggle' is not a data source"),
     (["--timeout", "-1"], "--timeout must be a positive number"),
+    (["--timeout", "0"], "--timeout must be a positive number"),
+    (["--timeout", "nan"], "--timeout must be a positive number of seconds, at most 604800 (a week), got nan"),
+    (["--timeout", "inf"], "--timeout must be a positive number"),
     (["--mode", "fast"], "invalid choice: 'fast'"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, message):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    args = [a.format(file=a_file) for a in args]
+    os.mkfifo(tmp_path / "a_fifo")
+    args = [a.format(file=a_file, fifo=tmp_path / "a_fifo") for a in args]
     proc = _prove(*args, *([] if "--out" in args else ["--out", str(tmp_path / "out")]), timeout=60)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
@@ -106,7 +115,8 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     rest, _ = driver.communicate(timeout=60)
     assert driver.returncode == 130, "".join(lines) + rest
     assert "keeps the lessons that finished" in rest and "Traceback" not in rest
-    assert json.loads((out / "claims.previous.json").read_text())["fingerprint"] == "another machine"
+    previous, = out.glob("claims.previous-*.json")  # moved aside under its own name (UTC time), not overwritten
+    assert json.loads(previous.read_text())["fingerprint"] == "another machine"
     first = json.loads((out / "claims.json").read_text())
     assert set(first["lessons"]) == {"03"}
 
@@ -126,3 +136,322 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     assert len(memory_claims) == 2 and all(len(c["samples"]) == 3 for c in memory_claims)  # from repeats: kept
     card = (out / "report.md").read_text()
     assert "## 02 · bfloat16 conversion" in card and "## 03 · Mixed precision" in card
+
+    # the fingerprint claims.json stores is not taken on its word: a machine edited in (here another TensorFlow)
+    # under this machine's fingerprint is moved aside, and the lesson measured again
+    tampered = dict(data, machine=dict(machine, tensorflow="0.0-edited"))
+    (out / "claims.json").write_text(json.dumps(tampered))
+    proc = _prove("--lessons", "03", "--out", str(out))
+    assert proc.returncode == 0 and "already proved here" not in proc.stdout, proc.stdout[-3000:] + proc.stderr
+    assert "was written on another machine, versions or settings: moved to claims.previous-" in proc.stdout
+    assert len(list(out.glob("claims.previous-*.json"))) == 2  # both earlier cards kept
+    assert json.loads((out / "claims.json").read_text())["machine"] == machine
+
+
+# ----------------------------------------------------------------------------------------------
+# What prove writes, and what it refuses to touch (each refusal: one line, exit 2, nothing written)
+# ----------------------------------------------------------------------------------------------
+
+
+def _files(folder: pathlib.Path) -> dict[str, bytes]:
+    """Every file in ``folder`` (links as 'link → target'), but the lock file prove leaves."""
+    return {p.name: (f"link → {os.readlink(p)}".encode() if p.is_symlink() else p.read_bytes())
+            for p in sorted(folder.iterdir()) if p.name != ".lock"}
+
+
+def _refused(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert all(w in proc.stderr for w in words), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["claims.json", "report.md", ".lock"])
+def test_a_link_where_prove_writes_is_refused_and_its_target_left_alone(tmp_path, name):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("a file elsewhere: prove must not write it")
+    out = tmp_path / "proof"
+    out.mkdir()
+    (out / name).symlink_to(outside)
+    before = _files(out)
+    proc = _prove("--lessons", "03", "--out", str(out), timeout=120)
+    _refused(proc, str(out / name), "symbolic link")
+    assert outside.read_text() == "a file elsewhere: prove must not write it" and _files(out) == before
+
+
+CLAIMS_OF_ANOTHER_RUN = json.dumps({"format": 1, "machine": {}, "fingerprint": "x", "lessons": {
+    "05": {"title": "Gradient accumulation", "claims": [], "seconds": 3}}}, indent=1)
+
+
+@pytest.mark.parametrize("content, words", [
+    (CLAIMS_OF_ANOTHER_RUN.replace('"seconds": 3', '"seconds": 3,'), ["is not valid JSON", "line 10", "move it away"]),
+    (CLAIMS_OF_ANOTHER_RUN[:40], ["is not valid JSON", "move it away"]),  # truncated
+    (b"\xff\xfe{}", ["is not UTF-8 text"]),
+    ('{"accuracy": 0.9}', ["was not written by prove", "refusing to overwrite it"]),
+    ("[1, 2]", ["was not written by prove"]),
+])
+def test_a_claims_json_prove_cannot_read_is_refused_never_overwritten(tmp_path, content, words):
+    """A hand edit's trailing comma, a truncated copy, another program's claims.json: refused before anything runs,
+    byte for byte as it was (treating it as absent would overwrite every lesson proved so far)."""
+    out = tmp_path / "proof"
+    out.mkdir()
+    (out / "claims.json").write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = _files(out)
+    proc = _prove("--lessons", "03", "--out", str(out), timeout=120)
+    _refused(proc, str(out / "claims.json"), *words)
+    assert _files(out) == before
+
+
+def test_a_utf8_bom_in_claims_json_is_read_past_not_refused(tmp_path):
+    """A Windows editor's byte order mark: the file is read (the refusal here is about report.md, checked after it)."""
+    out = tmp_path / "proof"
+    out.mkdir()
+    (out / "claims.json").write_bytes("\ufeff".encode() + CLAIMS_OF_ANOTHER_RUN.encode())
+    (out / "report.md").write_text("notes\n")
+    before = _files(out)
+    _refused(_prove("--lessons", "03", "--out", str(out), timeout=120), "report.md was not written by prove")
+    assert _files(out) == before
+
+
+def test_a_report_md_prove_did_not_write_is_refused_even_in_this_folder(tmp_path):
+    (tmp_path / "report.md").write_text("# My notes on the course\n")
+    env = dict(os.environ, COURSE_SMOKE="1")
+    env.pop("COURSE_CLAIMS_DIR", None)
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "prove", "--lessons", "03", "--out", "."],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    _refused(proc, "report.md was not written by prove", "refusing to overwrite it")
+    assert (tmp_path / "report.md").read_text() == "# My notes on the course\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "report.md"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes: prove's lesson process (and what it started) ends with prove, however prove ends
+# ----------------------------------------------------------------------------------------------
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for stat_file in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(stat_file.parent.name))
+    return tree
+
+
+def _descendants(pid: int) -> list[int]:
+    tree, found, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for_child(parent: subprocess.Popen, needle: str, seconds: float = 60) -> int:
+    """The pid of the first process below ``parent`` whose command line has ``needle``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for pid in _descendants(parent.pid):
+            if needle in _cmdline(pid):
+                return pid
+        assert parent.poll() is None, parent.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"no process running {needle!r} below {parent.pid}")
+
+
+def _all_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.05)
+    return [f"{pid}: {_cmdline(pid)}" for pid in pids if _alive(pid)]
+
+
+def _start_prove(out: pathlib.Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    if env is None:
+        env = dict(os.environ, COURSE_SMOKE="1")
+    env.pop("COURSE_CLAIMS_DIR", None)
+    # default SIGINT disposition, as a terminal's Ctrl-C meets it (a runner may start tests with SIGINT ignored)
+    return subprocess.Popen([sys.executable, "-m", "course_utils", "prove", "--lessons", "03", "--out", str(out),
+                             *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+linux_only = pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+
+
+@linux_only
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_stops_prove_and_every_process_it_started(tmp_path, signame):
+    """`kill`, a closed terminal or Ctrl-C while prove's child runs (here: the one that starts TensorFlow to describe
+    the machine): the child's whole process group is stopped, prove says so in one line and exits 128 + signal."""
+    driver = _start_prove(tmp_path / "proof")
+    _wait_for_child(driver, "course_utils.proof _describe")
+    below = _descendants(driver.pid)
+    driver.send_signal(getattr(signal, signame))
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 128 + getattr(signal, signame), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "the lesson running was stopped" in err and (signame == "SIGINT" or signame in err), err
+    assert _all_gone(below, 1.0) == []
+
+
+@linux_only
+def test_prove_killed_takes_its_lesson_process_along(tmp_path):
+    driver = _start_prove(tmp_path / "proof")
+    child = _wait_for_child(driver, "course_utils.proof _describe")
+    driver.kill()  # SIGKILL: prove runs no handler, no finally
+    driver.communicate(timeout=30)
+    assert _all_gone([child], 1.0) == []
+
+
+@linux_only
+def test_a_second_prove_into_the_same_folder_stops_at_once_naming_the_first(tmp_path):
+    out = tmp_path / "proof"
+    first = _start_prove(out)
+    try:
+        _wait_for_child(first, "course_utils.proof _describe")
+        second = _prove("--lessons", "03", "--out", str(out), timeout=60)
+        _refused(second, f"another prove is writing to {out} (pid {first.pid})")
+    finally:
+        first.terminate()
+        first.communicate(timeout=30)
+
+
+@linux_only
+@pytest.mark.parametrize("smoke, mode", [(None, "1"), ("0", "0"), ("1", "1")])
+def test_prove_defaults_to_smoke_mode_unless_course_smoke_says_otherwise(tmp_path, smoke, mode):
+    env = dict(os.environ)
+    env.pop("COURSE_SMOKE", None)
+    if smoke is not None:
+        env["COURSE_SMOKE"] = smoke
+    driver = _start_prove(tmp_path / "proof", env=env)
+    try:
+        child = _wait_for_child(driver, "course_utils.proof _describe")
+        environ = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        assert f"COURSE_SMOKE={mode}".encode() in environ
+    finally:
+        driver.terminate()
+        driver.communicate(timeout=30)
+
+
+def test_help_says_what_each_mode_costs():
+    proc = _prove("--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "smoke (default: seconds per lesson, synthetic data)" in text
+    assert "about 20 minutes or more for all eight on 2 CPU cores, on real CIFAR-10" in text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the forking process is Linux only")
+def test_the_memory_forker_and_its_children_die_with_the_process_that_started_it(tmp_path):
+    """Lesson 02 measures in processes forked from a helper that imported TensorFlow once. When the lesson's process
+    ends without stopping it (prove's --timeout kills it; os._exit runs no atexit), the helper and the process it
+    forked (here mid-step) end within a second, not after the step finishes."""
+    (tmp_path / "slow_step.py").write_text("import time\n\ndef make_step(**kwargs):\n    time.sleep(120)\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    lesson = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import json, os, time
+        from course_utils import memory
+        forker = memory._Forker(dict(os.environ))
+        forker.proc.stdin.write((json.dumps(["slow_step", "make_step", [["a", {}]], 1, 0, "CPU:0", 1, True, None])
+                                 + "\\n").encode())
+        forker.proc.stdin.flush()
+        print(forker.proc.pid, flush=True)
+        time.sleep(300)
+    """)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        forker = int(lesson.stdout.readline())
+        deadline = time.monotonic() + 120
+        while not _descendants(forker):  # TensorFlow imported, the step's process forked
+            assert time.monotonic() < deadline and _alive(forker), "the forker did not fork"
+            time.sleep(0.1)
+        forked = _descendants(forker)
+    finally:
+        lesson.kill()
+        lesson.wait()
+    assert _all_gone([forker, *forked], 1.0) == []
+
+
+@pytest.mark.extended  # one lesson (~10 s), in a user namespace with a 256 KiB tmpfs as --out
+@pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0
+                    if shutil.which("unshare") else True, reason="needs unshare -rm (Linux user namespaces)")
+def test_a_full_disk_is_one_line_exit_2_and_loses_nothing(tmp_path):
+    """--out on a full file system (a real ENOSPC, from a tiny tmpfs): prove says so in one line, exit 2, no
+    traceback, no temporary file left; the claims.json of another machine it moved aside before is intact, and the
+    card kept from an older run (claims.previous.json) untouched."""
+    prepared, snapshot, out = tmp_path / "prepared", tmp_path / "snapshot", tmp_path / "out"
+    for folder in (prepared, snapshot / "out", out):
+        folder.mkdir(parents=True)
+    earlier = {"format": 1, "machine": {"elsewhere": True}, "fingerprint": "another machine",
+               "lessons": {"05": {"title": "Gradient accumulation", "claims": [], "seconds": 3}}}
+    (prepared / "claims.json").write_text(json.dumps(earlier))
+    (prepared / "report.md").write_text("# Claims vs. measured — report card\n\nfrom another machine\n")
+    (prepared / "claims.previous.json").write_text("the oldest card")
+    script = f"""
+        mount -t tmpfs -o size=256k tmpfs "$OUT" || exit 99
+        cp "$PREPARED"/* "$OUT"/
+        i=0; while head -c 4096 /dev/zero > "$OUT/fill$i" 2>/dev/null; do i=$((i + 1)); done
+        rm -f "$OUT/fill$i" "$OUT/fill0"  # one page left: the lock file's
+        {sys.executable} -m course_utils prove --lessons 03 --out "$OUT" > "$SNAPSHOT/stdout" 2> "$SNAPSHOT/stderr"
+        echo $? > "$SNAPSHOT/rc"
+        rm -f "$OUT"/fill*
+        cp -a "$OUT"/. "$SNAPSHOT/out/"
+    """
+    env = dict(os.environ, COURSE_SMOKE="1", OUT=str(out), PREPARED=str(prepared), SNAPSHOT=str(snapshot))
+    env.pop("COURSE_CLAIMS_DIR", None)
+    shell = subprocess.run(["unshare", "-rm", "sh", "-c", textwrap.dedent(script)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert shell.returncode == 0, shell.stderr
+    err = (snapshot / "stderr").read_text()
+    assert (snapshot / "rc").read_text().strip() == "2", (snapshot / "stdout").read_text()[-3000:] + err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"cannot write {out / 'claims.json'}: No space left on device" in err, err
+    files = {p.name: p.read_bytes() for p in (snapshot / "out").iterdir() if p.name != ".lock"}
+    moved = {name for name in files if name.startswith(("claims.previous-", "report.previous-"))}
+    assert sorted(files) == sorted(["claims.previous.json", *moved]) and len(moved) == 2, sorted(files)
+    assert files["claims.previous.json"] == b"the oldest card"
+    for name in moved:
+        assert files[name] == (prepared / ("claims.json" if name.endswith(".json") else "report.md")).read_bytes()
+
+
+@linux_only
+@pytest.mark.skipif(shutil.which("taskset") is None, reason=".ci/prove-perturbed needs taskset")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame):
+    env = dict(os.environ)
+    env.pop("COURSE_CLAIMS_DIR", None)
+    runner = subprocess.Popen([sys.executable, str(ROOT / ".ci" / "prove-perturbed"), "--only", "busy-core",
+                               "--lessons", "03", "--out", str(tmp_path)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    below: list[int] = []
+    try:
+        _wait_for_child(runner, "while True: pass")
+        _wait_for_child(runner, "course_utils.proof _describe")
+        below = _descendants(runner.pid)
+        runner.send_signal(getattr(signal, signame))
+        _, err = runner.communicate(timeout=60)
+        assert runner.returncode == 128 + getattr(signal, signame), err
+        assert err.strip().splitlines()[-1] == f"prove-perturbed: {signame}; prove and the busy loop were stopped"
+        assert _all_gone(below, 1.0) == []
+    finally:
+        for pid in below:  # a test that failed leaves nothing spinning
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()

@@ -5,16 +5,20 @@ extended (.ci/run runs them after the README's pytest); the headless-browser che
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
 
-from course_utils import report, site
+from course_utils import fileguard, report, site
 from course_utils.notebooks import pages_url
 
 README = """# A course
@@ -102,7 +106,12 @@ def test_builds_the_lessons_marks_a_failed_one_with_its_cell_and_reuses_unchange
     first, second = course
     assert first.status == "executed" and second.status == "failed", (first, second)
     assert second.failure == "cell 3 of 4: ValueError: the lesson is broken here"  # not the raises-exception one
-    assert any("FAILED at cell 3 of 4" in line for line in lines) and len(lines) == 2 * 2 + 1
+    assert any("FAILED at cell 3 of 4" in line for line in lines)
+    assert len([line for line in lines if line.startswith("[site]")]) == 2 * 2 + 1
+    cells = [line for line in lines if not line.startswith("[site]")]  # one progress line per code cell run
+    assert all(re.fullmatch(r"\[0[12]\] cell \d/\d \(start\) \d+\.\d s( — error)?", line) for line in cells), cells
+    assert [line.split(" (")[0] for line in cells] == ["[01] cell 2/3", "[01] cell 3/3", "[02] cell 2/4", "[02] cell 3/4"]
+    assert cells[2].endswith("— error") and cells[3].endswith("— error") and not cells[0].endswith("error")
 
     page = (out / "lessons" / "01_first.html").read_text()
     assert "smoke" in page and re.search(r'<img[^>]+src="data:image/png;base64,', page)  # outputs and figure inline
@@ -146,13 +155,13 @@ def test_report_cards_side_by_side_with_columns_for_what_is_not_measured(tmp_pat
     cards = [("cpu", _card()), ("cpu-xla", _card(xla=True, verdict="inconclusive", measured="1.0×")),
              ("gpu", _card(kind="GPU", measured="1.9×"))]
     page = site.cards_html(cards, site.curriculum(pathlib.Path(__file__).resolve().parent.parent))
-    heads = re.findall(r'<th scope="col">([^<]*)', page)
+    heads = re.findall(r'<th scope="col"[^>]*>([^<]*)', page)
     assert heads == ["Claim", "CPU · 2 cores · full mode · without XLA", "CPU · 2 cores · full mode · with XLA",
                      "GPU (GPU 1) · full mode · without XLA", "TPU"]
     assert "not measured yet" in page and "prove --mode full" in page
     assert page.count("· course_utils abc</span>") == 3  # which course code measured each card
     row = re.search(r'<tr class="differs"><td>prefetch overlaps input</td>(.*?)</tr>', page).group(1)
-    assert row.count('<td class="measured">') == 4 and "1.9×" in row and "inconclusive" in row
+    assert row.count('<td class="measured') == 4 and "1.9×" in row and "inconclusive" in row
     assert '04 · Data pipelines and sharding' in page
     one = site.cards_html([("gpu", _card(kind="GPU")), ("tpu", _card(kind="TPU"))], [])
     assert "not measured yet" not in one
@@ -201,7 +210,7 @@ def test_an_unwritable_out_is_one_line(tmp_path, monkeypatch, capsys):
 
 def test_bad_settings_are_one_line(tmp_path, capsys):
     root = _course(tmp_path)
-    for argv, words in ((["--mode", "fast"], "invalid choice: 'fast'"), (["--timeout", "0"], "positive number"),
+    for argv, words in ((["--mode", "fast"], "invalid choice: 'fast'"), (["--timeout", "0"], "positive, finite number"),
                         (["--lessons", "09"], "unknown lesson(s) 09"), (["--data", "ftp:x"], "--data ")):
         code = site.main(["--out", str(tmp_path / "s"), "--root", str(root), *argv])
         err = capsys.readouterr().err
@@ -239,3 +248,391 @@ def test_the_pages_workflow_is_valid_yaml_with_pinned_actions_and_the_readmes_co
     assert upload["with"]["path"] == out and site.EXECUTED_DIR.startswith(".")  # the cache stays out of the upload
     assert workflow["jobs"]["deploy"]["permissions"] == {"pages": "write", "id-token": "write"}
     assert workflow["jobs"]["deploy"]["needs"] == "build"
+
+
+# ----------------------------------------------------------------------------------------------
+# Reliability: what a card brings is text, the build writes only inside --out, stops on a signal, checks its input
+# before it runs anything, and says what is wrong in one line
+# ----------------------------------------------------------------------------------------------
+
+EVIL = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+
+
+def _never_execute(monkeypatch) -> list:
+    """site.execute replaced by one that fails the test: for checks that must stop before any notebook runs."""
+    calls: list = []
+
+    def never(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError(f"a notebook was executed before the input was checked: {args[:1]}")
+
+    monkeypatch.setattr(site, "execute", never)
+    return calls
+
+
+def _fake_execute(monkeypatch) -> list:
+    """site.execute replaced by one that returns the notebook as it is, as if executed: the build goes on without
+    starting a kernel."""
+    calls: list = []
+
+    def fake(notebook, *args, **kwargs):
+        calls.append(notebook)
+        nb = nbformat.read(notebook, as_version=4)
+        return nb, {"status": "executed", "seconds": 1.0, "failure": "", "executed_at": "2026-01-01T00:00:00+00:00"}
+
+    monkeypatch.setattr(site, "execute", fake)
+    return calls
+
+
+def _one_line_exit_2(code: int, err: str, words: str) -> None:
+    assert code == 2 and err.startswith("site: ") and err.count("\n") == 1 and words in err, (code, err)
+    assert "Traceback" not in err
+
+
+def test_the_report_cards_page_escapes_everything_a_card_brings(tmp_path):
+    from bs4 import BeautifulSoup
+
+    card = _card(lesson=EVIL)
+    claim = card["lessons"][EVIL]["claims"][0]
+    claim.update(claim=EVIL, measured=EVIL, source=EVIL, expected=EVIL, note=EVIL, reason=EVIL)
+    card["machine"].update(os=EVIL, mode=EVIL, course_utils=EVIL, data=EVIL, python=EVIL)
+    card["machine"]["cpu"]["model"] = EVIL
+    card["machine"]["accelerator"].update(kind=EVIL, name=EVIL)
+    path = tmp_path / "claims.json"
+    path.write_text(json.dumps(card))
+    page = site.cards_html([(EVIL, site.load_card(path))], [])
+    soup = BeautifulSoup(page, "html.parser")
+    assert not soup.find_all("script") and not soup.select("[onerror]") and "<script" not in page
+    ids = [element["id"] for element in soup.find_all(id=True)]
+    assert ids and all(re.fullmatch(r"[A-Za-z0-9_-]+", i) for i in ids), ids
+    text = soup.get_text()
+    assert text.count(EVIL) >= 5  # shown as text: the lesson, the claim, its value, its reason, the card's name
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda card: card["machine"].update(accelerator="GPU"), "'accelerator'"),
+    (lambda card: card["machine"].update(cpu=["AMD"]), "'cpu'"),
+    (lambda card: card["lessons"]["04"]["claims"][0].update(claim=["a", "list"]), "claim"),
+    (lambda card: card["lessons"]["04"]["claims"][0].update(measured={"a": 1}), "measured"),
+    (lambda card: card["lessons"]["04"]["claims"][0].update(holds="maybe"), "holds"),
+])
+def test_a_card_that_cannot_be_shown_stops_the_build_before_any_notebook_runs(tmp_path, monkeypatch, capsys,
+                                                                              mutate, words):
+    root, card = _course(tmp_path), _card()
+    mutate(card)
+    path = tmp_path / "claims.json"
+    path.write_text(json.dumps(card))
+    calls = _never_execute(monkeypatch)
+    code = site.main(["--out", str(tmp_path / "s"), "--root", str(root), "--cards", str(path)])
+    _one_line_exit_2(code, capsys.readouterr().err, words)
+    assert not calls and not (tmp_path / "s").exists()
+
+
+def test_a_card_without_a_verdict_gets_its_verdict_from_holds(tmp_path):
+    card = _card()
+    del card["lessons"]["04"]["claims"][0]["verdict"]
+    path = tmp_path / "claims.json"
+    path.write_text(json.dumps(card))
+    page = site.cards_html([("cpu", site.load_card(path))], [])
+    assert "✅ holds" in page
+
+
+def _site_process(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """`python -m course_utils site ARGV` with at most 3 GiB of memory (a file read without limit fails, not the
+    machine) and a time limit."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    return subprocess.run([sys.executable, "-m", "course_utils", "site", *argv], capture_output=True, text=True,
+                          preexec_fn=limit, **{"timeout": 60, **kwargs})
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_a_card_that_is_not_a_regular_file_is_one_line_not_a_hang(tmp_path, kind):
+    if kind == "fifo":
+        card = tmp_path / "claims.json"
+        os.mkfifo(card)
+    elif kind == "dev-zero":
+        card = pathlib.Path("/dev/zero")
+    else:
+        card = tmp_path
+    done = _site_process(["--out", str(tmp_path / "s"), "--cards", str(card)])
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"site: --cards {card}: ") and \
+        "not a regular file" in done.stderr, done.stderr
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "1e999"])
+def test_a_timeout_that_is_no_limit_is_refused(tmp_path, monkeypatch, capsys, value):
+    root = _course(tmp_path)
+    calls = _never_execute(monkeypatch)
+    code = site.main(["--out", str(tmp_path / "s"), "--root", str(root), f"--timeout={value}"])
+    _one_line_exit_2(code, capsys.readouterr().err, "--timeout must be a positive, finite number of seconds")
+    assert not calls
+
+
+@pytest.mark.parametrize("kind, words", [("empty", "the folder name is empty"), ("file", "not a folder"),
+                                         ("under-a-file", "Not a directory"), ("fifo", "not a folder")])
+def test_an_out_that_cannot_be_a_site_folder_is_one_line(tmp_path, monkeypatch, capsys, kind, words):
+    root = _course(tmp_path)
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)  # an empty --out must not mean "this folder"
+    (tmp_path / "a-file").write_text("keep me")
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "a-fifo")
+    out = {"empty": "", "file": str(tmp_path / "a-file"), "under-a-file": str(tmp_path / "a-file" / "site"),
+           "fifo": str(tmp_path / "a-fifo")}[kind]
+    calls = _never_execute(monkeypatch)
+    code = site.main(["--out", out, "--root", str(root)])
+    err = capsys.readouterr().err
+    _one_line_exit_2(code, err, words)
+    assert "cannot write to --out" in err
+    assert not calls and list(here.iterdir()) == [] and (tmp_path / "a-file").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("link", ["lessons", ".executed", ".work"])
+def test_a_link_inside_out_is_never_written_through(tmp_path, monkeypatch, capsys, link):
+    root, out, elsewhere = _course(tmp_path), tmp_path / "site", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "01_first").mkdir()  # what rmtree through .work/ would delete
+    (out / link).symlink_to(elsewhere, target_is_directory=True)
+    calls = _never_execute(monkeypatch)
+    code = site.main(["--out", str(out), "--root", str(root)])
+    _one_line_exit_2(code, capsys.readouterr().err, "symbolic link")
+    assert not calls and [p.name for p in elsewhere.iterdir()] == ["01_first"]
+
+
+@pytest.mark.parametrize("target", ["index.html", "lessons/01_first.html", ".executed/smoke/01_first.ipynb"])
+def test_a_page_that_is_a_link_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, target):
+    root, out, elsewhere = _course(tmp_path), tmp_path / "site", tmp_path / "elsewhere.html"
+    elsewhere.write_text("the learner's file")
+    (out / target).parent.mkdir(parents=True)
+    (out / target).symlink_to(elsewhere)
+    calls = _never_execute(monkeypatch)
+    code = site.main(["--out", str(out), "--root", str(root), "--lessons", "01"])
+    _one_line_exit_2(code, capsys.readouterr().err, "symbolic link")
+    assert not calls and elsewhere.read_text() == "the learner's file"
+
+
+def test_two_builds_cannot_share_one_out(tmp_path, monkeypatch, capsys):
+    root, out = _course(tmp_path), tmp_path / "site"
+    out.mkdir()
+    calls = _never_execute(monkeypatch)
+    with fileguard.folder_lock(out, what="site build"):  # another build holds it
+        code = site.main(["--out", str(out), "--root", str(root)])
+    _one_line_exit_2(code, capsys.readouterr().err, f"another site build is writing to {out} (pid {os.getpid()})")
+    assert not calls
+
+
+def test_a_full_disk_while_writing_the_pages_is_one_line(tmp_path, monkeypatch, capsys):
+    root, out = _course(tmp_path), tmp_path / "site"
+    calls = _fake_execute(monkeypatch)
+    real = fileguard.write_bytes
+
+    def full(path, data, **kwargs):
+        if str(path).endswith(".html"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data, **kwargs)
+
+    monkeypatch.setattr(fileguard, "write_bytes", full)
+    code = site.main(["--out", str(out), "--root", str(root), "--lessons", "01"])
+    err = capsys.readouterr().err
+    _one_line_exit_2(code, err, "No space left on device")
+    assert len(calls) == 1 and "01_first.html" in err  # the notebook ran; its page could not be written
+
+
+def test_a_relative_npz_data_path_is_made_absolute_for_the_kernels(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = site._parse(["--out", "s", "--data", "npz:cifar/small.npz"])
+    assert args.data == f"npz:{tmp_path / 'cifar' / 'small.npz'}"  # the kernels run in a scratch folder
+
+
+@pytest.mark.extended  # starts a Jupyter kernel
+def test_a_notebook_runs_in_a_scratch_folder_inside_out_and_deletes_nothing_beside_it(tmp_path):
+    root, out = _course(tmp_path), tmp_path / "site"
+    mine = root / "notebooks" / "runs" / "08"  # a learner's own results, beside the notebooks
+    mine.mkdir(parents=True)
+    (mine / "results.json").write_text("the learner's")
+    _notebook(root / "notebooks" / "01_first.ipynb", [
+        nbformat.v4.new_markdown_cell("# 01 · First"),
+        nbformat.v4.new_code_cell("import os, pathlib, shutil\nshutil.rmtree('runs/08', ignore_errors=True)  # as "
+                                  "lesson 08 does\npathlib.Path('runs/08').mkdir(parents=True)\n"
+                                  "pathlib.Path('runs/08/new.txt').write_text('x')\nprint('cwd=' + os.getcwd())")])
+    course = site.build(out, root=root, lessons=["01"], cards=[], progress=lambda line: None)
+    assert course[0].status == "executed", course[0].failure
+    assert (mine / "results.json").read_text() == "the learner's" and not (mine / "new.txt").exists()
+    executed = nbformat.read(out / site.EXECUTED_DIR / "smoke" / "01_first.ipynb", as_version=4)
+    cwd = pathlib.Path(re.search(r"cwd=(\S+)", executed.cells[1].outputs[0]["text"]).group(1))
+    assert cwd == (out / site.WORK_DIR / "01_first").resolve(), cwd
+    assert not cwd.exists()  # the scratch folder goes with the run
+    assert str(cwd) not in (out / "lessons" / "01_first.html").read_text()  # the page shows paths relative
+
+
+@pytest.mark.extended  # starts a Jupyter kernel
+def test_a_long_cell_says_it_is_still_running(tmp_path, monkeypatch):
+    root, out = _course(tmp_path), tmp_path / "site"
+    _notebook(root / "notebooks" / "01_first.ipynb", [
+        nbformat.v4.new_markdown_cell("# 01 · First\n## 3. Waiting"), nbformat.v4.new_code_cell("import time\ntime.sleep(3.5)")])
+    monkeypatch.setattr(site, "STILL_RUNNING_EVERY_S", 1.0)
+    lines: list[str] = []
+    site.build(out, root=root, lessons=["01"], cards=[], progress=lines.append)
+    still = [line for line in lines if "still running" in line]
+    assert len(still) >= 2 and all(re.fullmatch(r"\[01\] cell 2/2 \(§3\) \d\.\d s — still running", line)
+                                   for line in still), lines
+    assert re.fullmatch(r"\[01\] cell 2/2 \(§3\) 3\.\d s", lines[lines.index(still[-1]) + 1]), lines
+
+
+@pytest.mark.extended  # starts a Jupyter kernel
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_stops_the_kernel_and_the_build_and_leaves_a_consistent_site(tmp_path, sig, code):
+    root, out = _course(tmp_path), tmp_path / "site"
+    started = tmp_path / "kernel.pid"
+    _notebook(root / "notebooks" / "01_first.ipynb", [
+        nbformat.v4.new_markdown_cell("# 01 · First"),
+        nbformat.v4.new_code_cell(f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text(str(os.getpid()))"
+                                  "\ntime.sleep(300)")])
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils", "site", "--out", str(out), "--root", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert started.exists(), proc.communicate(timeout=30)
+        time.sleep(0.5)
+        kernel = int(started.read_text())
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, (proc.returncode, stdout, stderr)
+    assert "Traceback" not in stderr and stderr.strip().count("\n") == 0 and "site: " in stderr, stderr
+    assert "02_second" not in stdout, stdout  # the build stopped: lesson 02 never started
+
+    def alive(pid: int) -> bool:
+        try:
+            return pathlib.Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] not in "ZX"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 15
+    while alive(kernel) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(kernel), "the kernel outlived the build"
+    assert (out / "index.html").is_file() and "not built" in (out / "index.html").read_text()
+    assert not (out / "lessons" / "01_first.html").exists()  # never half a page, nor one of a half run
+    assert not (out / site.WORK_DIR / "01_first").exists()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    with fileguard.folder_lock(out, what="site build"):  # released
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The pages are good to read: progress while building, contents and previous/next on each lesson, claims readable
+# on a phone, no paths of the machine that built the site
+# ----------------------------------------------------------------------------------------------
+
+
+def _claims_output() -> dict:
+    table = report.ClaimsTable([
+        report.Claim("bf16 halves the weights", "guide; §2", "0.5×", "0.50×", True),
+        report.Claim("XLA is faster here", "§4", "> 1×", "0.9×", False, differs_here="a CPU gains little from XLA"),
+        report.Claim("TPU only", "§5", "yes", "no TPU", None, note="run on a TPU runtime")], save=False)
+    return nbformat.v4.new_output("execute_result", data={"text/markdown": table._repr_markdown_(),
+                                                          "text/plain": str(table)}, execution_count=1)
+
+
+def _lesson_nb():
+    return nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 02 · Second\nIntro."),
+        nbformat.v4.new_markdown_cell("## 1. What `bf16` is\ntext\n### A detail"),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_markdown_cell("## 2. Colab's runtimes → today"),
+        nbformat.v4.new_markdown_cell("## Claims vs. measured on your hardware"),
+        nbformat.v4.new_code_cell("ClaimsTable(...)", outputs=[_claims_output()])])
+
+
+def test_sections_name_each_cell_for_the_progress_lines():
+    assert site.sections(_lesson_nb()) == ["start", "§1", "§1", "§2", "Claims vs. measured on …", "Claims vs. measured on …"]
+
+
+def test_a_lesson_page_has_its_contents_and_the_previous_and_next_lessons(tmp_path):
+    from bs4 import BeautifulSoup
+
+    lessons = [site.Lesson(f"0{n}", title, f"notebooks/0{n}_x{n}.ipynb", "5 min", "") for n, title in
+               ((1, "First"), (2, "*Advanced:* second"), (3, "Third"))]
+    page = site.render_lesson(_lesson_nb(), lessons, 1, site.write_template(tmp_path / "templates"))
+    soup = BeautifulSoup(page, "html.parser")
+    toc = soup.select("nav.course-toc a")
+    assert [a.get_text() for a in toc] == ["1. What bf16 is", "2. Colab's runtimes → today",
+                                           "Claims vs. measured on your hardware"]  # the ## headings, no "¶"
+    assert all(soup.find(id=a["href"][1:]) is not None for a in toc)  # each leads to its heading
+    title_cell = soup.select_one(".jp-MarkdownCell h1").find_parent(class_="jp-Cell")
+    assert title_cell.find_next_sibling() is soup.select_one("nav.course-toc")  # right under the title
+    pager = soup.select_one("nav.course-pager")
+    assert pager.select_one("a.prev")["href"] == "../lessons/01_x1.html" and "01 · First" in pager.get_text()
+    assert pager.select_one("a.next")["href"] == "../lessons/03_x3.html" and "03 · Third" in pager.get_text()
+    assert pager.select_one('a[href="#course-contents"]') and soup.find(id="course-contents")
+    assert pager.find_parent("main") is not None  # at the end of the lesson, inside its main content
+    first = site.render_lesson(_lesson_nb(), lessons, 0, site.write_template(tmp_path / "templates"), available={
+        lessons[0].page})  # nothing before it, and the next page is not built
+    pager = BeautifulSoup(first, "html.parser").select_one("nav.course-pager")
+    assert not pager.select("a.prev") and not pager.select("a.next")
+
+
+def test_a_claims_table_names_each_cell_and_writes_each_verdicts_reason_under_it(tmp_path):
+    from bs4 import BeautifulSoup
+
+    lessons = [site.Lesson("02", "Second", "notebooks/02_x.ipynb", "5 min", "")]
+    soup = BeautifulSoup(site.render_lesson(_lesson_nb(), lessons, 0, site.write_template(tmp_path / "t")),
+                         "html.parser")
+    table = soup.select_one("table.course-claims")
+    rows = table.select("tbody tr")
+    assert [td["data-label"] for td in rows[0].find_all("td")] == ["Claim", "Source", "Expected", "Measured here",
+                                                                   "Verdict"]
+    verdicts = [(td.select_one(".verdict").get_text(), td.select_one(".reason").get_text() if td.select_one(".reason")
+                 else None) for td in table.select("td.claim-verdict")]
+    assert verdicts == [(report.HOLDS, None), (report.DIFFERS, "a CPU gains little from XLA"),
+                        (report.UNMEASURABLE, "run on a TPU runtime")]
+    assert "@media (max-width: 600px)" in site.SITE_CSS and "table.course-claims thead { display: none; }" in site.SITE_CSS
+    cards = site.cards_html([("cpu", _card(verdict="inconclusive", holds="noise"))], [])
+    cell = BeautifulSoup(cards, "html.parser").select_one("table.cards td.measured")
+    assert cell["data-label"] == "CPU · 2 cores · full mode · without XLA"  # named on a phone, where the head hides
+    assert not BeautifulSoup(cards, "html.parser").select("[title]")  # nothing only a hover shows
+
+
+def test_the_paths_of_the_machine_that_built_the_site_are_shown_relative(tmp_path):
+    import sysconfig
+    import tempfile
+
+    purelib, stdlib = sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]
+    work = tmp_path / "site" / ".work" / "02_x"
+    traceback = [f"\x1b[0;31mValueError\x1b[0m  Traceback (most recent call last)",
+                 f"File \x1b[0;32m{purelib}/keras/src/utils/traceback_utils.py:122\x1b[0m, in \x1b[0;36merror_handler\x1b[0m",
+                 f"File \x1b[0;32m{stdlib}/json/decoder.py:337\x1b[0m, in \x1b[0;36mdecode\x1b[0m",
+                 f"File \x1b[0;32m/opt/other/lib/python3.12/site-packages/numpy/core.py:7\x1b[0m",
+                 f"File \x1b[0;32m{tempfile.gettempdir()}/ipykernel_4242/1234.py:1\x1b[0m"]
+    nb = _lesson_nb()
+    nb.cells[2].outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text=f"{purelib}/keras/src/backend.py:12: UserWarning: x\n"),
+        nbformat.v4.new_output("stream", name="stdout", text=f"wrote {work}/runs/06/metrics.json\n"),
+        nbformat.v4.new_output("error", ename="ValueError", evalue=f"bad file {purelib}/keras/x.py",
+                               traceback=traceback)]
+    lessons = [site.Lesson("02", "Second", "notebooks/02_x.ipynb", "5 min", "")]
+    shown = site.shown_paths((work, ""), (tmp_path / "site", ""), (tmp_path / "course", ""))
+    page = site.render_lesson(nb, lessons, 0, site.write_template(tmp_path / "t"), shown=shown)
+    for gone in (purelib, stdlib, "/opt/other", str(work), tempfile.gettempdir() + "/ipykernel"):
+        assert gone not in page, gone
+    for kept in ("site-packages/keras/src/utils/traceback_utils.py", f"{os.path.basename(stdlib)}/json/decoder.py",
+                 "site-packages/numpy/core.py", "tmp/ipykernel_4242/1234.py", "site-packages/keras/src/backend.py",
+                 "wrote runs/06/metrics.json"):
+        assert kept in page, kept
+    site._shown_outputs(nb, shown)  # the error's message too (the index and the banner quote it)
+    assert nb.cells[2].outputs[2]["evalue"] == "bad file site-packages/keras/x.py"
+    assert shown("see https://example.org/a/b and /usr/bin/env") == "see https://example.org/a/b and /usr/bin/env"

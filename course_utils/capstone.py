@@ -273,7 +273,7 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def choose_jit(o: Options, kind: str, course_jit: bool = False) -> tuple[bool, bool, str]:
+def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
     """``(jit_compile, compiled, why)``: what to pass Keras' ``compile(jit_compile=...)``, whether the step really
     runs under XLA, and why. Keras resolves ``jit_compile="auto"`` to False whenever the model was built under a
     tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute") — and the trainer
@@ -285,12 +285,15 @@ def choose_jit(o: Options, kind: str, course_jit: bool = False) -> tuple[bool, b
     - GPU: on — XLA fuses the step's elementwise ops (BN, ReLU, casts) into the convolutions' neighbours;
     - CPU: off — a small ResNet on a CPU is bound by its convolutions, which XLA hands to the same kernels
       (lesson 06 §5 measures it)."""
+    from .runtime import MULTI_REPLICA_XLA, fit_jit_compile, whole_step_compiles
+
+    if o.jit and not whole_step_compiles(kind, replicas):
+        raise OptionsError(f"--jit fails on {replicas} replicas: {MULTI_REPLICA_XLA}; leave --jit out (fit then runs "
+                           "without XLA) or train on one replica (--cpu-replicas 1)")
     if o.jit is not None:
         return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
-    from .runtime import fit_jit_compile
-
-    jit, compiled, why = fit_jit_compile(kind, course_jit)  # the rule every lesson's fit follows
-    if not compiled:  # a CPU: lesson 06 measured it for this model
+    jit, compiled, why = fit_jit_compile(kind, course_jit, replicas)  # the rule every lesson's fit follows
+    if not compiled and replicas <= 1:  # a CPU: lesson 06 measured it for this model
         why = "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
     return jit, compiled, why
 
@@ -588,10 +591,20 @@ def main(argv: list[str] | None = None) -> int:
     except OptionsError as exc:
         print(f"{PROG}: error: {exc} (see --help)", file=sys.stderr)
         return 2
+    from . import fileguard
     from .data import DataSourceError
 
     try:
-        result = train(opts, _t0=t0)
+        # A preempted VM (a Spot or preemptible one, Colab's runtimes when reclaimed) is told with SIGTERM, and killed
+        # about 30 s later: stop at once, with every finished epoch already saved (BackupAndRestore writes each)
+        with fileguard.stop_on_signals():
+            result = train(opts, _t0=t0)
+    except fileguard.Stopped as stop:
+        done = _backup_epoch(os.path.join(opts.out, "backup"))
+        saved = f"epochs 1–{done} are saved" if done else "no epoch had finished"
+        print(f"\n{PROG}: stopped by {stop.name} (how a preempted VM is warned, about 30 s before it is killed): "
+              f"{saved}; run the same command with --resume to continue", file=sys.stderr)
+        return 128 + stop.signum
     except RunStateError as exc:  # the run's folder, not the options
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -1265,7 +1278,7 @@ def _check_same_run(stored: dict, o: Options) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _pipelines(o: Options, splits: Splits):
+def _pipelines(o: Options, splits: Splits, replicas: int = 1):
     """Lesson 04's pipelines: training images uint8-cached, shuffled every epoch, augmented, batched with the global
     batch; validation in batches of at least 256, the last one partial."""
     import tensorflow as tf
@@ -1280,13 +1293,20 @@ def _pipelines(o: Options, splits: Splits):
                                     training=True, augment_fn=_data.augment if o.augment else None,
                                     shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
     train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o),
+    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o, len(x_val), replicas),
                                   training=False, drop_remainder=False, prefetch=False)
     return train_ds, val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
 
 
-def _eval_batch(o: Options) -> int:
-    return max(o.batch_size, 256)
+def _eval_batch(o: Options, n: int, replicas: int = 1) -> int:
+    """The evaluation batch for ``n`` images: at least 256. Smaller splits are one batch of a multiple of the
+    replicas: under a strategy Keras builds the model from the first evaluation batch averaged across replicas
+    (keras/src/backend/tensorflow/trainer.py, ``_maybe_symbolic_build``: ``strategy.reduce("MEAN", batch)``), which
+    fails when that batch splits unevenly (102 images on 4 replicas: 26, 26, 26, 24)."""
+    batch = -(-max(o.batch_size, 256) // replicas) * replicas  # whole batches split evenly too
+    if n < batch:
+        batch = max(n - n % replicas, min(n, replicas))
+    return batch
 
 
 def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits):
@@ -1359,6 +1379,12 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             f"--steps-per-execution {o.steps_per_execution} fails under MirroredStrategy ({replicas} replicas) in "
             f"Keras {keras.__version__} (keras-team/keras#19246: 'You must feed a value for placeholder tensor'); "
             "use --steps-per-execution 1 here (it pays on TPUs, which use TPUStrategy)")
+    if len(splits.validation[0]) % replicas:
+        # every evaluation batch must split evenly over the replicas (a replica left with no image fails in the
+        # model, and Keras' first-batch build averages the replicas' images: _eval_batch): leave out the last
+        # few (fewer than the replicas) validation images
+        keep = len(splits.validation[0]) - len(splits.validation[0]) % replicas
+        splits = dataclasses.replace(splits, validation=tuple(a[:keep] for a in splits.validation))
     (x_train, _), (x_val, _), (x_test, y_test) = splits.train, splits.validation, splits.test
     steps_per_epoch = len(x_train) // o.batch_size
     if steps_per_epoch < 1:
@@ -1367,7 +1393,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         raise OptionsError(f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
                            "the float32 schedule counts exactly; use fewer epochs")
     policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
-    jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit)
+    jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit, replicas)
     if state is None:
         run.start_afresh()  # only now: every input has been checked
     keras.utils.set_random_seed(o.seed)
@@ -1376,8 +1402,8 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         f"{o.batch_size} ({replicas} replica(s) × {o.batch_size // replicas // o.accumulate} × {o.accumulate} "
         f"accumulated); {steps_per_epoch} steps/epoch; {len(x_train)} training, {len(x_val)} validation, "
         f"{len(x_test)} test images")
-    train_ds, val_ds = _pipelines(o, splits)
-    val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o)) for x in (x_val, x_test))
+    train_ds, val_ds = _pipelines(o, splits, replicas)
+    val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o, len(x), replicas)) for x in (x_val, x_test))
 
     def build(width: int):
         return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits)

@@ -79,6 +79,17 @@ LESSONS = {lesson.id: lesson for lesson in (
 )}
 
 
+# The shapes learners run, emulated on a CPU (a --shape of prove): how many replicas every lesson gets, and whether
+# the measured steps are compiled with XLA. Default (no --shape): the lessons' own replicas (4 for those about
+# distribution, else 1), XLA as --jit says.
+SHAPES = {
+    "tpu": {"replicas": 4, "jit": True,
+            "what": "TPU-shaped: 4 CPU replicas, every step compiled with XLA (a v5e-8 has 8 replicas, all compiled)"},
+    "multi-gpu": {"replicas": 2, "jit": False,
+                  "what": "multi-GPU-shaped: 2 CPU replicas, XLA as the course chooses on several GPUs (fit: off)"},
+}
+
+
 class UsageError(Exception):
     """Bad usage of ``prove``: one line, exit 2."""
 
@@ -176,6 +187,7 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
         "keras": keras.__version__,
         "course_utils": _code_fingerprint(),
         "xla": bool(cfg.jit or runtime.kind == "TPU"),
+        "shape": os.environ.get(SHAPE_VARIABLE, "") or None,
         "mode": cfg.mode,
         "data": cfg.data,
     }
@@ -194,11 +206,12 @@ def machine_line(machine: dict) -> str:
     if cpu.get("max_isa"):
         extra.append(f"ONEDNN_MAX_CPU_ISA={cpu['max_isa']}")
     replicas = f"{acc['replicas']} replica(s)" + (" (lessons on distribution split it into 4 devices)"
-                                                  if acc["kind"] == "CPU" else "")
+                                                  if acc["kind"] == "CPU" and not machine.get("shape") else "")
     return (f"{where}, {replicas} · CPU {cpu['model']}, {cores}, "
             f"{machine['memory_gib']} GiB · {machine['os']} · Python {machine['python']} · TensorFlow "
             f"{machine['tensorflow']} · Keras {machine['keras']} · {machine['mode']} mode, "
-            f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · " + ", ".join(extra))
+            f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · " + ", ".join(extra)
+            + (f" · {SHAPES[machine['shape']]['what']}" if machine.get("shape") in SHAPES else ""))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,6 +242,9 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     return 0
 
 
+SHAPE_VARIABLE = "COURSE_PROVE_SHAPE"  # prove's --shape, for the machine description its child writes
+
+
 def _describe_here(out_path: str, cpu_replicas: int) -> int:
     import course_utils
 
@@ -246,10 +262,12 @@ def _describe_here(out_path: str, cpu_replicas: int) -> int:
 def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
     env = dict(os.environ)
     env["COURSE_SMOKE"] = "1" if args.mode == "smoke" else "0"
-    env["COURSE_JIT"] = "1" if args.jit else "0"
+    shape = SHAPES.get(getattr(args, "shape", None) or "")
+    env["COURSE_JIT"] = "1" if args.jit or (shape and shape["jit"]) else "0"
     if args.data:
         env["COURSE_DATA"] = args.data
-    env["COURSE_CPU_REPLICAS"] = str(lesson.cpu_replicas if lesson else 1)
+    env["COURSE_CPU_REPLICAS"] = str(shape["replicas"] if shape else lesson.cpu_replicas if lesson else 1)
+    env[SHAPE_VARIABLE] = getattr(args, "shape", None) or ""
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.pop(report.CLAIMS_DIR_VARIABLE, None)
     env["PYTHONUNBUFFERED"] = "1"
@@ -458,6 +476,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="smoke (default: seconds per lesson, synthetic data) or full (~20+ minutes on 2 cores, "
                              "real CIFAR-10 unless --data); see below")
     parser.add_argument("--jit", action="store_true", help="compile the measured steps with XLA, as a TPU does")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                        help="run every lesson in a shape learners run, emulated on this CPU: " + "; ".join(
+                            v["what"] for v in SHAPES.values()))
     parser.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, or the mode's)")
     parser.add_argument("--out", default=os.path.join("runs", "proof"), help="folder for claims.json and report.md")
     parser.add_argument("--again", action="store_true", help="measure lessons already proved in --out on this machine")
@@ -544,7 +565,8 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
     start = time.perf_counter()
 
     machine_file = private / "machine.json"
-    code, tail = _run_child(["_describe", str(machine_file), "1"], _child_env(args, None), 300, "")
+    replicas = SHAPES[args.shape]["replicas"] if args.shape else 1
+    code, tail = _run_child(["_describe", str(machine_file), str(replicas)], _child_env(args, None), 300, "")
     machine = _read_result(machine_file) if code == 0 else None
     if machine is None:
         print(f"prove: could not start TensorFlow to describe this machine (exit {code}):", file=sys.stderr)

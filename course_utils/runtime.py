@@ -226,20 +226,49 @@ def install_tensorflow(on_tpu: bool | None = None,
     return out
 
 
-def fit_jit_compile(kind: str, course_jit: bool = False) -> tuple[bool, bool, str]:
-    """``(jit_compile, compiled, why)`` for a Keras model built in a strategy's scope on hardware ``kind``: what to pass
-    ``compile(jit_compile=...)``, whether its steps then run under XLA, and why. Keras resolves
-    ``jit_compile="auto"`` to False on a machine without a GPU or TPU *and* for any model built under a tf.distribute
-    strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute"), so "auto" never compiles a course
-    model: the choice is made here."""
+MULTI_REPLICA_XLA = (
+    "Keras' fit compiles its whole step — strategy.run over every replica, all-reduce included — as one XLA cluster "
+    "(keras/src/backend/tensorflow/trainer.py, _make_function), and under MirroredStrategy that cluster cannot reach "
+    "the other replicas' variables (InvalidArgumentError '... located in device CPU:1 from device CPU:0'; "
+    "keras-team/keras#19005)")
+
+
+def whole_step_compiles(kind: str, replicas: int) -> bool:
+    """Whether ``tf.function(lambda: strategy.run(step), jit_compile=True)`` can run: on a TPU (TPUStrategy compiles
+    the replicas and their all-reduce together) or on one replica. Several replicas under MirroredStrategy: no
+    (:data:`MULTI_REPLICA_XLA`) — compile each replica's forward and backward pass instead, and reduce and apply the
+    gradients outside XLA (:func:`replica_gradients`)."""
+    return kind == "TPU" or replicas <= 1
+
+
+def fit_jit_compile(kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
+    """``(jit_compile, compiled, why)`` for a Keras model built in a strategy's scope on hardware ``kind`` with
+    ``replicas`` replicas: what to pass ``compile(jit_compile=...)``, whether its steps then run under XLA, and why.
+    Keras resolves ``jit_compile="auto"`` to False on a machine without a GPU or TPU *and* for any model built under
+    a tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute"), so "auto" never
+    compiles a course model: the choice is made here. On several replicas (a multi-GPU box, CPU replicas) ``fit``
+    cannot be compiled (:data:`MULTI_REPLICA_XLA`): it runs without XLA, and says why."""
     if kind == "TPU":
         return False, True, "TPU: TPUStrategy compiles every step with XLA, whatever compile() is told"
+    if replicas > 1:
+        return False, False, (f"{replicas} replicas: fit runs without XLA — {MULTI_REPLICA_XLA}; a custom loop can "
+                              "compile each replica's forward and backward pass (runtime.replica_gradients)")
     if course_jit:
         return True, True, "COURSE_JIT=1 asks for XLA"
     if kind in ("GPU", "multi-GPU"):
         return True, True, ("GPU: XLA fuses the step's small ops; Keras' jit_compile='auto' would leave it off under "
                             "tf.distribute, so it is asked for")
     return False, False, "CPU: Keras' jit_compile='auto' leaves XLA off on a CPU-only machine; COURSE_JIT=1 turns it on"
+
+
+def replica_gradients(gradients: Callable, jit: bool) -> Callable:
+    """``gradients`` — one replica's forward and backward pass, returning what the step needs (loss, gradients) — as
+    the course compiles it under a strategy: with XLA when ``jit``, per replica, so that the all-reduce and the
+    optimizer's update (MirroredStrategy's ``merge_call``) run outside the compiled cluster. Call the result inside
+    ``strategy.run``; on one replica or a TPU the whole step may be compiled instead (:func:`whole_step_compiles`)."""
+    import tensorflow as tf
+
+    return tf.function(gradients, jit_compile=True) if jit else gradients
 
 
 @dataclasses.dataclass
@@ -291,8 +320,8 @@ class Runtime:
         return "with XLA" if self.xla else "without XLA"
 
     def fit_jit_compile(self) -> tuple[bool, bool, str]:
-        """:func:`fit_jit_compile` for this runtime's hardware and ``COURSE_JIT``."""
-        return fit_jit_compile(self.kind, self.config.jit)
+        """:func:`fit_jit_compile` for this runtime's hardware, replicas and ``COURSE_JIT``."""
+        return fit_jit_compile(self.kind, self.config.jit, self.num_replicas)
 
     def summary(self) -> str:
         names = ", ".join(n.split("device:")[-1] for n in self.device_names)

@@ -69,26 +69,37 @@ def _results_01(kind="CPU") -> dict:
         test_acc=0.9, fit_xla="without XLA", per_replica_batch=32,
         split={"replicas": 4, "global_batch": 128, "per_replica_shapes": [[32, 32, 32, 3]] * 4},
         adam_outside="RuntimeError", sgd_outside="fit ran", model_c_uses_strategy=False,
-        outside_scope_on_4="fit raised AssertionError: (no message)")
+        outside_scope_on_4="fit raised AssertionError: (no message)",
+        xla_replicas={"replicas": 2, "kind": "CPU", "rule": [False, False], "rule_trained": True, "custom_loop_max_diff": 3e-8,
+                      "custom_loop_moved": 0.19, "where": "a fresh process with 2 CPU replicas",
+                      "jit_true": "InvalidArgumentError: Trying to access resource sequential/dense/kernel/replica_1/3 "
+                                  "located in device CPU:1 from device CPU:0"})
 
 
 def test_lesson_01_claims_one_per_row_all_lesson_01():
     results, on_tpu = Recording(_results_01()), Recording(_results_01("TPU"), model_c_uses_strategy=True)
     claims = tpu_exp.claims(results)
     tpu_exp.claims(on_tpu)
-    assert len(claims) == 10 and {c.lesson for c in claims} == {"01"}
+    assert len(claims) == 11 and {c.lesson for c in claims} == {"01"}
     assert results.read | on_tpu.read == set(results), set(results) - results.read - on_tpu.read  # all used
     verdicts = [c.status for c in claims]
     assert verdicts[:2] == [report.UNMEASURABLE] * 2  # TPU claims on a CPU
-    assert verdicts[2:] == [report.HOLDS] * 8
+    assert verdicts[2:] == [report.HOLDS] * 9
     wrong = tpu_exp.claims(dict(_results_01(), adam_outside="fit ran"))
     assert wrong[5].status == report.FAILS
+    # XLA on several replicas: a Keras that trains with jit_compile=True, or a custom loop that moved apart, fails it
+    for change in ({"jit_true": "trained"}, {"custom_loop_max_diff": 0.01}, {"rule": [True, True]}):
+        bad = dict(_results_01(), xla_replicas=dict(_results_01()["xla_replicas"], **change))
+        assert tpu_exp.claims(bad)[7].status == report.FAILS, change
+    tpu_shaped = dict(_results_01("TPU"), xla_replicas=dict(_results_01()["xla_replicas"], rule=[False, True],
+                                                             kind="TPU"))
+    assert tpu_exp.claims(tpu_shaped)[7].status == report.UNMEASURABLE
 
 
 def test_lesson_01_tpu_claims_are_measured_on_a_tpu():
     claims = tpu_exp.claims(dict(_results_01("TPU"), strategy_name="TPUStrategy"))
     assert claims[0].status == report.HOLDS and claims[1].status == report.HOLDS
-    assert "TPU" in claims[7].expected  # the TPU's own matmul rate, not the CPU's
+    assert "TPU" in claims[8].expected  # the TPU's own matmul rate, not the CPU's
 
 
 def test_notebook_01_hands_claims_what_measure_returns():

@@ -207,6 +207,7 @@ def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_c
         assert claim.holds is None and "a speed-up needs repeats" in claim.note and "(1 run each)" in claim.measured
     tpu = _results_06()
     del tpu["precision"]["mixed_bfloat16, XLA on"]  # a TPU compiles every step: no XLA-off run
+    tpu["kind"] = "TPU"
     assert "a TPU compiles every step" in _find(capstone_exp.claims(tpu), "XLA choice").note
 
 
@@ -315,6 +316,12 @@ def test_lesson_06_precision_variants_per_hardware():
     assert list(gpu) == ["float32", "mixed_float16", "mixed_float16, XLA off"] and gpu["float32"]["jit"] is True
     assert list(capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "TPU")) == [
         "float32", "mixed_bfloat16"]
+    # several replicas (a multi-GPU box, CPU replicas): fit cannot be compiled (keras-team/keras#19005), no XLA row
+    for kind in ("CPU", "multi-GPU"):
+        assert list(capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False, "replicas": 2},
+                                                    kind)) == ["float32", "mixed_bfloat16"]
+    claim = capstone_exp._xla_choice_claim("CPU", False, "trainer", {}, "mixed_bfloat16", None, 1, replicas=4)
+    assert claim.holds is None and "4 replicas: fit cannot be compiled with XLA there" in claim.note
 
 
 def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, tmp_path):

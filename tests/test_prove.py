@@ -455,3 +455,22 @@ def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame
         if runner.poll() is None:
             runner.kill()
             runner.wait()
+
+
+@pytest.mark.parametrize("shape, jit, replicas", [(None, "0", {"01": "1", "04": "4"}), ("tpu", "1", {"01": "4", "04": "4"}),
+                                                  ("multi-gpu", "0", {"01": "2", "04": "2"})])
+def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
+    """--shape tpu: 4 CPU replicas and XLA for every lesson (a TPU compiles every step); multi-gpu: 2 replicas, XLA as
+    the course chooses for several GPUs; none: each lesson's own replicas, XLA as --jit says."""
+    import argparse
+
+    args = argparse.Namespace(mode="smoke", jit=False, data=None, shape=shape)
+    for lesson_id, expected in replicas.items():
+        env = proof._child_env(args, proof.LESSONS[lesson_id])
+        assert (env["COURSE_CPU_REPLICAS"], env["COURSE_JIT"]) == (expected, jit)
+        assert env[proof.SHAPE_VARIABLE] == (shape or "")
+    machine = {"accelerator": {"kind": "CPU", "name": "none", "replicas": 4}, "cpu": {
+        "model": "x", "cores": 2, "usable_cores": 2, "onednn": "default"}, "memory_gib": 1, "os": "L", "python": "3",
+        "tensorflow": "2", "keras": "3", "mode": "smoke", "xla": True, "data": "synthetic", "shape": shape}
+    line = proof.machine_line(machine)
+    assert (proof.SHAPES[shape]["what"] in line) if shape else ("split it into 4 devices" in line)

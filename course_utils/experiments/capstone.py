@@ -86,10 +86,13 @@ PRECISION_EPOCHS = 3  # §5's short runs: the first epoch compiles and fills the
 def precision_variants(course_summary: dict, kind: str) -> dict:
     """§5's variants, ``label → {"policy", "jit"}``: float32 and the policy the trainer chose (§2's course run), each
     with the trainer's XLA default for this hardware, and the chosen policy with XLA the other way round — except on
-    a TPU, which compiles every step whatever it is told."""
+    a TPU, which compiles every step whatever it is told, and on several replicas elsewhere, where fit cannot be
+    compiled (keras-team/keras#19005: ``runtime.fit_jit_compile``)."""
+    from ..runtime import whole_step_compiles
+
     chosen, jit = course_summary["policy"], bool(course_summary["jit_compile"])
     variants = {label: {"policy": p, "jit": jit} for label, p in (("float32", "float32"), (chosen, chosen))}
-    if kind != "TPU":
+    if kind != "TPU" and whole_step_compiles(kind, int(course_summary.get("replicas", 1))):
         variants[f"{chosen}, XLA {'off' if jit else 'on'}"] = {"policy": chosen, "jit": not jit}
     return variants
 
@@ -306,7 +309,7 @@ def claims(r: dict) -> list:
                      precision, chosen, "float32", repeats, policy_note,
                      None if chosen != "float32" else "the trainer chose float32 on this hardware: nothing to compare"),
         _xla_choice_claim(r["kind"], jit, course.get("xla_chosen_by", "trainer"), precision, chosen, xla_other,
-                          repeats),
+                          repeats, int(course.get("replicas", 1))),
         report.Claim("Flip test-time augmentation does not cost accuracy (mirror-symmetric classes)", "§4",
                      "≥ −1 point",
                      f"{(course['test_accuracy'] - course['test_accuracy_no_tta']) * 100:+.1f} points",
@@ -319,13 +322,15 @@ def claims(r: dict) -> list:
 
 
 def _xla_choice_claim(kind: str, jit: bool, chosen_by: str, precision: dict, chosen: str, xla_other: str | None,
-                      repeats: int):
+                      repeats: int, replicas: int = 1):
     """The trainer's XLA default against the other setting. Where COURSE_JIT=1 or --jit/--no-jit set XLA for every
     run, the trainer chose nothing: the ratio is shown, the claim is not measurable (prove --jit measured 0.53× for
     the forced XLA-on against off on a 2-core CPU — the reason the trainer's CPU default is off)."""
     claim = _speed_claim(f"The trainer's XLA choice for a {kind} (XLA {'on' if jit else 'off'}) trains at least as fast "
                          "as the other", "§5; lesson 01", precision, chosen, xla_other, repeats, "",
-                         None if xla_other else "a TPU compiles every step: there is no XLA-off run to compare",
+                         None if xla_other else "a TPU compiles every step: there is no XLA-off run to compare"
+                         if kind == "TPU" else f"{replicas} replicas: fit cannot be compiled with XLA there "
+                         "(keras-team/keras#19005), so there is no XLA-on run to compare",
                          threshold=0.95, expected="> 0.95× (the other way round within 5%, or slower)")
     if chosen_by != "trainer" and claim.holds is not None:
         what = "COURSE_JIT=1" if chosen_by == "COURSE_JIT" else "--jit/--no-jit"

@@ -225,6 +225,76 @@ def measure(lab) -> dict:
         model_c.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     out["model_c_uses_strategy"] = model_c.distribute_strategy is strategy
     out["outside_scope_on_4"] = runtime.run_on_cpu_replicas(4, OUTSIDE_SCOPE_ON_4).strip()
+    lab.progress("§5: fit under XLA on 2 replicas (a 2-CPU process)")
+    out["xla_replicas"] = runtime.run_with_replicas(2, strategy, fit_xla_on_replicas)
+    return out
+
+
+def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
+    """XLA and ``fit`` on several replicas (MirroredStrategy; run it with ``runtime.run_with_replicas(2, ...)``): a tiny
+    model fitted with ``compile(jit_compile=True)`` — Keras then compiles ``strategy.run`` over every replica as one
+    XLA cluster — and with what ``runtime.fit_jit_compile`` returns here; then a custom loop that compiles each
+    replica's forward and backward pass (``runtime.replica_gradients``) against the same loop without XLA.
+    Returns ``replicas``, ``jit_true`` ("trained" or the error's type and first line), ``rule`` (jit_compile,
+    compiled), ``rule_trained``, and ``custom_loop_max_diff`` (largest weight difference, XLA vs not)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from .. import runtime
+
+    replicas = strategy.num_replicas_in_sync
+    rng = np.random.default_rng(0)
+    x, y = rng.random((steps * batch, 8), dtype=np.float32), rng.random((steps * batch, 2), dtype=np.float32)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+    def build(jit_compile=False):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=jit_compile)
+        return model
+
+    out: dict = {"replicas": replicas}
+    try:
+        build(True).fit(ds, epochs=1, verbose=0)
+        out["jit_true"] = "trained"
+    except Exception as e:  # noqa: BLE001 - what fails, and how, is the result
+        import re
+
+        line = next((ln for ln in str(e).splitlines() if "located in device" in ln), str(e).strip().split("\n")[0])
+        out["jit_true"] = f"{type(e).__name__}: " + re.sub(r" \(defined @ [^)]*\)|/job:[^ ]*device:", "", line).strip()[:200]
+    kind = "TPU" if isinstance(strategy, tf.distribute.TPUStrategy) else "CPU"
+    jit_compile, compiled, _ = runtime.fit_jit_compile(kind, True, replicas)  # as under COURSE_JIT=1
+    out["rule"], out["kind"] = [jit_compile, compiled], kind
+    build(jit_compile).fit(ds, epochs=1, verbose=0)
+    out["rule_trained"] = True
+
+    def custom_loop(jit: bool) -> list:
+        model = build()
+
+        def gradients(xb, yb):
+            with tf.GradientTape() as tape:
+                per_example = tf.reduce_mean((model(xb, training=True) - yb) ** 2, axis=-1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
+            return tape.gradient(loss, model.trainable_variables)
+
+        grads = runtime.replica_gradients(gradients, jit)  # XLA per replica; all-reduce and update outside it
+
+        @tf.function
+        def step(data):
+            def replica(xb, yb):
+                model.optimizer.apply_gradients(zip(grads(xb, yb), model.trainable_variables))
+            strategy.run(replica, args=data)
+
+        for data in strategy.experimental_distribute_dataset(ds):
+            step(data)
+        return [v.numpy() for v in model.trainable_variables]
+
+    plain, with_xla = custom_loop(False), custom_loop(True)
+    start = [v.numpy() for v in build().trainable_variables]
+    out["custom_loop_max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(plain, with_xla))
+    out["custom_loop_moved"] = max(float(np.max(np.abs(a - b))) for a, b in zip(plain, start))
     return out
 
 
@@ -290,6 +360,7 @@ def claims(r: dict) -> list:
             "Keras 3 behaviour; §7", "ignored on 1; error on 4",
             f"uses strategy: {r['model_c_uses_strategy']}; 4 replicas: {r['outside_scope_on_4'][:40]}",
             (not r["model_c_uses_strategy"] or r["replicas"] > 1) and "raised" in r["outside_scope_on_4"]),
+        xla_on_replicas_claim(r["xla_replicas"]),
         matmul_claim,
         within_claim(
             "bfloat16 matmuls are not several times faster than float32: on a TPU float32 already multiplies in "
@@ -313,6 +384,29 @@ def claims(r: dict) -> list:
     return out
 
 
+def xla_on_replicas_claim(x: dict | None):
+    """fit with jit_compile=True fails on several MirroredStrategy replicas; the course's rule trains; a custom loop
+    compiled per replica matches the same loop without XLA."""
+    from .. import report
+
+    text = ("On several replicas, fit(jit_compile=True) fails (keras#19005); the course's rule trains, and a custom "
+            "loop compiles each replica's step")
+    if not x:
+        return report.Claim(text, "Keras source; §5", "fails; trains; same weights", "not measured", None,
+                            "the notebook did not run the 2-replica check")
+    if x["replicas"] < 2 or x.get("kind") == "TPU":  # TPUStrategy compiles across replicas itself
+        return report.Claim(text, "Keras source; §5", "fails; trains; same weights",
+                            f"{x['replicas']} replica(s): {x['jit_true']}", None,
+                            "TPUStrategy compiles every step across its replicas: this MirroredStrategy failure "
+                            "cannot happen there")
+    same = x["custom_loop_max_diff"] <= 1e-5 and x["custom_loop_moved"] > 1e-4
+    return report.Claim(
+        text, "Keras source (trainer.py); §5", "jit_compile=True raises; rule: trains without XLA; custom loop ≈",
+        f"{x['replicas']} replicas: {x['jit_true'][:60]}; rule {x['rule']} trained; custom loop Δ "
+        f"{x['custom_loop_max_diff']:.1e}", x["jit_true"].startswith("InvalidArgumentError") and x["rule_trained"]
+        and not x["rule"][0] and same)
+
+
 class _Null:
     def __enter__(self):
         return self
@@ -321,5 +415,5 @@ class _Null:
         return False
 
 
-__all__ = ["resolver_recipes", "split_one_batch", "compare_matmul_dtypes", "within_claim", "optimizer_outside_scope",
+__all__ = ["resolver_recipes", "split_one_batch", "fit_xla_on_replicas", "xla_on_replicas_claim", "compare_matmul_dtypes", "within_claim", "optimizer_outside_scope",
            "measure", "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]

@@ -7,6 +7,8 @@
   cluster    run a program once per task of a TensorFlow cluster on localhost (lesson 08)
   prove      measure every lesson's claims on this hardware: claims.json and a report card
   site       render every lesson with its outputs, and the report cards side by side, as an offline site
+
+`python -m course_utils COMMAND --help` lists a command's options.
 """
 
 from __future__ import annotations

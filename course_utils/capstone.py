@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
                    help="wall-clock budget, evaluation included; picks the epochs and shapes the LR schedule")
-    g.add_argument("--epochs", type=int, default=None, metavar="N")
+    g.add_argument("--epochs", type=int, default=None, metavar="N", help="train exactly N epochs (no budget)")
     p.add_argument("--out", default="runs/capstone", metavar="DIR",
                    help="output folder: new, empty, or an earlier capstone run (default runs/capstone)")
     r = p.add_mutually_exclusive_group()
@@ -543,12 +543,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="auto", help="auto | float32 | mixed_bfloat16 | mixed_float16")
     j = p.add_mutually_exclusive_group()
     j.add_argument("--jit", dest="jit", action="store_const", const=True, default=None,
-                   help="compile the step with XLA (default: on a GPU, off on a CPU; a TPU always compiles)")
-    j.add_argument("--no-jit", dest="jit", action="store_const", const=False)
+                   help="compile the step with XLA (default: on one GPU; off on a CPU and on several replicas, "
+                        "where fit cannot be compiled; a TPU always compiles)")
+    j.add_argument("--no-jit", dest="jit", action="store_const", const=False, help="do not compile the step with XLA")
     p.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per update (lesson 05)")
-    p.add_argument("--steps-per-execution", type=int, default=1, metavar="N")
+    p.add_argument("--steps-per-execution", type=int, default=1, metavar="N",
+                   help="steps per call into the compiled function (pays on a TPU; lesson 04)")
     p.add_argument("--cpu-replicas", type=int, default=None, metavar="N", help="split the CPU into N replicas")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=42, help="random seed of the weights and the data order (default 42)")
     p.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard scalars + a profile of a few steps")
     p.add_argument("--train-examples", type=int, default=None, metavar="N",
                    help="first N training images, validation included (-1: all)")
@@ -558,10 +560,13 @@ def build_parser() -> argparse.ArgumentParser:
                    .replace("%", "%%"))  # argparse %-formats help strings
     p.add_argument("--width", type=int, default=None, help=f"course: base width w (widths w,2w,4w,8w); default {COURSE['width']} (smoke 8), "
                         "chosen automatically with --time-budget")
-    p.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None)
-    p.add_argument("--label-smoothing", type=float, default=None, metavar="X")
+    p.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None,
+                   help="no flips and crops while training (an ablation)")
+    p.add_argument("--label-smoothing", type=float, default=None, metavar="X",
+                   help="label smoothing in [0, 1) (course 0.2, baseline 0)")
     p.add_argument("--schedule", default=None, help="onecycle | constant")
-    p.add_argument("--no-tta", dest="tta", action="store_const", const=False, default=None)
+    p.add_argument("--no-tta", dest="tta", action="store_const", const=False, default=None,
+                   help="no flip test-time augmentation")
     p.add_argument("--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
                                                      "a notebook, never into a log or a pipe)")

@@ -424,6 +424,18 @@ def _move_aside(out: pathlib.Path) -> list[str]:
     return moved
 
 
+VERDICT_LEGEND = (
+    "How to read a verdict: ✅ holds — measured here as the lesson says; ❌ does not hold here — a real disagreement "
+    "(please report it with this file); ⚠️ differs on this hardware — true where the lesson says, different here for "
+    "the reason given (e.g. a CPU without bfloat16 units); 〰️ inconclusive — the repeats straddle the threshold "
+    "(noise, not a verdict); ➖ not measurable here — this machine or mode cannot show it, and the reason says why. "
+    "`course_utils` names the exact code that measured it (cards from other code are another experiment).")
+SMOKE_NOTE = (
+    "**Smoke mode:** tiny sizes and generated data, so the code paths are proved but speed and accuracy figures are "
+    "not representative; for the card to keep, run `python -m course_utils prove --mode full` (about 25 minutes on "
+    "2 cores; real CIFAR-10, or `--data npz:PATH`).")
+
+
 def report_card(data: dict) -> str:
     """claims.json as Markdown: the machine, then one table per lesson."""
     machine = data.get("machine") or {}
@@ -438,6 +450,9 @@ def report_card(data: dict) -> str:
             counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
     if counts:
         lines += ["**Verdicts:** " + ", ".join(f"{n} {v}" for v, n in counts.items()), ""]
+    lines += [VERDICT_LEGEND, ""]
+    if machine.get("mode") == "smoke":
+        lines += [SMOKE_NOTE, ""]
     for lesson_id in sorted(data["lessons"]):
         entry = data["lessons"][lesson_id]
         lines += [f"## {lesson_id} · {entry.get('title', '')}", ""]

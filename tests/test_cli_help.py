@@ -67,3 +67,10 @@ def test_prove_perturbed_help() -> None:
                           text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.startswith("usage: ")
+
+
+def test_every_capstone_option_says_what_it_does():
+    from course_utils import capstone
+
+    silent = [a.option_strings[0] for a in capstone.build_parser()._actions if a.option_strings and not a.help]
+    assert not silent, f"options without a help text: {silent}"

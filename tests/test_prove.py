@@ -87,6 +87,10 @@ def test_report_card_has_a_table_per_lesson_and_the_machine():
     assert "oneDNN off" in card
     assert card.index("## 02") < card.index("## 05") and "Could not be measured: timed out" in card
     assert "| A claim | < 1 | 0.5 | ✅ holds |" in card
+    # a newcomer can read it on its own: what each verdict means, and that smoke figures are not representative
+    assert proof.VERDICT_LEGEND in card and "➖ not measurable here" in card and proof.SMOKE_NOTE in card
+    full = proof.report_card({"machine": dict(machine, mode="full"), "lessons": {}})
+    assert proof.VERDICT_LEGEND in full and proof.SMOKE_NOTE not in full
 
 
 @pytest.mark.extended  # two lessons measured twice (16 s): .ci/run runs it after the README's pytest

@@ -226,7 +226,8 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     import course_utils
 
     cfg = _config.get()
-    runtime = course_utils.detect(cpu_replicas=lesson.cpu_replicas)
+    # the driver set COURSE_CPU_REPLICAS for this lesson (its own replicas, or --shape's): read it, never override it
+    runtime = course_utils.detect(cpu_replicas=cfg.cpu_replicas)
 
     def progress(message: str) -> None:
         print(f"  · {message} ({time.perf_counter() - start:.0f} s)", flush=True)

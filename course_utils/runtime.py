@@ -264,8 +264,10 @@ def fit_jit_compile(kind: str, course_jit: bool = False, replicas: int = 1) -> t
 def replica_gradients(gradients: Callable, jit: bool) -> Callable:
     """``gradients`` — one replica's forward and backward pass, returning what the step needs (loss, gradients) — as
     the course compiles it under a strategy: with XLA when ``jit``, per replica, so that the all-reduce and the
-    optimizer's update (MirroredStrategy's ``merge_call``) run outside the compiled cluster. Call the result inside
-    ``strategy.run``; on one replica or a TPU the whole step may be compiled instead (:func:`whole_step_compiles`)."""
+    optimizer's update (MirroredStrategy's ``merge_call``) run outside the compiled cluster. Call the result from
+    the replica function you hand ``strategy.run`` — never hand it to ``strategy.run`` itself: MirroredStrategy would
+    then compile it around every replica at once (``mirrored_run.call_for_each_replica``), the failing cluster again.
+    On one replica or a TPU the whole step may be compiled instead (:func:`whole_step_compiles`)."""
     import tensorflow as tf
 
     return tf.function(gradients, jit_compile=True) if jit else gradients

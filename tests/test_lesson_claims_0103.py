@@ -146,7 +146,7 @@ def _results_03(**changes) -> dict:
         zero_unscaled=1.0, zero_scaled=0.0, scaled_err=0.0006, upstream_zero=1.0, up32_median=8e-10,
         updates={"apply": 0.5, "apply_gradients": 0.5}, mixed_policy="mixed_bfloat16", cpu_bf16=False,
         mem_batch=256, peaks=_peaks(), act_ratio=0.57, state_equal=True, xla_upcasts=False,
-        speedup=report.Samples([0.5, 0.52, 0.48, 0.5, 0.51]), time_batch=32)
+        speedup=report.Samples([0.5, 0.52, 0.48, 0.5, 0.51]), time_batch=32, step_xla="none")
     results.update(changes)
     return results
 
@@ -198,7 +198,12 @@ def test_lesson_03_measure_returns_the_notebooks_keys_and_honours_lab_jit(monkey
 
     def fake_step(policy, **kwargs):
         asked["steps"].append(kwargs["jit"])
-        return lambda: None
+
+        def step():
+            return None
+
+        step.xla = "the whole step" if kwargs["jit"] else "none"  # what training_step says it compiled
+        return step
 
     monkeypatch.setattr(precision, "training_step_peaks", fake_peaks)
     monkeypatch.setattr(precision, "training_step", fake_step)
@@ -211,6 +216,7 @@ def test_lesson_03_measure_returns_the_notebooks_keys_and_honours_lab_jit(monkey
     assert set(results) == set(_results_03())
     assert results["jit"] is jit and asked["peaks"] == [jit] and asked["steps"] == [jit, jit]
     assert results["xla_upcasts"] is (jit and runtime.kind == "CPU")
+    assert results["step_xla"] == ("the whole step" if jit else "none")
     assert len(lines) == 3 and any(("with XLA" if jit else "without XLA") in line for line in lines)
     assert len(precision.claims(results)) == 13
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -97,3 +99,67 @@ def test_training_step_peaks_measure_each_policy_in_a_fresh_process():
     # activations dominate at this batch: the mixed step's peak is lower
     assert peaks["mixed_bfloat16"].peak_bytes < peaks["float32"].peak_bytes
     assert memory.default_device() == "CPU:0"
+
+
+# The TPU-shaped run (COURSE_CPU_REPLICAS=4, COURSE_JIT=1) in a fresh 4-replica process: lesson 03's §4 step and
+# §3's loss-scale reads, where they crashed (float() of a MirroredVariable; one XLA cluster over strategy.run).
+SEVERAL_REPLICAS = r'''
+import json
+import numpy as np
+import keras
+import tensorflow as tf
+import course_utils
+from course_utils import models
+from course_utils.experiments import precision
+
+strategy = course_utils.detect().strategy
+out = {"replicas": strategy.num_replicas_in_sync, "steps": {}}
+for policy in ("float32", "mixed_float16"):
+    for jit in (False, True):
+        one = precision.training_step(policy, width=4, batch=16, jit=jit,
+                                      strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
+        many = precision.training_step(policy, width=4, batch=16, jit=jit, strategy=strategy)
+        many.model.set_weights(one.model.get_weights())
+        losses = [float(one()), float(many())]
+        firsts = [getattr(s.optimizer, "inner_optimizer", s.optimizer)._momentums for s in (one, many)]
+        grad_rel = max(float(np.abs(a.numpy() - b.numpy()).max() / np.abs(a.numpy()).max()) for a, b in zip(*firsts))
+        out["steps"][f"{policy} {jit}"] = dict(losses=losses, grad_rel=grad_rel, xla=many.xla)
+
+model = models.build_under_policy("mixed_float16", lambda: keras.Sequential(
+    [keras.Input((4,)), keras.layers.Dense(2, bias_initializer="zeros")]), strategy=strategy)
+with strategy.scope():
+    lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    lso.build(model.trainable_variables)
+try:
+    float(lso.dynamic_scale)
+    out["float"] = "ran"
+except TypeError as e:
+    out["float"] = str(e)
+out["numpy"] = float(lso.dynamic_scale.numpy())
+grads = [tf.zeros((4, 2)), tf.fill((2,), 0.5) * lso.dynamic_scale.numpy()]  # scaled; unscaled bias gradient 0.5
+lso.apply(grads, model.trainable_variables)
+out["once"] = float(-model.trainable_variables[1].numpy()[0])
+strategy.run(lambda: lso.apply(grads, model.trainable_variables))
+out["per_replica"] = float(-model.trainable_variables[1].numpy()[0]) - out["once"]
+print(json.dumps(out))
+'''
+
+
+def test_lesson_03_on_four_replicas_the_step_is_the_one_device_step_and_the_scale_reads():
+    """On 4 CPU replicas (the TPU shape): training_step is a real data-parallel step — its loss and gradients (Adam's
+    first moment) are those of one device on the same global batch, with XLA compiling each replica's forward and
+    backward pass (one cluster over strategy.run cannot run: keras-team/keras#19005) and a LossScaleOptimizer's update
+    decided across replicas. §3: float() of the loss scale raises there, .numpy() reads it, and apply outside
+    strategy.run updates once where inside it the replicas' sum is 4 updates."""
+    from course_utils import runtime
+
+    got = json.loads(runtime.run_on_cpu_replicas(4, SEVERAL_REPLICAS, timeout=300).strip().splitlines()[-1])
+    assert got["replicas"] == 4
+    for name, step in got["steps"].items():
+        one, many = step["losses"]
+        assert abs(one - many) <= 1e-6 * abs(one), (name, step)
+        assert step["grad_rel"] <= (1e-4 if name.startswith("float32") else 1e-2), (name, step)
+        assert step["xla"] == ("each replica's forward and backward pass, the update outside"
+                               if name.endswith("True") else "none"), (name, step)
+    assert "MirroredVariable" in got["float"] and got["numpy"] == 2.0**15
+    assert got["once"] == pytest.approx(0.5) and got["per_replica"] == pytest.approx(4 * 0.5)

@@ -212,3 +212,22 @@ def test_worker_program_refuses_a_bad_timeout_or_stall_in_one_line(monkeypatch, 
         multiworker.main(["--out", str(tmp_path), *args])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and expected in err and "Traceback" not in err, err
+
+
+def test_notebook_08_keras_distribution_cell_runs_on_four_replicas():
+    """§5's keras.distribution / DTensor cell, as the notebook has it, in a fresh process whose CPU is split into 4
+    devices (the TPU shape): its meshes take the devices there are. A mesh of a hard-coded shape [1] failed there
+    ("length of devices (4) must be equal to total size of the mesh of shape [1]")."""
+    import pathlib
+
+    from course_utils import runtime
+
+    nb = json.loads((pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "08_scaling_out.ipynb").read_text(
+        encoding="utf-8"))
+    [cell] = ["".join(c["source"]) for c in nb["cells"]
+              if c["cell_type"] == "code" and "keras.distribution.DeviceMesh" in "".join(c["source"])]
+    code = ("import course_utils, keras, numpy as np, tensorflow as tf\ncourse_utils.detect().strategy\n" + cell
+            + "\nprint(len(devices), mesh.num_local_devices())\n")
+    out = runtime.run_on_cpu_replicas(4, code, timeout=120)
+    assert out.strip().splitlines()[-1] == "4 4", out
+    assert "keras.distribution on TensorFlow:" in out

@@ -60,47 +60,103 @@ def relative_error(value, reference, axis=None):
 
 def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: int = 10, jit: bool = False,
                   seed: int = 0, strategy: Any = None):
-    """One training step (forward, backward, Adam update) of the course's ``small_cnn`` built under
-    ``policy``, on a fixed batch of ``batch`` synthetic CIFAR-shaped images, as a zero-argument
-    ``tf.function`` (``jit_compile=jit``) returning the loss. Under ``mixed_float16`` the optimizer is a
-    ``LossScaleOptimizer``. ``strategy``: build and run under it (default: the current one), the batch being
-    the global batch. A step for :func:`course_utils.memory.measure_peaks_isolated` and for timing."""
+    """One training step (forward, backward, Adam update) of the course's ``small_cnn`` built under ``policy``, on a
+    fixed global batch of ``batch`` synthetic CIFAR-shaped images, as a zero-argument callable returning the loss.
+    Under ``mixed_float16`` the optimizer is a ``LossScaleOptimizer``. A step for
+    :func:`course_utils.memory.measure_peaks_isolated` and for timing.
+
+    ``strategy`` (default: the current one) is a real data-parallel step: each replica gets its share of the batch,
+    placed on its device, and divides its summed loss by the *global* batch (``tf.nn.compute_average_loss``), so the
+    all-reduced gradients are those of the mean loss over ``batch`` examples. ``jit``: XLA, as the course compiles
+    under a strategy (:func:`course_utils.runtime.whole_step_compiles`): the whole step on a TPU or one replica; under
+    ``MirroredStrategy`` with several replicas each replica's forward and backward pass
+    (:func:`course_utils.runtime.replica_gradients`), the all-reduce and update outside XLA (one XLA cluster over
+    ``strategy.run`` cannot reach the other replicas' variables: keras-team/keras#19005). ``step.xla`` says which
+    (``"none"`` without ``jit``); ``step.model`` and ``step.optimizer`` are the model and its optimizer."""
+    import contextlib
+
     import keras
     import tensorflow as tf
 
-    from .. import data, models
+    from .. import accumulation, data, models, runtime
 
     strategy = strategy or tf.distribute.get_strategy()
+    replicas = strategy.num_replicas_in_sync
     x, y = data.synthetic_cifar(batch, 1, num_classes=num_classes, seed=seed)[0]
-    x, y = tf.constant(x), tf.constant(y)
     model = models.build_under_policy(policy, strategy=strategy, width=width, num_classes=num_classes)
     with strategy.scope():
         optimizer = keras.optimizers.Adam(1e-3)
         if policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)  # per example: averaged over the global batch
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy (no scope entered): one device, TensorFlow's choice
+        devices = None
+    bounds = [round(i * batch / replicas) for i in range(replicas + 1)]  # each replica's share (as even as it gets)
 
-    def replica_step(x, y):
+    def shard(ctx):
+        i = ctx.replica_id_in_sync_group
+        with tf.device(devices[i]) if devices else contextlib.nullcontext():  # on its device: not copied every step
+            share = slice(bounds[i], bounds[i + 1])
+            return tf.identity(tf.constant(x[share])), tf.identity(tf.constant(y[share]))
+
+    inputs = strategy.experimental_distribute_values_from_function(shard)
+
+    def gradients(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            per_example = tf.cast(loss_fn(y, model(x, training=True)), tf.float32)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
             scaled = optimizer.scale_loss(loss)  # × the loss scale under mixed_float16, unchanged otherwise
-        optimizer.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
-        return loss
+        return tape.gradient(scaled, model.trainable_variables), loss
 
-    step = tf.function(lambda: strategy.run(replica_step, args=(x, y)), jit_compile=jit)
-    step.model = model
+    tpu = isinstance(strategy, tf.distribute.TPUStrategy) or "TPU" in type(strategy).__name__
+    if runtime.whole_step_compiles("TPU" if tpu else "", replicas):
+        def replica_step(x, y):
+            grads, loss = gradients(x, y)
+            optimizer.apply(grads, model.trainable_variables)  # all-reduces (SUM) across replicas, then updates
+            return loss
+
+        def whole_step(inputs):
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=inputs), axis=None)
+
+        compiled = tf.function(whole_step, jit_compile=jit)
+        where = "the whole step" if jit else "none"
+    else:
+        replica_gradients = runtime.replica_gradients(gradients, jit)
+
+        def replica_grads(x, y):  # a plain function around the compiled one: strategy.run would lift a tf.function
+            return replica_gradients(x, y)  # passed to it over every replica (one XLA cluster again: mirrored_run.py)
+
+        def split_step(inputs):
+            grads, loss = strategy.run(replica_grads, args=inputs)
+            # LossScaleOptimizer: the finite-or-skip decision taken once, across replicas (lesson 05 §6)
+            applied = accumulation.apply_per_replica_gradients(strategy, optimizer, grads, model.trainable_variables)
+            with tf.control_dependencies([applied]):
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+        compiled = tf.function(split_step)
+        where = "each replica's forward and backward pass, the update outside" if jit else "none"
+
+    def step():
+        return compiled(inputs)
+
+    step.model, step.optimizer, step.xla = model, optimizer, where
     return step
 
 
-def training_step_peaks(strategy, policies, repeats: int = 3, **kwargs) -> dict:
+def training_step_peaks(strategy, policies, repeats: int = 3, batch: int = 256, **kwargs) -> dict:
     """Peak memory of :func:`training_step` per policy, each in isolation
-    (:func:`course_utils.memory.measure_peaks_isolated`): in a fresh process on a CPU; in this process,
-    under ``strategy``, on a TPU or GPU (which belongs to this process). ``kwargs``: the step's sizes."""
+    (:func:`course_utils.memory.measure_peaks_isolated`), with ``batch`` examples on the measured device: in a fresh
+    process on one device on a CPU; in this process on a TPU or GPU (which belongs to this process), under
+    ``strategy``, whose global batch is then ``batch`` × its replicas, so that replica 0's device, the one measured,
+    holds ``batch``. ``kwargs``: the step's other sizes."""
     from .. import memory
 
     fresh = memory.default_device() == "CPU:0"
-    variants = {p: dict(kwargs, policy=p, **({} if fresh else {"strategy": strategy})) for p in policies}
+    where = {} if fresh else {"strategy": strategy, "batch": batch * strategy.num_replicas_in_sync}
+    variants = {p: {**kwargs, "policy": p, "batch": batch, **where} for p in policies}
     return memory.measure_peaks_isolated(training_step, variants, repeats=repeats, fresh_process=fresh)
 
 
@@ -215,7 +271,7 @@ def _loss_scaling_figures(build, strategy, seed: int) -> dict:
             loss = small_loss(y_small, model(x_small))
             target = optimizer.scale_loss(loss) if optimizer else loss
         grads = tape.gradient(target, model.trainable_variables)
-        scale = float(optimizer.dynamic_scale) if optimizer else 1.0
+        scale = float(optimizer.dynamic_scale.numpy()) if optimizer else 1.0  # float() fails on a MirroredVariable
         return grads[0].numpy() / scale, grads
 
     model32, model16 = tiny_model("float32"), tiny_model("mixed_float16")
@@ -294,7 +350,8 @@ def measure(lab) -> dict:
     lab.progress(f"§4: step time, float32 vs {mixed_policy}, 5 interleaved rounds")
     steps = {p: training_step(p, batch=time_batch, strategy=strategy, **step_sizes) for p in policies}
     out["speedup"] = timing.speedup_samples(steps["float32"], steps[mixed_policy], rounds=5, repeats=2)
-    out.update(mixed_policy=mixed_policy, cpu_bf16=cpu_bf16, mem_batch=mem_batch, time_batch=time_batch)
+    out.update(mixed_policy=mixed_policy, cpu_bf16=cpu_bf16, mem_batch=mem_batch, time_batch=time_batch,
+               step_xla=steps["float32"].xla)
     return out
 
 
@@ -305,6 +362,8 @@ def claims(r: dict) -> list:
     mixed_policy, peaks = r["mixed_policy"], r["peaks"]
     bf, f32_out = r["stats"]["bfloat16 softmax"], r["stats"]["bfloat16 logits, float32 softmax"]
     xla = "with XLA" if r["jit"] else "without XLA"
+    step_xla = r["step_xla"]  # what XLA compiled of the timed step ("none" without XLA)
+    speed_xla = xla if step_xla == "none" else f"{xla}: {step_xla}"
     on_accelerator = r["kind"] in ("TPU", "GPU", "multi-GPU")
     measurable = peaks["float32"].peak_bytes > 0
     cpu_why = ("XLA on this CPU computes the bfloat16 convolutions in float32, plus the casts" if r["xla_upcasts"]
@@ -383,7 +442,8 @@ def claims(r: dict) -> list:
             "traffic); slower on a CPU without bf16 instructions",
             "Cloud TPU bfloat16 / NVIDIA mixed-precision docs; §4",
             "GPU (Ampere+): > 1×, often 1.5–3×; TPU: ≥ 1×; CPU without bf16: < 1×", r["speedup"], ">", 1.0,
-            note=f"{xla}; batch {r['time_batch']}; bf16 instructions: {r['cpu_bf16']}", differs_here=speed_differs),
+            note=f"{speed_xla}; batch {r['time_batch']}; bf16 instructions: {r['cpu_bf16']}",
+            differs_here=speed_differs),
         report.Claim("mixed_float16 on a CPU is much slower than float32", "TensorFlow CPU kernels (oneDNN): no fast "
                      "float16 convolution gradients; §4", "many times slower",
                      "not run on purpose", None, "not measured here (authors' 2-core CPU: ~40×)"),

@@ -50,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import time
 from typing import Any, Callable, ClassVar
@@ -1502,8 +1503,8 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
 
     history = progress.history
     # Throughput: the median epoch's, leaving out the first (it traces, compiles and fills the cache).
-    steady = sorted(h["images_per_s"] for h in (history[1:] if len(history) > 1 else history) if h["images_per_s"])
-    ips = steady[len(steady) // 2] if steady else None
+    steady = [h["images_per_s"] for h in (history[1:] if len(history) > 1 else history) if h["images_per_s"]]
+    ips = statistics.median(steady) if steady else None  # of two epochs their mean, not the faster one
     best = max(history, key=lambda h: h["val_accuracy"], default=None)
     summary = {
         "recipe": o.recipe,

@@ -230,6 +230,10 @@ class _Course(Recipe):
                 # measured on a 2-core AVX512-BF16 CPU: 207 ms a step under mixed_bfloat16, 38 ms under float32
                 return "float32", ("CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own kernels run "
                                    "bfloat16 several times slower than float32")
+            cap = memory.onednn_bf16_capped()
+            if cap:
+                return "float32", (f"CPU with oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA): no bfloat16 kernels there, "
+                                   "as on a laptop's CPU")
             supported, flags = memory.cpu_bf16_support()
             if supported is False:
                 return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"

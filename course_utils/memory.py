@@ -1154,6 +1154,18 @@ def recommended_policy(runtime_or_kind: Any, gpu_compute_capability: Any = None)
 
 
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) below its first bfloat16 one, AVX512_CORE_BF16: under them oneDNN
+# has no bfloat16 kernels, and TensorFlow still routes bfloat16 ops to it by the CPU's own flags ("could not create a
+# primitive descriptor", TF 2.20)
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def onednn_bf16_capped(environ: Any = None) -> str | None:
+    """``ONEDNN_MAX_CPU_ISA``'s value when it caps oneDNN below bfloat16 (e.g. ``AVX2``, a laptop's CPU emulated on a
+    server), else None. TensorFlow then fails bfloat16 ops on a CPU that has bfloat16 instructions."""
+    environ = os.environ if environ is None else environ
+    cap = str(environ.get("ONEDNN_MAX_CPU_ISA", "")).strip().upper()
+    return cap if cap in _ONEDNN_ISAS_WITHOUT_BF16 else None
 
 
 def cpu_bf16_support(cpuinfo_text: str | None = None) -> tuple[bool | None, list[str]]:

@@ -694,3 +694,20 @@ def test_course_policy_on_a_cpu_follows_bf16_instructions_and_onednn(monkeypatch
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
     monkeypatch.setattr(memory, "cpu_bf16_support", lambda: (False, []))
     assert course.choose_policy(cpu)[0] == "float32"
+
+
+def test_a_cpu_capped_below_bfloat16_trains_in_float32(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA=AVX2 stands in for a laptop's CPU on a server with bfloat16 units: TensorFlow still sends
+    bfloat16 ops to oneDNN, which then has no kernel for them (the AVX2 row of .ci/prove-perturbed crashed). The
+    course recipe trains in float32 there, and says why."""
+    import types
+
+    from course_utils import memory
+
+    assert memory.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "avx2"}) == "AVX2"
+    assert memory.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) is None  # it has bfloat16 kernels
+    assert memory.onednn_bf16_capped({}) is None
+    monkeypatch.setattr(memory, "recommended_policy", lambda rt: ("mixed_bfloat16", "CPU"))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    policy, why = capstone.RECIPES["course"].choose_policy(types.SimpleNamespace(kind="CPU"))
+    assert policy == "float32" and "oneDNN capped at AVX2" in why

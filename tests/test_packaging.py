@@ -174,7 +174,8 @@ def test_readme_set_up_installs_the_learners_pins_and_ci_runs_the_readmes_test_c
     setup = readme.split("## Quick start", 1)[1]
     first_block = re.search(r"```bash\n(.*?)```", setup, re.S).group(1).strip().splitlines()
     commands = [line.split("#")[0].strip() for line in first_block]
-    assert "-m venv" in commands[0]
+    assert commands[0].startswith("git clone ") and "&& cd " in commands[0]  # every later command runs in the clone
+    assert "-m venv" in commands[1]
     assert "pip install -r requirements.txt" in commands, commands
     assert TEST_COMMAND in _bash_commands(readme) or f"`{TEST_COMMAND}`" in readme, f"no `{TEST_COMMAND}` in the README"
     ci = (ROOT / ".ci" / "run").read_text()

@@ -16,6 +16,7 @@ def _lesson_08_results(rounds: int, naive_s: float) -> dict:
             "crash_message": "worker 1 exited", "committed": {0: [1, 2, 3, 4], 1: [1, 2, 3, 4]}, "diff_resumed": 0.0,
             "notice_message": "worker 0 exited with code 42; the other tasks were stopped",
             "preempt_steps": {0: [1, 2, 3, 4], 1: [1, 2, 3, 4]}, "preempt_resumed": {0: 3, 1: 3}, "diff_preempted": 0.0,
+            "platform_rows": [],
             "stall": {"no timeout": {"step_s": [0.1, 0.01, 4.01, 0.01], "error": None, "failed_step": None,
                                      "waited_s": None, "timeout_s": 0.0, "stall_s": 4.0, "stall_after": 2,
                                      "message": None},

@@ -198,6 +198,14 @@ def test_worker_program_refuses_alone_without_time_in_one_line(monkeypatch, caps
     assert capsys.readouterr().err.strip().splitlines() == ["--alone needs --time STEPS"]
 
 
+def test_worker_program_refuses_own_handler_without_single_in_one_line(monkeypatch, capsys, tmp_path):
+    from course_utils.experiments import multiworker
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert multiworker.main(["--own-handler", str(tmp_path / "ckpt"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["--own-handler needs --single (one process)"]
+
+
 @pytest.mark.parametrize("args, expected", [(["--collective-timeout", "nan"], "must be a finite number of seconds"),
                                             (["--collective-timeout", "-1"], "must be a finite number of seconds"),
                                             (["--collective-timeout", "inf"], "must be a finite number of seconds"),
@@ -231,3 +239,69 @@ def test_notebook_08_keras_distribution_cell_runs_on_four_replicas():
     out = runtime.run_on_cpu_replicas(4, code, timeout=120)
     assert out.strip().splitlines()[-1] == "4 4", out
     assert "keras.distribution on TensorFlow:" in out
+
+
+def test_fake_metadata_server_is_what_tensorflow_reads(monkeypatch):
+    """course_utils.gce's server answers the two paths TensorFlow's failure handling asks (with GCE's header rules),
+    and TensorFlow's own functions read it: on a fake GCE VM ``on_gcp()`` is True and ``detect_platform()`` says
+    GCE_CPU (GCE_GPU where TensorFlow lists a GPU); the maintenance watcher sees the notice; with ``on_gcp=False`` it
+    is INTERNAL_CPU (INTERNAL_GPU)."""
+    import urllib.error
+    import urllib.request
+
+    from tensorflow.python.distribute.failure_handling import failure_handling_util as util
+
+    from course_utils import gce
+
+    import tensorflow as tf
+
+    gpu = bool(tf.config.list_logical_devices("GPU"))  # detect_platform asks TensorFlow's devices, not the server
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with gce.FakeMetadataServer() as server:
+        url = f"http://{server.address}/computeMetadata/v1/instance/hostname"
+        with pytest.raises(urllib.error.HTTPError) as refused:  # GCE refuses a request without the header
+            opener.open(url, timeout=5)
+        assert refused.value.code == 403
+        with opener.open(urllib.request.Request(url, headers=util.GCP_METADATA_HEADER), timeout=5) as response:
+            assert response.status == 200 and response.headers["Metadata-Flavor"] == "Google"
+        monkeypatch.setenv("GCE_METADATA_IP", server.address)
+        assert util.on_gcp() and util.detect_platform() == (util.PlatformDevice.GCE_GPU if gpu else
+                                                            util.PlatformDevice.GCE_CPU)
+        assert util.termination_watcher_function_gce() is False  # "NONE": no maintenance pending
+        gce.send_maintenance_notice(address=server.address)
+        assert util.termination_watcher_function_gce() is True
+        assert server.requests.count("/computeMetadata/v1/instance/maintenance-event") == 2
+    with gce.FakeMetadataServer(on_gcp=False) as server:
+        monkeypatch.setenv("GCE_METADATA_IP", server.address)
+        assert not util.on_gcp() and util.detect_platform() == (util.PlatformDevice.INTERNAL_GPU if gpu else
+                                                                util.PlatformDevice.INTERNAL_CPU)
+
+
+@pytest.mark.extended  # lesson 08 runs two of these rows in smoke mode, all in full mode
+def test_preemption_handler_on_each_platform_and_our_own_handler(tmp_path):
+    """Lesson 08 §3's matrix: the preemption demo (one process, a notice after step 3 — 2 for a maintenance event —
+    then the same command again) against the fake metadata server. What TensorFlow 2.20's PreemptionCheckpointHandler
+    really does: off Google Cloud it saves after the next step and exits 42, and the restart resumes there; on a GCE
+    CPU VM it does nothing (SIGTERM kills the process, no checkpoint, the restart begins at 0); on a GCE GPU VM
+    (detection patched: no GPU here) it ignores SIGTERM, and on a maintenance event saves once and keeps training
+    (grace period 3600 s), or with grace_period=0 saves and exits 143. Our own handler saves on SIGTERM and exits
+    143 with no step lost; SIGKILL loses fewer steps than its save interval."""
+    from course_utils.experiments import scaling_out
+
+    rows = scaling_out.platform_matrix(str(tmp_path), rows=(scaling_out.OFF_GCP_ROW, *scaling_out.PLATFORM_ROWS))
+    got = {(r["row"], r["notice"]): (r["platform"], r["exit"], len(r["saved"]), r["run1_last"], r["resumed"])
+           for r in rows}
+    assert got[("off Google Cloud, 1 worker", "sigterm")] == ("INTERNAL_CPU", 42, 1, 4, 4)
+    assert got[("GCE CPU VM (Colab CPU)", "sigterm")] == ("GCE_CPU", -15, 0, 3, 0)
+    assert got[("GCE GPU VM*", "sigterm")] == ("GCE_GPU", -15, 0, 3, 0)
+    platform, code, saved, last, resumed = got[("GCE GPU VM*", "maintenance")]
+    assert (platform, code, saved, last) == ("GCE_GPU", 0, 1, 8) and 2 < resumed < 8  # saved, trained on
+    platform, code, saved, last, resumed = got[("GCE GPU VM*, grace_period=0", "maintenance")]
+    assert (platform, code, saved) == ("GCE_GPU", 143, 1) and resumed == last > 2
+    assert got[("own handler, GCE CPU VM", "sigterm")][1:] == (143, 2, 4, 4)  # step 2 (periodic) and 4 (the notice)
+    platform, code, saved, last, resumed = got[("own handler, GCE CPU VM", "sigkill")]
+    assert (code, saved, last, resumed) == (-9, 1, 3, 2)  # the periodic save at step 2: one step lost
+    assert {tuple(r["metadata_asked"]) for r in rows if r["row"].startswith("GCE GPU")} == {
+        ("instance/hostname", "instance/maintenance-event")}
+    claims = scaling_out._platform_claims(rows)
+    assert [c.holds for c in claims] == [True, None, True, True, True, True, True], [c.measured for c in claims]

@@ -9,7 +9,9 @@ loop is lesson 05's: the dataset is batched with the *global* batch and split ac
 ``experimental_distribute_dataset`` (lesson 04: auto-sharding by DATA), each replica's loss is divided by
 the global batch (``tf.nn.compute_average_loss``), and the gradients are all-reduced by the optimizer.
 :func:`single_process_weights` trains the same model on the same global batches in one process: the
-weights must match.
+weights must match. ``--single`` runs one process without ``TF_CONFIG`` (lesson 08 §3's platform matrix:
+``--preemptible`` under a fake GCE metadata server, and ``--own-handler``, periodic checkpoints with a SIGTERM handler
+of our own).
 """
 
 from __future__ import annotations
@@ -183,21 +185,49 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
 
 
 PREEMPTED_EXIT = 42  # PreemptionCheckpointHandler's exit code after saving (TensorFlow's default on other platforms)
+GCE_RESTART_EXIT = 143  # ... on a GCE GPU VM (failure_handling_util._RESTARTABLE_EXIT_CODE)
+OWN_HANDLER_EXIT = 143  # train_with_own_sigterm_handler's exit after its save: 128 + SIGTERM, a shell's code for it
+
+
+def pretend_gpu() -> None:
+    """Make TensorFlow's platform detection see a GPU: ``failure_handling_util.detect_platform`` returns ``GCE_GPU``
+    when the metadata server answers (``on_gcp()``, still asked for real) and ``INTERNAL_GPU`` when not. It decides
+    GPU or not from ``list_logical_devices('GPU')`` alone, which no metadata server can change: on a CPU-only
+    machine this is the only way to run the handler's GCE-GPU code path (everything after detection is TensorFlow's)."""
+    from tensorflow.python.distribute.failure_handling import failure_handling_util as util
+
+    util.detect_platform = lambda: (util.PlatformDevice.GCE_GPU if util.on_gcp() else
+                                    util.PlatformDevice.INTERNAL_GPU)
+
+
+def _notice(kind: str) -> None:
+    """The preemption notice this worker gives itself: ``sigterm`` (how a VM is told it will stop: an ACPI soft-off
+    becomes SIGTERM to every process), ``maintenance`` (the GCE metadata server announces
+    ``TERMINATE_ON_HOST_MAINTENANCE``: the fake server's, :mod:`course_utils.gce`) or ``sigkill`` (no notice at all)."""
+    import signal
+
+    if kind == "maintenance":
+        from .. import gce
+
+        gce.send_maintenance_notice()
+    else:
+        os.kill(os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGTERM)
 
 
 def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_after: int | None = None,
-                      step_seconds: float = 0.05, global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+                      step_seconds: float = 0.05, global_batch: int = GLOBAL_BATCH, lr: float = 0.1,
+                      notice: str = "sigterm", grace_period: float | None = None) -> dict:
     """TensorFlow's own answer for preempted workers in a custom loop: ``tf.distribute.experimental.
-    PreemptionCheckpointHandler``. It restores the latest checkpoint in ``ckpt_dir`` when it is created (a step
-    counter in the checkpoint says how many steps are done: TensorFlow deprecated ``handler.total_run_calls`` for
-    that); every step goes through ``handler.run``. When any worker
+    PreemptionCheckpointHandler``. Off Google Cloud it restores the latest checkpoint in ``ckpt_dir`` when it is
+    created (a step counter in the checkpoint says how many steps are done: TensorFlow deprecated
+    ``handler.total_run_calls`` for that); every step goes through ``handler.run``. When any worker
     receives SIGTERM (how a cloud VM is told it will be preempted; off Google Cloud the handler watches SIGTERM), the
     workers agree on a step, all save a checkpoint after it, and exit with :data:`PREEMPTED_EXIT` — no step lost, no
-    checkpoint every step. ``term_after``: this worker sends itself SIGTERM after that step (standing in for the
-    cloud's notice); ``step_seconds``: a pause per step, so the notice lands while the cluster is training. Each
-    worker appends every step it finished to ``log_path``."""
-    import signal
-
+    checkpoint every step. On a GCE VM it does something else (lesson 08 §3 measures it). ``term_after``: this worker
+    gives itself ``notice`` (:func:`_notice`) after that step (standing in for the cloud's); ``step_seconds``: a pause
+    per step, so the notice lands while the cluster is training; ``grace_period``: passed to
+    ``TerminationConfig`` (None: the platform's default). Each worker appends every step it finished to
+    ``log_path``."""
     import keras
     import tensorflow as tf
 
@@ -206,8 +236,12 @@ def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_a
         optimizer = keras.optimizers.SGD(lr)
         done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, steps_done=done)
-    handler = tf.distribute.experimental.PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, ckpt_dir)
+    config = None if grace_period is None else tf.distribute.experimental.TerminationConfig(grace_period=grace_period)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, ckpt_dir,
+                                                                     termination_config=config)
     start = int(done.numpy())  # the handler restored its latest checkpoint, the step counter with it
+    platform = getattr(handler, "_platform_device", None)  # private: what detect_platform() said at creation
+    print(f"platform: {platform.name if platform else 'unknown'}", flush=True)
     dist = iter(strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start)))
     step = _train_step(strategy, model, optimizer, global_batch)
 
@@ -220,7 +254,50 @@ def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_a
         with open(log_path, "a") as f:
             f.write(f"{int(done.numpy())}\n")
         if term_after is not None and int(done.numpy()) == term_after:
-            os.kill(os.getpid(), signal.SIGTERM)
+            _notice(notice)
+        time.sleep(step_seconds)
+    return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
+
+
+def train_with_own_sigterm_handler(strategy, steps: int, ckpt_dir: str, log_path: str, save_every: int,
+                                   term_after: int | None = None, notice: str = "sigterm",
+                                   step_seconds: float = 0.05, global_batch: int = GLOBAL_BATCH,
+                                   lr: float = 0.1) -> dict:
+    """What works on any VM, Colab's CPU and TPU runtimes included: a ``tf.train.CheckpointManager`` saving every
+    ``save_every`` steps (the floor: a machine that dies without notice loses fewer than ``save_every`` steps) and a
+    SIGTERM handler of our own that only raises a flag; the loop checks it after each step, saves once and exits with
+    :data:`OWN_HANDLER_EXIT` (no step lost). ``restore_or_initialize`` resumes from the latest checkpoint. One process:
+    on several workers they must first agree on the step (the coordination service does that for TensorFlow's
+    handler)."""
+    import signal
+
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = toy_model()
+        optimizer = keras.optimizers.SGD(lr)
+        done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, steps_done=done)
+    manager = tf.train.CheckpointManager(checkpoint, ckpt_dir, max_to_keep=2)
+    manager.restore_or_initialize()
+    start = int(done.numpy())
+    noticed = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: noticed.append(signum))  # never save inside a signal handler
+    dist = iter(strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start)))
+    step = _train_step(strategy, model, optimizer, global_batch)
+    for _ in range(start, steps):
+        step(next(dist))
+        done.assign_add(1)
+        with open(log_path, "a") as f:
+            f.write(f"{int(done.numpy())}\n")
+        if noticed:  # the notice came during the last step: save it and leave
+            manager.save(checkpoint_number=int(done.numpy()))
+            sys.exit(OWN_HANDLER_EXIT)
+        if int(done.numpy()) % save_every == 0:
+            manager.save(checkpoint_number=int(done.numpy()))
+        if term_after is not None and int(done.numpy()) == term_after:
+            _notice(notice)
         time.sleep(step_seconds)
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
 
@@ -419,6 +496,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="train under TensorFlow's PreemptionCheckpointHandler, checkpoints in DIR")
     parser.add_argument("--term-worker", type=int, help="with --preemptible: this worker sends itself SIGTERM ...")
     parser.add_argument("--term-after", type=positive_int, help="... after this step")
+    parser.add_argument("--notice", choices=("sigterm", "maintenance", "sigkill"), default="sigterm",
+                        help="with --term-worker: the notice (SIGTERM; a GCE maintenance event on the fake metadata "
+                             "server of course_utils.gce; SIGKILL: none)")
+    parser.add_argument("--grace-period", type=non_negative_float,
+                        help="with --preemptible: TerminationConfig(grace_period=...) (default: the platform's)")
+    parser.add_argument("--pretend-gpu", action="store_true",
+                        help="with --preemptible: TensorFlow's platform detection sees a GPU (multiworker.pretend_gpu)")
+    parser.add_argument("--own-handler", metavar="DIR",
+                        help="one process: periodic checkpoints in DIR and our own SIGTERM handler")
+    parser.add_argument("--save-every", type=positive_int, default=2, help="with --own-handler")
+    parser.add_argument("--step-seconds", type=non_negative_float, default=0.05,
+                        help="with --preemptible or --own-handler: a pause after each step")
+    parser.add_argument("--single", action="store_true",
+                        help="one process without TF_CONFIG (no cluster): for --preemptible and --own-handler")
     parser.add_argument("--alone", action="store_true",
                         help="with --time: each worker trains on its own (no cluster), all at the same time: the step "
                              "with the cores shared and no communication")
@@ -428,7 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-after", type=positive_int, default=1, help="... after this step")
     parser.add_argument("--stall-seconds", type=non_negative_float, default=0.0)
     args = parser.parse_args(argv)
-    problem = cluster_problem({"worker": 1})
+    if args.own_handler and not args.single:
+        print("--own-handler needs --single (one process)", file=sys.stderr)
+        return 2
+    problem = "" if args.single else cluster_problem({"worker": 1})
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -437,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import tensorflow as tf
 
-    config = json.loads(os.environ["TF_CONFIG"])
+    config = (json.loads(os.environ["TF_CONFIG"]) if not args.single else
+              {"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}})
     task = config["task"]
     os.makedirs(args.out, exist_ok=True)
     if args.alone:
@@ -461,12 +556,20 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{task['type']} {task['index']}: model.fit finished", flush=True)
         return 0
-    if args.preemptible or args.ckpt:
+    if args.preemptible or args.ckpt or args.own_handler:
         name = f"{task['type']}{task['index']}"
         log_path = os.path.join(args.out, f"{name}_steps.txt")
-        if args.preemptible:
-            term = args.term_after if args.term_worker == task["index"] else None
-            result = train_preemptible(strategy, args.steps, args.preemptible, log_path, term_after=term)
+        term = args.term_after if args.term_worker == task["index"] else None
+        if args.own_handler:
+            result = train_with_own_sigterm_handler(strategy, args.steps, args.own_handler, log_path, args.save_every,
+                                                    term_after=term, notice=args.notice,
+                                                    step_seconds=args.step_seconds)
+        elif args.preemptible:
+            if args.pretend_gpu:
+                pretend_gpu()
+            result = train_preemptible(strategy, args.steps, args.preemptible, log_path, term_after=term,
+                                       step_seconds=args.step_seconds, notice=args.notice,
+                                       grace_period=args.grace_period)
         else:
             crash = args.crash_after if args.crash_worker == task["index"] else None
             result = train_resumable(strategy, args.steps, args.ckpt, log_path, crash_after=crash)

@@ -1,8 +1,10 @@
 """Lesson 08's claims: ``measure(lab)`` runs the lesson's localhost clusters (MultiWorkerMirrored workers, the Keras
 ``fit`` attempt, a worker killed and the cluster resumed, a parameter-server cluster, a model split over two
 workers, step time on 1/2/4 workers) the way the notebook does, and ``claims(results)`` turns what they wrote into
-the lesson's claims. The cluster programs are :mod:`.multiworker`, :mod:`.parameter_server` and
-:mod:`.model_parallel`; the launcher is :mod:`course_utils.cluster`."""
+the lesson's claims; :func:`platform_matrix` runs the preemption demo in one process against a fake GCE metadata
+server (:mod:`course_utils.gce`) as on each platform TensorFlow's ``PreemptionCheckpointHandler`` tells apart. The
+cluster programs are :mod:`.multiworker`, :mod:`.parameter_server` and :mod:`.model_parallel`; the launcher is
+:mod:`course_utils.cluster`."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def measure(lab) -> dict:
     The notebook computes the same entries section by section and passes them to :func:`claims`."""
     import tempfile
 
-    from .. import cluster
+    from .. import cluster, gce
     from . import multiworker
 
     sizes = lab.sizes
@@ -57,11 +59,17 @@ def measure(lab) -> dict:
         fault, ["--ckpt", f"{fault}/ckpt"], ["--crash-worker", 1, "--crash-after", steps // 2], steps)
     r["diff_resumed"] = _max_diff(multiworker.load_result(f"{fault}/worker0.npz")[0], single["weights"])
 
-    lab.progress("a preemption notice (SIGTERM) to a worker under PreemptionCheckpointHandler, the cluster restarted")
+    lab.progress("a preemption notice (SIGTERM) to a worker under PreemptionCheckpointHandler, off Google Cloud, the "
+                 "cluster restarted")
     pre = f"{out_dir}/preempt"
-    r["notice_message"], r["preempt_steps"], r["preempt_resumed"] = interrupted_then_resumed(
-        pre, ["--preemptible", f"{pre}/ckpt"], ["--term-worker", 1, "--term-after", steps // 2], steps)
+    with gce.FakeMetadataServer(on_gcp=False) as off_gcp:  # off Google Cloud, even on a GCE VM (Colab)
+        r["notice_message"], r["preempt_steps"], r["preempt_resumed"] = interrupted_then_resumed(
+            pre, ["--preemptible", f"{pre}/ckpt"], ["--term-worker", 1, "--term-after", steps // 2], steps,
+            env=dict(os.environ, **off_gcp.env()))
     r["diff_preempted"] = _max_diff(multiworker.load_result(f"{pre}/worker0.npz")[0], single["weights"])
+
+    lab.progress("PreemptionCheckpointHandler on each platform (a fake GCE metadata server), and our own handler")
+    r["platform_rows"] = platform_matrix(f"{out_dir}/platforms", rows=matrix_rows(lab.cfg.smoke))
 
     lab.progress("a worker that hangs, without and with a collective timeout")
     r["stall"] = stalled_worker(f"{out_dir}/stall")
@@ -115,27 +123,190 @@ def pipelining(mp: dict) -> tuple[str, list[float]]:
     return pipe, [a / b for a, b in zip(mp["times_s"]["split (naive)"], mp["times_s"][pipe])]
 
 
-def interrupted_then_resumed(out: str, mode: list, interrupt: list, steps: int) -> tuple:
+def interrupted_then_resumed(out: str, mode: list, interrupt: list, steps: int, env: dict | None = None) -> tuple:
     """§3: a 2-worker cluster of the worker program in ``mode`` (``--ckpt DIR`` or ``--preemptible DIR``), run once
     with ``interrupt`` (a worker SIGKILLs itself, or sends itself SIGTERM) and once more without it. Returns the
     launcher's line about the first run's end (None if it finished), the steps each worker logged over both runs,
-    and the step each worker's second run resumed after."""
+    and the step each worker's second run resumed after. ``env``: the tasks' environment (default: this process's)."""
     from .. import cluster
     from . import multiworker
 
     args = ["--steps", steps, "--out", out, *mode]
     message = None
     try:
-        cluster.launch(MW, args + interrupt, workers=2, timeout=300, log=None)
+        cluster.launch(MW, args + interrupt, workers=2, timeout=300, log=None, env=env)
     except cluster.ClusterError as err:
         message = str(err).split(" Last output")[0]
-    cluster.launch(MW, args, workers=2, timeout=300, log=None)
+    cluster.launch(MW, args, workers=2, timeout=300, log=None, env=env)
     logged, resumed = {}, {}
     for i in (0, 1):
         with open(f"{out}/worker{i}_steps.txt", encoding="utf-8") as f:
             logged[i] = [int(s) for s in f.read().split()]
         resumed[i] = int(multiworker.load_result(f"{out}/worker{i}.npz")[1]["start"])
     return message, logged, resumed
+
+
+# §3's platform matrix: TensorFlow's PreemptionCheckpointHandler as it behaves on each platform it detects (a fake
+# GCE metadata server, course_utils.gce, stands in for Google Cloud's), and the recommended pattern of our own. Each
+# row: one process (multiworker --single) given a notice after ``term_after`` steps, then the same command again.
+PLATFORM_ROWS = (
+    {"row": "GCE CPU VM (Colab CPU)", "on_gcp": True, "mode": "preemptible", "notice": "sigterm"},
+    {"row": "GCE GPU VM*", "on_gcp": True, "mode": "preemptible", "notice": "sigterm", "gpu": True},
+    {"row": "GCE GPU VM*", "on_gcp": True, "mode": "preemptible", "notice": "maintenance", "gpu": True},
+    {"row": "GCE GPU VM*, grace_period=0", "on_gcp": True, "mode": "preemptible", "notice": "maintenance",
+     "gpu": True, "grace": 0},
+    {"row": "own handler, GCE CPU VM", "on_gcp": True, "mode": "own", "notice": "sigterm"},
+    {"row": "own handler, GCE CPU VM", "on_gcp": True, "mode": "own", "notice": "sigkill"},
+)
+OFF_GCP_ROW = {"row": "off Google Cloud, 1 worker", "on_gcp": False, "mode": "preemptible", "notice": "sigterm"}
+SAVE_EVERY = 2  # the own-handler rows' periodic checkpoint interval (steps)
+MAINTENANCE_STEP_S = 0.6  # the maintenance rows' pause per step: TensorFlow polls the metadata server once a second
+
+
+def _exit_text(code: int) -> str:
+    import signal
+
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+
+
+def preemption_row(out: str, spec: dict, steps: int = 6, term_after: int = 3) -> dict:
+    """One row of §3's platform matrix: the worker program in one process (``--single``) with a fake GCE metadata
+    server (``spec['on_gcp']``), run once with a notice after ``term_after`` steps and once more without. Returns how
+    run 1 ended, the platform the handler detected, the checkpoints run 1 left, the last step it logged, the step run 2
+    resumed after and the metadata paths TensorFlow asked."""
+    import re
+    import subprocess
+    import sys
+
+    from .. import gce
+
+    folder = f"{out}/{re.sub(r'[^A-Za-z0-9]+', '_', spec['row']).strip('_')}_{spec['notice']}"
+    ckpt = f"{folder}/ckpt"
+    maintenance = spec["notice"] == "maintenance"
+    steps = max(steps, 8) if maintenance else steps  # room for a poll (1 s) and the save after it
+    base = [sys.executable, "-m", MW, "--single", "--steps", str(steps), "--out", folder,
+            "--step-seconds", str(MAINTENANCE_STEP_S if maintenance else 0.05)]
+    if spec["mode"] == "own":
+        base += ["--own-handler", ckpt, "--save-every", str(SAVE_EVERY)]
+    else:
+        base += ["--preemptible", ckpt] + (["--pretend-gpu"] if spec.get("gpu") else [])
+        base += ["--grace-period", str(spec["grace"])] if "grace" in spec else []
+    notice_after = 2 if maintenance else term_after
+    with gce.FakeMetadataServer(on_gcp=spec["on_gcp"]) as server:
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env.update(server.env(), CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        first = subprocess.run(base + ["--term-worker", "0", "--term-after", str(notice_after), "--notice",
+                                       spec["notice"]], env=env, capture_output=True, text=True, timeout=180)
+        saved = sorted(f for f in os.listdir(ckpt) if f.endswith(".index")) if os.path.isdir(ckpt) else []
+        with open(f"{folder}/worker0_steps.txt", encoding="utf-8") as f:
+            run1 = [int(v) for v in f.read().split()]
+        server.maintenance_event = "NONE"  # the restarted VM: no maintenance pending
+        second = subprocess.run(base, env=env, capture_output=True, text=True, timeout=180)
+        asked = sorted(set(p.rsplit("/v1/", 1)[-1] for p in server.requests))
+    if second.returncode != 0:
+        raise RuntimeError(f"{spec['row']}: run 2 exited with {second.returncode}: {second.stderr[-500:]}")
+    platform = next((line.split(": ", 1)[1] for line in first.stdout.splitlines() if line.startswith("platform: ")),
+                    "(not used)")
+    from . import multiworker
+
+    resumed = int(multiworker.load_result(f"{folder}/worker0.npz")[1]["start"])
+    return {**spec, "notice_after": notice_after, "exit": first.returncode, "platform": platform, "saved": saved,
+            "run1_last": run1[-1] if run1 else 0, "resumed": resumed, "metadata_asked": asked}
+
+
+def platform_matrix(out: str, steps: int = 6, rows=PLATFORM_ROWS) -> list[dict]:
+    """§3: every row of :data:`PLATFORM_ROWS` (:func:`preemption_row`), three at a time (each is one small process;
+    three TensorFlow start-ups at once keep two cores busy without starving the notebook)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return list(pool.map(lambda spec: preemption_row(out, spec, steps), rows))
+
+
+def matrix_table(rows: list[dict]) -> list[dict]:
+    """§3: the matrix as table rows ("steps trained again": run 1's last step minus the step run 2 resumed after —
+    lost work when run 1 was stopped, repeated work when it finished)."""
+    return [{"platform (fake metadata server)": r["row"], "TensorFlow detected": r["platform"],
+             "notice after step": f"{r['notice_after']} ({r['notice']})", "run 1": _exit_text(r["exit"]),
+             "checkpoints after run 1": len(r["saved"]), "run 1's last step": r["run1_last"],
+             "run 2 resumed after": r["resumed"], "steps trained again": r["run1_last"] - r["resumed"]} for r in rows]
+
+
+FH = "tensorflow/python/distribute/failure_handling/"  # where the cited TensorFlow source lives (2.20)
+
+
+def matrix_rows(smoke: bool) -> tuple:
+    """The rows §3 runs: in smoke mode the two a Colab CPU/TPU runtime meets with a notice (TensorFlow's handler on a
+    GCE CPU VM, and our own handler), to stay in the lesson's time budget; in full mode all of :data:`PLATFORM_ROWS`."""
+    return tuple(PLATFORM_ROWS[i] for i in (0, 4)) if smoke else PLATFORM_ROWS
+
+
+_PATCHED = "GPU detection patched (multiworker.pretend_gpu): no GPU here"
+
+
+def _platform_claim_specs() -> list:
+    """(row, notice, claim, source, expected, holds(r), note) for each row of :data:`PLATFORM_ROWS`."""
+    return [
+        ("GCE CPU VM (Colab CPU)", "sigterm",
+         "On a GCE CPU VM (Colab's CPU runtime) PreemptionCheckpointHandler does nothing: no restore, no watcher, "
+         "run() only calls the step; SIGTERM kills the process, nothing saved, the restart begins at step 0",
+         f"§3; {FH}failure_handling.py __init__, run", "GCE_CPU; killed by SIGTERM; 0 checkpoints; resumed after 0",
+         lambda r: r["platform"] == "GCE_CPU" and r["exit"] == -15 and not r["saved"] and r["resumed"] == 0, ""),
+        ("GCE GPU VM*", "sigterm",
+         "On a GCE GPU VM the handler does not watch SIGTERM (it polls the maintenance event instead): SIGTERM kills "
+         "the process, nothing saved",
+         f"§3; {FH}failure_handling.py _initialize_for_mirrored_and_multi_worker_mirrored",
+         "GCE_GPU; killed by SIGTERM; 0 checkpoints; resumed after 0",
+         lambda r: r["platform"] == "GCE_GPU" and r["exit"] == -15 and not r["saved"] and r["resumed"] == 0, _PATCHED),
+        ("GCE GPU VM*", "maintenance",
+         "On a GCE GPU VM a maintenance event makes it save once and keep training (grace period 3600 s): the run "
+         "ends normally, its last steps after the checkpoint", f"§3; {FH}failure_handling_util.py GRACE_PERIOD_GCE",
+         "GCE_GPU; exit 0; 1 checkpoint, after the notice; the restart resumes before run 1's last step",
+         lambda r: (r["platform"] == "GCE_GPU" and r["exit"] == 0 and len(r["saved"]) == 1
+                    and r["notice_after"] < r["resumed"] < r["run1_last"]), _PATCHED),
+        ("GCE GPU VM*, grace_period=0", "maintenance",
+         "... with TerminationConfig(grace_period=0) it saves and exits 143 (not 42); the restart resumes there",
+         f"§3; {FH}failure_handling_util.py gce_exit_fn", "GCE_GPU; exit 143; 1 checkpoint; resumed after run 1's "
+         "last step", lambda r: (r["platform"] == "GCE_GPU" and r["exit"] == 143 and len(r["saved"]) == 1
+                                 and r["resumed"] == r["run1_last"] > r["notice_after"]), _PATCHED),
+        ("own handler, GCE CPU VM", "sigterm",
+         "Our own SIGTERM handler + a periodic CheckpointManager works on a GCE CPU VM: SIGTERM → one save after the "
+         "next step, exit; the restart resumes there, no step lost", "§3",
+         "exit 143; resumed after run 1's last step; 0 steps lost",
+         lambda r: r["exit"] == 143 and r["resumed"] == r["run1_last"] > r["notice_after"], ""),
+        ("own handler, GCE CPU VM", "sigkill",
+         f"... and a death without notice (SIGKILL) loses fewer steps than the save interval ({SAVE_EVERY})", "§3",
+         f"killed by SIGKILL; 0 ≤ steps lost < {SAVE_EVERY}",
+         lambda r: r["exit"] == -9 and 0 <= r["run1_last"] - r["resumed"] < SAVE_EVERY, ""),
+    ]
+
+
+def _platform_claims(rows: list[dict]) -> list:
+    """§3: a claim per row of the platform matrix (a row not run: not measurable here), and the GCE TPU row, which
+    cannot run here. No rows: the matrix was not run, no claims."""
+    from .. import report
+
+    if not rows:
+        return []
+    out = []
+    for row, notice, claim, source, expected, holds, note in _platform_claim_specs():
+        r = next((r for r in rows if r["row"] == row and r["notice"] == notice), None)
+        if r is None:
+            out.append(report.Claim(claim, source, expected, "not run", None,
+                                    "smoke mode runs only the rows a Colab CPU/TPU runtime meets; full mode "
+                                    "(`python -m course_utils prove --lessons 08 --mode full`) and "
+                                    "tests/test_scaling_out.py run every row"))
+            continue
+        measured = (f"{r['platform']}; {_exit_text(r['exit'])}; {len(r['saved'])} checkpoint(s); run 1's last step "
+                    f"{r['run1_last']}, resumed after {r['resumed']}")
+        out.append(report.Claim(claim, source, expected, measured, holds(r), note))
+    out.insert(1, report.Claim(
+        "On a GCE TPU VM (Colab's TPU runtime) it takes the GCE CPU VM's path: a warning, nothing else",
+        f"§3; {FH}failure_handling.py __init__, run", "as on a GCE CPU VM", "not measurable here", None,
+        "detect_platform() says GCE_TPU only when TensorFlow lists a TPU device; the source sends GCE_TPU and GCE_CPU "
+        "down the same branches (the warning in __init__, run() calling the step, save_checkpoint_if_preempted "
+        "returning)"))
+    return out
 
 
 COLLECTIVE_TIMEOUT_S, STALL_S = 2.0, 4.0  # §3: the timeout given to the collectives; how long worker 1 hangs
@@ -293,8 +464,9 @@ def claims(r: dict) -> list:
                      f"{committed[0]} / {committed[1]}; max |Δ| {r['diff_resumed']:.1e}",
                      r["crash_message"] is not None and committed[0] == committed[1] == steps
                      and r["diff_resumed"] <= 1e-6),
-        report.Claim("PreemptionCheckpointHandler: on a SIGTERM notice every worker saves at one step and exits 42; the "
-                     "restart resumes there, no step lost or repeated", "§3; tf.distribute.experimental",
+        report.Claim("PreemptionCheckpointHandler off Google Cloud: on a SIGTERM notice every worker saves at one step "
+                     "and exits 42; the restart resumes there, no step lost or repeated",
+                     f"§3; {FH}failure_handling.py BorgTerminationConfig",
                      f"exit code 42; steps {steps[0]}–{steps[-1]} once on each worker, resumed at the same step; equal to "
                      "one process",
                      f"{_exit_code(r['notice_message'])}; {r['preempt_steps'][0]} / {r['preempt_steps'][1]}, "
@@ -304,6 +476,7 @@ def claims(r: dict) -> list:
                      and r["preempt_steps"][0] == r["preempt_steps"][1] == steps
                      and r["preempt_resumed"][0] == r["preempt_resumed"][1] >= r["cluster_steps"] // 2
                      and r["diff_preempted"] <= 1e-6),
+        *_platform_claims(r.get("platform_rows", [])),
         _stall_claim(r["stall"]),
         report.Claim("ParameterServerStrategy trains a Keras 3 model with a custom loop; variables on the parameter server",
                      "§4", "loss falls; variables on /job:ps",

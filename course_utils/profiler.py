@@ -19,6 +19,12 @@ trace figure is read from the same file with TensorFlow's own XSpace proto (:fun
 
 Either way the figure is the share of step time spent waiting for input: above about 10–20% the
 step is input-bound (make the pipeline faster: lesson 04); near 0 it is compute-bound.
+
+The figure describes the profiled steps only. If the training loop paused before them (a step that compiled, a
+garbage collection, a busy machine), a slow pipeline went on filling its buffers meanwhile, and the profiled steps
+were fed from them: they look compute-bound. :attr:`ProfileReading.timeline` gives each step's timing — from the
+trace, also when it asked for its batch and got it — so a reading can be checked for that (lesson 04's
+``profiled_input_share`` does).
 """
 
 from __future__ import annotations
@@ -37,6 +43,19 @@ class ProfileError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """One profiled step on the trace's clock (milliseconds from the first profiled step's start): when it began, how
+    long it took, how much of it was spent in ``IteratorGetNext``, and when it first asked for its batch and last got
+    one (None: no ``IteratorGetNext`` inside the step)."""
+
+    start_ms: float
+    step_ms: float
+    wait_ms: float
+    asked_ms: float | None
+    got_ms: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfileReading:
     input_share: float  # share of the profiled steps' time spent waiting for input (0..1)
     steps: int  # profiled steps the figure comes from
@@ -44,6 +63,7 @@ class ProfileReading:
     source: str  # which part of the profile the figure came from
     conclusion: str  # the plugin's own words where it has them
     path: str
+    timeline: tuple = ()  # a StepTiming per profiled step (from the analysis: no times of asking for a batch)
 
     @property
     def bound(self) -> str:
@@ -89,8 +109,9 @@ def _tool_json(convert, paths: list[str], tool: str):
     return json.loads(data.decode() if isinstance(data, bytes) else data)
 
 
-def _from_analyzer(tables) -> tuple[float, int, float, str] | None:
-    """(input share, steps, mean step ms, conclusion) from the input pipeline analysis, if it timed steps."""
+def _from_analyzer(tables) -> tuple[float, int, float, str, tuple] | None:
+    """(input share, steps, mean step ms, conclusion, timeline) from the input pipeline analysis, if it timed steps
+    (its timeline: each step's time and input part, laid end to end; no times of asking for a batch)."""
     for table in tables or []:
         props = table.get("p", {}) if isinstance(table, dict) else {}
         if "input_conclusion" not in props:
@@ -100,17 +121,19 @@ def _from_analyzer(tables) -> tuple[float, int, float, str] | None:
         if not rows:
             return None
         if "stepTimeMs" in cols:  # CPU/GPU ("generic"): a step time and the input part of it per step
-            total = sum(float(r.get("stepTimeMs") or 0.0) for r in rows)
-            wait = sum(float(r.get("infeedTimeMs") or 0.0) for r in rows)
+            per_step = [(float(r.get("stepTimeMs") or 0.0), float(r.get("infeedTimeMs") or 0.0)) for r in rows]
         elif "tcInfeedTimeMs" in cols:  # TPU: the TensorCore's time split; no step-time column
             parts = [c for c in _TPU_STEP_PARTS if c in cols]
-            total = sum(float(r.get(c) or 0.0) for r in rows for c in parts)
-            wait = sum(float(r.get("tcInfeedTimeMs") or 0.0) for r in rows)
+            per_step = [(sum(float(r.get(c) or 0.0) for c in parts), float(r.get("tcInfeedTimeMs") or 0.0))
+                        for r in rows]
         else:
             return None
+        total, wait = sum(t for t, _ in per_step), sum(w for _, w in per_step)
         if total <= 0:
             return None
-        return wait / total, len(rows), total / len(rows), props.get("input_conclusion", "")
+        starts = [sum(t for t, _ in per_step[:i]) for i in range(len(per_step))]
+        timeline = tuple(StepTiming(start, t, w, None, None) for start, (t, w) in zip(starts, per_step))
+        return wait / total, len(rows), total / len(rows), props.get("input_conclusion", ""), timeline
     return None
 
 
@@ -119,20 +142,33 @@ def _from_analyzer(tables) -> tuple[float, int, float, str] | None:
 _TPU_STEP_PARTS = ("tcComputeTimeMs", "tcInfeedTimeMs", "tcOutfeedTimeMs", "tcIdleTimeMs", "hostTransferTimeMs")
 
 
-def _from_trace(trace) -> tuple[float, int, float] | None:
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    steps = [e for e in events if e.get("ph") == "X" and e.get("name") == "Profiled batch"]
-    if not steps:
+def _summary(steps: list[tuple[float, float]], gets: list[tuple[float, float]]):
+    """(input share, steps, mean step ms, timeline) from the profiled steps' and the ``IteratorGetNext`` events'
+    (start, duration) in microseconds; None without steps. The share is every ``IteratorGetNext`` over every step."""
+    steps = sorted(s for s in steps if s[1] > 0)
+    step_us = sum(d for _, d in steps)
+    if not steps or step_us <= 0:
         return None
-    step_us = sum(float(e.get("dur", 0)) for e in steps)
-    wait_us = sum(float(e.get("dur", 0)) for e in events
-                  if e.get("ph") == "X" and str(e.get("name", "")).startswith("IteratorGetNext"))
-    if step_us <= 0:
-        return None
-    return min(wait_us / step_us, 1.0), len(steps), step_us / len(steps) / 1000
+    origin = steps[0][0]
+    timeline = []
+    for start, dur in steps:
+        inside = [(t, d) for t, d in gets if start <= t <= start + dur]
+        timeline.append(StepTiming((start - origin) / 1000, dur / 1000, sum(d for _, d in inside) / 1000,
+                                   (min(t for t, _ in inside) - origin) / 1000 if inside else None,
+                                   (max(t + d for t, d in inside) - origin) / 1000 if inside else None))
+    wait_us = sum(d for _, d in gets)
+    return min(wait_us / step_us, 1.0), len(steps), step_us / len(steps) / 1000, tuple(timeline)
 
 
-def _from_xspace(paths: list[str]) -> tuple[float, int, float] | None:
+def _from_trace(trace):
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else (trace or [])
+    spans = [(str(e.get("name", "")), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in events
+             if e.get("ph") == "X"]
+    return _summary([(t, d) for name, t, d in spans if name == "Profiled batch"],
+                    [(t, d) for name, t, d in spans if name.startswith("IteratorGetNext")])
+
+
+def _from_xspace(paths: list[str]):
     """:func:`_from_trace`'s figure read straight from the ``.xplane.pb`` files with TensorFlow's own XSpace proto
     (``tensorflow.tsl.profiler.protobuf.xplane_pb2``): no plugin needed. None if TensorFlow has no such module or the
     files hold no profiled steps; raises ProfileError for a file that is not an XSpace."""
@@ -140,7 +176,7 @@ def _from_xspace(paths: list[str]) -> tuple[float, int, float] | None:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
     except ImportError:
         return None
-    step_ps = wait_ps = steps = 0
+    steps, gets = [], []
     for path in paths:
         space = xplane_pb2.XSpace()
         try:
@@ -153,13 +189,12 @@ def _from_xspace(paths: list[str]) -> tuple[float, int, float] | None:
             for line in plane.lines:
                 for event in line.events:
                     name = names.get(event.metadata_id, "")
+                    span = ((line.timestamp_ns * 1000 + event.offset_ps) / 1e6, event.duration_ps / 1e6)  # µs
                     if name == "Profiled batch":
-                        step_ps, steps = step_ps + event.duration_ps, steps + 1
+                        steps.append(span)
                     elif name.startswith("IteratorGetNext"):
-                        wait_ps += event.duration_ps
-    if not steps or step_ps <= 0:
-        return None
-    return min(wait_ps / step_ps, 1.0), steps, step_ps / steps / 1e9
+                        gets.append(span)
+    return _summary(steps, gets)
 
 
 def read_input_bound(log_dir: str) -> ProfileReading:
@@ -167,8 +202,8 @@ def read_input_bound(log_dir: str) -> ProfileReading:
 
     With TensorBoard's profile plugin: its input pipeline analysis, or its trace viewer on a CPU-only host. Without
     a usable plugin (not installed, or — as on Colab — an xprof built for a newer protobuf): the same trace figure,
-    read with TensorFlow's own profile format. Raises :class:`ProfileError` (one line, with the fix) when there is no
-    profile, or no way to read it.
+    read with TensorFlow's own profile format. Each profiled step's timing comes with it (``timeline``). Raises
+    :class:`ProfileError` (one line, with the fix) when there is no profile, or no way to read it.
     """
     paths = find_xplanes(log_dir)
     try:
@@ -177,21 +212,21 @@ def read_input_bound(log_dir: str) -> ProfileReading:
         traced = _from_xspace(paths)
         if traced is None:
             raise
-        share, steps, step_ms = traced
+        share, steps, step_ms, timeline = traced
         return ProfileReading(share, steps, step_ms, "the trace, read with TensorFlow's own profile format (TensorBoard's "
                               "profile plugin is not usable here): time in IteratorGetNext / time in the step", "",
-                              paths[0])
+                              paths[0], timeline)
     analysis = _from_analyzer(_tool_json(convert, paths, "input_pipeline_analyzer"))
     if analysis is not None:
-        share, steps, step_ms, conclusion = analysis
-        return ProfileReading(share, steps, step_ms, "the input pipeline analysis", conclusion, paths[0])
+        share, steps, step_ms, conclusion, timeline = analysis
+        return ProfileReading(share, steps, step_ms, "the input pipeline analysis", conclusion, paths[0], timeline)
     traced = _from_trace(_tool_json(convert, paths, "trace_viewer"))
     if traced is None:
         raise ProfileError(f"the profile in {os.path.dirname(paths[0])!r} has no training steps: profile steps "
                            "that run (profile_batch within the epoch's steps, steps_per_execution=1)")
-    share, steps, step_ms = traced
+    share, steps, step_ms, timeline = traced
     return ProfileReading(share, steps, step_ms, "the trace: time in IteratorGetNext / time in the step",
-                          "", paths[0])
+                          "", paths[0], timeline)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -253,3 +253,80 @@ def test_profiled_input_share_tells_slow_reads_from_memory(tmp_path):
     slow_share = exp.profiled_input_share(model, fast.map(slow), str(tmp_path / "slow")).input_share
     fast_share = exp.profiled_input_share(model, fast, str(tmp_path / "fast")).input_share
     assert slow_share > 0.5 > fast_share
+
+
+def _slow_buffered_input_and_model():
+    """20 ms a batch of input, with room for 8 batches in its buffer (16 batches an epoch); a step of a few ms."""
+    import keras
+    import tensorflow as tf
+
+    x = np.zeros((256, 8, 8, 3), np.float32)
+
+    def slow(image, label):
+        waited = tf.py_function(lambda v: (time.sleep(0.02), v)[1], [image], tf.float32)
+        waited.set_shape(image.shape)
+        return waited, label
+
+    ds = tf.data.Dataset.from_tensor_slices((x, np.zeros(256, np.int64))).batch(16).cache().map(slow).prefetch(8)
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return ds, model
+
+
+def _pause_the_loop_after_step_1(monkeypatch, runs: int, seconds: float = 0.4) -> list:
+    """The training loop pauses ``seconds`` after step 1 of the next ``runs`` profiled fits (as a garbage collection
+    or a busy machine pauses it): meanwhile the pipeline runs ahead and fills its buffer."""
+    import keras
+
+    paused, end = [], keras.callbacks.TensorBoard.on_train_batch_end
+
+    def on_train_batch_end(self, batch, logs=None):
+        end(self, batch, logs)
+        if batch == 0 and len(paused) < runs:
+            paused.append(batch)
+            time.sleep(seconds)
+
+    monkeypatch.setattr(keras.callbacks.TensorBoard, "on_train_batch_end", on_train_batch_end)
+    return paused
+
+
+def test_a_pause_of_the_loop_before_the_profiled_steps_does_not_hide_the_wait(tmp_path, monkeypatch):
+    """2 busy cores: the loop paused before the profiled steps, the slow pipeline filled its buffers, and the
+    profiled steps were fed from them (lesson 04 read 1-3% waiting instead of ~85%). The pause is seen and the run
+    profiled again."""
+    ds, model = _slow_buffered_input_and_model()
+    paused = _pause_the_loop_after_step_1(monkeypatch, runs=1)
+    share = exp.profiled_input_share(model, ds, str(tmp_path))
+    assert paused and share.input_share > 0.5, share  # the old profile_batch=(3, 6) read ~0 here
+    assert share.tries >= 2 and not share.paused and share.stall == "", share  # 2, or more on a busy machine
+    assert (tmp_path / "try2").is_dir()  # the run profiled again, beside the paused one
+
+
+def test_a_loop_that_pauses_on_every_try_is_not_a_measurement(tmp_path, monkeypatch):
+    ds, model = _slow_buffered_input_and_model()
+    _pause_the_loop_after_step_1(monkeypatch, runs=2)
+    share = exp.profiled_input_share(model, ds, str(tmp_path), tries=2)
+    assert share.paused and share.tries == 2 and "paused between two profiled steps in each of 2" in share.stall
+    assert "not a steady profile" in str(share)
+
+
+def test_steady_share_leaves_step_1_out_and_measures_the_loops_pauses():
+    from course_utils import profiler
+
+    def reading(steps, source="the trace"):  # (step ms, wait ms, ms from getting the last batch to asking again)
+        timeline, clock = [], 0.0
+        for step_ms, wait_ms, busy in steps:
+            asked = clock + busy
+            timeline.append(profiler.StepTiming(clock, step_ms, wait_ms, asked, asked + wait_ms))
+            clock += step_ms
+        return profiler.ProfileReading(0.0, len(steps), 0.0, source, "", "x", tuple(timeline))
+
+    steady = exp.steady_share(reading([(300, 290, 1)] + [(100, 90, 10)] * 6))  # step 1 waits for the pipeline to start
+    assert steady.input_share == pytest.approx(0.9) and steady.steps == 6 and not steady.paused, steady
+    fed = exp.steady_share(reading([(100, 90, 1), (812, 0, 800)] + [(12, 0, 12)] * 5))  # fed after an 800 ms pause
+    assert fed.paused and 700 < fed.pause_ms < 800 and fed.input_share == 0, fed
+    assert "paused between two profiled steps" in fed.stall and "not a steady profile" in str(fed)
+    analysis = profiler.ProfileReading(0.7, 3, 100, "the input pipeline analysis", "", "x", tuple(
+        profiler.StepTiming(100.0 * i, 100.0, w, None, None) for i, w in enumerate((90, 60, 70))))
+    no_times = exp.steady_share(analysis)  # an accelerator's analysis: no times of asking for a batch
+    assert no_times.input_share == pytest.approx(0.65) and no_times.pause_ms is None and not no_times.paused

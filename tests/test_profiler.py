@@ -47,6 +47,12 @@ def test_reads_whether_the_step_waits_for_input(tmp_path, slow_input, expected):
     else:
         assert reading.input_share < profiler.INPUT_BOUND_ABOVE, reading
     assert expected in str(reading)
+    assert len(reading.timeline) == 9  # each step's timing: it asked for its batch within the step, and got it
+    for step in reading.timeline:
+        assert step.start_ms <= step.asked_ms <= step.got_ms <= step.start_ms + step.step_ms, step
+        assert step.wait_ms == pytest.approx(step.got_ms - step.asked_ms, abs=0.01), step  # one IteratorGetNext
+    assert [s.start_ms for s in reading.timeline] == sorted(s.start_ms for s in reading.timeline)
+    assert reading.timeline[0].start_ms == 0
 
 
 def test_no_profile_is_a_clear_error(tmp_path):
@@ -85,6 +91,9 @@ def test_without_the_plugin_the_trace_is_read_with_tensorflows_own_format(tmp_pa
     assert reading.bound == ("input-bound" if slow_input else "compute-bound"), reading
     if with_plugin is not None and "trace" in with_plugin.source:  # the same events, read two ways
         assert reading.input_share == pytest.approx(with_plugin.input_share, abs=1e-6)
+        for ours, theirs in zip(reading.timeline, with_plugin.timeline, strict=True):
+            assert ours.asked_ms == pytest.approx(theirs.asked_ms, abs=0.01), (ours, theirs)
+            assert ours.wait_ms == pytest.approx(theirs.wait_ms, abs=0.01), (ours, theirs)
 
 
 def _table(cols, rows, conclusion="Your program is HIGHLY input-bound"):
@@ -118,6 +127,8 @@ def test_reads_a_tpu_profiles_columns_not_the_trace(monkeypatch, tmp_path):
     assert reading.source == "the input pipeline analysis" and reading.steps == 2
     assert reading.step_ms == pytest.approx(100.0) and reading.input_share == pytest.approx(0.65)
     assert reading.bound == "input-bound"
+    assert [(t.start_ms, t.step_ms, t.wait_ms, t.asked_ms) for t in reading.timeline] == [
+        (0.0, 100.0, 60.0, None), (100.0, 100.0, 70.0, None)]  # each step's time and input part, end to end
     # the same table without the SparseCore columns (chips without one) reads the same
     keep = [i for i, c in enumerate(cols) if not c.startswith("scv0")]
     tables["input_pipeline_analyzer"] = _table([cols[i] for i in keep], [[r[i] for i in keep] for r in rows])

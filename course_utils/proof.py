@@ -510,6 +510,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if lesson_id not in lessons:
             lessons.append(lesson_id)
     args.lessons = lessons
+    # XLA: --jit, --shape tpu, or COURSE_JIT=1 in the environment (as the notebooks read it)
+    args.jit = bool(args.jit or _config.get().jit)
     if args.mode is None:  # smoke, unless the environment asks (COURSE_SMOKE=1 or 0, as the notebooks read it)
         args.mode = _config.get().mode if os.environ.get("COURSE_SMOKE", "").strip() else "smoke"
     if args.data is not None:

@@ -478,3 +478,19 @@ def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
         "tensorflow": "2", "keras": "3", "mode": "smoke", "xla": True, "data": "synthetic", "shape": shape}
     line = proof.machine_line(machine)
     assert (proof.SHAPES[shape]["what"] in line) if shape else ("split it into 4 devices" in line)
+
+
+def test_course_jit_in_the_environment_is_honoured(monkeypatch, tmp_path):
+    """COURSE_JIT=1 prove ... measured without XLA: the driver overwrote the variable with --jit's default."""
+    from course_utils import config
+
+    monkeypatch.setenv("COURSE_JIT", "1")
+    config.reload()
+    try:
+        args = proof._parse(["--lessons", "03", "--out", str(tmp_path / "p")])
+        assert args.jit and proof._child_env(args, proof.LESSONS["03"])["COURSE_JIT"] == "1"
+    finally:
+        monkeypatch.delenv("COURSE_JIT")
+        config.reload()
+    args = proof._parse(["--lessons", "03", "--out", str(tmp_path / "p")])
+    assert not args.jit and proof._child_env(args, proof.LESSONS["03"])["COURSE_JIT"] == "0"

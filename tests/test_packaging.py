@@ -334,3 +334,15 @@ def test_the_readme_has_the_binder_badge():
 
     assert nbl.binder_badge_markdown() in (ROOT / "README.md").read_text(), (
         f"the README has no Binder badge: {nbl.binder_badge_markdown()}")
+
+
+def test_badges_and_setup_cells_point_at_this_versions_release_tag():
+    """A learner's saved Colab copy must keep working: the setup cells install course_utils at the release tag of
+    this version (set-repo --ref vVERSION), and the changelog names the version."""
+    import tomllib
+
+    from course_utils import _repo
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert _repo.REF == f"v{version}", f"_repo.REF is {_repo.REF!r}: run set-repo --ref v{version} (CONTRIBUTING)"
+    assert f"## {version} (" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")

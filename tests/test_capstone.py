@@ -412,6 +412,7 @@ def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_pa
     assert result.summary["epochs"] == 1 and len(result.history) == 1 and result.summary["test_accuracy"] >= 0
 
 
+@pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsys, monkeypatch):
     """With --time-budget 60 the width trials once used the whole budget and the run took 1.9x it, without a word:
     once the first warm-up has used more than PLANNING_SHARE of the budget, no other width is tried, and it says so.
@@ -497,6 +498,7 @@ def _interrupted_run(tmp_path, sig=signal.SIGINT, name="interrupted"):
     return out, args, proc.returncode, stderr
 
 
+@pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_sigterm_as_a_preempted_vm_gets_it_stops_at_once_and_keeps_a_resumable_state(tmp_path):
     """Spot and preemptible VMs (and Colab's runtimes) are told with SIGTERM, then killed ~30 s later: exit 143 at
     once with one line, the finished epochs saved, --resume accepted."""

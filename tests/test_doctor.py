@@ -231,6 +231,7 @@ def test_each_npz_defect_is_named(tmp_path):
     assert doctor._npz_problem(str(ok)) is None
 
 
+@pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_a_corrupt_npz_is_a_problem_in_a_fresh_process(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"not a zip at all")
     proc = _doctor({"COURSE_DATA": f"npz:{tmp_path / 'bad.npz'}"})
@@ -303,6 +304,7 @@ def test_a_module_that_fails_to_import_is_a_finding_not_a_crash(monkeypatch):
     assert 'pip install -U "tensorflow"' in tf.fix and "Accelerator" not in findings
 
 
+@pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 @pytest.mark.parametrize("swallows", [False, True], ids=["raises", "swallows"])
 def test_a_tfds_that_fails_to_import_in_a_fresh_process(tmp_path, swallows):
     """As on Colab when tensorflow-metadata's generated code is newer than the installed protobuf. tfds 4.9.10

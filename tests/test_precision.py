@@ -145,6 +145,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_lesson_03_on_four_replicas_the_step_is_the_one_device_step_and_the_scale_reads():
     """On 4 CPU replicas (the TPU shape): training_step is a real data-parallel step — its loss and gradients (Adam's
     first moment) are those of one device on the same global batch, with XLA compiling each replica's forward and

@@ -435,6 +435,7 @@ def test_fit_jit_compile_per_hardware(kind, course_jit, replicas, expected):
         assert "keras-team/keras#19005" in why and "replica_gradients" in why
 
 
+@pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_fit_trains_on_two_replicas_under_xla_with_the_courses_rule():
     """The TPU-shaped run (COURSE_CPU_REPLICAS, COURSE_JIT=1): fit with what fit_jit_compile returns trains, where
     jit_compile=True crashes (keras-team/keras#19005); a custom loop compiles each replica's gradients

@@ -38,7 +38,7 @@ import pytest  # noqa: E402
 _CLAIMS_DIR_OWNED = not os.environ.get("COURSE_CLAIMS_DIR", "").strip()  # ours to delete at the end
 if _CLAIMS_DIR_OWNED:
     os.environ["COURSE_CLAIMS_DIR"] = tempfile.mkdtemp(prefix="course-claims-")
-_CLAIMS_DIR = pathlib.Path(os.environ["COURSE_CLAIMS_DIR"])
+_CLAIMS_DIR = pathlib.Path(os.environ["COURSE_CLAIMS_DIR"])  # an xdist worker's own subfolder: pytest_configure
 # claims file -> mtime (ns) when last read; files already there (a COURSE_CLAIMS_DIR kept between runs) are old news
 _claims_seen: dict[str, int] = {str(p): p.stat().st_mtime_ns for p in _CLAIMS_DIR.glob("claims-*.json")}
 
@@ -93,8 +93,43 @@ def _enforced() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _CLAIMS_DIR
     _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)  # fail early on a typo
     _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:  # a pytest-xdist worker: its own claims subfolder (the controller deletes the whole folder)
+        _CLAIMS_DIR = _CLAIMS_DIR / worker
+        _CLAIMS_DIR.mkdir(exist_ok=True)
+        os.environ["COURSE_CLAIMS_DIR"] = str(_CLAIMS_DIR)  # before any kernel starts: the kernels inherit it
+
+
+MAX_WORKERS = 4  # pytest-xdist workers at most: the notebooks run on one of them, one after another (below)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (requirements-dev.txt)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (the default addopts): one worker per usable core (``taskset`` and containers respected, which
+    xdist's own count is not), at most :data:`MAX_WORKERS`; with one usable core, none (0: no distribution, the
+    tests run in this process as without xdist)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if cores < 2 else min(cores, MAX_WORKERS)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook (requirements-dev.txt)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under pytest-xdist (``-n auto``, the default addopts) the notebooks run on one worker, one after another and
+    first (the largest unit of work), while the unit tests, one at a time, keep the other workers busy: no two
+    notebooks contend with each other for the cores (a cell's state lives in its notebook's kernel, so a notebook's
+    cells must share a worker anyway). (xdist's own
+    ``--dist loadgroup`` marks cannot do it under pytest 9: it renames ``item._nodeid``, which pytest 9 no longer
+    reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebooksTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "notebooks" if nodeid.split("::", 1)[0].endswith(".ipynb") else nodeid
+
+    return NotebooksTogether(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -147,7 +182,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _over_budget.clear()
-    if not _seconds or not _smoke():
+    if not _seconds or not _smoke() or hasattr(session.config, "workerinput"):  # the budgets: the controller's
         return
     per_notebook = _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)
     total_budget = _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)

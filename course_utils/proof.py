@@ -65,17 +65,18 @@ class Lesson:
     title: str
     module: str
     cpu_replicas: int = 1  # on a CPU, split it into this many devices (lessons about replicas)
+    cost: int = 1  # how long it takes, relative to the others (full mode, 2 cores): --jobs starts the longest first
 
 
 LESSONS = {lesson.id: lesson for lesson in (
-    Lesson("01", "TPU initialization", "course_utils.experiments.tpu"),
-    Lesson("02", "bfloat16 conversion", "course_utils.experiments.conversion"),
-    Lesson("03", "Mixed precision", "course_utils.experiments.precision"),
-    Lesson("04", "Data pipelines and sharding", "course_utils.experiments.pipeline", cpu_replicas=4),
-    Lesson("05", "Gradient accumulation", "course_utils.experiments.accumulation", cpu_replicas=4),
-    Lesson("06", "CIFAR-10 capstone", "course_utils.experiments.capstone"),
-    Lesson("07", "Activation memory", "course_utils.experiments.activation_memory"),
-    Lesson("08", "Scaling out", "course_utils.experiments.scaling_out"),
+    Lesson("01", "TPU initialization", "course_utils.experiments.tpu", cost=6),
+    Lesson("02", "bfloat16 conversion", "course_utils.experiments.conversion", cost=4),
+    Lesson("03", "Mixed precision", "course_utils.experiments.precision", cost=1),
+    Lesson("04", "Data pipelines and sharding", "course_utils.experiments.pipeline", cpu_replicas=4, cost=14),
+    Lesson("05", "Gradient accumulation", "course_utils.experiments.accumulation", cpu_replicas=4, cost=3),
+    Lesson("06", "CIFAR-10 capstone", "course_utils.experiments.capstone", cost=50),
+    Lesson("07", "Activation memory", "course_utils.experiments.activation_memory", cost=30),
+    Lesson("08", "Scaling out", "course_utils.experiments.scaling_out", cost=15),
 )}
 
 
@@ -188,6 +189,7 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
         "course_utils": _code_fingerprint(),
         "xla": bool(cfg.jit or runtime.kind == "TPU"),
         "shape": os.environ.get(SHAPE_VARIABLE, "") or None,
+        **({"jobs": int(os.environ[JOBS_VARIABLE])} if os.environ.get(JOBS_VARIABLE, "1") != "1" else {}),
         "mode": cfg.mode,
         "data": cfg.data,
     }
@@ -211,7 +213,9 @@ def machine_line(machine: dict) -> str:
             f"{machine['memory_gib']} GiB · {machine['os']} · Python {machine['python']} · TensorFlow "
             f"{machine['tensorflow']} · Keras {machine['keras']} · {machine['mode']} mode, "
             f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · " + ", ".join(extra)
-            + (f" · {SHAPES[machine['shape']]['what']}" if machine.get("shape") in SHAPES else ""))
+            + (f" · {SHAPES[machine['shape']]['what']}" if machine.get("shape") in SHAPES else "")
+            + (f" · {machine['jobs']} lessons at a time, each on its own {cpu['usable_cores']} core(s)"
+               if machine.get("jobs") else ""))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -244,6 +248,20 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
 
 
 SHAPE_VARIABLE = "COURSE_PROVE_SHAPE"  # prove's --shape, for the machine description its child writes
+JOBS_VARIABLE = "COURSE_PROVE_JOBS"  # prove's --jobs, likewise
+CPUS_VARIABLE = "COURSE_PROVE_CPUS"  # the cores a lesson's process is pinned to under --jobs ("0,1"), before TensorFlow
+
+
+def core_slots(jobs: int) -> list[list[int]]:
+    """The usable cores split into ``jobs`` equal, disjoint sets (``--jobs``): [[0], [1]] for 2 jobs on 2 cores.
+    :class:`UsageError` when there are fewer usable cores than jobs, or no way to pin a process here."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise UsageError("--jobs needs a system that can pin a process to cores (Linux): run without it")
+    cores = sorted(os.sched_getaffinity(0))
+    if jobs > len(cores):
+        raise UsageError(f"--jobs {jobs}: only {len(cores)} usable core(s) here; each lesson needs one of its own")
+    each = len(cores) // jobs
+    return [cores[i * each:(i + 1) * each] for i in range(jobs)]
 
 
 def _describe_here(out_path: str, cpu_replicas: int) -> int:
@@ -269,6 +287,8 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
         env["COURSE_DATA"] = args.data
     env["COURSE_CPU_REPLICAS"] = str(shape["replicas"] if shape else lesson.cpu_replicas if lesson else 1)
     env[SHAPE_VARIABLE] = getattr(args, "shape", None) or ""
+    env[JOBS_VARIABLE] = str(getattr(args, "jobs", 1))
+    env.pop(CPUS_VARIABLE, None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.pop(report.CLAIMS_DIR_VARIABLE, None)
     env["PYTHONUNBUFFERED"] = "1"
@@ -498,6 +518,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, or the mode's)")
     parser.add_argument("--out", default=os.path.join("runs", "proof"), help="folder for claims.json and report.md")
     parser.add_argument("--again", action="store_true", help="measure lessons already proved in --out on this machine")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="measure N lessons at a time, each pinned to its own equal share of the cores (Linux; "
+                             "default 1: one lesson at a time on every core). The claims then hold for that share: "
+                             "--jobs 2 on 2 cores proves every lesson on one core")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds one lesson may take (default: 900 in smoke mode, 3600 in full)")
     args = parser.parse_args(argv)
@@ -525,6 +549,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if problem is not None:
             raise UsageError(f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
                              "(the README, section Modes, says how to make one), or --data synthetic")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
+    args.slots = core_slots(args.jobs) if args.jobs > 1 else [None]
     if args.timeout is None:
         args.timeout = 900.0 if args.mode == "smoke" else 3600.0
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
@@ -584,7 +611,10 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
 
     machine_file = private / "machine.json"
     replicas = SHAPES[args.shape]["replicas"] if args.shape else 1
-    code, tail = _run_child(["_describe", str(machine_file), str(replicas)], _child_env(args, None), 300, "")
+    env = _child_env(args, None)
+    if args.slots[0] is not None:  # described as a lesson sees it: on one slot's cores
+        env[CPUS_VARIABLE] = ",".join(map(str, args.slots[0]))
+    code, tail = _run_child(["_describe", str(machine_file), str(replicas)], env, 300, "")
     machine = _read_result(machine_file) if code == 0 else None
     if machine is None:
         print(f"prove: could not start TensorFlow to describe this machine (exit {code}):", file=sys.stderr)
@@ -607,48 +637,114 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
     if data is None:
         data = {"format": FORMAT_VERSION, "machine": machine, "fingerprint": fingerprint(machine), "lessons": {}}
 
+    todo = []
     for lesson_id in args.lessons:
-        lesson = LESSONS[lesson_id]
         previous = data["lessons"].get(lesson_id)
         if previous and previous.get("claims") and not previous.get("error") and not args.again:
-            print(f"[{lesson_id}] {lesson.title}: already proved here ({previous.get('written', '')}); "
+            print(f"[{lesson_id}] {LESSONS[lesson_id].title}: already proved here ({previous.get('written', '')}); "
                   "--again to measure it again", flush=True)
-            continue
-        print(f"[{lesson_id}] {lesson.title} …", flush=True)
+        else:
+            todo.append(lesson_id)
+    if args.jobs > 1:
+        _prove_at_once(args, data, todo, private)
+    for lesson_id in todo if args.jobs == 1 else ():
+        print(f"[{lesson_id}] {LESSONS[lesson_id].title} …", flush=True)
         result_file = private / f"lesson-{lesson_id}.json"
         t0 = time.perf_counter()
-        code, tail = _run_child(["_lesson", lesson_id, str(result_file)], _child_env(args, lesson), args.timeout,
-                                f"[{lesson_id}]")
-        entry = _read_result(result_file) if code == 0 else None
-        if entry is not None and _entry_problem(entry):
-            entry = None
-        written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        if entry is None:
-            why = (f"did not finish within {args.timeout:g} s (--timeout)" if code is None
-                   else f"its process failed (exit {code}): " + " | ".join(tail[-4:]))
-            entry = {"lesson": lesson_id, "title": lesson.title, "error": why, "claims": [],
-                     "seconds": round(time.perf_counter() - t0, 1)}
-            print(f"[{lesson_id}] could not be measured: {why}", flush=True)
-        else:
-            counts: dict[str, int] = {}
-            for c in entry["claims"]:
-                counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
-            print(f"[{lesson_id}] {len(entry['claims'])} claims in {entry['seconds']:.0f} s: "
-                  + ", ".join(f"{n} {v}" for v, n in counts.items()), flush=True)
-            for c in entry["claims"]:
-                if c["verdict"] == report.WORDS[report.FAILS]:
-                    print(f"[{lesson_id}]   ❌ {c['claim']} — expected {c['expected']}, measured {c['measured']}",
-                          flush=True)
-        entry["written"] = written
-        data["lessons"][lesson_id] = entry
-        data["written"] = written
-        _save(args, data)
+        code, tail = _run_child(["_lesson", lesson_id, str(result_file)], _child_env(args, LESSONS[lesson_id]),
+                                args.timeout, f"[{lesson_id}]")
+        _record(args, data, lesson_id, code, tail, result_file, t0)
 
     print(f"Done in {time.perf_counter() - start:.0f} s: {claims_path}, {report_path}", flush=True)
     code, summary = exit_status(data, args.lessons)
     if summary:
         print(summary, flush=True)
     return code
+
+
+def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | None, tail: list[str],
+            result_file: pathlib.Path, t0: float) -> None:
+    """A lesson's process has ended (``code``; None: timed out): its entry, a line saying how it went, and both
+    files saved."""
+    lesson = LESSONS[lesson_id]
+    entry = _read_result(result_file) if code == 0 else None
+    if entry is not None and _entry_problem(entry):
+        entry = None
+    written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if entry is None:
+        why = (f"did not finish within {args.timeout:g} s (--timeout)" if code is None
+               else f"its process failed (exit {code}): " + " | ".join(tail[-4:]))
+        entry = {"lesson": lesson_id, "title": lesson.title, "error": why, "claims": [],
+                 "seconds": round(time.perf_counter() - t0, 1)}
+        print(f"[{lesson_id}] could not be measured: {why}", flush=True)
+    else:
+        counts: dict[str, int] = {}
+        for c in entry["claims"]:
+            counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+        print(f"[{lesson_id}] {len(entry['claims'])} claims in {entry['seconds']:.0f} s: "
+              + ", ".join(f"{n} {v}" for v, n in counts.items()), flush=True)
+        for c in entry["claims"]:
+            if c["verdict"] == report.WORDS[report.FAILS]:
+                print(f"[{lesson_id}]   ❌ {c['claim']} — expected {c['expected']}, measured {c['measured']}",
+                      flush=True)
+    entry["written"] = written
+    data["lessons"][lesson_id] = entry
+    data["written"] = written
+    _save(args, data)
+
+
+def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], private: pathlib.Path) -> None:
+    """``--jobs N``: up to N lessons at a time, each in its own process group pinned to its own cores
+    (:func:`core_slots`), the longest (``Lesson.cost``) first; each lesson is recorded as it ends. However this
+    ends (Ctrl-C, SIGTERM), every lesson still running is stopped (its group's ``with`` block is left)."""
+    import collections
+    import contextlib
+    import threading
+
+    queue = sorted(todo, key=lambda lesson_id: -LESSONS[lesson_id].cost)
+    free = list(args.slots)
+    running: dict[str, dict] = {}
+    try:
+        while queue or running:
+            while queue and free:
+                lesson_id, slot = queue.pop(0), free.pop(0)
+                print(f"[{lesson_id}] {LESSONS[lesson_id].title} … (on core(s) {','.join(map(str, slot))})",
+                      flush=True)
+                env = _child_env(args, LESSONS[lesson_id])
+                env[CPUS_VARIABLE] = ",".join(map(str, slot))
+                result_file = private / f"lesson-{lesson_id}.json"
+                run = {"slot": slot, "result_file": result_file, "t0": time.perf_counter(),
+                       "stack": contextlib.ExitStack(), "tail": collections.deque(maxlen=12)}
+                running[lesson_id] = run
+                proc = run["proc"] = run["stack"].enter_context(fileguard.process_group(
+                    [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)], env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"))
+
+                def pump(proc=proc, tail=run["tail"], prefix=f"[{lesson_id}]") -> None:
+                    for line in proc.stdout:
+                        line = line.rstrip("\n")
+                        if line.strip():
+                            tail.append(line)
+                            if line.startswith("  · "):
+                                print(prefix + line, flush=True)
+
+                run["reader"] = threading.Thread(target=pump, daemon=True)
+                run["reader"].start()
+            time.sleep(0.2)
+            for lesson_id, run in list(running.items()):
+                code = run["proc"].poll()
+                timed_out = code is None and time.perf_counter() - run["t0"] > args.timeout
+                if code is None and not timed_out:
+                    continue
+                run["stack"].close()  # the group stopped (a timeout) and reaped
+                run["reader"].join(timeout=5)
+                del running[lesson_id]
+                free.append(run["slot"])
+                _record(args, data, lesson_id, None if timed_out else code, list(run["tail"]), run["result_file"],
+                        run["t0"])
+    finally:
+        for run in running.values():
+            run["stack"].close()
 
 
 def exit_status(data: dict, lessons: list[str]) -> tuple[int, str]:
@@ -667,6 +763,9 @@ def _child_main(argv: list[str]) -> int:
     if argv[:1] in (["_lesson"], ["_describe"]):  # a driver's child: dies with the driver, however that ends
         parent = os.environ.pop(PARENT_VARIABLE, "")
         fileguard.die_with_parent(int(parent) if parent.isdigit() else None)
+        cpus = os.environ.pop(CPUS_VARIABLE, "")
+        if cpus:  # --jobs: this lesson's cores, before TensorFlow sizes its thread pools (its children inherit them)
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     if argv[:1] == ["_lesson"]:
         return run_lesson(argv[1], argv[2])
     if argv[:1] == ["_describe"]:

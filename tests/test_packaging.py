@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TF_FAMILY = {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly", "keras", "tf-keras"}
 # What the tests and the maintainers need and a learner does not: requirements-dev.txt, never requirements.txt.
-DEV_TOOLS = {"pytest", "nbval", "pyyaml", "playwright", "tensorflow-docs", "nox"}
+DEV_TOOLS = {"pytest", "pytest-xdist", "nbval", "pyyaml", "playwright", "tensorflow-docs", "nox"}
 # SHA-256 of the Apache License 2.0 as apache.org publishes it (https://www.apache.org/licenses/LICENSE-2.0.txt).
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 LICENSE_FILES = ["LICENSE", "LICENSE-CONTENT.md"]

@@ -494,3 +494,78 @@ def test_course_jit_in_the_environment_is_honoured(monkeypatch, tmp_path):
         config.reload()
     args = proof._parse(["--lessons", "03", "--out", str(tmp_path / "p")])
     assert not args.jit and proof._child_env(args, proof.LESSONS["03"])["COURSE_JIT"] == "0"
+
+
+# ----------------------------------------------------------------------------------------------
+# --jobs N: N lessons at a time, each pinned to its own cores
+# ----------------------------------------------------------------------------------------------
+
+
+def test_core_slots_split_the_usable_cores_evenly_and_refuse_more_jobs_than_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 5}, raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: None, raising=False)
+    assert proof.core_slots(2) == [[0, 1], [2, 3]]  # equal shares: core 5 left out
+    assert proof.core_slots(5) == [[0], [1], [2], [3], [5]]
+    with pytest.raises(proof.UsageError, match="only 5 usable core"):
+        proof.core_slots(6)
+    monkeypatch.delattr(os, "sched_setaffinity")
+    with pytest.raises(proof.UsageError, match="pin a process"):
+        proof.core_slots(2)
+
+
+def _cpus_allowed(pid: int) -> str:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+two_cores = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                               reason="--jobs 2 needs two usable cores")
+
+
+@linux_only
+@two_cores
+@pytest.mark.extended  # three lessons, two at a time (~60 s)
+def test_jobs_run_lessons_at_once_each_on_its_own_core_and_reuse_a_freed_one(tmp_path):
+    out = tmp_path / "proof"
+    driver = _start_prove(out, "--lessons", "03", "02", "05", "--jobs", "2", "--again")
+    seen: dict[str, str] = {}
+    while driver.poll() is None:  # the cores each lesson's process may run on, read while it runs
+        for pid in _descendants(driver.pid):
+            words = _cmdline(pid).split()
+            if "_lesson" in words:
+                seen[words[words.index("_lesson") + 1]] = _cpus_allowed(pid)  # the last look: after it pinned itself
+        time.sleep(0.05)
+    stdout, stderr = driver.communicate(timeout=30)
+    assert driver.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    cores = sorted(os.sched_getaffinity(0))
+    first, second = (",".join(map(str, s)) if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in proof.core_slots(2))
+    assert set(seen) == {"02", "03", "05"}, seen
+    assert {seen["02"], seen["05"]} == {first, second}, seen  # the two longest first, one core set each
+    assert seen["03"] in (first, second), seen  # then the last lesson, on the cores that came free
+    import re
+
+    ended = [m.start() for m in re.finditer(r"^\[0[25]\] \d+ claims in", stdout, re.M)]
+    assert len(ended) == 2 and stdout.index("[03] Mixed precision …") > min(ended), stdout  # started when one ended
+    data = json.loads((out / "claims.json").read_text())
+    assert set(data["lessons"]) == {"02", "03", "05"} and all(e["claims"] for e in data["lessons"].values())
+    assert data["machine"]["jobs"] == 2 and data["machine"]["cpu"]["usable_cores"] == len(cores) // 2
+    assert "2 lessons at a time" in (out / "report.md").read_text()
+
+
+@linux_only
+@two_cores
+@pytest.mark.extended  # two lessons started (~15 s)
+def test_a_signal_stops_every_lesson_running_at_once(tmp_path):
+    driver = _start_prove(tmp_path / "proof", "--lessons", "03", "02", "--jobs", "2")
+    deadline = time.monotonic() + 120
+    while sum("_lesson" in _cmdline(pid) for pid in _descendants(driver.pid)) < 2:
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        time.sleep(0.05)
+    below = _descendants(driver.pid)
+    driver.send_signal(signal.SIGTERM)
+    _, err = driver.communicate(timeout=30)
+    assert driver.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "the lesson running was stopped" in err, err
+    assert _all_gone(below, 1.0) == []

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
 
 import nbformat
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -53,3 +55,31 @@ def test_a_claim_not_measurable_here_passes(tmp_path):
     proc = _run_nbval(tmp_path, _table("None"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "2 passed" in proc.stdout
+
+
+@pytest.mark.extended  # two pytest-xdist workers and two kernels (~15 s)
+def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_its_cell(tmp_path):
+    """The README's pytest runs on every usable core (pytest-xdist, ``-n auto``): every notebook on one worker, in
+    order, and each worker reads the claims its own kernels saved (a claims folder per worker)."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    for name, cells in {"a.ipynb": ["x = 1", _table("True")], "b.ipynb": ["y = 2", _table("False", lesson="07")]}.items():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("from course_utils import report")]
+        nb.cells += [nbformat.v4.new_code_cell(source) for source in cells]
+        nbformat.write(nb, tmp_path / name)
+    (tmp_path / "test_unit.py").write_text("".join(f"def test_{i}():\n    assert True\n" for i in range(6)))
+    env = dict(os.environ, COURSE_SMOKE="1")
+    env.pop("COURSE_CLAIMS_DIR", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+                           "-v", "-n", "2", "a.ipynb", "b.ipynb", "test_unit.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    workers = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"\[(gw\d+)\] \[\s*\d+%\] (\w+) (\S+?)::", line)
+        if m:
+            workers.setdefault(m.group(3).removesuffix(".ipynb"), set()).add(m.group(1))  # xdist shows a::ipynb::…
+    notebooks = workers.get("a", set()) | workers.get("b", set())
+    assert len(notebooks) == 1, workers  # every cell of both notebooks on one worker
+    assert re.search(r"FAILED b(\.|::)ipynb::Cell 2", proc.stdout) and "1 failed" in proc.stdout, proc.stdout[-3000:]
+    assert "- 07 A claim: expected > 1, measured 0.5 (a reason)" in proc.stdout, proc.stdout[-3000:]

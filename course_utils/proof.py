@@ -296,6 +296,23 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
     return env
 
 
+def _echo(proc: subprocess.Popen, tail, prefix: str):
+    """A thread reading the child's output: every line into ``tail``, its progress lines echoed with ``prefix``."""
+    import threading
+
+    def pump() -> None:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line.strip():
+                tail.append(line)
+                if line.startswith("  · "):
+                    print(prefix + line, flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    return reader
+
+
 def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple[int | None, list[str]]:
     """Run ``python -m course_utils.proof ARGV`` in its own process group, echoing its progress lines with
     ``prefix``; (exit code or None on timeout, the last lines). However it ends — the child's exit, the timeout,
@@ -303,23 +320,13 @@ def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple
     lesson's process and whatever it started. If this process is killed instead, the group's sentinel stops it,
     and on Linux the kernel kills the child at once (``PARENT_VARIABLE``)."""
     import collections
-    import threading
 
     tail: collections.deque = collections.deque(maxlen=12)
     code = None
     with fileguard.process_group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
 
-        def pump() -> None:
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                if line.strip():
-                    tail.append(line)
-                    if line.startswith("  · "):
-                        print(prefix + line, flush=True)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        reader = _echo(proc, tail, prefix)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -699,7 +706,6 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
     ends (Ctrl-C, SIGTERM), every lesson still running is stopped (its group's ``with`` block is left)."""
     import collections
     import contextlib
-    import threading
 
     queue = sorted(todo, key=lambda lesson_id: -LESSONS[lesson_id].cost)
     free = list(args.slots)
@@ -719,17 +725,7 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
                 proc = run["proc"] = run["stack"].enter_context(fileguard.process_group(
                     [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)], env=env,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"))
-
-                def pump(proc=proc, tail=run["tail"], prefix=f"[{lesson_id}]") -> None:
-                    for line in proc.stdout:
-                        line = line.rstrip("\n")
-                        if line.strip():
-                            tail.append(line)
-                            if line.startswith("  · "):
-                                print(prefix + line, flush=True)
-
-                run["reader"] = threading.Thread(target=pump, daemon=True)
-                run["reader"].start()
+                run["reader"] = _echo(proc, run["tail"], f"[{lesson_id}]")
             time.sleep(0.2)
             for lesson_id, run in list(running.items()):
                 code = run["proc"].poll()

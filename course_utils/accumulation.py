@@ -34,13 +34,18 @@ differs: its ``optimizer.iterations`` reports updates but its learning-rate sche
 the micro-step counter (``optimizer._iterations``), so a 100-step warm-up ends after 100/k updates.
 
 Mixed precision: ``mixed_bfloat16`` needs nothing (variables and accumulators stay float32). With
-``mixed_float16`` wrap the optimizer in ``keras.optimizers.LossScaleOptimizer`` (``compile`` does it
-for ``fit``; custom loops must do it themselves): each micro-step's loss is multiplied by the current
-scale, the accumulated scaled gradients are unscaled once when applied, and if any micro-batch on
-any replica overflowed the whole update is skipped on every replica and the scale halved. (Keras'
-``LossScaleOptimizer.apply_gradients`` cannot be called from a custom loop under ``MirroredStrategy``:
-it decides inside each replica with a ``cond`` around an all-reduce; :func:`apply_per_replica_gradients`
-decides once, across replicas.)
+``mixed_float16`` the optimizer must be a ``keras.optimizers.LossScaleOptimizer``. ``compile`` wraps it only when
+the model it is called on — for :class:`AccumulatingModel`, the wrapper — was constructed under the *global*
+``mixed_float16`` policy (``Trainer.compile`` reads the model's own ``dtype_policy``): per-layer policies, or a
+wrapper created while the global policy is float32, get no loss scaling; custom loops wrap it themselves. Each
+micro-step's loss is multiplied by the current scale, the accumulated scaled gradients are unscaled once when
+applied, and if any micro-batch on any replica overflowed the whole update is skipped on every replica and the
+scale halved. Keras alone does not do that last part under ``MirroredStrategy``: ``LossScaleOptimizer.apply``
+decides "finite → apply, else skip" in cross-replica context (``merge_call``) from the *first* replica's
+gradients, which the inner optimizer all-reduces only afterwards, so another replica's overflow is summed into
+every replica's weights. :class:`AccumulatingModel` all-reduces a "not finite" flag first and makes every replica's
+gradients NaN when one overflowed; :func:`apply_per_replica_gradients` (the custom-loop tools) decides once, across
+replicas.
 
 Caveat: layers that update state in the forward pass (BatchNormalization's moving statistics) do so
 once per micro-batch, from micro-batch statistics — accumulation is exactly equivalent to the big
@@ -191,6 +196,7 @@ def _build_accumulating_model_class():
             _, acc = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), zeros),
                                    parallel_iterations=1, maximum_iterations=k)
             mean = [a / tf.cast(k, a.dtype) for a in acc]
+            mean = _overflow_everywhere(self.optimizer, mean)  # LossScaleOptimizer: skip on all replicas or none
             self.optimizer.apply_gradients(zip(mean, variables))  # all-reduces (SUM) across replicas
             return self.get_metrics_result()
 
@@ -205,6 +211,22 @@ def _build_accumulating_model_class():
             return cls(**config)
 
     return AccumulatingModel
+
+
+def _overflow_everywhere(optimizer, grads):
+    """In replica context, before a ``LossScaleOptimizer``'s ``apply_gradients`` on several replicas: if any replica's
+    gradients are not finite, make every replica's NaN, so that Keras skips the update on all of them and halves the
+    scale. Keras decides from the *first* replica's gradients only (``LossScaleOptimizer._tf_apply``, in cross-replica
+    context via ``merge_call``; the gradients are all-reduced later, inside the inner optimizer), so an overflow on
+    another replica would be summed into every replica's weights. One scalar all-reduce per update."""
+    tf = _tf()
+    context = tf.distribute.get_replica_context()
+    if not _is_loss_scale_optimizer(optimizer) or context is None or context.num_replicas_in_sync < 2:
+        return grads
+    local_bad = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads]))
+    bad = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(local_bad, tf.float32))
+    poison = tf.where(bad > 0, tf.constant(float("nan")), tf.constant(0.0))
+    return [g + tf.cast(poison, g.dtype) for g in grads]
 
 
 def _unscale(loss):
@@ -443,14 +465,19 @@ def apply_per_replica_gradients(strategy, optimizer, grads, variables):
     """Apply per-replica gradients (the result of ``strategy.run``) once: SUM all-reduce and update.
     Call it in cross-replica context, inside a ``tf.function``. Returns a bool tensor: applied.
 
-    A plain optimizer applies in each replica (its ``apply_gradients`` all-reduces). A
-    ``LossScaleOptimizer`` cannot do that under ``MirroredStrategy``: its ``apply_gradients`` decides
-    "finite → apply, else skip" with a ``cond`` *in the replica*, and the all-reduce inside that
-    branch fails ("You must feed a value for placeholder tensor 'cond/else/...'"), on any number of
-    replicas, for float16 and float32 alike. Here the decision is made once, across replicas: every
-    replica reports whether its gradients are finite (all-reduced, so all agree); if all are, each
-    replica applies its unscaled gradients through the inner optimizer (one all-reduce); if any
-    replica overflowed, no replica updates and the scale is halved — the same rules as Keras'.
+    A plain optimizer applies in each replica (its ``apply_gradients`` all-reduces). A ``LossScaleOptimizer`` is
+    not left to Keras: under ``MirroredStrategy`` its ``apply`` decides "finite → apply, else skip" in cross-replica
+    context (``merge_call``) from the first replica's gradients only (``LossScaleOptimizer._tf_apply``; the
+    all-reduce comes later, in the inner optimizer), so an overflow on another replica would reach every replica's
+    weights. Here every replica first reports whether its gradients are finite, all-reduced, so all agree; then one
+    ``tf.cond``, in cross-replica context, either runs ``strategy.run`` of the inner optimizer's
+    ``apply_gradients`` on the unscaled gradients (one all-reduce, then the update; the scale grows after
+    ``dynamic_growth_steps`` finite steps) or skips on every replica and halves the scale — Keras' rules. The
+    all-reduce inside that branch is fine: the branch re-enters replica context through ``strategy.run`` (no
+    ``merge_call`` from inside a replica's ``cond``, which is what fails in lesson 05 §4), and since the predicate is
+    the same everywhere, every replica takes the branch and joins the collective.
+    Build the optimizer first (:func:`_build_optimizer`): created inside a traced step on several mirrored
+    replicas, its variables make the step fail (the placeholder error of lesson 04 §7).
     """
     tf = _tf()
     if not _is_loss_scale_optimizer(optimizer):

@@ -873,9 +873,9 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
     scratch); elsewhere, each process starts from scratch. ``timeout``: seconds per variant.
 
     ``fresh_process``: ``None`` (default) = a fresh process when this process computes on the CPU; on
-    a TPU or GPU (which belongs to this process) the steps are measured here, one after another, and
-    the method says so. ``kwargs`` values must be JSON-able; ``make_step``'s module must not run
-    TensorFlow ops when it is imported.
+    a TPU or GPU (which belongs to this process) the steps are measured here, first to last and again last to
+    first, with each variant's readings pooled (no variant always runs first), and the method says so. ``kwargs``
+    values must be JSON-able; ``make_step``'s module must not run TensorFlow ops when it is imported.
     """
     import importlib
 
@@ -929,16 +929,7 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
                                     "in this process, steps built again")
 
     if not fresh_process:
-        import gc
-
-        out = {}
-        for label, kwargs in variants.items():
-            measured = _build_and_measure(module, name, kwargs, int(repeats), 0, device)[0]
-            gc.collect()  # a tf.function and its model form reference cycles: free them before the next variant
-            for key, r in measured.items():
-                out[label + key] = _median_peak(r["samples"], r["method"] + ", in this process (after what ran "
-                                                "before it: the figure can depend on that)", r["device"])
-        return time_here(out)
+        return time_here(_measure_here_both_orders(module, name, variants, int(repeats), device))
 
     parallel = max(1, int(parallel))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
@@ -1038,6 +1029,38 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
         return time_here(peaks)
     return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in timed["ratios"].items()}, timed["base_seconds"],
                                 "in the measuring processes, one at a time")
+
+
+def _measure_here_both_orders(module: str, name: str, variants: dict, repeats: int, device: str) -> dict:
+    """:func:`measure_isolated` in this process (a TPU or GPU belongs to it). In one process a step's figure depends
+    on what ran before it (the allocator keeps the blocks earlier work freed), so a fixed order would favour one
+    variant: the first runs on a clean allocator, the last after every other. Several variants are therefore measured
+    first to last, then last to first, and each one's readings pooled: ``samples`` holds the first pass's
+    ``repeats`` readings, then the second's (reading i of two variants comes from the same pass); the method names
+    both passes' medians."""
+    import gc
+
+    labels = list(variants)
+    passes = [labels, labels[::-1]] if len(labels) > 1 else [labels]
+    readings: dict[tuple, list] = {}
+    for order in passes:
+        for label in order:
+            measured = _build_and_measure(module, name, variants[label], repeats, 0, device)[0]
+            gc.collect()  # a tf.function and its model form reference cycles: free them before the next variant
+            for key, r in measured.items():
+                readings.setdefault((label, key), []).append(r)
+    out = {}
+    for label, key in sorted(readings, key=lambda lk: labels.index(lk[0])):  # the order asked for
+        runs = readings[label, key]
+        samples = [v for r in runs for v in r["samples"]]
+        if len(runs) > 1:
+            first, second = (statistics.median(r["samples"]) / MIB for r in runs)
+            where = (f", in this process, in both orders (first to last: {first:.1f} MiB; last to first: "
+                     f"{second:.1f} MiB; pooled): what ran before can change the figure")
+        else:
+            where = ", in this process (after what ran before it: the figure can depend on that)"
+        out[label + key] = _median_peak(samples, runs[0]["method"] + where, runs[0]["device"])
+    return out
 
 
 def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],

@@ -111,8 +111,10 @@ def _untested_libtpu(tf_version: str, req, got: str) -> list[str]:
     if not built or Version(got) <= Version(built[0].rstrip(".*")):
         return []
     return [f"untested libtpu: tensorflow-tpu {tf_version} names {req.name} {built[0]} ({req.name}{req.specifier}); "
-            f"{got} is newer. The range accepts it, but nothing says TensorFlow was tested with it, "
-            "and package metadata cannot tell whether it works. If the TPU does not start (\"No TPU platform found\"), "
+            f"{got} is newer. Expected on every Colab TPU runtime: its JAX brings that libtpu, and pip keeps it "
+            "because the range accepts it — nothing says TensorFlow was tested with it, and package metadata cannot tell "
+            "whether it works. Nothing to do while TensorFlow sees the TPU (the setup line names TPU replicas). Act "
+            "only if it does not (\"No TPU platform found\", or the setup falls back to the CPU): "
             f"pip install {req.name}=={built[0]} and restart the runtime (JAX's own pin then no longer holds: one "
             "framework per TPU runtime)."]
 

@@ -142,7 +142,9 @@ def _results_03(**changes) -> dict:
     results = dict(
         kind="CPU", jit=False, hidden_dtypes=[("bfloat16", "float32")] * 6, stats=stats, loss_at_one_min=9.5e-7,
         zero_rows=1, zero_at_one=0.0014, zero_ref_loss=1.2e-7, same_as_logits=True, model_uses_logits=True,
-        wrapped={"float32": "Adam", "mixed_bfloat16": "Adam", "mixed_float16": "LossScaleOptimizer"},
+        wrapped={"float32": "Adam", "mixed_bfloat16": "Adam", "mixed_float16": "LossScaleOptimizer(Adam)",
+                 precision.COMPILE_CASES[0]: "Adam", precision.COMPILE_CASES[1]: "Adam",
+                 precision.COMPILE_CASES[2]: "LossScaleOptimizer(Adam)"},
         zero_unscaled=1.0, zero_scaled=0.0, scaled_err=0.0006, upstream_zero=1.0, up32_median=8e-10,
         updates={"apply": 0.5, "apply_gradients": 0.5}, mixed_policy="mixed_bfloat16", cpu_bf16=False,
         mem_batch=256, peaks=_peaks(), act_ratio=0.57, state_equal=True, xla_upcasts=False,
@@ -172,6 +174,17 @@ def test_lesson_03_peak_claim_under_xla_on_a_cpu_differs_with_the_reason():
     claims = precision.claims(_results_03(jit=True, xla_upcasts=True, peaks=_peaks(mixed_mib=(100, 101, 102))))
     assert claims[10].status == report.DIFFERS and "float32" in claims[10].differs_here
     assert "with XLA" in claims[10].note and "with XLA" in claims[11].note
+
+
+def test_lesson_03_compile_claim_fails_where_compile_would_wrap_a_per_layer_model_or_wrap_twice():
+    """Issue 32: compile wraps only a model constructed under the global mixed_float16 policy, and never twice."""
+    good = _results_03()["wrapped"]
+    for case, other in ((precision.COMPILE_CASES[0], "LossScaleOptimizer(Adam)"),
+                        (precision.COMPILE_CASES[1], "LossScaleOptimizer(Adam)"),
+                        (precision.COMPILE_CASES[2], "LossScaleOptimizer(LossScaleOptimizer(Adam))")):
+        claim = [c for c in precision.claims(_results_03(wrapped={**good, case: other}))
+                 if c.claim.startswith("compile wraps")][0]
+        assert claim.holds is False, case
 
 
 def test_notebook_03_hands_claims_what_measure_returns():

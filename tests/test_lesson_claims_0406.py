@@ -53,6 +53,15 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
         download_error="… set COURSE_DATA=synthetic, or npz:PATH …",
         pipeline_speedup=report.Samples([1.5, 1.6, 1.7]),
         order_frozen=True, order_fresh=True, per_replica_batch=per_replica, global_batch=global_batch,
+        shuffle_mixing=[{"buffer": 10, "order left": 0.9995, "classes in the first batch": 1,
+                         "largest id in the first batch": 40},
+                        {"buffer": 100, "order left": 0.945, "classes in the first batch": 2,
+                         "largest id in the first batch": 125},
+                        {"buffer": 1000, "order left": -0.005, "classes in the first batch": 8,
+                         "largest id in the first batch": 990}],
+        buffer_memory={pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
+                       pipeline.BUFFER_CASES[1]: {"measured": 12_586_000, "counted": 12_591_104},
+                       pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920}},
         read_speedups={"local files": [0.8, 0.9, 1.0], "bucket": [4.8, 5.0, 5.2]}, nondeterministic_speedup=[1.3, 1.5, 1.9],
         order_moved=1020, fused_moved={"fused (default)": 0, "fusion off": 253}, vectorized_speedup=[1.9, 2.2, 3.5],
         crops={pipeline.CROP_CASES[0]: 9, pipeline.CROP_CASES[1]: 1},
@@ -81,7 +90,7 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
 def test_lesson_04_claims_one_per_row_every_key_read():
     results = Recording(_results_04())
     claims = pipeline.claims(results)
-    assert len(claims) == 25 and {c.lesson for c in claims} == {"04"}
+    assert len(claims) == 27 and {c.lesson for c in claims} == {"04"}
     assert results.read == set(results), set(results) - results.read
     assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
     timed = [c for c in claims if c.samples is not None]
@@ -110,6 +119,13 @@ def test_lesson_04_verdicts_follow_the_measurements():
         "deterministic=False lets interleave": dict(nondeterministic_speedup=[0.8, 0.9, 0.95]),
         "deterministic=False changes the order": dict(fused_moved={"fused (default)": 30, "fusion off": 253}),
         "Batching before a cheap map": dict(vectorized_speedup=[0.7, 0.8, 0.9]),
+        "A shuffle buffer smaller than the dataset": dict(shuffle_mixing=[  # a buffer of 1000 that left the order
+            {"buffer": 10, "order left": 0.9995, "classes in the first batch": 1, "largest id in the first batch": 40},
+            {"buffer": 1000, "order left": 0.9, "classes in the first batch": 2, "largest id in the first batch": 90}]),
+        "A shuffle buffer holds buffer × example bytes": dict(buffer_memory={  # float32 buffer as small as uint8's
+            pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
+            pipeline.BUFFER_CASES[1]: {"measured": 3_145_000, "counted": 12_591_104},
+            pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920}}),
         "random_crop on a batch": dict(crops={pipeline.CROP_CASES[0]: 1, pipeline.CROP_CASES[1]: 1}),
         "profile shows the wait": dict(profile_shares={pipeline.PROFILE_CASES[0]: 0.05,
                                                        pipeline.PROFILE_CASES[1]: 0.01}),
@@ -125,6 +141,20 @@ def test_lesson_04_verdicts_follow_the_measurements():
     noisy = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [0.9, 1.2, 1.3],
                                                             "small CNN": [1.01, 1.02, 1.05]})), "tiny model")
     assert noisy.holds == "noise"
+
+
+def test_lesson_04_a_buffer_past_its_reach_or_copied_from_the_cache_does_not_hold():
+    """§2's shuffle buffer: the k-th element out is one of the first k + buffer − 1 in, and over a filled in-memory
+    cache the buffer only references the cache's tensors."""
+    results = _results_04()
+    beyond = [dict(row) for row in results["shuffle_mixing"]]
+    beyond[0]["largest id in the first batch"] = 60  # > 32 + 10 − 2: not what a buffer of 10 can give
+    assert _find(pipeline.claims(_results_04(shuffle_mixing=beyond)), "A shuffle buffer smaller").holds is False
+    copied = {**results["buffer_memory"], pipeline.BUFFER_CASES[2]: {"measured": 3_145_000, "counted": 3_153_920}}
+    assert _find(pipeline.claims(_results_04(buffer_memory=copied)), "holds buffer × example").holds is False
+    silent = {case: {"measured": None, "counted": 1} for case in pipeline.BUFFER_CASES}
+    claim = _find(pipeline.claims(_results_04(buffer_memory=silent)), "holds buffer × example")
+    assert claim.holds is None and "no statistics" in claim.note
 
 
 def test_lesson_04_what_one_replica_or_an_accelerator_cannot_show_says_why():

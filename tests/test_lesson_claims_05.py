@@ -51,7 +51,11 @@ def _results() -> dict:
         scaling={"replicas": 4, "accumulator": {"updates": 2, "max_abs_diff": 0.0, "moved": 0.05},
                  "train_step": {"updates": 2, "max_abs_diff": 0.0},
                  "overflow": {"applied": False, "iterations": 0, "scale_before": 32768.0, "scale_after": 16384.0,
-                              "replicas_unchanged": [True] * 4, "next_applied": True, "replicas_equal_after_next": True}},
+                              "replicas_unchanged": [True] * 4, "next_applied": True, "replicas_equal_after_next": True},
+                 "overflow_fit": {"finite": True, "scale_before": 32768.0, "scale_after": 16384.0, "iterations": 0,
+                                  "optimizer": "LossScaleOptimizer"},
+                 "keras": {how: {"finite": False, "scale_before": 32768.0, "scale_after": 32768.0, "iterations": 1}
+                           for how in ("custom_loop", "fit")}},
     )
 
 
@@ -70,7 +74,7 @@ def test_the_notebook_and_measure_hand_claims_the_same_keys():
 def test_a_correct_run_holds_everywhere_and_every_claim_is_lesson_05():
     claims = exp.claims(_results())
     assert [c.claim for c in claims if c.holds is not True] == []
-    assert {c.lesson for c in claims} == {"05"} and len(claims) == 15
+    assert {c.lesson for c in claims} == {"05"} and len(claims) == 16
 
 
 def _set(path, value):
@@ -102,10 +106,25 @@ WRONG = {  # what a bug would produce -> the claim that must then read "does not
     "replicas differ after the next group": (_set(("scaling", "overflow", "replicas_equal_after_next"), False),
                                              "LossScaleOptimizer in"),
     "loss-scaled loop never trained": (_set(("scaling", "accumulator", "moved"), 0.0), "LossScaleOptimizer in"),
+    "AccumulatingModel let another replica's overflow through": (
+        _set(("scaling", "overflow_fit", "finite"), False), "LossScaleOptimizer in"),
+    "AccumulatingModel kept the scale on an overflow": (
+        _set(("scaling", "overflow_fit", "scale_after"), 32768.0), "LossScaleOptimizer in"),
     "accumulated step peaks like k·B (issue 8's unrolled loop under XLA)": (
         _set(("peaks", "4 × B accumulated"), _peak(37, 39, 40, 38, 39)), "peaks near B's memory"),
     "builtin ran under MirroredStrategy": (_set(("builtin_on_mirrored",), "ran"), "crashes under MirroredStrategy"),
+    "Keras' own LossScaleOptimizer saw the other replica's overflow (a fixed Keras)": (
+        _set(("scaling", "keras", "fit", "finite"), True), "checks only the first replica"),
+    "Keras' own LossScaleOptimizer lowered the scale": (
+        _set(("scaling", "keras", "custom_loop", "scale_after"), 16384.0), "checks only the first replica"),
 }
+
+
+def test_keras_loss_scaling_on_one_replica_or_another_strategy_is_not_measurable():
+    results = copy.deepcopy(_results())
+    results["scaling"]["keras"] = None  # keras_loss_scaling_overflow: not a MirroredStrategy with several replicas
+    claim = [c for c in exp.claims(results) if "checks only the first replica" in c.claim][0]
+    assert claim.holds is None and "≥ 2 replicas" in claim.note
 
 
 @pytest.mark.parametrize("case", list(WRONG))

@@ -307,23 +307,36 @@ def loss_scaling_demo(strategy, steps: int = 4, micro_batch: int = 8, loss_weigh
 
 
 def training_step(batch: int, accumulate: int = 0, width: int = 16, num_classes: int = 10, jit: bool = False,
-                  seed: int = 0):
+                  seed: int = 0, device: str | None = None):
     """One training step of the course's small CNN on ``batch`` examples, as a step for
-    :func:`course_utils.memory.measure_isolated`: a zero-argument ``tf.function`` (``jit_compile=jit``) around
-    ``model.train_step`` on a batch already in memory. ``accumulate=k`` wraps the model in
-    :class:`AccumulatingModel` (k micro-batches of ``batch / k``); 0 = one plain step."""
+    :func:`course_utils.memory.measure_isolated`: a zero-argument callable running a ``tf.function``
+    (``jit_compile=jit``) around ``model.train_step`` on a batch already in memory. ``accumulate=k`` wraps the model
+    in :class:`AccumulatingModel` (k micro-batches of ``batch / k``); 0 = one plain step.
+
+    Placed on ``device`` (default: :func:`course_utils.memory.default_device`, the device whose peak is read) like
+    lesson 02's ``forward_step``: the batch, the weights, and every call (the optimizer's variables are created on the
+    first one). Unplaced on a TPU VM, the step would run on the host while its peak is read from ``TPU:0``."""
     import keras
     import tensorflow as tf
 
-    from .. import data, models
+    from .. import data, memory, models
 
+    device = device or memory.default_device()
     (x, y), _ = data.synthetic_cifar(batch, 8, seed=seed, num_classes=num_classes)
-    model = models.small_cnn(num_classes=num_classes, width=width)
-    if accumulate:
-        model = _accumulating_model()(model, steps=accumulate)
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
-    x, y = tf.constant(x), tf.constant(y)
-    return tf.function(lambda: model.train_step((x, y)), jit_compile=jit)
+    with tf.device(device):
+        model = models.small_cnn(num_classes=num_classes, width=width)
+        if accumulate:
+            model = _accumulating_model()(model, steps=accumulate)
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
+        x, y = tf.constant(x), tf.constant(y)
+    train = tf.function(lambda: model.train_step((x, y)), jit_compile=jit)
+
+    def step():
+        with tf.device(device):
+            return train()
+
+    step.model = model
+    return step
 
 
 def step_peaks(micro_batch: int, ks=(1, 2, 4), accumulated: bool = False, width: int = 16, jit: bool = False,
@@ -447,7 +460,9 @@ def four_replica_loss_scaling(strategy, steps: int = 4, micro_batch: int = 8, se
     """A ``LossScaleOptimizer`` in both custom-loop tools under ``strategy``: normal updates against
     the big batch (float32 policy, so equality is exact), then one group in which a single replica's
     micro-batch overflows (an inf input): the update must be skipped on every replica and the scale
-    halved; the next clean group is applied."""
+    halved; the next clean group is applied. ``"overflow_fit"``: that micro-batch through
+    ``AccumulatingModel.fit`` under ``mixed_float16`` (None off ``MirroredStrategy``); ``"keras"``: through Keras' own
+    ``LossScaleOptimizer`` (:func:`keras_loss_scaling_overflow`)."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -526,7 +541,88 @@ def four_replica_loss_scaling(strategy, steps: int = 4, micro_batch: int = 8, se
     after = local_values(model3)
     out["overflow"]["replicas_equal_after_next"] = all(np.array_equal(after[0], v) for v in after) and \
         not np.array_equal(after[0], initial[0])
+    # The same overflowing micro-batch (an inf in the last replica's share) through fit under mixed_float16: with
+    # AccumulatingModel (course), and with Keras' own LossScaleOptimizer (custom loop and plain fit).
+    bad_batch = bad_x[global_micro: 2 * global_micro], y[global_micro: 2 * global_micro]
+    mirrored = isinstance(strategy, tf.distribute.MirroredStrategy)  # float16: not on a TPU
+    out["overflow_fit"] = fit_overflowing_batch(strategy, *bad_batch, initial, accumulate=2, seed=seed) \
+        if mirrored else None
+    out["keras"] = keras_loss_scaling_overflow(strategy, *bad_batch, initial, seed=seed)
     return out
+
+
+def keras_loss_scaling_overflow(strategy, x, y, initial, seed: int = 0) -> dict | None:
+    """Keras' own ``LossScaleOptimizer`` under a ``MirroredStrategy`` with several replicas, on one batch whose
+    *last* replica's share holds an ``inf`` (``x``, ``y``: one global batch, split in order across the replicas):
+    ``"custom_loop"`` — ``apply_gradients`` inside ``strategy.run``, the optimizer built before the step is traced;
+    ``"fit"`` — a model constructed under ``mixed_float16`` (``compile`` wraps the optimizer). For each: whether every
+    weight stayed finite, the scale before and after, and ``optimizer.iterations``. Keras decides in cross-replica
+    context (``merge_call``) from the first replica's local gradients (``LossScaleOptimizer._tf_apply``), all-reduced
+    only later by the inner optimizer. None on another strategy or on one replica (where the first replica is the
+    last: nothing to miss)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    replicas = strategy.num_replicas_in_sync
+    if replicas < 2 or not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return None
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    batch = len(x)
+    dist = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((x, y)))
+
+    def summary(model, optimizer, scale_before):
+        return {"finite": all(bool(np.isfinite(w).all()) for w in model.get_weights()), "scale_before": scale_before,
+                "scale_after": float(np.asarray(optimizer.dynamic_scale.numpy())),
+                "iterations": int(optimizer.iterations.numpy())}
+
+    with strategy.scope():
+        model = tiny_classifier(seed=seed)
+        model.set_weights(initial)
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        optimizer.build(model.trainable_variables)  # before tracing: built inside the step, it fails (§6)
+    scale_before = float(np.asarray(optimizer.dynamic_scale.numpy()))
+
+    @tf.function
+    def keras_step(batch_):
+        def replica(xs, ys):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example(ys, model(xs, training=True)), global_batch_size=batch)
+                scaled = optimizer.scale_loss(loss)
+            optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
+        strategy.run(replica, args=batch_)
+
+    keras_step(next(iter(dist)))
+    return {"custom_loop": summary(model, optimizer, scale_before),
+            "fit": fit_overflowing_batch(strategy, x, y, initial, seed=seed)}
+
+
+def fit_overflowing_batch(strategy, x, y, initial, accumulate: int = 0, seed: int = 0) -> dict:
+    """``fit`` on one batch (``x``, ``y``) of :func:`tiny_classifier` constructed under ``mixed_float16`` (so
+    ``compile`` wraps its SGD in a ``LossScaleOptimizer``), from the weights ``initial``; ``accumulate=k`` wraps it in
+    :class:`AccumulatingModel` (constructed under the same policy). Whether every weight stayed finite, the scale
+    before and after, ``optimizer.iterations`` and the optimizer's class."""
+    import keras
+    import numpy as np
+
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = tiny_classifier(seed=seed)
+            if accumulate:
+                model = _accumulating_model()(model, steps=accumulate)
+            model.compile(optimizer=keras.optimizers.SGD(0.1),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    model.set_weights(initial)
+    optimizer = model.optimizer
+    scale_before = float(getattr(optimizer, "initial_scale", 1.0))
+    model.fit(x, y, batch_size=len(x), shuffle=False, verbose=0)
+    return {"finite": all(bool(np.isfinite(w).all()) for w in model.get_weights()), "scale_before": scale_before,
+            "scale_after": float(np.asarray(optimizer.dynamic_scale.numpy())),
+            "iterations": int(optimizer.iterations.numpy()), "optimizer": type(optimizer).__name__}
 
 
 def ragged_batches(strategy, steps: int = 4) -> dict:
@@ -622,7 +718,7 @@ def claims(r: dict) -> list:
     sgd_without, sgd_with = r["sgd"]["without /k"], r["sgd"]["with /k"]
     fp16_plain, fp16_scaled = fp16["mixed_float16, no loss scaling"], fp16["mixed_float16 + LossScaleOptimizer"]
     scaling = r["scaling"]
-    overflow = scaling["overflow"]
+    overflow, fit_overflow = scaling["overflow"], scaling.get("overflow_fit")
     runs = r["runs"]
     measurable = peaks["1·B"].peak_bytes > 0
     method = peaks["1·B"].method
@@ -697,19 +793,42 @@ def claims(r: dict) -> list:
                      f"bf16 {fp16['mixed_bfloat16']['vanished']:.1%}",
                      fp16_plain["vanished"] > 0 and fp16_scaled["vanished"] == 0
                      and fp16["mixed_bfloat16"]["vanished"] == 0),
-        report.Claim("A LossScaleOptimizer in the course's custom loops works under MirroredStrategy: an overflow on "
-                     "one replica skips the update on all and halves the scale", "§6",
-                     "skipped everywhere; scale ÷ 2; then applied",
+        report.Claim("A LossScaleOptimizer in the course's tools (custom loops; AccumulatingModel under mixed_float16) "
+                     "works under MirroredStrategy: an overflow on one replica skips the update on all and halves "
+                     "the scale", "§6", "skipped everywhere; scale ÷ 2; then applied",
                      f"applied={overflow['applied']}, unchanged {sum(overflow['replicas_unchanged'])}/"
-                     f"{scaling['replicas']}, scale {overflow['scale_before']:g}→{overflow['scale_after']:g}",
-                     (not overflow["applied"]) and overflow["iterations"] == 0 and all(overflow["replicas_unchanged"])
+                     f"{scaling['replicas']}, scale {overflow['scale_before']:g}→{overflow['scale_after']:g}"
+                     + (f"; AccumulatingModel: weights finite {fit_overflow['finite']}, scale "
+                        f"{fit_overflow['scale_before']:g}→{fit_overflow['scale_after']:g}" if fit_overflow else ""),
+                     (fit_overflow is None or (fit_overflow["finite"] and fit_overflow["iterations"] == 0
+                                               and fit_overflow["scale_after"] == fit_overflow["scale_before"] / 2))
+                     and (not overflow["applied"]) and overflow["iterations"] == 0
+                     and all(overflow["replicas_unchanged"])
                      and overflow["scale_after"] == overflow["scale_before"] / 2
                      and overflow["next_applied"] and overflow["replicas_equal_after_next"]
                      and scaling["accumulator"]["updates"] == scaling["train_step"]["updates"] == 2
                      and scaling["accumulator"]["moved"] > 1e-3
                      and max(scaling["accumulator"]["max_abs_diff"], scaling["train_step"]["max_abs_diff"]) <= 1e-5,
                      four_note),
+        _keras_scaling_claim(scaling, four_note),
     ]
     for claim in out:
         claim.lesson = "05"
     return out
+
+
+def _keras_scaling_claim(scaling: dict, four_note: str):
+    """§6: Keras' own LossScaleOptimizer misses an overflow on a replica other than the first (custom loop and fit)."""
+    from .. import report
+
+    text = ("Keras' own LossScaleOptimizer under MirroredStrategy checks only the first replica's gradients: an "
+            "overflow on another replica reaches every replica's weights and the scale stays (custom loop and fit)",
+            "keras/src/optimizers/loss_scale_optimizer.py _tf_apply; §6",
+            "weights non-finite, scale unchanged, in both")
+    keras_runs = scaling.get("keras")
+    if not keras_runs:
+        return report.Claim(*text, "—", None, note="needs MirroredStrategy with ≥ 2 replicas")
+    return report.Claim(
+        *text, "; ".join(f"{how}: weights finite {r['finite']}, scale {r['scale_before']:g}→{r['scale_after']:g}"
+                         for how, r in keras_runs.items()),
+        all(not r["finite"] and r["scale_after"] == r["scale_before"] for r in keras_runs.values()), four_note)

@@ -39,19 +39,36 @@ def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: in
 _CONV = re.compile(r"=\s*([a-z]+[0-9]+)\[[^\]]*\][^=]*?\bconvolution\(")
 
 
-def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int = 8, num_classes: int = 10) -> list[str]:
-    """The output dtypes of the convolutions XLA compiles for ``small_cnn`` under ``policy`` on this
-    machine's default device, read from the optimized HLO (``['f32', 'f32']``: XLA computes the
-    bfloat16 model's convolutions in float32 here; ``['bf16', 'bf16']``: natively in bfloat16)."""
+class ConvolutionDtypes(list):
+    """:func:`xla_convolution_dtypes`' answer: a list of dtypes, with ``device``, the device XLA compiled for."""
+
+    device: str = ""
+
+
+def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int = 8, num_classes: int = 10,
+                           device: str | None = None) -> ConvolutionDtypes:
+    """The output dtypes of the convolutions XLA compiles for ``small_cnn`` under ``policy`` on ``device`` (default:
+    :func:`course_utils.memory.default_device`), read from the optimized HLO (``['f32', 'f32']``: XLA computes the
+    bfloat16 model's convolutions in float32 there; ``['bf16', 'bf16']``: natively in bfloat16).
+
+    Placed like :func:`forward_step`: the images, the weights and the compilation are on ``device``. TensorFlow
+    compiles ``experimental_get_compiler_ir`` for the device an op would run on in the current scope
+    (``compiler_ir.maybe_get_device_name``): unplaced on a TPU VM that is the host CPU, whose answer is ``f32``.
+    The answer's ``device`` is that device, read the same way."""
     import tensorflow as tf
 
-    from .. import data, models
+    from .. import data, memory, models
 
-    images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes)[0][0])
-    model = models.build_under_policy(policy, width=width, num_classes=num_classes)
-    forward = tf.function(lambda x: model(x), jit_compile=True)
-    hlo = forward.experimental_get_compiler_ir(images)(stage="optimized_hlo")
-    return _CONV.findall(hlo)
+    device = device or memory.default_device()
+    with tf.device(device):
+        images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes)[0][0])
+        model = models.build_under_policy(policy, width=width, num_classes=num_classes)
+        forward = tf.function(lambda x: model(x), jit_compile=True)
+        hlo = forward.experimental_get_compiler_ir(images)(stage="optimized_hlo")
+        compiled_for = tf.random.normal([]).device  # what get_compiler_ir compiled for (maybe_get_device_name)
+    out = ConvolutionDtypes(_CONV.findall(hlo))
+    out.device = compiled_for
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -302,6 +302,70 @@ def plot_worker_ids(cases: dict[str, list[list[int]]], n: int, title: str = ""):
 
 
 # ----------------------------------------------------------------------------------------------
+# The shuffle buffer: how much it mixes, what it holds (§2)
+# ----------------------------------------------------------------------------------------------
+
+SHUFFLE_IDS, SHUFFLE_CLASSES, SHUFFLE_BATCH = 1000, 10, 32  # §2: ids sorted by class, the batch read first
+SHUFFLE_BUFFERS = (10, 100, SHUFFLE_IDS)
+BUFFER_CASES = ("uint8, decoded", "float32, after to_float", "uint8, from an in-memory cache()")
+CIFAR10_TRAIN = 50_000  # images in CIFAR-10's training split
+
+
+def shuffle_mixing(buffers=SHUFFLE_BUFFERS, n: int = SHUFFLE_IDS, classes: int = SHUFFLE_CLASSES,
+                   batch: int = SHUFFLE_BATCH, seed: int = 0) -> list[dict]:
+    """§2: ids 0…n−1 sorted by class (n / classes of each, like a class-sorted file), shuffled with each buffer
+    size: how much order is left (the correlation of position and id: 1 = still sorted, ≈ 0 = shuffled), how many
+    classes the first batch holds, and the largest id in it — at most batch + buffer − 2, since the k-th element out
+    is one of the first k + buffer − 1 in (``shuffle`` samples from a buffer it refills from upstream)."""
+    import tensorflow as tf
+
+    rows = []
+    for buffer in buffers:
+        order = np.fromiter(tf.data.Dataset.range(n).shuffle(buffer, seed=seed).as_numpy_iterator(), np.int64)
+        first = order[:batch]
+        rows.append({"buffer": int(buffer), "order left": float(np.corrcoef(np.arange(n), order)[0, 1]),
+                     "classes in the first batch": len(set((first * classes // n).tolist())),
+                     "largest id in the first batch": int(first.max())})
+    return rows
+
+
+def shuffle_buffer_bytes(ds, buffer: int, seed: int = 0) -> int | None:
+    """§2: how much the CPU allocator's memory in use grows while ``ds.shuffle(buffer)`` is full (its iterator made
+    and one element taken: that fills the buffer). None where the allocator keeps no statistics (course_utils turns
+    them on for the CPU: ``TF_CPU_ALLOCATOR_USE_BFC``)."""
+    import tensorflow as tf
+
+    try:
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    except (ValueError, RuntimeError, tf.errors.OpError):
+        return None
+    iterator = iter(ds.shuffle(buffer, seed=seed))
+    next(iterator)
+    grown = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+    del iterator
+    return int(grown)
+
+
+def shuffle_buffer_memory(encoded, n: int, seed: int = 0) -> dict:
+    """§2: a shuffle buffer of all ``n`` examples of ``encoded`` (PNG-encoded images, labels), measured
+    (:func:`shuffle_buffer_bytes`) and counted (n × the bytes of its first element), for the images decoded
+    (uint8), the same after ``to_float`` (float32), and decoded images read from a filled in-memory ``cache()``:
+    there the buffer holds references to the cache's tensors, not copies."""
+    import tensorflow as tf
+
+    from .. import data
+
+    decoded = encoded.take(n).map(data.decode_png)
+    cached = decoded.cache()
+    drain(cached)  # fill the cache first: its memory is not the buffer's
+    out = {}
+    for case, ds in zip(BUFFER_CASES, (decoded, decoded.map(data.to_float), cached)):
+        one = sum(t.numpy().nbytes for t in tf.nest.flatten(next(iter(ds))))  # decoded PNGs have no static shape
+        out[case] = {"measured": shuffle_buffer_bytes(ds, n, seed), "counted": n * one}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Speed: interleaved repeats, the input-bound check, prefetch with a simulated accelerator
 # ----------------------------------------------------------------------------------------------
 
@@ -799,6 +863,8 @@ def measure(lab) -> dict:
         same.append((bool(np.array_equal(ids1, ids2)), bool(np.array_equal(im1, im2))))
     out["order_frozen"] = same[0][0] and same[0][1]
     out["order_fresh"] = not (same[1][0] or same[1][1])
+    out["shuffle_mixing"] = shuffle_mixing(seed=cfg.seed)
+    out["buffer_memory"] = shuffle_buffer_memory(encoded, timed_examples, seed=cfg.seed)
 
     # §2: reading many files (interleave, deterministic=False); batch before map
     lab.progress(f"§2 8 files read one at a time or interleaved (local, simulated bucket), deterministic=False, "
@@ -989,6 +1055,41 @@ def _upstream_claim(rows: list[dict]):
         and all(row["duplicated"] == row["missing"] == 0 for row in clean))
 
 
+def _shuffle_mixing_claim(rows: list[dict]):
+    """§2: a small buffer leaves a class-sorted set nearly sorted; a buffer of the whole set shuffles it."""
+    from .. import report
+
+    small, full = rows[0], rows[-1]
+    return report.Claim(
+        "A shuffle buffer smaller than the dataset mixes only nearby elements (a class-sorted set stays nearly "
+        "sorted); only a buffer of the whole set shuffles it", "tf.data.Dataset.shuffle docs; §2",
+        f"buffer {small['buffer']}: order left > 0.99, 1 class in the first batch; buffer {full['buffer']} (all): "
+        f"|order left| < 0.15, > 5 classes; first batch's ids < batch + buffer − 1",
+        "; ".join(f"buffer {row['buffer']}: order left {row['order left']:.3f}, "
+                  f"{row['classes in the first batch']} classes, largest id {row['largest id in the first batch']}"
+                  for row in rows),
+        small["order left"] > 0.99 and small["classes in the first batch"] == 1
+        and full["buffer"] >= SHUFFLE_IDS and abs(full["order left"]) < 0.15 and full["classes in the first batch"] > 5
+        and all(row["largest id in the first batch"] <= SHUFFLE_BATCH + row["buffer"] - 2 for row in rows))
+
+
+def _buffer_memory_claim(memory: dict):
+    """§2: a full buffer holds buffer × example bytes (float32 4× uint8); over a filled cache, references only."""
+    from .. import report
+
+    text = ("A shuffle buffer holds buffer × example bytes — 4× as much in float32 as in uint8; over a filled "
+            "in-memory cache() it holds references, not copies", "tf.data shuffle; §2 (CPU allocator)",
+            "uint8 and float32 within 10% of counted, float32 ≈ 4× uint8; from cache < 10% of counted")
+    if any(case["measured"] is None for case in memory.values()):
+        return report.Claim(*text, "—", None, note="this runtime's CPU allocator keeps no statistics")
+    u8, f32, cached = (memory[case] for case in BUFFER_CASES)
+    return report.Claim(
+        *text, "; ".join(f"{case}: {m['measured'] / 2**20:.2f} MiB (counted {m['counted'] / 2**20:.2f})"
+                         for case, m in memory.items()),
+        all(abs(m["measured"] / m["counted"] - 1) < 0.1 for m in (u8, f32))
+        and 3.6 < f32["measured"] / u8["measured"] < 4.4 and cached["measured"] < 0.1 * cached["counted"])
+
+
 def claims(r: dict) -> list:
     """Lesson 04's claims from :func:`measure`'s results (or the notebook's, under the same keys). Speed-ups are
     per-round ratios (a :class:`Samples` or a list); ``summary`` maps each auto-shard policy to its ``"all"`` row."""
@@ -1020,11 +1121,14 @@ def claims(r: dict) -> list:
             "tf.data guide; §2", "same order and pixels",
             f"wrong order frozen: {r['order_frozen']}; right order fresh: {r['order_fresh']}",
             r["order_frozen"] and r["order_fresh"]),
+        _shuffle_mixing_claim(r["shuffle_mixing"]),
+        _buffer_memory_claim(r["buffer_memory"]),
         report.Claim.from_samples(
             "interleave overlaps the waits of reading files from a bucket: several files in flight instead of one",
             "tf.data performance guide (parallelizing data extraction); §2", "> 1× (up to the 8 files in flight)",
             r["read_speedups"]["bucket"], ">", 1.0,
-            note=f"simulated bucket; local files: {_samples(r['read_speedups']['local files']).format(unit='×')}"),
+            note=f"simulated bucket; local files, warm in the page cache (nothing to wait for): "
+                 f"{_samples(r['read_speedups']['local files']).format(unit='×')}"),
         report.Claim.from_samples(
             "deterministic=False lets interleave hand out the next ready record: faster when some reads are slow",
             "tf.data performance guide (non-deterministic order); §2", "> 1×", r["nondeterministic_speedup"], ">", 1.0,
@@ -1097,7 +1201,8 @@ def claims(r: dict) -> list:
             'steps_per_execution must be an integer: "auto" fails in Keras 3',
             "Keras 3 behaviour; §7", "TypeError", r["spe_auto"], r["spe_auto"] == "TypeError"),
         report.Claim(
-            "steps_per_execution > 1 fails under MirroredStrategy with several replicas (Keras 3.15, TF 2.20)",
+            "steps_per_execution > 1 fails under MirroredStrategy with several replicas (Keras 3.13.2 and 3.15.1, "
+            "TF 2.20 and 2.21)",
             "measured; keras-team/keras#19246; §7", "InvalidArgumentError",
             "fit ran" if r["mirrored_spe_ran"] else "raised",
             (not r["mirrored_spe_ran"]) if mirrored_measurable else None,

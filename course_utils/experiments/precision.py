@@ -233,17 +233,39 @@ def _model_uses_logits(mixed_model, num_classes: int, seed: int) -> bool:
     return all(float(a) == float(b) for a, b in model_losses.values())
 
 
+COMPILE_CASES = ("mixed_float16 per layer", "clone of a mixed_float16 model",
+                 "mixed_float16, given a LossScaleOptimizer")
+
+
+def optimizer_name(optimizer) -> str:
+    """``"Adam"``, or ``"LossScaleOptimizer(Adam)"`` for a wrapper (its inner optimizer in brackets)."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return type(optimizer).__name__ + (f"({optimizer_name(inner)})" if inner is not None else "")
+
+
 def compile_wraps(build, strategy) -> dict:
-    """§3: the optimizer class ``compile(optimizer="adam")`` (in ``strategy.scope()``) leaves on a tiny model
-    built under each policy with ``build(policy, make)``."""
+    """§3: the optimizer ``compile`` (in ``strategy.scope()``) leaves on a tiny model (:func:`optimizer_name`): built
+    under each global policy with ``build(policy, make)``; then, under the float32 global policy, one whose layer is
+    given ``dtype="mixed_float16"``, a ``clone_model`` of the mixed_float16 model, and the mixed_float16 model compiled
+    with a ``LossScaleOptimizer`` already. Keras wraps when the *model's* policy — the global one when the model was
+    constructed — is mixed_float16 and the optimizer is not a ``LossScaleOptimizer`` yet (``Trainer.compile``)."""
     import keras
 
-    wrapped = {}
-    for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
-        m = build(policy, lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    def tiny_net(**layer_kwargs):
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, **layer_kwargs)])
+
+    def compiled(model, wrap=False):
         with strategy.scope():
-            m.compile(optimizer="adam", loss="mse")
-        wrapped[policy] = type(m.optimizer).__name__
+            optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()) if wrap else "adam"
+            model.compile(optimizer=optimizer, loss="mse")
+        return optimizer_name(model.optimizer)
+
+    wrapped = {policy: compiled(build(policy, tiny_net)) for policy in ("float32", "mixed_bfloat16", "mixed_float16")}
+    with strategy.scope():  # the global policy is float32 here
+        per_layer, clone = tiny_net(dtype="mixed_float16"), keras.models.clone_model(build("mixed_float16", tiny_net))
+    wrapped[COMPILE_CASES[0]] = compiled(per_layer)
+    wrapped[COMPILE_CASES[1]] = compiled(clone)
+    wrapped[COMPILE_CASES[2]] = compiled(build("mixed_float16", tiny_net), wrap=True)
     return wrapped
 
 
@@ -416,10 +438,15 @@ def claims(r: dict) -> list:
                      "§2", "median error with float32 softmax ≥ 0.5 × with bfloat16 softmax",
                      f"median {f32_out['loss_med']:.2%} vs {bf['loss_med']:.2%}",
                      f32_out["loss_med"] >= 0.5 * bf["loss_med"]),
-        report.Claim("compile wraps the optimizer in LossScaleOptimizer only under mixed_float16", "Keras 3; §3",
-                     "float32/mixed_bfloat16: Adam; mixed_float16: LossScaleOptimizer",
+        report.Claim("compile wraps the optimizer in a LossScaleOptimizer only for a model constructed under the "
+                     "global mixed_float16 policy — not for mixed_float16 set per layer or a clone made under "
+                     "float32 — and never wraps one twice", "Keras 3 Trainer.compile; §3",
+                     "mixed_float16: LossScaleOptimizer(Adam), given one: the same; every other case: Adam",
                      ", ".join(f"{p}: {o}" for p, o in wrapped.items()),
-                     wrapped == {"float32": "Adam", "mixed_bfloat16": "Adam", "mixed_float16": "LossScaleOptimizer"}),
+                     wrapped == {"float32": "Adam", "mixed_bfloat16": "Adam",
+                                 "mixed_float16": "LossScaleOptimizer(Adam)",
+                                 COMPILE_CASES[0]: "Adam", COMPILE_CASES[1]: "Adam",
+                                 COMPILE_CASES[2]: "LossScaleOptimizer(Adam)"}),
         report.Claim("Small float16 gradients underflow to 0 without loss scaling; scaled, they match float32", "§3",
                      "100% zeros → 0% zeros, error < 5%",
                      f"{r['zero_unscaled']:.0%} zeros → {r['zero_scaled']:.0%} zeros, error {r['scaled_err']:.2%}",

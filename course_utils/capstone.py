@@ -8,13 +8,17 @@ Two recipes:
 
 ``course``    everything lessons 01-05 teach, plus the field's fast-CIFAR tricks (David Page's ResNet-9 /
               DAWNBench; airbench): a ResNet-9-style network for 32×32 images, the hardware's precision
-              policy, lesson 04's pipeline with random crop (pad 4) + flip, per-channel normalization, SGD
-              with Nesterov momentum and decoupled weight decay, label smoothing 0.2, a warm-up then a
-              linear decay to zero shaped to end exactly at the budget, the learning rate scaled linearly
-              with the global batch, flip test-time augmentation, optional weight averaging (EMA) and
-              gradient accumulation (lesson 05).
+              policy, a tf.data pipeline that augments whole batches (random crop, pad 4, + flip per image with
+              ``data.augment_batch`` after ``batch``: the order lesson 04 measured faster), per-channel
+              normalization, SGD with Nesterov momentum and decoupled weight decay, label smoothing 0.2, a
+              warm-up then a linear decay to zero shaped to end exactly at the budget, a batch of 128 *per
+              replica* (the global batch grows with the replicas, as lesson 08's TPU table) with the peak
+              learning rate scaled linearly with that global batch, ``steps_per_execution`` 32 on a TPU
+              (lesson 04), flip test-time augmentation, optional weight averaging (EMA) and gradient
+              accumulation (lesson 05).
 ``baseline``  exactly the popular TensorFlow CNN tutorial: Conv32-pool-Conv64-pool-Conv64-Flatten-Dense64,
-              Adam (1e-3), batch 64, pixels /255, no augmentation, float32 — under the same budget rules.
+              Adam (1e-3), a global batch of 64 whatever the replicas (the tutorial's recipe, the comparison),
+              pixels /255, no augmentation, float32 — under the same budget rules.
 
 Budgeted training (``--time-budget S``): the wall time counts everything — start-up, data loading, building,
 compiling, a short timed warm-up, every epoch's validation and the final (TTA) test evaluation. The warm-up
@@ -62,7 +66,7 @@ PROG = "capstone"
 
 # The course recipe's constants, each traced to its source (also shown by the notebook's plan table).
 COURSE = dict(
-    batch_size=128,  # global batch per update; small data sets want more updates per epoch
+    batch_size=128,  # per replica per update: the global batch is 128 × replicas (1,024 on a v5e-8; lesson 08 §6)
     lr_per_256=0.2,  # peak LR for a global batch of 256; linear in the global batch (see peak_learning_rate)
     momentum=0.9,
     weight_decay=5e-3,  # decoupled (Keras SGD: w -= lr·wd·w per step) ≈ Page's 5e-4 L2 through momentum 0.9
@@ -79,7 +83,11 @@ COURSE = dict(
 # told so up front
 PLANNING_SHARE = 0.25
 AUTO_WIDTH = dict(min=8, max=64, cost_of_doubling=2.5, min_epochs=30, narrow_below_epochs=8)
-BASELINE = dict(batch_size=64, learning_rate=1e-3)
+BASELINE = dict(batch_size=64, learning_rate=1e-3)  # a global batch: the tutorial's, whatever the replicas
+# steps_per_execution on a TPU (lesson 04 §7: each call into the compiled function costs a host round trip, which a
+# TPU's short steps feel most; 32 or more is common there), at most the steps of an epoch. Elsewhere 1: off a TPU a
+# step of this ResNet is long next to the call, and under MirroredStrategy Keras refuses more (keras#19246).
+TPU_STEPS_PER_EXECUTION = 32
 # Goyal et al. 2017 scaled linearly to 8k on ImageNet with a 5-epoch warm-up; CIFAR-10 under a minutes budget has
 # too few steps for that warm-up, so the course warns from ~1k examples per update
 MAX_LR_SCALING_BATCH = 1024
@@ -109,21 +117,24 @@ RECIPE_TABLE = [
      "source": "D. Page, 'How to train your ResNet' (DAWNBench 2018); airbench (K. Jordan 2024)"},
     {"choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
      "lesson": "03", "source": "memory.recommended_policy"},
-    {"choice": "tf.data pipeline: cache → shuffle → augment → batch → prefetch, global batch split over replicas",
-     "lesson": "04", "source": "data.build_pipeline"},
-    {"choice": "random crop (pad 4) + horizontal flip; per-channel normalization", "lesson": "04",
-     "source": "data.augment; Page"},
+    {"choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
+               "not per image)", "lesson": "04", "source": "data.build_pipeline(batch_augment_fn=data.augment_batch)"},
+    {"choice": "random crop (pad 4) + horizontal flip, each image its own; per-channel normalization", "lesson": "04",
+     "source": "data.augment_batch; Page"},
+    {"choice": "a batch of 128 per replica: the global batch is 128 × replicas", "lesson": "08",
+     "source": "lesson 08 §6; capstone.Recipe.global_batch"},
     {"choice": "SGD, Nesterov momentum 0.9, decoupled weight decay", "lesson": "capstone",
      "source": "Page; Loshchilov & Hutter 2019 (decoupled weight decay)"},
     {"choice": "label smoothing 0.2", "lesson": "capstone", "source": "Szegedy et al. 2016; airbench"},
     {"choice": "warm-up then linear decay to zero, stretched to end at the budget", "lesson": "capstone",
      "source": "Page (one-cycle); budgeted training (Li et al. 2020)"},
-    {"choice": "peak LR linear in the global batch (up to ~1k)", "lesson": "04/05",
-     "source": "Goyal et al. 2017"},
+    {"choice": "peak LR linear in the global batch (0.2 per 256; warned above ~1k)", "lesson": "capstone, 08",
+     "source": "Goyal et al. 2017; capstone.peak_learning_rate"},
     {"choice": "flip test-time augmentation", "lesson": "capstone", "source": "Page; airbench"},
     {"choice": "optional EMA of the weights (SGD use_ema)", "lesson": "capstone", "source": "Page; Keras optimizers"},
     {"choice": "optional gradient accumulation (--accumulate K)", "lesson": "05", "source": "accumulation.AccumulatingModel"},
-    {"choice": "steps_per_execution (several steps per call)", "lesson": "04", "source": "Keras compile()"},
+    {"choice": f"steps_per_execution: {TPU_STEPS_PER_EXECUTION} steps per call on a TPU, 1 elsewhere", "lesson": "04",
+     "source": "Keras compile(); capstone.choose_steps_per_execution"},
     {"choice": "BackupAndRestore + best checkpoint; --resume", "lesson": "capstone", "source": "Keras callbacks"},
 ]
 
@@ -156,11 +167,11 @@ class Options:
     out: str = "runs/capstone"
     resume: bool = False
     overwrite: bool = False  # replace an earlier run in ``out`` (else a run there is refused: --resume or --overwrite)
-    batch_size: int | None = None  # global batch per optimizer update (course 128, baseline 64)
+    batch_size: int | None = None  # global batch per update; None: course 128 per replica × replicas, baseline 64
     policy: str = "auto"  # auto = the hardware's (course) / float32 (baseline, as the tutorial)
     jit: bool | None = None  # XLA (jit_compile); None = per hardware (see choose_jit)
     accumulate: int = 1  # micro-batches per update (lesson 05)
-    steps_per_execution: int = 1
+    steps_per_execution: int | None = None  # None: per hardware (choose_steps_per_execution: 32 on a TPU, else 1)
     cpu_replicas: int | None = None  # None = COURSE_CPU_REPLICAS
     seed: int = 42
     tensorboard: str | None = None  # folder for TensorBoard scalars + a profile of a few steps
@@ -177,7 +188,9 @@ class Options:
     verbose: int = 1  # 1: progress bar + a line per epoch; 0: the line per epoch; -1: silent
 
     def resolved(self) -> "Options":
-        """A copy with every recipe default filled in (what the run really uses)."""
+        """A copy with every recipe default filled in that the hardware does not decide. Left None until
+        :func:`train` knows the replicas and the data: the course recipe's ``batch_size`` (per replica: see
+        :meth:`Recipe.global_batch`) and ``steps_per_execution`` (:func:`choose_steps_per_execution`)."""
         return RECIPES[self.recipe].fill_defaults(self)
 
 
@@ -191,7 +204,8 @@ class Recipe:
     """One recipe: its defaults for the options left at None, its precision policy, model and optimizer."""
 
     name: str
-    batch_size: int
+    batch_size: int  # per replica when per_replica_batch, else global
+    per_replica_batch: bool  # the global batch grows with the replicas (course) or stays as written (baseline)
     augment: bool
     label_smoothing: float
     schedule: str
@@ -200,17 +214,44 @@ class Recipe:
 
     def fill_defaults(self, o: Options) -> Options:
         o = dataclasses.replace(o)
-        for name in ("batch_size", "augment", "label_smoothing", "schedule", "tta"):
+        for name in ("augment", "label_smoothing", "schedule", "tta"):
             if getattr(o, name) is None:
                 setattr(o, name, getattr(self, name))
+        if o.batch_size is None and not self.per_replica_batch:
+            o.batch_size = self.batch_size
         if o.ema is None:
             o.ema = False
         return o
+
+    def global_batch(self, asked: int | None, replicas: int, accumulate: int = 1,
+                     train_images: int | None = None) -> tuple[int, str]:
+        """``(global batch per update, why)``. ``asked`` (``--batch-size``) is the global batch as given. Else the
+        baseline keeps its global batch (the tutorial's, on any number of replicas), and the course recipe gives
+        each replica :attr:`batch_size` (128) — so the global batch, and with it the peak learning rate
+        (:func:`peak_learning_rate`), grows with the replicas: 128 on one, 1,024 on a v5e-8 (lesson 08 §6). Only
+        where that global batch is larger than ``train_images`` (an epoch would have no whole step) is the
+        per-replica batch halved until one step fits, and the reason says so."""
+        if asked is not None:
+            return asked, "--batch-size"
+        if not self.per_replica_batch:
+            return self.batch_size, f"the {self.name} recipe's, on any number of replicas"
+        per = self.batch_size
+        while (train_images is not None and per * replicas > train_images and per % 2 == 0
+               and (per // 2) % accumulate == 0):
+            per //= 2
+        why = f"{per} per replica × {replicas} replica{'s' if replicas != 1 else ''}"
+        if per != self.batch_size:
+            why += (f" ({self.batch_size} per replica would make one step larger than the {train_images} training "
+                    "images)")
+        return per * replicas, why
 
     def choose_policy(self, rt) -> tuple[str, str]:  # pragma: no cover - each recipe says
         raise NotImplementedError
 
     def peak_learning_rate(self, global_batch: int) -> float:  # pragma: no cover
+        raise NotImplementedError
+
+    def learning_rate_rule(self) -> str:  # pragma: no cover - how peak_learning_rate scales, in words
         raise NotImplementedError
 
     def model(self, width: int, mean, variance):  # pragma: no cover
@@ -244,6 +285,9 @@ class _Course(Recipe):
     def peak_learning_rate(self, global_batch: int) -> float:
         return peak_learning_rate(global_batch)
 
+    def learning_rate_rule(self) -> str:
+        return f"the linear rule: {COURSE['lr_per_256']:g} per 256 examples per update"
+
     def model(self, width, mean, variance):
         return resnet9(width, mean=mean, variance=variance)
 
@@ -261,6 +305,9 @@ class _Baseline(Recipe):
     def peak_learning_rate(self, global_batch: int) -> float:
         return BASELINE["learning_rate"] * global_batch / BASELINE["batch_size"]
 
+    def learning_rate_rule(self) -> str:
+        return f"Adam's {BASELINE['learning_rate']:g} at the tutorial's {BASELINE['batch_size']}, linear in the batch"
+
     def model(self, width, mean, variance):
         return tutorial_cnn()
 
@@ -271,11 +318,27 @@ class _Baseline(Recipe):
 
 
 RECIPES: dict[str, Recipe] = {
-    "course": _Course("course", batch_size=COURSE["batch_size"], augment=True,
+    "course": _Course("course", batch_size=COURSE["batch_size"], per_replica_batch=True, augment=True,
                       label_smoothing=COURSE["label_smoothing"], schedule="onecycle", tta=True, sized_by_width=True),
-    "baseline": _Baseline("baseline", batch_size=BASELINE["batch_size"], augment=False, label_smoothing=0.0,
-                          schedule="constant", tta=False, sized_by_width=False),
+    "baseline": _Baseline("baseline", batch_size=BASELINE["batch_size"], per_replica_batch=False, augment=False,
+                          label_smoothing=0.0, schedule="constant", tta=False, sized_by_width=False),
 }
+
+
+def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, steps_per_epoch: int) -> tuple[int, str]:
+    """``(steps_per_execution, why)``: ``asked`` (``--steps-per-execution``) as given; on a TPU
+    :data:`TPU_STEPS_PER_EXECUTION`, at most an epoch's steps (lesson 04 §7: a call into the compiled function costs
+    a host round trip, and a TPU's steps are short); elsewhere 1 — a CPU or GPU step of this ResNet is long next to
+    the call, and under MirroredStrategy with several replicas Keras refuses more (keras-team/keras#19246)."""
+    if asked is not None:
+        return asked, "--steps-per-execution"
+    if kind == "TPU":
+        n = max(1, min(TPU_STEPS_PER_EXECUTION, steps_per_epoch))
+        bound = f", bounded by the {steps_per_epoch} steps of an epoch" if n < TPU_STEPS_PER_EXECUTION else ""
+        return n, f"TPU: {n} steps per call into the compiled function, one host round trip for them all{bound}"
+    if replicas > 1:
+        return 1, f"{replicas} replicas under MirroredStrategy: Keras refuses more than 1 there, keras-team/keras#19246"
+    return 1, f"{kind}: a step of this ResNet is long next to a call, so several per call pay off only on a TPU"
 
 
 def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
@@ -404,6 +467,11 @@ def earlier_run(out: str) -> str | None:
     return None
 
 
+def _divisor_below(n: int, k: int) -> int:
+    """The largest divisor of ``n`` below ``k`` (an --accumulate that divides the per-replica batch)."""
+    return max(d for d in range(1, k) if n % d == 0)
+
+
 def _bounded(name: str, value: Any, low: float, high: float, why: str, whole: bool = True) -> None:
     flag = "--" + name.replace("_", "-")
     if whole and not _is_int(value):
@@ -438,9 +506,10 @@ def validate(o: Options) -> None:
     if _is_int(o.accumulate) and o.accumulate < 1:
         raise OptionsError(f"--accumulate must be at least 1 (1 = no accumulation), got {o.accumulate}")
     _bounded("accumulate", o.accumulate, 1, MAX_BATCH, " (micro-batches per update)")
-    if _is_int(o.steps_per_execution) and o.steps_per_execution < 1:
-        raise OptionsError(f"--steps-per-execution must be at least 1, got {o.steps_per_execution}")
-    _bounded("steps_per_execution", o.steps_per_execution, 1, MAX_STEPS_PER_EXECUTION, "")
+    if o.steps_per_execution is not None:
+        if _is_int(o.steps_per_execution) and o.steps_per_execution < 1:
+            raise OptionsError(f"--steps-per-execution must be at least 1, got {o.steps_per_execution}")
+        _bounded("steps_per_execution", o.steps_per_execution, 1, MAX_STEPS_PER_EXECUTION, "")
     _bounded("seed", o.seed, 0, MAX_SEED, " (NumPy's seeds are 32-bit)")
     if o.policy not in POLICIES:
         raise OptionsError(f"unknown policy {o.policy!r}; use one of {', '.join(POLICIES)}")
@@ -500,7 +569,13 @@ def validate(o: Options) -> None:
             raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer "
                                "installs: pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard "
                                "out)")
-    batch = o.batch_size if o.batch_size is not None else RECIPES[o.recipe].batch_size
+    recipe = RECIPES[o.recipe]
+    if o.batch_size is None and recipe.per_replica_batch and recipe.batch_size % o.accumulate:
+        fits = _divisor_below(recipe.batch_size, o.accumulate)
+        raise OptionsError(f"--accumulate {o.accumulate} does not divide the {o.recipe} recipe's batch of "
+                           f"{recipe.batch_size} per replica; use --accumulate {fits}, or give --batch-size (the global "
+                           "batch, a multiple of replicas × accumulate)")
+    batch = recipe.global_batch(o.batch_size, replicas, o.accumulate)[0]
     # CPU replicas are known before TensorFlow starts; a GPU/TPU count is checked again after detection.
     unit = replicas * o.accumulate
     if batch % unit:
@@ -544,7 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue the run in --out after the last finished epoch")
     r.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --out (without it, a folder holding a run is refused)")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch per update (course 128, baseline 64)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="global batch per update (default: course 128 per replica × replicas, with the learning rate "
+                        "scaled linearly; baseline 64)")
     p.add_argument("--policy", default="auto", help="auto | float32 | mixed_bfloat16 | mixed_float16")
     j = p.add_mutually_exclusive_group()
     j.add_argument("--jit", dest="jit", action="store_const", const=True, default=None,
@@ -552,8 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "where fit cannot be compiled; a TPU always compiles)")
     j.add_argument("--no-jit", dest="jit", action="store_const", const=False, help="do not compile the step with XLA")
     p.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per update (lesson 05)")
-    p.add_argument("--steps-per-execution", type=int, default=1, metavar="N",
-                   help="steps per call into the compiled function (pays on a TPU; lesson 04)")
+    p.add_argument("--steps-per-execution", type=int, default=None, metavar="N",
+                   help=f"steps per call into the compiled function (default: {TPU_STEPS_PER_EXECUTION} on a TPU, at "
+                        "most an epoch's steps; 1 elsewhere; lesson 04)")
     p.add_argument("--cpu-replicas", type=int, default=None, metavar="N", help="split the CPU into N replicas")
     p.add_argument("--seed", type=int, default=42, help="random seed of the weights and the data order (default 42)")
     p.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard scalars + a profile of a few steps")
@@ -1029,7 +1107,9 @@ class BudgetPlan:
     # for what no estimate foresees (a shared machine stalls for seconds now and then; measured: 2-core VMs, 2026).
     LATE_TOLERANCE: ClassVar[float] = 0.25
     ROUND_UP: ClassVar[float] = 0.25  # a quarter epoch over still counts as fitting ("within one epoch")
-    GROW_AFTER: ClassVar[float] = 1.25  # grow only when more than this many epochs' time would go unused …
+    # grow only when more than this many epochs' time would go unused (a run ends within one epoch of its budget, on
+    # the early side too: lesson 06's budget claim) …
+    GROW_AFTER: ClassVar[float] = 1.0
     GROW_FRACTION: ClassVar[float] = 0.1  # … and more than this share of the time left
     NO_GROW_LAST: ClassVar[int] = 2  # never grow in the last epochs: the LR has (almost) decayed to zero
     RECENT_EPOCHS: ClassVar[int] = 5  # replan at the mean of the last few epochs (the first left out)
@@ -1277,6 +1357,8 @@ def _one_line(exc: BaseException) -> str:
 def _check_same_run(stored: dict, o: Options) -> None:
     for key in ("recipe", "data", "batch_size", "width", "accumulate", "policy", "augment", "label_smoothing",
                 "schedule", "ema", "train_examples", "test_examples", "validation_examples", "time_budget", "epochs"):
+        if key == "batch_size" and o.batch_size is None:  # the recipe's per-replica batch: checked once the
+            continue  # replicas are known (train: _check_same_batch)
         if stored.get(key) != getattr(o, key):
             flag = "--" + key.replace("_", "-")
             raise OptionsError(f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
@@ -1288,9 +1370,20 @@ def _check_same_run(stored: dict, o: Options) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def _check_same_batch(stored: dict, o: Options, why: str) -> None:
+    """--resume: the global batch chosen here (the recipe's per replica × this machine's replicas) must be the one the
+    run started with — its plan's steps per epoch and learning rate depend on it."""
+    if stored.get("batch_size") != o.batch_size:
+        raise OptionsError(f"--resume: {o.out} was started with a global batch of {stored.get('batch_size')}, and here "
+                           f"it would be {o.batch_size} ({why}): resume with --batch-size {stored.get('batch_size')} "
+                           "or use another --out")
+
+
 def _pipelines(o: Options, splits: Splits, replicas: int = 1):
-    """Lesson 04's pipelines: training images uint8-cached, shuffled every epoch, augmented, batched with the global
-    batch; validation in batches of at least 256, the last one partial."""
+    """The trainer's pipelines (lesson 04's order, with its faster augmentation): training images uint8-cached,
+    shuffled every epoch, batched with the global batch, then augmented a whole batch per call
+    (:func:`data.augment_batch`: each image its own flip and crop; lesson 04 measured this order faster than
+    :func:`data.augment` per image before ``batch``); validation in batches of at least 256, the last one partial."""
     import tensorflow as tf
 
     from . import data as _data
@@ -1300,7 +1393,8 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1):
 
     (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
     train_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_train, y_train)), o.batch_size,
-                                    training=True, augment_fn=_data.augment if o.augment else None,
+                                    training=True, augment_fn=None,
+                                    batch_augment_fn=_data.augment_batch if o.augment else None,
                                     shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
     train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o, len(x_val), replicas),
@@ -1381,10 +1475,15 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
 
     tf.get_logger().setLevel("ERROR")
     strategy, replicas = rt.strategy, rt.strategy.num_replicas_in_sync
+    # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here)
+    o.batch_size, batch_why = recipe.global_batch(options.batch_size, replicas, o.accumulate,
+                                                  len(splits.train[0]))
+    if state is not None:
+        _check_same_batch(state.plan.options, o, batch_why)
     if o.batch_size % (replicas * o.accumulate):
         raise OptionsError(f"--batch-size {o.batch_size} is not divisible by replicas × accumulate = "
                            f"{replicas} × {o.accumulate} on this {rt.kind}; use a multiple of {replicas * o.accumulate}")
-    if o.steps_per_execution > 1 and rt.strategy_name == "MirroredStrategy":
+    if o.steps_per_execution is not None and o.steps_per_execution > 1 and rt.strategy_name == "MirroredStrategy":
         raise OptionsError(
             f"--steps-per-execution {o.steps_per_execution} fails under MirroredStrategy ({replicas} replicas) in "
             f"Keras {keras.__version__} (keras-team/keras#19246: 'You must feed a value for placeholder tensor'); "
@@ -1404,14 +1503,19 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
                            "the float32 schedule counts exactly; use fewer epochs")
     policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
     jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit, replicas)
+    o.steps_per_execution, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas,
+                                                                steps_per_epoch)
+    peak_lr = recipe.peak_learning_rate(o.batch_size)
+    lr_why = recipe.learning_rate_rule()
     if state is None:
         run.start_afresh()  # only now: every input has been checked
     keras.utils.set_random_seed(o.seed)
     say(rt.summary().splitlines()[0])
-    say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why}); global batch "
-        f"{o.batch_size} ({replicas} replica(s) × {o.batch_size // replicas // o.accumulate} × {o.accumulate} "
-        f"accumulated); {steps_per_epoch} steps/epoch; {len(x_train)} training, {len(x_val)} validation, "
-        f"{len(x_test)} test images")
+    micro = o.batch_size // replicas // o.accumulate
+    say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why})")
+    say(f"Global batch {o.batch_size} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
+        f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {o.steps_per_execution} "
+        f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
     train_ds, val_ds = _pipelines(o, splits, replicas)
     val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o, len(x), replicas)) for x in (x_val, x_test))
 
@@ -1467,9 +1571,10 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
                                                  save_weights_only=True),
                  keras.callbacks.BackupAndRestore(run.backup, double_checkpoint=True)]
     if o.tensorboard:
-        first = min(3, steps_per_epoch)
+        calls = math.ceil(steps_per_epoch / o.steps_per_execution)  # the callback counts calls, not steps
+        first = min(3, calls)
         callbacks.append(keras.callbacks.TensorBoard(
-            o.tensorboard, profile_batch=(first, min(first + 4, steps_per_epoch)), write_graph=False))
+            o.tensorboard, profile_batch=(first, min(first + 4, calls)), write_graph=False))
     callbacks.append(progress)
     if o.ema:
         # Evaluate with the averaged weights (swapped in for each evaluation and back), train and back up the raw
@@ -1536,8 +1641,12 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "global_batch": o.batch_size,
         "per_replica_batch": o.batch_size // replicas,
         "micro_batch_per_replica": o.batch_size // replicas // o.accumulate,
+        "global_batch_why": batch_why,
         "steps_per_epoch": steps_per_epoch,
+        "steps_per_execution": o.steps_per_execution,
+        "steps_per_execution_why": spe_why,
         "peak_learning_rate": peak,
+        "peak_learning_rate_why": lr_why,
         "policy": policy,
         "policy_why": policy_why,
         "jit_compile": jit_compile,

@@ -1429,7 +1429,10 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
             peak = recipe.peak_learning_rate(o.batch_size)
             schedule = _schedule_class()(peak, o.schedule)
             model = net
-            if o.accumulate > 1:
+            # float16 on several replicas: Keras' LossScaleOptimizer decides to skip an overflowing step from the
+            # first replica's gradients only (lesson 05 §6), so another replica's overflow would reach every
+            # replica's weights; AccumulatingModel (even with one micro-batch) skips it on all of them
+            if o.accumulate > 1 or (policy == "mixed_float16" and strategy.num_replicas_in_sync > 1):
                 from . import accumulation
 
                 model = accumulation.AccumulatingModel(net, steps=o.accumulate)

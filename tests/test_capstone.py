@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -864,3 +865,24 @@ def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_l
         assert exp._ended_on_budget(summary(wall), 120.0, epoch) is on_budget, wall
     text = exp._budget_end("course", summary(100.0), history, 120.0, epoch)
     assert "stopped early: 20 epochs (first plan 21, last 20), 20.0 s of the budget unused" in text
+
+
+@pytest.mark.extended  # a fresh 2-replica process (~10 s)
+def test_float16_on_several_replicas_trains_through_accumulating_model_so_an_overflow_skips_everywhere():
+    """Keras' LossScaleOptimizer decides to skip an overflowing step from the first replica's gradients only (lesson
+    05 §6): under mixed_float16 on several replicas the capstone wraps its network in AccumulatingModel (one
+    micro-batch), which all-reduces the overflow first; bfloat16 needs no loss scaling and keeps the plain model."""
+    code = textwrap.dedent("""
+        import types, numpy as np, course_utils
+        from course_utils import capstone
+        strategy = course_utils.detect(cpu_replicas=2).strategy
+        o = capstone.Options(recipe="course", epochs=1, out="unused", batch_size=256)
+        splits = types.SimpleNamespace(train=(np.random.rand(16, 32, 32, 3).astype("float32"),))
+        for policy in ("mixed_float16", "mixed_bfloat16"):
+            _, model, *_ = capstone._compiled_model(o, capstone.RECIPES["course"], policy, False, strategy, 8, splits)
+            print(policy, type(model).__name__, type(model.optimizer).__name__)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "mixed_float16 AccumulatingModel LossScaleOptimizer" in proc.stdout, proc.stdout
+    assert "mixed_bfloat16 Functional" in proc.stdout, proc.stdout

@@ -132,6 +132,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return NotebooksTogether(config, log)
 
 
+UNIT_TEST_NICENESS = 5  # under xdist, a worker running unit tests yields this much to the one running notebooks
+_niced = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under pytest-xdist, a worker's first unit test lowers that worker's priority (``os.nice``; the processes it
+    starts inherit it): the notebooks, on their own worker, keep the cores they would have alone, so their times
+    stay comparable with their budgets, and the run ends sooner (they are its longest part). The notebooks' worker
+    runs them first, before any unit test."""
+    global _niced
+    if _niced or not hasattr(item.config, "workerinput") or item.nodeid.split("::", 1)[0].endswith(".ipynb"):
+        return
+    _niced = True
+    try:
+        os.nice(UNIT_TEST_NICENESS)
+    except (AttributeError, OSError):  # no nice() here (Windows): the tests run as they are
+        pass
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = report.nodeid.split("::", 1)[0]
     if path.endswith(".ipynb"):  # an nbval cell item: setup (kernel start), call, teardown

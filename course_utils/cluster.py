@@ -104,7 +104,14 @@ class _Sentinel:
 
 
 class ClusterError(RuntimeError):
-    """The cluster could not start, a task failed, or it did not finish in time (the message says which)."""
+    """The cluster could not start, a task failed, or it did not finish in time (the message says which).
+
+    ``result``: when tasks ran and one failed, what they did (:class:`ClusterResult`: exit codes, output, when each
+    ended); None when the cluster could not start or timed out."""
+
+    def __init__(self, message: str, result: "ClusterResult | None" = None):
+        super().__init__(message)
+        self.result = result
 
 
 class _Stopped(BaseException):
@@ -176,6 +183,7 @@ class ClusterResult:
     pids: dict
     seconds: float
     awaited: tuple = ()  # the tasks whose exit ended the run (the others were stopped: a negative code)
+    ended: dict = dataclasses.field(default_factory=dict)  # task -> seconds after the start when it ended by itself
 
     def ok(self) -> bool:
         return all(self.returncodes[name] == 0 for name in (self.awaited or self.returncodes))
@@ -324,7 +332,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                 timeout: float = 120.0, env: dict | None = None, cwd: str | None = None,
                 log: Callable[[str], None] | None = print, ports: Sequence[int] | None = None,
                 task_env: Callable[[str, int], dict] | None = None,
-                wait_for: Sequence[str] | None = None) -> ClusterResult:
+                wait_for: Sequence[str] | None = None, stop_on_failure: bool = True) -> ClusterResult:
     """Run ``command`` once per task of a localhost cluster and wait for all of them.
 
     ``command``: argv, e.g. ``[sys.executable, "train.py"]``; every task runs the same program and tells
@@ -333,9 +341,13 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     prefixed ``[worker 0]`` (``None``: quiet). ``task_env(task_type, index)`` adds per-task variables.
     ``wait_for``: the task types whose exit ends the run (default: every task); e.g. ``("chief",)`` for
     parameter-server training, where workers and parameter servers serve until they are stopped.
-    Raises :class:`ClusterError` when a port is taken, when a task exits with an error (the others are
-    stopped at once: a collective would wait for the dead task forever) or after ``timeout`` seconds;
-    every process started is stopped before it returns or raises.
+    ``stop_on_failure``: a task that exits with an error stops the others at once (default: a collective would wait
+    for the dead task forever). False: the others go on — the fault-tolerance demos, where what the survivors do is
+    the point (do they notice? how soon?); the run then ends when the awaited tasks have ended, and a task that
+    failed there is reported only if it was awaited. Each task's end, as seen by the launcher (50 ms polls), is in
+    the result's ``ended``.
+    Raises :class:`ClusterError` when a port is taken, when an awaited task exits with an error (with its
+    ``result``) or after ``timeout`` seconds; every process started is stopped before it returns or raises.
     """
     if not command or isinstance(command, str):
         raise ValueError("command must be a non-empty argv list, e.g. [sys.executable, 'train.py']")
@@ -415,12 +427,16 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             reader.start()
             readers.append(reader)
 
-        failed = None
+        ended: dict[str, float] = {}
         while True:
             codes = {name: proc.poll() for name, proc in procs.items()}
-            failed = next((name for name, code in codes.items() if code not in (None, 0)), None)
+            now = time.monotonic() - start
+            for name, code in codes.items():
+                if code is not None and name not in ended:
+                    ended[name] = now
+            failures = [name for name, code in codes.items() if code not in (None, 0)]
             awaited = [code for name, code in codes.items() if wait_for is None or name.split()[0] in wait_for]
-            if failed or all(code is not None for code in awaited):
+            if (failures and stop_on_failure) or all(code is not None for code in awaited):
                 break
             if time.monotonic() - start > timeout:
                 running = [name for name, code in codes.items() if code is None]
@@ -429,16 +445,32 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                                    "running; all stopped). A task waiting for a peer that never came, or a "
                                    "limit too short? Last output of " + running[0] + ":\n" + _tail(logs[running[0]]))
             time.sleep(0.05)
-        if failed:
+        if not stop_on_failure:  # only the awaited tasks' failures count; the first to fail is named first
+            failures = [name for name in failures if wait_for is None or name.split()[0] in wait_for]
+        if failures:
+            failures.sort(key=lambda name: ended[name])
             _stop_all(procs)
             for reader in readers:
                 reader.join(timeout=2)
-            code = procs[failed].returncode
-            how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
-                   else f"exited with code {code}")
-            raise ClusterError(f"{failed} {how}; the other tasks were stopped "
-                               f"(a collective would wait for it forever). Last output of {failed}:\n"
-                               + _tail(logs[failed]))
+
+            def how(name: str) -> str:
+                code = procs[name].returncode
+                return (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+                        else f"exited with code {code}")
+
+            if stop_on_failure:
+                first = failures[0]
+                message = (f"{first} {how(first)}; the other tasks were stopped (a collective would wait for it "
+                           f"forever). Last output of {first}:\n" + _tail(logs[first]))
+            else:  # the survivors ran on: say how each failed task ended, and when; the last one's output
+                message = ("; ".join(f"{name} {how(name)} after {ended[name]:.1f} s" for name in failures)
+                           + f" (the tasks ran on after a failure: stop_on_failure=False). Last output of "
+                           f"{failures[-1]}:\n" + _tail(logs[failures[-1]]))
+            result = ClusterResult(cluster, {n: p.returncode for n, p in procs.items()},
+                                   {n: list(v) for n, v in logs.items()}, {n: p.pid for n, p in procs.items()},
+                                   time.monotonic() - start,
+                                   tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for), ended)
+            raise ClusterError(message, result)
     except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind
         try:
             _stop_all(procs)
@@ -453,15 +485,18 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
         reader.join(timeout=5)
     awaited = tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for)
     return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, {n: list(v) for n, v in logs.items()},
-                         {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited)
+                         {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited, ended)
 
 
 # TensorFlow's start-up chatter (C++ logging, absl's first-line warning): dropped by launch(quiet=True)
 TF_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IWE]0000 |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] )")
 
 
-# a multi-line TensorFlow log message goes on with a proto dump: indented, braces, `key: value` lines
-_TF_NOISE_CONTINUES = re.compile(r'^(\s.*|\}|[a-z_]+ \{|[a-z_]+: ("[^"]*"|-?\d+|true|false))?$')
+# a multi-line TensorFlow log message goes on with a proto dump (indented, braces, `key: value` lines) or, for a
+# failed RPC, gRPC's details (a task that is gone: the fault-tolerance demos)
+_TF_NOISE_CONTINUES = re.compile(r'^(\s.*|\}|[a-z_]+ \{|[a-z_]+: ("[^"]*"|-?\d+|true|false)'
+                                 r'|Additional GRPC error information .*|:UNKNOWN:Error received from peer .*'
+                                 r'|This could happen if the remote target has been disconnected from the client\.)?$')
 
 
 def _without_tf_noise(log: Callable[[str], None]) -> Callable[[str], None]:

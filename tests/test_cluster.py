@@ -336,3 +336,65 @@ def test_clusters_launched_at_once_are_never_given_the_same_port(monkeypatch):
     monkeypatch.setattr(socket_module, "socket", FakeSocket)
     first, second = cluster.free_ports(2), cluster.free_ports(2)
     assert first == [41000, 41001] and second == [41002, 41003]
+
+
+def test_stop_on_failure_false_leaves_the_others_running_and_says_when_each_ended(tmp_path):
+    """Lesson 08's fault demos: a dead task must not stop its peers when what they do next is the point. Worker 1 fails
+    at once; worker 0 runs on, notices (here: after a sleep) and fails too; both ends are reported, in order, with
+    when each happened. By default worker 0 is stopped at once."""
+    command = _task_script(tmp_path, """
+        if i == 1:
+            sys.exit(5)  # dies first
+        time.sleep(2.0)
+        print("worker 0 noticed", flush=True)
+        sys.exit(3)
+    """)
+    with pytest.raises(cluster.ClusterError) as info:
+        cluster.run_cluster(command, workers=2, timeout=60, log=None, stop_on_failure=False)
+    result = info.value.result
+    assert result.returncodes == {"worker 0": 3, "worker 1": 5}
+    assert result.ended["worker 0"] >= result.ended["worker 1"] + 1.5, result.ended
+    message = str(info.value)
+    assert message.index("worker 1 exited with code 5 after") < message.index("worker 0 exited with code 3 after")
+    assert "worker 0 noticed" in message  # the last task to fail: its output, what it saw
+    assert all(_gone(pid) for pid in _pids(tmp_path))
+
+    for path in tmp_path.glob("pids_*.json"):
+        path.unlink()
+    with pytest.raises(cluster.ClusterError) as info:
+        cluster.run_cluster(command, workers=2, timeout=60, log=None)
+    assert info.value.result.returncodes["worker 0"] < 0  # stopped by the launcher, never noticed
+    assert "worker 1 exited with code 5; the other tasks were stopped" in str(info.value)
+    assert all(_gone(pid) for pid in _pids(tmp_path))
+
+
+def test_stop_on_failure_false_with_a_chief_reports_only_the_chief(tmp_path):
+    """A parameter-server layout that loses a worker on purpose: the run is the chief's; the dead worker shows in
+    the result (its code, when it ended), not as a failure."""
+    command = _task_script(tmp_path, """
+        if kind == "worker" and i == 1:
+            os.kill(os.getpid(), 9)
+        if kind == "chief":
+            time.sleep(1.5)
+            sys.exit(0)
+        time.sleep(120)  # a server
+    """)
+    result = cluster.run_cluster(command, workers=2, ps=1, chief=True, timeout=60, log=None, wait_for=("chief",),
+                                 stop_on_failure=False)
+    assert result.ok() and result.returncodes["worker 1"] == -9 and result.returncodes["chief 0"] == 0
+    assert "worker 1" in result.ended and result.ended["chief 0"] > result.ended["worker 1"]
+    assert all(_gone(pid) for pid in _pids(tmp_path)) and all(_gone(pid) for pid in result.pids.values())
+
+
+def test_quiet_launch_drops_grpc_details_after_tensorflow_lines():
+    """A dead peer makes TensorFlow log failed RPCs with gRPC's details on the following lines; the quiet log drops
+    them with the line they belong to, and keeps the program's own lines."""
+    shown = []
+    show = cluster._without_tf_noise(shown.append)
+    for line in ["[chief 0] E0000 00:00:1.1 1 context.cc:908] Failed to remove function remotely due to ...",
+                 "[chief 0] Additional GRPC error information from remote target /job:worker/replica:0/task:1 while",
+                 "[chief 0] :UNKNOWN:Error received from peer  {grpc_status:14}",
+                 "[chief 0] This could happen if the remote target has been disconnected from the client.",
+                 "[chief 0] chief: 16/16 steps returned"]:
+        show(line)
+    assert shown == ["[chief 0] chief: 16/16 steps returned"]

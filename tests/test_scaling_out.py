@@ -305,3 +305,163 @@ def test_preemption_handler_on_each_platform_and_our_own_handler(tmp_path):
         ("instance/hostname", "instance/maintenance-event")}
     claims = scaling_out._platform_claims(rows)
     assert [c.holds for c in claims] == [True, None, True, True, True, True, True], [c.measured for c in claims]
+
+
+# -- Issue 32: heartbeats, evaluation by index, a worker lost mid-schedule ------------------------------------------
+
+
+def test_batch_by_index_sees_every_example_once_and_matches_skip():
+    """Step k of the exact evaluation slices batch k by index: together the steps see every example once, each batch
+    the one ``skip(k).take(1)`` would have produced (what the lesson replaced: O(k) a step)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from course_utils.experiments import parameter_server
+
+    n, batch = 100, 16  # 6 whole batches; the last 4 examples are dropped, as batch(drop_remainder=True) does
+    ids = np.arange(n, dtype="int32")
+    x = np.random.default_rng(0).normal(size=(n, 3)).astype("float32")
+    tensors = (tf.constant(ids), tf.constant(x))
+    data = tf.data.Dataset.from_tensor_slices((ids, x)).batch(batch, drop_remainder=True)
+
+    @tf.function
+    def by_index(k):  # as the scheduled step does: k is a tensor
+        return parameter_server.batch_by_index(tensors, k, batch)
+
+    seen = []
+    for k in range(n // batch):
+        got = by_index(tf.constant(k, tf.int64))
+        want = data.skip(k).take(1).get_single_element()
+        assert all(np.array_equal(g.numpy(), w.numpy()) for g, w in zip(got, want)), k
+        seen.append(got[0].numpy())
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange((n // batch) * batch))
+
+
+def test_batch_cost_times_skip_and_slicing_on_the_same_batches():
+    from course_utils.experiments import parameter_server
+
+    cost = parameter_server.batch_cost(batches=32, batch=4, rounds=1)  # checks inside that each way got batch k
+    assert cost["batches"] == 32 and set(cost) == {"batches", "batch", "skip(k).take(1)", "slice by index"}
+    assert all(set(cost[way]) == {"0", "31"} and min(cost[way].values()) > 0
+               for way in ("skip(k).take(1)", "slice by index"))
+
+
+def _stall_results(**dead_changes) -> dict:
+    hung = {"step_s": [0.5, 0.02, 12.01, 0.02], "error": None, "failed_step": None, "waited_s": None,
+            "timeout_s": 0.0, "stall_s": 12.0, "stall_after": 2, "dies": False, "message": None,
+            "detection": {"health_check_thread": False, "coordination_service": "standalone", "heartbeat_timeout_ms": 0}}
+    timed = dict(hung, step_s=[0.5, 0.02], error="DeadlineExceededError", failed_step=3, waited_s=2.0, timeout_s=2.0,
+                 error_line="timed out", message="worker 0 exited with code 3; the other tasks were stopped")
+    dead = dict(hung, step_s=[0.5, 0.02], error="UnavailableError", failed_step=3, waited_s=9.3, after_death_s=9.4,
+                dies=True, error_line="The following tasks are unhealthy (stopped sending heartbeats): /job:worker/...",
+                message="worker 1 was killed by SIGKILL after 4.0 s; worker 0 exited with code 3 after 13.4 s")
+    dead.update(dead_changes)
+    return {"no timeout": hung, "timeout": timed, "dead": dead}
+
+
+def test_heartbeat_claims_hold_only_for_a_death_found_by_the_heartbeats_in_time():
+    from course_utils import report
+    from course_utils.experiments import scaling_out
+
+    claims = scaling_out._heartbeat_claims(_stall_results())
+    assert [c.status for c in claims] == [report.HOLDS, report.HOLDS], [c.measured for c in claims]
+    assert "9.4 s after the death" in claims[0].measured
+    assert scaling_out._heartbeat_claims({k: v for k, v in _stall_results().items() if k != "dead"}) == []
+    off = {"health_check_thread": True, "coordination_service": "standalone", "heartbeat_timeout_ms": 0}
+    for change in ({"after_death_s": 0.05},  # at once: a broken connection, not the heartbeats
+                   {"after_death_s": 25.0},  # far beyond the heartbeat timeout
+                   {"after_death_s": None},
+                   {"error_line": "recvmsg:Connection reset by peer"},
+                   {"error": "DeadlineExceededError"},
+                   {"error": None, "error_line": ""},
+                   {"detection": off},  # the old health check ran
+                   {"detection": dict(off, health_check_thread=False, heartbeat_timeout_ms=3000)},  # not the default
+                   {"message": "worker 1 was killed by SIGKILL; the other tasks were stopped"}):  # worker 0 never ran on
+        claim = scaling_out._heartbeat_claims(_stall_results(**change))[0]
+        assert claim.status == report.FAILS, change
+    short = _stall_results()
+    short["no timeout"].update(stall_s=4.0, step_s=[0.5, 0.02, 4.01, 0.02])  # shorter than the heartbeat timeout
+    assert scaling_out._heartbeat_claims(short)[1].status == report.FAILS
+    caught = _stall_results()
+    caught["no timeout"].update(error="UnavailableError", failed_step=3, step_s=[0.5, 0.02])  # the hang was "found"
+    assert scaling_out._heartbeat_claims(caught)[1].status == report.FAILS
+
+
+def _ps_failure(**changes) -> dict:
+    lost = {"killed": 1, "scheduled": 16, "returned": 16, "first_half": [0, 1, 0, 0, 0, 0, 0, 0],
+            "second_half": [0] * 8, "ran_on_killed_before_kill": 1, "put_back": 1, "failure_lines": ["Worker ..."],
+            "executions": 17, "join_after_kill_s": 0.1, "grpc_fail_fast": "use_caller"}
+    lost.update(changes)
+    return {"worker_failure": lost}
+
+
+def test_worker_failure_claim_needs_every_step_back_and_the_survivor_running_the_rest():
+    from course_utils import report
+    from course_utils.experiments import scaling_out
+
+    assert scaling_out._worker_failure_claim(_ps_failure())[0].status == report.HOLDS
+    assert scaling_out._worker_failure_claim({}) == []
+    for change in ({"returned": 15}, {"second_half": [0, 1, 0, 0, 0, 0, 0, 0]}, {"second_half": []},
+                   {"put_back": 0}, {"executions": 15}, {"grpc_fail_fast": "false"}):
+        assert scaling_out._worker_failure_claim(_ps_failure(**change))[0].status == report.FAILS, change
+
+
+def test_batch_cost_claim_needs_skip_to_grow_and_slicing_to_stay_flat():
+    from course_utils import report
+    from course_utils.experiments import scaling_out
+
+    def ev(skip_last, index_last):
+        return {"batch_cost": {"batches": 1024, "batch": 16, "skip(k).take(1)": {"0": 0.001, "1023": skip_last},
+                               "slice by index": {"0": 0.0004, "1023": index_last}}}
+
+    assert scaling_out._batch_cost_claim(ev(0.18, 0.0004))[0].status == report.HOLDS
+    assert scaling_out._batch_cost_claim({}) == []
+    assert scaling_out._batch_cost_claim(ev(0.005, 0.0004))[0].status == report.FAILS  # skip did not grow
+    assert scaling_out._batch_cost_claim(ev(0.18, 0.01))[0].status == report.FAILS  # slicing grew with k
+
+
+def test_fault_demo_programs_refuse_bad_arguments_in_one_line(monkeypatch, capsys, tmp_path):
+    from course_utils.experiments import multiworker, parameter_server
+
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
+    assert multiworker.main(["--die", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["--die needs --stall-worker I (the worker that dies)"]
+    for workers, kill, expected in ((2, "2", "--kill-worker 2: the cluster has workers 0-1"),
+                                    (1, "0", "--kill-worker needs at least 2 workers: one must survive")):
+        monkeypatch.setenv("TF_CONFIG", cluster.tf_config(
+            {"chief": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{2 + i}" for i in range(workers)], "ps": ["127.0.0.1:9"]},
+            "chief", 0))
+        assert parameter_server.main(["--out", str(tmp_path), "--kill-worker", kill]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [expected]
+
+
+@pytest.mark.extended  # lesson 08 runs this cluster (and its claim) in every mode
+def test_a_dead_worker_is_found_by_the_heartbeats_within_bounds(tmp_path):
+    """Issue 32: TensorFlow 2.20's MultiWorkerMirroredStrategy turns on the coordination service and its health-check
+    thread off; a SIGKILLed worker's peer fails with UnavailableError naming the stopped heartbeats, about the 10 s
+    heartbeat timeout after the death — not at once, not after the old 30 s check."""
+    from course_utils.experiments import scaling_out
+
+    dead = scaling_out.stalled_worker(str(tmp_path), runs=("dead",))["dead"]
+    assert dead["detection"] == {"health_check_thread": False, "coordination_service": "standalone",
+                                 "heartbeat_timeout_ms": 0}
+    assert dead["error"] == "UnavailableError" and "stopped sending heartbeats" in dead["error_line"], dead
+    low, high = scaling_out.DETECTION_BOUNDS_S
+    assert low <= dead["after_death_s"] <= high, dead
+    assert dead["failed_step"] == 3 and len(dead["step_s"]) == 2
+    assert "worker 1 was killed by SIGKILL after" in dead["message"] and "worker 0 exited with code 3" in dead["message"]
+
+
+@pytest.mark.extended  # lesson 08 runs this cluster (and its claim) in every mode
+def test_parameter_server_coordinator_reruns_a_killed_workers_steps_on_the_other(tmp_path):
+    lines = []
+    result = cluster.launch("course_utils.experiments.parameter_server",
+                            ["--steps", "8", "--out", str(tmp_path), "--no-fit", "--kill-worker", "1", "--kill-steps", "6"],
+                            chief=True, workers=2, ps=1, timeout=180, log=lines.append, stop_on_failure=False)
+    assert result.ok() and result.returncodes["worker 1"] == -9
+    lost = json.loads((tmp_path / "parameter_server.json").read_text())["worker_failure"]
+    assert lost["returned"] == lost["scheduled"] == 12 and set(lost["second_half"]) == {0}
+    assert lost["put_back"] >= 1 and lost["executions"] >= 12 and lost["grpc_fail_fast"] == "use_caller"
+    assert any("SIGKILLed mid-schedule" in line for line in lines)
+    assert not any("GRPC error information" in line for line in lines)  # the coordinator's log kept quiet
+    assert all(_gone(pid) for pid in result.pids.values())

@@ -88,6 +88,10 @@ def _dataset(steps: int, global_batch: int):
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    # No autotuning: nothing here to tune, and its model thread sleeps ever longer between rounds while the iterator
+    # lives; deleting the iterator waits for that sleep to end (after §3's 12-s hang a worker sat 8-28 s in
+    # ~MultiDeviceIterator: RootDataset::Iterator's destructor waiting on Model::OptimizeLoop, seen in gdb).
+    options.autotune.enabled = False
     return ds.with_options(options)
 
 
@@ -302,7 +306,8 @@ def train_with_own_sigterm_handler(strategy, steps: int, ckpt_dir: str, log_path
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
 
 
-COLLECTIVE_TIMEOUT_EXIT = 3  # the worker program's exit code when a collective timed out (a restartable failure)
+COLLECTIVE_TIMEOUT_EXIT = 3  # the worker program's exit code when a collective failed: timed out, or lost a peer
+# (a restartable failure: a cluster manager would restart the job from its last checkpoint)
 
 
 def strategy_with_timeout(timeout_s: float | None):
@@ -318,12 +323,48 @@ def strategy_with_timeout(timeout_s: float | None):
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
+def failure_detection(strategy) -> dict:
+    """How this worker's ``MultiWorkerMirroredStrategy`` would notice a dead peer (TensorFlow 2.20,
+    ``collective_all_reduce_strategy.py``): the strategy configures the *coordination service* (``standalone``, led by
+    the chief or worker 0) unless something configured it first, and then switches its own Python health-check thread
+    off ("Check health not enabled"): the service's heartbeats find dead peers instead. ``heartbeat_timeout_ms``: 0
+    means the service's default (``kDefaultHeartbeatTimeoutMs``, 10 s, in XLA's ``coordination_service.cc``). Read
+    from private attributes: they are what the strategy itself reads."""
+    from tensorflow.python.eager import context
+
+    config = context.context().coordination_service  # a CoordinationServiceConfig proto, or None
+    return {"health_check_thread": bool(getattr(strategy.extended, "_enable_check_health", None)),
+            "coordination_service": config.service_type if config is not None else "",
+            "heartbeat_timeout_ms": int(config.heartbeat_timeout_in_ms) if config is not None else None}
+
+
+DIE_AFTER_S = 1.0  # a dying worker's pause before its death: its peers finish pulling the last step's data from it
+
+
+def _die(died_path: str | None) -> None:
+    """SIGKILL this process (no notice, no cleanup: a machine that dies), after writing when to ``died_path``. First a
+    pause of :data:`DIE_AFTER_S`: a collective ends on a worker once it has its peers' data, while they may still be
+    pulling its own (RecvBuf). Dying at once could cut their last step short — they would see a broken connection
+    (measured: ``Socket closed`` 0.04 s later) — instead of waiting in the next step, as after a death between
+    steps."""
+    import signal
+
+    time.sleep(DIE_AFTER_S)
+    if died_path:
+        with open(died_path, "w") as f:
+            f.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def train_with_a_stall(strategy, steps: int, stall_after: int, stall_s: float, stalls: bool,
-                       global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+                       global_batch: int = GLOBAL_BATCH, lr: float = 0.1, dies: bool = False,
+                       died_path: str | None = None, hang_path: str | None = None) -> dict:
     """:func:`train`'s loop, timing each step; if ``stalls``, this worker stops for ``stall_s`` seconds after step
-    ``stall_after`` (standing in for a hung process: a deadlock, stuck storage, a debugger). The other workers' next
-    all-reduce waits for it — as long as it takes, or until the strategy's collective timeout: then this returns the
-    error's type and how long the step had waited, instead of raising."""
+    ``stall_after`` (standing in for a hung process: a deadlock, stuck storage, a debugger; when it starts goes to
+    ``hang_path``) — or, with ``dies``, SIGKILLs itself there (a machine that dies; when goes to ``died_path``). The
+    other workers' next all-reduce waits for it — as long as it takes, until the strategy's collective timeout, or
+    until the coordination service reports the dead worker: then this returns the error's type, the sentence that
+    says why, and how long the step had waited, instead of raising."""
     import keras
     import tensorflow as tf
 
@@ -335,15 +376,36 @@ def train_with_a_stall(strategy, steps: int, stall_after: int, stall_s: float, s
     step_s: list[float] = []
     for number in range(1, steps + 1):
         if stalls and number == stall_after + 1:
+            if dies:
+                _die(died_path)
+            if hang_path:
+                with open(hang_path, "w") as f:
+                    f.write(repr(time.time()))
             time.sleep(stall_s)
         start = time.perf_counter()
         try:
             step(next(dist))
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError) as err:
             return {"step_s": step_s, "error": type(err).__name__, "failed_step": number,
-                    "waited_s": time.perf_counter() - start}
+                    "waited_s": time.perf_counter() - start, "failed_at": time.time(),
+                    "error_line": _key_line(str(err))}
         step_s.append(time.perf_counter() - start)
+    # Not deleted before the program ends (exit_with_peers: no teardown): the distributed iterator's per-device
+    # datasets are autotuned whatever the options say, and after the hang deleting them waited 8 s for that thread.
+    _KEEP_UNTIL_EXIT.append(dist)
     return {"step_s": step_s, "error": None, "failed_step": None, "waited_s": None}
+
+
+_KEEP_UNTIL_EXIT: list = []
+
+
+def _key_line(message: str) -> str:
+    """The sentence of a collective's error that says what happened (TensorFlow's message opens with the op's name)."""
+    for key in ("The following tasks are unhealthy", "Collective has timed out", "Collective ops is aborted by"):
+        if key in message:
+            line = " ".join(message[message.index(key):].split())
+            return line.split(" The tasks have crashed")[0].split(" [Op:")[0][:200]
+    return " ".join(message.split())[:200]
 
 
 def time_steps(strategy, steps: int, per_worker_batch: int = 64, rounds: int = 3) -> dict:
@@ -463,18 +525,28 @@ def non_negative_float(text: str) -> float:
 
 
 def _stall(args, strategy, task: dict) -> int:
-    """``--stall-worker I``: :func:`train_with_a_stall`; each worker writes ``worker{i}_stall.json``. A worker whose
-    collective timed out says so in one line and exits with :data:`COLLECTIVE_TIMEOUT_EXIT` (a cluster manager would
-    restart the job from its last checkpoint)."""
+    """``--stall-worker I``: :func:`train_with_a_stall` (``--die``: that worker SIGKILLs itself instead of hanging);
+    each worker writes ``worker{i}_stall.json``, with how this worker would notice a dead peer
+    (:func:`failure_detection`) and, when its step failed after a worker died, how long after the death. A worker
+    whose collective failed says so in one line and exits with :data:`COLLECTIVE_TIMEOUT_EXIT` (a cluster manager
+    would restart the job from its last checkpoint)."""
     name = f"{task['type']}{task['index']}"
+    died_path = os.path.join(args.out, f"worker{args.stall_worker}_died_at.txt")
     result = train_with_a_stall(strategy, args.steps, args.stall_after, args.stall_seconds,
-                                stalls=task["index"] == args.stall_worker)
-    result.update(timeout_s=args.collective_timeout, stall_s=args.stall_seconds, stall_after=args.stall_after)
+                                stalls=task["index"] == args.stall_worker, dies=args.die, died_path=died_path,
+                                hang_path=os.path.join(args.out, f"worker{args.stall_worker}_hangs.txt"))
+    result.update(timeout_s=args.collective_timeout, stall_s=args.stall_seconds, stall_after=args.stall_after,
+                  dies=args.die, detection=failure_detection(strategy))
+    if result["error"] and args.die and os.path.exists(died_path):
+        with open(died_path) as f:
+            result["after_death_s"] = result.pop("failed_at") - float(f.read())
+    result.pop("failed_at", None)
     with open(os.path.join(args.out, f"{name}_stall.json"), "w") as f:
         json.dump(result, f)
     if result["error"]:
         print(f"{task['type']} {task['index']}: step {result['failed_step']} raised {result['error']} after "
-              f"{result['waited_s']:.1f} s (collective timeout {args.collective_timeout:g} s)", flush=True)
+              f"{result['waited_s']:.1f} s (collective timeout {args.collective_timeout:g} s): "
+              f"{result['error_line'][:120]}", flush=True)
         return COLLECTIVE_TIMEOUT_EXIT
     print(f"{task['type']} {task['index']}: {len(result['step_s'])} steps; the longest took "
           f"{max(result['step_s']):.1f} s", flush=True)
@@ -518,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-worker", type=int, help="this worker stops for --stall-seconds ...")
     parser.add_argument("--stall-after", type=positive_int, default=1, help="... after this step")
     parser.add_argument("--stall-seconds", type=non_negative_float, default=0.0)
+    parser.add_argument("--die", action="store_true",
+                        help="with --stall-worker: that worker SIGKILLs itself after --stall-after instead of stopping")
     args = parser.parse_args(argv)
     if args.own_handler and not args.single:
         print("--own-handler needs --single (one process)", file=sys.stderr)
@@ -529,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.alone and not args.time:
         print("--alone needs --time STEPS", file=sys.stderr)
         return 2
+    if args.die and args.stall_worker is None:
+        print("--die needs --stall-worker I (the worker that dies)", file=sys.stderr)
+        return 2
     import tensorflow as tf
 
     config = (json.loads(os.environ["TF_CONFIG"]) if not args.single else
@@ -538,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.alone:
         return _time_alone(args, task, len(config["cluster"]["worker"]))
     strategy = strategy_with_timeout(args.collective_timeout)
+    if not args.single:
+        _CLUSTER_STRATEGY.append(strategy)  # exit_with_peers: one last barrier, then no teardown
     if args.stall_worker is not None:
         return _stall(args, strategy, task)
     if args.fit:
@@ -594,5 +673,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_CLUSTER_STRATEGY: list = []  # the MultiWorkerMirroredStrategy main() trained with, when it ran in a cluster
+
+
+def exit_with_peers(code: int) -> None:
+    """End the worker program with ``code`` without TensorFlow's teardown, which can stall a worker for the heartbeat
+    timeout: at exit TensorFlow removes each traced function from every remote worker, and a worker whose peer has
+    already exited waits until the coordination service declares that peer dead (measured: the slower worker of a
+    cluster ended 8 s after the other, and logged "tasks have crashed"). A worker that succeeded first meets the
+    others at a last tiny all-reduce — each passes it only once every other has reached it, its results written — and
+    then exits at once; a barrier cut short by a peer that left first is ignored: everything is written. A collective
+    that failed (:data:`COLLECTIVE_TIMEOUT_EXIT`: a peer is gone or hung) exits at once: at exit the coordination
+    service would wait for the lost peer (measured: 13 s more)."""
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    if code == 0 and _CLUSTER_STRATEGY and len(cluster.get("worker", [])) + len(cluster.get("chief", [])) > 1:
+        import tensorflow as tf
+
+        strategy = _CLUSTER_STRATEGY[0]
+        try:
+            tf.function(lambda: strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))()
+        except tf.errors.OpError:
+            pass
+    if code in (0, COLLECTIVE_TIMEOUT_EXIT) and _CLUSTER_STRATEGY:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with_peers(main())

@@ -1,6 +1,7 @@
 """Lesson 08's claims: ``measure(lab)`` runs the lesson's localhost clusters (MultiWorkerMirrored workers, the Keras
-``fit`` attempt, a worker killed and the cluster resumed, a parameter-server cluster, a model split over two
-workers, step time on 1/2/4 workers) the way the notebook does, and ``claims(results)`` turns what they wrote into
+``fit`` attempt, a worker killed and the cluster resumed, a worker that hangs and one that dies — found or not by
+the coordination service's heartbeats, a parameter-server cluster that loses a worker mid-schedule, a model split
+over two workers, step time on 1/2/4 workers) the way the notebook does, and ``claims(results)`` turns what they wrote into
 the lesson's claims; :func:`platform_matrix` runs the preemption demo in one process against a fake GCE metadata
 server (:mod:`course_utils.gce`) as on each platform TensorFlow's ``PreemptionCheckpointHandler`` tells apart. The
 cluster programs are :mod:`.multiworker`, :mod:`.parameter_server` and :mod:`.model_parallel`; the launcher is
@@ -71,12 +72,13 @@ def measure(lab) -> dict:
     lab.progress("PreemptionCheckpointHandler on each platform (a fake GCE metadata server), and our own handler")
     r["platform_rows"] = platform_matrix(f"{out_dir}/platforms", rows=matrix_rows(lab.cfg.smoke))
 
-    lab.progress("a worker that hangs, without and with a collective timeout")
+    lab.progress("a worker that hangs (without and with a collective timeout) and one that dies, overlapped")
     r["stall"] = stalled_worker(f"{out_dir}/stall")
 
-    lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps)")
-    cluster.launch("course_utils.experiments.parameter_server", ["--steps", sizes.ps_steps, "--out", f"{out_dir}/ps"],
-                   chief=True, workers=2, ps=1, timeout=300, log=None)
+    lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps); worker 1 killed mid-schedule")
+    cluster.launch("course_utils.experiments.parameter_server", ["--steps", sizes.ps_steps, "--out", f"{out_dir}/ps",
+                                                                 "--kill-worker", 1],
+                   chief=True, workers=2, ps=1, timeout=300, log=None, stop_on_failure=False)
     with open(f"{out_dir}/ps/parameter_server.json", encoding="utf-8") as f:
         r["ps"] = json.load(f)
 
@@ -309,25 +311,46 @@ def _platform_claims(rows: list[dict]) -> list:
     return out
 
 
-COLLECTIVE_TIMEOUT_S, STALL_S = 2.0, 4.0  # §3: the timeout given to the collectives; how long worker 1 hangs
+COLLECTIVE_TIMEOUT_S = 2.0  # §3: the timeout given to the collectives
+HEARTBEAT_TIMEOUT_S = 10.0  # the coordination service's default (kDefaultHeartbeatTimeoutMs, XLA coordination_service.cc)
+STALL_S = 12.0  # how long worker 1 hangs: longer than the heartbeat timeout (+ the service's 1 s check), so a hang the
+# heartbeats caught would show as an error before it ended
+DETECTION_BOUNDS_S = (HEARTBEAT_TIMEOUT_S / 2 - 1.0, HEARTBEAT_TIMEOUT_S + 3.0)  # a dead worker's peers fail this long
+# after the death: the heartbeat timeout after its last heartbeat (they go every timeout / 2: XLA's
+# coordination_service_agent.cc), checked every second (coordination_service.cc CheckStaleness), then propagated —
+# 5 to 11 s, with a second's margin below and two above; never at once
 
 
 def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, stall_s: float = STALL_S,
-                   stall_after: int = 2) -> dict:
-    """§3: a 2-worker cluster in which worker 1 stops for ``stall_s`` seconds after step ``stall_after``, run without a
-    collective timeout and then with ``timeout_s``. Returns worker 0's record of each run (its step times, or the error
-    and how long the failing step waited) with the launcher's line about how the run ended (None: every task
-    finished). One cluster at a time: launched from two threads at once, a port picked free for one was found taken
-    when its check ran (once in a full-mode run), so the two runs take turns."""
+                   stall_after: int = 2, runs=("no timeout", "timeout", "dead")) -> dict:
+    """§3: three 2-worker clusters, overlapped. In two, worker 1 stops for ``stall_s`` seconds after step ``stall_after``
+    (a hang), without a collective timeout and with ``timeout_s``; in the third it SIGKILLs itself there (a death),
+    without a timeout, and the launcher leaves worker 0 running (``stop_on_failure=False``) to see whether and when
+    it notices. Returns worker 0's record of each run — its step times, or the error, its key line and how long the
+    failing step waited (for the death, also how long after it) — with the launcher's line about how the run ended
+    (None: every task finished), under ``"no timeout"``, ``"timeout"`` and ``"dead"`` (``runs``: which of them).
+    Overlapped, because the runs are mostly waiting: the hang outlasts the heartbeat timeout, and the death is found
+    after about that long. The two long runs start together, the short one (with a timeout) once the hung worker has
+    begun its hang (it writes when), so that its start-up has the cores while the others wait."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
     from .. import cluster
 
-    def run(timeout: float) -> dict:
-        folder = f"{out}/{'none' if timeout == 0 else 'timeout'}"
+    def folder_of(name: str) -> str:
+        return f"{out}/{name.replace(' ', '_')}"
+
+    def run(name: str, timeout: float, die: bool) -> dict:
+        folder = folder_of(name)
         message = None
+        if name == "timeout" and "no timeout" in runs:  # start once the long run's worker 1 hangs (or after 60 s)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(f"{folder_of('no timeout')}/worker1_hangs.txt") and time.monotonic() < deadline:
+                time.sleep(0.05)
         try:
             cluster.launch(MW, ["--steps", stall_after + 2, "--out", folder, "--stall-worker", 1, "--stall-after",
-                                stall_after, "--stall-seconds", stall_s, "--collective-timeout", timeout],
-                           workers=2, timeout=120, log=None)
+                                stall_after, "--stall-seconds", stall_s, "--collective-timeout", timeout]
+                           + (["--die"] if die else []), workers=2, timeout=120, log=None, stop_on_failure=not die)
         except cluster.ClusterError as err:
             message = str(err).split(" Last output")[0]
         try:
@@ -337,7 +360,32 @@ def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, stall_s: f
             raise RuntimeError(f"worker 0 wrote no result ({message or 'every task ended'}); run the cell "
                                "again") from None
 
-    return {"no timeout": run(0.0), "timeout": run(timeout_s)}
+    kinds = {"no timeout": (0.0, False), "timeout": (timeout_s, False), "dead": (0.0, True)}
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        futures = {name: pool.submit(run, name, *kinds[name]) for name in runs}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def stall_table(stall: dict) -> list[dict]:
+    """§3: one row per run of :func:`stalled_worker`: what worker 1 did, worker 0's steps, how the run ended."""
+    rows = []
+    for name, run in stall.items():
+        after = run["stall_after"]
+        what = (f"dies (SIGKILL) after step {after}" if run.get("dies") else
+                f"hangs {run['stall_s']:g} s after step {after}")
+        if run["error"]:
+            step = f"{run['error']} after {run['waited_s']:.1f} s"
+            if run.get("after_death_s") is not None:
+                step += f" ({run['after_death_s']:.1f} s after the death)"
+        else:
+            step = f"{run['step_s'][after]:.1f} s" if len(run["step_s"]) > after else "—"
+        rows.append({"worker 1": what,
+                     "collectives": f"timeout {run['timeout_s']:g} s" if run["timeout_s"] else "no timeout",
+                     "worker 0: steps before": ", ".join(f"{s:.2f} s" for s in run["step_s"][:after]),
+                     f"worker 0: step {after + 1}": step,
+                     "why it ended": run.get("error_line", "")[:110] if run["error"] else "",
+                     "the run": run["message"] or f"all {len(run['step_s'])} steps ran"})
+    return rows
 
 
 def time_alone(workers: int, steps: int, out: str) -> dict:
@@ -398,6 +446,51 @@ def _stall_claim(stall: dict):
         f"{COLLECTIVE_TIMEOUT_EXIT}", f"{without} / {with_timeout}", holds)
 
 
+CAS = "tensorflow/python/distribute/collective_all_reduce_strategy.py"  # TensorFlow 2.20
+
+
+def _heartbeat_claims(stall: dict) -> list:
+    """§3: a dead worker is found by the coordination service's heartbeats (no Python health check runs), a hung one
+    is not — it is alive and sends them. No ``"dead"`` run (results from before it existed): no claims."""
+    from .. import report
+
+    if "dead" not in stall:
+        return []
+    dead, hung = stall["dead"], stall["no timeout"]
+    low, high = DETECTION_BOUNDS_S
+    detection = dead.get("detection") or {}
+    seconds = dead.get("after_death_s")
+    found = (dead["error"] == "UnavailableError" and "stopped sending heartbeats" in dead.get("error_line", "")
+             and seconds is not None and low <= seconds <= high
+             and f"exited with code {COLLECTIVE_TIMEOUT_EXIT}" in (dead["message"] or "")
+             and detection.get("health_check_thread") is False and detection.get("coordination_service") == "standalone"
+             and detection.get("heartbeat_timeout_ms") == 0)
+    after = hung["stall_after"]
+    waited = hung["step_s"][after] if hung["error"] is None and len(hung["step_s"]) > after else None
+    not_found = (waited is not None and hung["stall_s"] > HEARTBEAT_TIMEOUT_S + 1 and waited >= 0.9 * hung["stall_s"])
+    measured_dead = (f"{dead['error'] or 'no error'}"
+                     + (f" {seconds:.1f} s after the death" if seconds is not None else "")
+                     + (" ('stopped sending heartbeats')" if "heartbeats" in dead.get("error_line", "") else "")
+                     + f"; health-check thread {'on' if detection.get('health_check_thread') else 'off'}; "
+                     f"coordination service {detection.get('coordination_service') or 'none'}, heartbeat timeout "
+                     + ("default" if detection.get("heartbeat_timeout_ms") == 0 else
+                        f"{detection.get('heartbeat_timeout_ms')} ms"))
+    return [
+        report.Claim("A worker that dies (SIGKILL) is found by the coordination service's heartbeats: its peers' "
+                     "all-reduce fails with UnavailableError about the heartbeat timeout after the death; the "
+                     "strategy's own health check (every 30 s) is off", f"§3; {CAS} (check_health), XLA "
+                     "coordination_service.cc (kDefaultHeartbeatTimeoutMs)",
+                     f"UnavailableError 'stopped sending heartbeats' {low:g}–{high:g} s after the death, exit code "
+                     f"{COLLECTIVE_TIMEOUT_EXIT}; health-check thread off; service standalone, timeout default (10 s)",
+                     measured_dead, found),
+        report.Claim("... a worker that hangs longer than the heartbeat timeout is not found: it is alive and sends "
+                     "them, so without a collective timeout its peers wait the whole hang", "§3",
+                     f"step {after + 1} waits the whole {hung['stall_s']:g} s hang (> {HEARTBEAT_TIMEOUT_S:g} s), "
+                     "no error", f"{waited:.1f} s, no error" if waited is not None else
+                     f"{hung['error']} at step {hung['failed_step']}", not_found),
+    ]
+
+
 def visit_counts(visits: list) -> str:
     """§4: how many examples an evaluation saw once, more than once, never."""
     return (f"{visits.count(1)} once, {sum(v > 1 for v in visits)} more than once, {visits.count(0)} never")
@@ -421,6 +514,47 @@ def _evaluation_claims(ev: dict) -> list:
                      any(v > 1 for v in per_worker["visits"]) and 0 in per_worker["visits"],
                      "one worker ran every step this time: exact by chance" if one_worker_did_all else ""),
     ]
+
+
+def _batch_cost_claim(ev: dict) -> list:
+    """§4: batch k by ``skip(k).take(1)`` costs more the larger k; sliced by index it does not. Results from before
+    the measurement existed: no claim."""
+    from .. import report
+
+    cost = ev.get("batch_cost")
+    if not cost:
+        return []
+    last = str(cost["batches"] - 1)
+    skip, index = cost["skip(k).take(1)"], cost["slice by index"]
+    holds = skip[last] >= 20 * skip["0"] and skip[last] >= 20 * index[last] and index[last] <= 5 * index["0"]
+    return [report.Claim(
+        f"Evaluation batch k by skip(k).take(1) produces the k batches before it (O(k) a step); sliced by index it "
+        f"costs the same for every k ({cost['batches']} batches of {cost['batch']}, with a map)", "§4",
+        "last batch by skip ≥ 20× the first and ≥ 20× by index; by index, last ≤ 5× first",
+        f"skip: {skip['0'] * 1e3:.2f} → {skip[last] * 1e3:.1f} ms; by index: {index['0'] * 1e3:.2f} → "
+        f"{index[last] * 1e3:.2f} ms", holds)]
+
+
+def _worker_failure_claim(ps: dict) -> list:
+    """§4: a worker SIGKILLed mid-schedule — every scheduled step returns, the steps after the kill run on the others,
+    a closure that failed on it was put back; the step ran at least once per step. No such run: no claim."""
+    from .. import report
+
+    lost = ps.get("worker_failure")
+    if not lost:
+        return []
+    survivors_only = bool(lost["second_half"]) and lost["killed"] not in lost["second_half"]
+    holds = (lost["returned"] == lost["scheduled"] and survivors_only and lost["put_back"] >= 1
+             and lost["executions"] >= lost["scheduled"] and lost["grpc_fail_fast"] == "use_caller")
+    return [report.Claim(
+        "ParameterServerStrategy: a worker killed mid-schedule — the coordinator puts its failed step back and the "
+        "other worker runs it; every scheduled step returns a result, each run at least once",
+        "§4; tensorflow/python/distribute/coordinator/cluster_coordinator.py (schedule, wait_on_failure)",
+        f"{lost['scheduled']}/{lost['scheduled']} returned; every step after the kill on another worker; ≥ 1 "
+        f"closure put back; ≥ {lost['scheduled']} executions",
+        f"{lost['returned']}/{lost['scheduled']} returned; after the kill on worker(s) "
+        f"{sorted(set(lost['second_half']))}; {lost['put_back']} put back; {lost['executions']} executions "
+        f"(GRPC_FAIL_FAST={lost['grpc_fail_fast'] or 'unset'})", holds)]
 
 
 def claims(r: dict) -> list:
@@ -478,6 +612,7 @@ def claims(r: dict) -> list:
                      and r["diff_preempted"] <= 1e-6),
         *_platform_claims(r.get("platform_rows", [])),
         _stall_claim(r["stall"]),
+        *_heartbeat_claims(r["stall"]),
         report.Claim("ParameterServerStrategy trains a Keras 3 model with a custom loop; variables on the parameter server",
                      "§4", "loss falls; variables on /job:ps",
                      f"{losses[:k].mean():.3f} → {losses[-k:].mean():.3f}; {', '.join(ps['variable_devices'])}",
@@ -485,6 +620,8 @@ def claims(r: dict) -> list:
         report.Claim("Keras 3 model.fit does not run under ParameterServerStrategy", "§4", "an error",
                      ps["fit"].split(":")[0], ps["fit"] != "runs"),
         *_evaluation_claims(ps["evaluation"]),
+        *_batch_cost_claim(ps["evaluation"]),
+        *_worker_failure_claim(ps),
         report.Claim("A model split over two devices computes the same gradients", "§5", "max |Δ| ≤ 1e-5 × max |gradient|",
                      f"{max(mp['max_grad_diff'].values()) / mp['grad_scale']:.0e} ×",
                      max(mp["max_grad_diff"].values()) <= 1e-5 * mp["grad_scale"]),

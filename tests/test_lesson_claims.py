@@ -132,3 +132,19 @@ def test_lesson_08_evaluation_claims_count_every_visit():
     changed["ps"]["evaluation"]["per-worker dataset"]["visits"] = [1, 1, 1, 1]  # one worker ran every step
     claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith("Evaluation from a per-worker"))
     assert claim.status == report.UNMEASURABLE and "exact by chance" in claim.note
+
+
+def test_lesson_08_pipelining_on_one_core_is_not_measurable_and_on_two_it_is():
+    """The two stages' workers pin themselves to a core each; with one usable core (taskset, prove --jobs 2 on 2
+    cores) they take turns, and pipelining cannot overlap anything: that is no verdict on pipelining."""
+    def pipelining_claim(stage_cores):
+        results = _lesson_08_results(rounds=3, naive_s=1.0)
+        name = next(n for n in results["mp"]["times_s"] if "micro-batches" in n)
+        results["mp"]["times_s"][name] = [2.0, 2.0, 2.0]  # pipelined twice as slow as the naive split
+        if stage_cores is not None:
+            results["mp"]["stage_cores"] = stage_cores
+        return next(c for c in scaling_out.claims(results) if c.claim.startswith("Pipelining micro-batches"))
+
+    one = pipelining_claim(1)
+    assert one.status == report.UNMEASURABLE and "share one core" in one.note
+    assert pipelining_claim(2).status == report.FAILS and pipelining_claim(None).status == report.FAILS

@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     tf.config.experimental_connect_to_cluster(resolver, job_name="chief", task_index=0)
     result = measure(args.width, args.layers, args.batch, args.micro_batches, rounds=args.rounds)
+    # the cores the two stages' workers were pinned to (pin_to_one_core): one core means they took turns
+    result["stage_cores"] = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 2
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "model_parallel.json"), "w") as f:
         json.dump(result, f)

@@ -321,11 +321,9 @@ def interop_threads() -> int:
     :data:`MIN_INTEROP_THREADS`. With one core TensorFlow starts one inter-op thread, and a distributed task that
     blocks it (waiting for a peer's tensor or a scheduled function) has none left to serve its peers: a
     parameter-server cluster under ``taskset -c 0`` never finished (measured; with 2 threads it runs in seconds)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(MIN_INTEROP_THREADS, cores)
+    from .runtime import usable_cores
+
+    return max(MIN_INTEROP_THREADS, usable_cores())
 
 
 def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bool = False,

@@ -136,13 +136,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # what taskset or a container left this process
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def _memory_gib() -> float | None:
     try:
         import psutil
@@ -167,6 +160,8 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
     import tensorflow as tf
     import keras
 
+    from .runtime import usable_cores
+
     names = []
     for kind in ("TPU", "GPU"):
         for device in tf.config.list_physical_devices(kind):
@@ -178,7 +173,7 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
     return {
         "accelerator": {"kind": runtime.kind, "name": ", ".join(dict.fromkeys(names)) or "none",
                         "replicas": runtime.num_replicas},
-        "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "usable_cores": _usable_cores(),
+        "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
                 "max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                 "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")},
         "memory_gib": _memory_gib(),

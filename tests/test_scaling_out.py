@@ -387,6 +387,33 @@ def test_heartbeat_claims_hold_only_for_a_death_found_by_the_heartbeats_in_time(
     assert scaling_out._heartbeat_claims(caught)[1].status == report.FAILS
 
 
+def test_heartbeat_claims_with_the_smoke_mode_timeout_hold_against_that_timeout():
+    """Smoke mode sets a 4 s heartbeat timeout (multiworker.set_heartbeat_timeout): a death found ~3 s after, and a 6 s
+    hang not found, hold; the strategy reporting another timeout than the one asked for, or a hang no longer than
+    the timeout, does not."""
+    from course_utils import report
+    from course_utils.experiments import scaling_out
+
+    set4 = {"health_check_thread": False, "coordination_service": "standalone", "heartbeat_timeout_ms": 4000}
+
+    def smoke(**dead):
+        results = _stall_results(**{"heartbeat_s": 4.0, "detection": set4, "after_death_s": 3.1, **dead})
+        results["no timeout"].update(heartbeat_s=4.0, stall_s=6.0, step_s=[0.5, 0.02, 6.01, 0.02], detection=set4)
+        return results
+
+    claims = scaling_out._heartbeat_claims(smoke())
+    assert [c.status for c in claims] == [report.HOLDS, report.HOLDS], [c.measured for c in claims]
+    assert "timeout 4 s (set: smoke mode)" in claims[0].expected and "(> 4 s)" in claims[1].expected
+    assert scaling_out.detection_bounds_s(4.0) == (1.0, 7.0)
+    for change in ({"detection": dict(set4, heartbeat_timeout_ms=0)},  # the setting did not reach the service
+                   {"after_death_s": 9.4}):  # found only after the default timeout
+        assert scaling_out._heartbeat_claims(smoke(**change))[0].status == report.FAILS, change
+    short = smoke()
+    short["no timeout"].update(stall_s=4.5, step_s=[0.5, 0.02, 4.51, 0.02])  # not beyond timeout + the 1 s check
+    assert scaling_out._heartbeat_claims(short)[1].status == report.FAILS
+    assert scaling_out.heartbeat_timeout_s(True) == 4.0 and scaling_out.heartbeat_timeout_s(False) is None
+
+
 def _ps_failure(**changes) -> dict:
     lost = {"killed": 1, "scheduled": 16, "returned": 16, "first_half": [0, 1, 0, 0, 0, 0, 0, 0],
             "second_half": [0] * 8, "ran_on_killed_before_kill": 1, "put_back": 1, "failure_lines": ["Worker ..."],
@@ -436,17 +463,19 @@ def test_fault_demo_programs_refuse_bad_arguments_in_one_line(monkeypatch, capsy
 
 
 @pytest.mark.extended  # lesson 08 runs this cluster (and its claim) in every mode
-def test_a_dead_worker_is_found_by_the_heartbeats_within_bounds(tmp_path):
+@pytest.mark.parametrize("heartbeat_s", [None, 4.0], ids=["default", "smoke-mode 4 s"])
+def test_a_dead_worker_is_found_by_the_heartbeats_within_bounds(tmp_path, heartbeat_s):
     """Issue 32: TensorFlow 2.20's MultiWorkerMirroredStrategy turns on the coordination service and its health-check
-    thread off; a SIGKILLed worker's peer fails with UnavailableError naming the stopped heartbeats, about the 10 s
-    heartbeat timeout after the death — not at once, not after the old 30 s check."""
+    thread off; a SIGKILLed worker's peer fails with UnavailableError naming the stopped heartbeats, about the
+    heartbeat timeout after the death (the default 10 s, or the 4 s smoke mode sets) — not at once, not after the old
+    30 s check."""
     from course_utils.experiments import scaling_out
 
-    dead = scaling_out.stalled_worker(str(tmp_path), runs=("dead",))["dead"]
+    dead = scaling_out.stalled_worker(str(tmp_path), heartbeat_s=heartbeat_s, runs=("dead",))["dead"]
     assert dead["detection"] == {"health_check_thread": False, "coordination_service": "standalone",
-                                 "heartbeat_timeout_ms": 0}
+                                 "heartbeat_timeout_ms": int(1000 * (heartbeat_s or 0))}
     assert dead["error"] == "UnavailableError" and "stopped sending heartbeats" in dead["error_line"], dead
-    low, high = scaling_out.DETECTION_BOUNDS_S
+    low, high = scaling_out.detection_bounds_s(heartbeat_s or scaling_out.HEARTBEAT_TIMEOUT_S)
     assert low <= dead["after_death_s"] <= high, dead
     assert dead["failed_step"] == 3 and len(dead["step_s"]) == 2
     assert "worker 1 was killed by SIGKILL after" in dead["message"] and "worker 0 exited with code 3" in dead["message"]

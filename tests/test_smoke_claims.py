@@ -57,6 +57,34 @@ def test_a_claim_not_measurable_here_passes(tmp_path):
     assert "2 passed" in proc.stdout
 
 
+@pytest.mark.extended  # two pytest-xdist workers and a kernel (~6 s)
+def test_under_xdist_unit_tests_wait_while_a_notebook_that_uses_every_core_runs(tmp_path):
+    """Lesson 08 runs clusters on every core: while a notebook of ``ALL_CORES_NOTEBOOKS`` runs, the unit-test worker
+    starts no test (one already running finishes); before and after it, the tests run beside the notebooks."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    stamp = "import time; open({!r}, 'a').write(f'{{time.time()}}\\n')"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(stamp.format(str(tmp_path / "start"))),
+                nbformat.v4.new_code_cell("import time; time.sleep(4)"),
+                nbformat.v4.new_code_cell(stamp.format(str(tmp_path / "end")))]
+    nbformat.write(nb, tmp_path / "busy.ipynb")
+    (tmp_path / "test_unit.py").write_text("import time\n" + "".join(
+        f"def test_{i}():\n    open({str(tmp_path / 'units')!r}, 'a').write(f'{{time.time()}}\\n')\n"
+        "    time.sleep(0.3)\n" for i in range(16)))
+    env = dict(os.environ, COURSE_SMOKE="1", COURSE_ALL_CORES_NOTEBOOKS="busy.ipynb")
+    env.pop("COURSE_CLAIMS_DIR", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+                           "-n", "2", "busy.ipynb", "test_unit.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    start, end = (float((tmp_path / name).read_text()) for name in ("start", "end"))
+    units = [float(t) for t in (tmp_path / "units").read_text().split()]
+    assert len(units) == 16
+    during = [t for t in units if start + 0.5 < t < end]  # a test started just before the flag may still be running
+    assert not during, (start, end, units)
+    assert any(t > end for t in units) and max(units) < end + 20, (start, end, units)  # they went on after it, at once
+
+
 @pytest.mark.extended  # two pytest-xdist workers and two kernels (~15 s)
 def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_its_cell(tmp_path):
     """The README's pytest runs on every usable core (pytest-xdist, ``-n auto``): every notebook on one worker, in

@@ -323,6 +323,25 @@ def strategy_with_timeout(timeout_s: float | None):
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
+def set_heartbeat_timeout(seconds: float) -> None:
+    """Start the coordination service as ``MultiWorkerMirroredStrategy`` would (``standalone``, led by the chief, or
+    worker 0 when there is none, the chief and workers coordinated: TensorFlow 2.20,
+    ``collective_all_reduce_strategy.py``) but with a heartbeat timeout of ``seconds``; call it before creating the
+    strategy, which then keeps it. TensorFlow has no public setting for it: this is the private call the strategy
+    makes. Lesson 08 uses it in smoke mode only, to find a dead worker sooner."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+    from tensorflow.python.eager import context
+
+    spec = TFConfigClusterResolver().cluster_spec()
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker") if job in spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(seconds * 1000))
+
+
 def failure_detection(strategy) -> dict:
     """How this worker's ``MultiWorkerMirroredStrategy`` would notice a dead peer (TensorFlow 2.20,
     ``collective_all_reduce_strategy.py``): the strategy configures the *coordination service* (``standalone``, led by
@@ -535,7 +554,8 @@ def _stall(args, strategy, task: dict) -> int:
     result = train_with_a_stall(strategy, args.steps, args.stall_after, args.stall_seconds,
                                 stalls=task["index"] == args.stall_worker, dies=args.die, died_path=died_path,
                                 hang_path=os.path.join(args.out, f"worker{args.stall_worker}_hangs.txt"))
-    result.update(timeout_s=args.collective_timeout, stall_s=args.stall_seconds, stall_after=args.stall_after,
+    result.update(timeout_s=args.collective_timeout, heartbeat_s=args.heartbeat_timeout, stall_s=args.stall_seconds,
+                  stall_after=args.stall_after,
                   dies=args.die, detection=failure_detection(strategy))
     if result["error"] and args.die and os.path.exists(died_path):
         with open(died_path) as f:
@@ -585,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone", action="store_true",
                         help="with --time: each worker trains on its own (no cluster), all at the same time: the step "
                              "with the cores shared and no communication")
+    parser.add_argument("--heartbeat-timeout", type=non_negative_float, default=0.0, metavar="SECONDS",
+                        help="the coordination service's heartbeat timeout (0: TensorFlow's default, 10 s)")
     parser.add_argument("--collective-timeout", type=non_negative_float, default=0.0, metavar="SECONDS",
                         help="collectives fail after this long (CommunicationOptions.timeout_seconds; 0: never)")
     parser.add_argument("--stall-worker", type=int, help="this worker stops for --stall-seconds ...")
@@ -614,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.alone:
         return _time_alone(args, task, len(config["cluster"]["worker"]))
+    if args.heartbeat_timeout and not args.single:
+        set_heartbeat_timeout(args.heartbeat_timeout)
     strategy = strategy_with_timeout(args.collective_timeout)
     if not args.single:
         _CLUSTER_STRATEGY.append(strategy)  # exit_with_peers: one last barrier, then no teardown

@@ -73,7 +73,7 @@ def measure(lab) -> dict:
     r["platform_rows"] = platform_matrix(f"{out_dir}/platforms", rows=matrix_rows(lab.cfg.smoke))
 
     lab.progress("a worker that hangs (without and with a collective timeout) and one that dies, overlapped")
-    r["stall"] = stalled_worker(f"{out_dir}/stall")
+    r["stall"] = stalled_worker(f"{out_dir}/stall", heartbeat_s=heartbeat_timeout_s(lab.cfg.smoke))
 
     lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps); worker 1 killed mid-schedule")
     cluster.launch("course_utils.experiments.parameter_server", ["--steps", sizes.ps_steps, "--out", f"{out_dir}/ps",
@@ -313,18 +313,32 @@ def _platform_claims(rows: list[dict]) -> list:
 
 COLLECTIVE_TIMEOUT_S = 2.0  # §3: the timeout given to the collectives
 HEARTBEAT_TIMEOUT_S = 10.0  # the coordination service's default (kDefaultHeartbeatTimeoutMs, XLA coordination_service.cc)
-STALL_S = 12.0  # how long worker 1 hangs: longer than the heartbeat timeout (+ the service's 1 s check), so a hang the
-# heartbeats caught would show as an error before it ended
-DETECTION_BOUNDS_S = (HEARTBEAT_TIMEOUT_S / 2 - 1.0, HEARTBEAT_TIMEOUT_S + 3.0)  # a dead worker's peers fail this long
-# after the death: the heartbeat timeout after its last heartbeat (they go every timeout / 2: XLA's
-# coordination_service_agent.cc), checked every second (coordination_service.cc CheckStaleness), then propagated —
-# 5 to 11 s, with a second's margin below and two above; never at once
+SMOKE_HEARTBEAT_S = 4.0  # smoke mode sets this heartbeat timeout (multiworker.set_heartbeat_timeout): a shorter wait
+HANG_BEYOND_S = 2.0  # worker 1 hangs this much longer than the heartbeat timeout (> the service's 1 s check), so a hang
+# the heartbeats caught would show as an error before it ended
 
 
-def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, stall_s: float = STALL_S,
+def heartbeat_timeout_s(smoke: bool) -> float | None:
+    """§3's heartbeat timeout: TensorFlow's default (None) in full mode, :data:`SMOKE_HEARTBEAT_S` in smoke mode."""
+    return SMOKE_HEARTBEAT_S if smoke else None
+
+
+def detection_bounds_s(heartbeat_s: float) -> tuple[float, float]:
+    """How long after a death its peers fail: the heartbeat timeout after the dead worker's last heartbeat (they go
+    every timeout / 2: XLA's coordination_service_agent.cc), checked every second (coordination_service.cc
+    CheckStaleness), then propagated — timeout / 2 to timeout + 1 s, with a second's margin below and two above;
+    never at once."""
+    return heartbeat_s / 2 - 1.0, heartbeat_s + 3.0
+
+
+DETECTION_BOUNDS_S = detection_bounds_s(HEARTBEAT_TIMEOUT_S)
+
+
+def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, heartbeat_s: float | None = None,
                    stall_after: int = 2, runs=("no timeout", "timeout", "dead")) -> dict:
-    """§3: three 2-worker clusters, overlapped. In two, worker 1 stops for ``stall_s`` seconds after step ``stall_after``
-    (a hang), without a collective timeout and with ``timeout_s``; in the third it SIGKILLs itself there (a death),
+    """§3: three 2-worker clusters, overlapped. In two, worker 1 stops after step ``stall_after`` for
+    :data:`HANG_BEYOND_S` longer than the heartbeat timeout (``heartbeat_s``; None: TensorFlow's default, 10 s) — a
+    hang —, without a collective timeout and with ``timeout_s``; in the third it SIGKILLs itself there (a death),
     without a timeout, and the launcher leaves worker 0 running (``stop_on_failure=False``) to see whether and when
     it notices. Returns worker 0's record of each run — its step times, or the error, its key line and how long the
     failing step waited (for the death, also how long after it) — with the launcher's line about how the run ended
@@ -349,7 +363,8 @@ def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, stall_s: f
                 time.sleep(0.05)
         try:
             cluster.launch(MW, ["--steps", stall_after + 2, "--out", folder, "--stall-worker", 1, "--stall-after",
-                                stall_after, "--stall-seconds", stall_s, "--collective-timeout", timeout]
+                                stall_after, "--stall-seconds", stall_s, "--collective-timeout", timeout,
+                                "--heartbeat-timeout", heartbeat_s or 0]
                            + (["--die"] if die else []), workers=2, timeout=120, log=None, stop_on_failure=not die)
         except cluster.ClusterError as err:
             message = str(err).split(" Last output")[0]
@@ -360,6 +375,7 @@ def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, stall_s: f
             raise RuntimeError(f"worker 0 wrote no result ({message or 'every task ended'}); run the cell "
                                "again") from None
 
+    stall_s = (heartbeat_s or HEARTBEAT_TIMEOUT_S) + HANG_BEYOND_S
     kinds = {"no timeout": (0.0, False), "timeout": (timeout_s, False), "dead": (0.0, True)}
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:
         futures = {name: pool.submit(run, name, *kinds[name]) for name in runs}
@@ -457,17 +473,19 @@ def _heartbeat_claims(stall: dict) -> list:
     if "dead" not in stall:
         return []
     dead, hung = stall["dead"], stall["no timeout"]
-    low, high = DETECTION_BOUNDS_S
+    set_ms = int(1000 * (dead.get("heartbeat_s") or 0))  # what the run asked for: 0, TensorFlow's default
+    heartbeat = set_ms / 1000 or HEARTBEAT_TIMEOUT_S
+    low, high = detection_bounds_s(heartbeat)
     detection = dead.get("detection") or {}
     seconds = dead.get("after_death_s")
     found = (dead["error"] == "UnavailableError" and "stopped sending heartbeats" in dead.get("error_line", "")
              and seconds is not None and low <= seconds <= high
              and f"exited with code {COLLECTIVE_TIMEOUT_EXIT}" in (dead["message"] or "")
              and detection.get("health_check_thread") is False and detection.get("coordination_service") == "standalone"
-             and detection.get("heartbeat_timeout_ms") == 0)
+             and detection.get("heartbeat_timeout_ms") == set_ms)
     after = hung["stall_after"]
     waited = hung["step_s"][after] if hung["error"] is None and len(hung["step_s"]) > after else None
-    not_found = (waited is not None and hung["stall_s"] > HEARTBEAT_TIMEOUT_S + 1 and waited >= 0.9 * hung["stall_s"])
+    not_found = (waited is not None and hung["stall_s"] > heartbeat + 1 and waited >= 0.9 * hung["stall_s"])
     measured_dead = (f"{dead['error'] or 'no error'}"
                      + (f" {seconds:.1f} s after the death" if seconds is not None else "")
                      + (" ('stopped sending heartbeats')" if "heartbeats" in dead.get("error_line", "") else "")
@@ -481,11 +499,12 @@ def _heartbeat_claims(stall: dict) -> list:
                      "strategy's own health check (every 30 s) is off", f"§3; {CAS} (check_health), XLA "
                      "coordination_service.cc (kDefaultHeartbeatTimeoutMs)",
                      f"UnavailableError 'stopped sending heartbeats' {low:g}–{high:g} s after the death, exit code "
-                     f"{COLLECTIVE_TIMEOUT_EXIT}; health-check thread off; service standalone, timeout default (10 s)",
+                     f"{COLLECTIVE_TIMEOUT_EXIT}; health-check thread off; service standalone, timeout "
+                     + (f"{heartbeat:g} s (set: smoke mode)" if set_ms else f"default ({HEARTBEAT_TIMEOUT_S:g} s)"),
                      measured_dead, found),
         report.Claim("... a worker that hangs longer than the heartbeat timeout is not found: it is alive and sends "
                      "them, so without a collective timeout its peers wait the whole hang", "§3",
-                     f"step {after + 1} waits the whole {hung['stall_s']:g} s hang (> {HEARTBEAT_TIMEOUT_S:g} s), "
+                     f"step {after + 1} waits the whole {hung['stall_s']:g} s hang (> {heartbeat:g} s), "
                      "no error", f"{waited:.1f} s, no error" if waited is not None else
                      f"{hung['error']} at step {hung['failed_step']}", not_found),
     ]

@@ -55,6 +55,9 @@ class Sizes:
     capstone_ablations: int = 3  # lesson 06: how many of its ablations run (each is one budgeted training run)
     # lesson 06 §5: fresh processes per precision variant (3 short epochs each); a speed-up needs repeats
     capstone_precision_repeats: int = 3
+    # lesson 06 §5-6: training (and test) images of each short command-line run: the precision runs and the
+    # kill-and-resume demo (they time epochs and check files, not accuracy)
+    capstone_short_run_examples: int = 2048
     # lesson 07: the block net (tokens × width, `block_depth` residual MLP blocks) measured at `block_batch`
     block_width: int = 128
     block_depth: int = 4
@@ -93,6 +96,7 @@ FULL_SIZES = Sizes(
     memory_batch=256,
     memory_width=32,
     capstone_budget_s=120.0,  # 2 minutes on any hardware
+    capstone_short_run_examples=2048,  # 16 steps of 128 an epoch; 3 epochs of 4,000 took 45 s per run on one core
     block_width=128,
     block_depth=4,
     block_tokens=64,
@@ -129,8 +133,9 @@ SMOKE_SIZES = Sizes(
     capstone_budget_s=4.0,  # one epoch for the ResNet (compiling alone takes longer): the notebook says what that shows
     capstone_ablations=1,  # each run costs ~8 s of compiling and one epoch, and shows nothing at this budget
     capstone_precision_repeats=1,  # one process per variant (~5 s each): the table, not a verdict
+    capstone_short_run_examples=256,
     block_width=64,
-    block_depth=2,
+    block_depth=4,  # at 2, recomputing saves too little to show above the allocator's noise on one core (§7)
     block_tokens=32,
     block_batch=64,
     logits_rows=1024,

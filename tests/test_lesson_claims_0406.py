@@ -355,8 +355,9 @@ def test_lesson_06_measure_runs_the_recipes_the_precision_processes_and_the_resu
     assert all(o.augment is None and o.label_smoothing is None and o.schedule is None for o in runs)  # no ablation
     expected = {"float32": {"policy": "float32", "jit": False}, chosen: {"policy": chosen, "jit": False},
                 f"{chosen}, XLA on": {"policy": chosen, "jit": True}}
-    assert calls[2] == ("precision", cfg.data, expected, cfg.sizes.capstone_precision_repeats, cfg.sizes.test_examples)
-    assert calls[-1] == ("cli", cfg.data, cfg.sizes.test_examples)
+    assert calls[2] == ("precision", cfg.data, expected, cfg.sizes.capstone_precision_repeats,
+                        cfg.sizes.capstone_short_run_examples)
+    assert calls[-1] == ("cli", cfg.data, cfg.sizes.capstone_short_run_examples)
     assert len(lines) == 4  # a progress line per training run, §5's, and one for the resume
     assert set(results) == set(_results_06())
     assert not os.path.exists(os.path.dirname(runs[0].out))  # the temporary folder is gone

@@ -146,3 +146,17 @@ def test_cross_entropy_steps_share_tensors_and_chunking_saves():
 def test_recompute_refuses_what_is_not_a_layer():
     with pytest.raises(TypeError, match="wraps a Keras layer"):
         am.Recompute(lambda x: x)
+
+
+def test_gelu_plan_repeats_seeds_on_real_images_and_shortens_synthetic_runs():
+    """§3's runs: real images get every seed and epoch of the config; synthetic ones (learned to ~99% in a few
+    epochs) one seed and at most SYNTHETIC_GELU_EPOCHS."""
+    from course_utils import config
+    from course_utils.experiments import activation_memory as exp
+
+    full = config.FULL_SIZES
+    assert exp.gelu_plan(full, "tfds", 7) == ([7 + i for i in range(full.gelu_seeds)], full.gelu_epochs)
+    assert exp.gelu_plan(full, "npz:/x.npz", 0)[1] == full.gelu_epochs == 15
+    assert exp.gelu_plan(full, "synthetic", 7) == ([7], exp.SYNTHETIC_GELU_EPOCHS) and exp.SYNTHETIC_GELU_EPOCHS < 15
+    smoke = config.SMOKE_SIZES
+    assert exp.gelu_plan(smoke, "synthetic", 0) == ([0], smoke.gelu_epochs)  # already fewer

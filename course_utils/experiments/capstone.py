@@ -216,11 +216,12 @@ def measure(lab) -> dict:
             r["summary"][recipe], r["history"][recipe] = run.summary, run.history
 
         variants = precision_variants(r["summary"]["course"], lab.runtime.kind)
-        r["precision"] = precision_runs(lab.cfg.data, variants, sizes.capstone_precision_repeats, sizes.test_examples,
+        r["precision"] = precision_runs(lab.cfg.data, variants, sizes.capstone_precision_repeats,
+                                        sizes.capstone_short_run_examples,
                                         f"{out_dir}/precision", progress=lab.progress)
 
         lab.progress("§6 the command line killed after its first epoch, then resumed")
-        r["resume"] = kill_and_resume(lab.cfg.data, f"{out_dir}/cli", sizes.test_examples)
+        r["resume"] = kill_and_resume(lab.cfg.data, f"{out_dir}/cli", sizes.capstone_short_run_examples)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     return r

@@ -136,7 +136,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 UNIT_TEST_NICENESS = 5  # under xdist, a worker running unit tests yields this much to the one running notebooks
 # Notebooks that use every core: lesson 08 starts clusters of 2-3 TensorFlow processes at once (alone on 2 cores its
-# smoke run took 62 s; beside the unit tests, niced, 89 s against its 90 s budget). While one runs, the workers running
+# smoke run took 62 s; beside the unit tests, niced, 89 s against its 90 s budget; with them under SCHED_IDLE, 87 s:
+# the cost is not the CPU share). While one runs, the workers running
 # unit tests wait between tests, so it has the machine its budget is for; COURSE_ALL_CORES_NOTEBOOKS (file names,
 # comma-separated) replaces the list. The wait ends after ALL_CORES_WAIT_S in all, whatever the flag says.
 ALL_CORES_NOTEBOOKS = ("08_scaling_out.ipynb",)

@@ -65,19 +65,30 @@ class Lesson:
     title: str
     module: str
     cpu_replicas: int = 1  # on a CPU, split it into this many devices (lessons about replicas)
-    cost: int = 1  # how long it takes, relative to the others (full mode, 2 cores): --jobs starts the longest first
+    # how long it takes, relative to the others, in full mode and in smoke mode (measured on one core each, smoke
+    # in the TPU shape, where XLA compiles dominate): --jobs starts the longest first
+    cost: int = 1
+    smoke_cost: int = 1
 
 
 LESSONS = {lesson.id: lesson for lesson in (
-    Lesson("01", "TPU initialization", "course_utils.experiments.tpu", cost=6),
-    Lesson("02", "bfloat16 conversion", "course_utils.experiments.conversion", cost=4),
-    Lesson("03", "Mixed precision", "course_utils.experiments.precision", cost=1),
-    Lesson("04", "Data pipelines and sharding", "course_utils.experiments.pipeline", cpu_replicas=4, cost=14),
-    Lesson("05", "Gradient accumulation", "course_utils.experiments.accumulation", cpu_replicas=4, cost=3),
-    Lesson("06", "CIFAR-10 capstone", "course_utils.experiments.capstone", cost=50),
-    Lesson("07", "Activation memory", "course_utils.experiments.activation_memory", cost=30),
-    Lesson("08", "Scaling out", "course_utils.experiments.scaling_out", cost=15),
+    Lesson("01", "TPU initialization", "course_utils.experiments.tpu", cost=10, smoke_cost=2),
+    Lesson("02", "bfloat16 conversion", "course_utils.experiments.conversion", cost=7, smoke_cost=4),
+    Lesson("03", "Mixed precision", "course_utils.experiments.precision", cost=1, smoke_cost=1),
+    Lesson("04", "Data pipelines and sharding", "course_utils.experiments.pipeline", cpu_replicas=4, cost=16,
+           smoke_cost=7),
+    Lesson("05", "Gradient accumulation", "course_utils.experiments.accumulation", cpu_replicas=4, cost=5,
+           smoke_cost=10),
+    Lesson("06", "CIFAR-10 capstone", "course_utils.experiments.capstone", cost=58, smoke_cost=19),
+    Lesson("07", "Activation memory", "course_utils.experiments.activation_memory", cost=31, smoke_cost=9),
+    Lesson("08", "Scaling out", "course_utils.experiments.scaling_out", cost=17, smoke_cost=10),
 )}
+
+
+def job_order(todo: list[str], mode: str) -> list[str]:
+    """The order ``--jobs`` starts lessons in: the longest in ``mode`` first (``Lesson.cost``, ``smoke_cost``)."""
+    return sorted(todo, key=lambda lesson_id: -(LESSONS[lesson_id].smoke_cost if mode == "smoke"
+                                                else LESSONS[lesson_id].cost))
 
 
 # The shapes learners run, emulated on a CPU (a --shape of prove): how many replicas every lesson gets, and whether
@@ -697,12 +708,12 @@ def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | No
 
 def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], private: pathlib.Path) -> None:
     """``--jobs N``: up to N lessons at a time, each in its own process group pinned to its own cores
-    (:func:`core_slots`), the longest (``Lesson.cost``) first; each lesson is recorded as it ends. However this
+    (:func:`core_slots`), the longest first (:func:`job_order`); each lesson is recorded as it ends. However this
     ends (Ctrl-C, SIGTERM), every lesson still running is stopped (its group's ``with`` block is left)."""
     import collections
     import contextlib
 
-    queue = sorted(todo, key=lambda lesson_id: -LESSONS[lesson_id].cost)
+    queue = job_order(todo, args.mode)
     free = list(args.slots)
     running: dict[str, dict] = {}
     try:

@@ -160,3 +160,11 @@ def test_gelu_plan_repeats_seeds_on_real_images_and_shortens_synthetic_runs():
     assert exp.gelu_plan(full, "synthetic", 7) == ([7], exp.SYNTHETIC_GELU_EPOCHS) and exp.SYNTHETIC_GELU_EPOCHS < 15
     smoke = config.SMOKE_SIZES
     assert exp.gelu_plan(smoke, "synthetic", 0) == ([0], smoke.gelu_epochs)  # already fewer
+
+
+def test_the_memory_profile_uses_at_least_four_blocks():
+    """§7: at 2 blocks (smoke mode) recomputing saved too little to show on one core; the profile deepens the net."""
+    from course_utils.experiments import activation_memory as exp
+
+    assert exp.profile_net({"width": 64, "depth": 2, "tokens": 32}) == {"width": 64, "depth": 4, "tokens": 32}
+    assert exp.profile_net({"width": 128, "depth": 6, "tokens": 64})["depth"] == 6

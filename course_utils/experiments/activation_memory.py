@@ -417,6 +417,15 @@ def optimizer_state(**net) -> dict:
     return {"parameter_bytes": parameter_bytes, "factored_bytes": factored, "optimizers": out}
 
 
+PROFILE_MIN_DEPTH = 4  # §7 profiles a block net this deep at least: at 2 blocks (smoke mode) recomputing saved too
+# little to show above the allocator's noise on one core (20.8 vs 20.7 MiB in tensors; at 4 blocks 21-25 vs 40-45)
+
+
+def profile_net(net: dict) -> dict:
+    """§7's block net: ``net`` with at least :data:`PROFILE_MIN_DEPTH` blocks."""
+    return dict(net, depth=max(int(net["depth"]), PROFILE_MIN_DEPTH))
+
+
 def profile_step_memory(log_dir: str, **step_kwargs):
     """§7: TensorBoard's memory profile of one block-net training step (``make_block_net_step(**step_kwargs)``,
     traced and run once first), in this process; read with :func:`course_utils.profiler.read_memory_profile`. The
@@ -549,7 +558,8 @@ def measure(lab) -> dict:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="course-07-profile-") as folder:
-        profiles = {name: profile_step_memory(os.path.join(folder, str(i)), batch=batch, **net, **switches)
+        profiles = {name: profile_step_memory(os.path.join(folder, str(i)), batch=batch, **profile_net(net),
+                                              **switches)
                     for i, (name, switches) in enumerate((("plain", {}),
                                                           ("recompute blocks", TECHNIQUES["recompute blocks"])))}
     out["profile_peaks"] = {name: tensor_bytes_at_peak(p) for name, p in profiles.items()}

@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 
+from ..runtime import usable_cores
 from .multiworker import cluster_problem, positive_int, serve_until_stopped
 
 DEVICE = "/job:worker/replica:0/task:{}/device:CPU:0"
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.experimental_connect_to_cluster(resolver, job_name="chief", task_index=0)
     result = measure(args.width, args.layers, args.batch, args.micro_batches, rounds=args.rounds)
     # the cores the two stages' workers were pinned to (pin_to_one_core): one core means they took turns
-    result["stage_cores"] = min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 2
+    result["stage_cores"] = min(2, usable_cores())
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "model_parallel.json"), "w") as f:
         json.dump(result, f)

@@ -177,16 +177,14 @@ def preemption_row(out: str, spec: dict, steps: int = 6, term_after: int = 3) ->
     run 1 ended, the platform the handler detected, the checkpoints run 1 left, the last step it logged, the step run 2
     resumed after and the metadata paths TensorFlow asked."""
     import re
-    import subprocess
-    import sys
 
-    from .. import gce
+    from .. import forkserver, gce
 
     folder = f"{out}/{re.sub(r'[^A-Za-z0-9]+', '_', spec['row']).strip('_')}_{spec['notice']}"
     ckpt = f"{folder}/ckpt"
     maintenance = spec["notice"] == "maintenance"
     steps = max(steps, 8) if maintenance else steps  # room for a poll (1 s) and the save after it
-    base = [sys.executable, "-m", MW, "--single", "--steps", str(steps), "--out", folder,
+    base = ["--single", "--steps", str(steps), "--out", folder,
             "--step-seconds", str(MAINTENANCE_STEP_S if maintenance else 0.05)]
     if spec["mode"] == "own":
         base += ["--own-handler", ckpt, "--save-every", str(SAVE_EVERY)]
@@ -196,17 +194,18 @@ def preemption_row(out: str, spec: dict, steps: int = 6, term_after: int = 3) ->
     notice_after = 2 if maintenance else term_after
     with gce.FakeMetadataServer(on_gcp=spec["on_gcp"]) as server:
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        env.update(server.env(), CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-        first = subprocess.run(base + ["--term-worker", "0", "--term-after", str(notice_after), "--notice",
-                                       spec["notice"]], env=env, capture_output=True, text=True, timeout=180)
+        env.update(server.env(), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as cluster.launch: a setting read at import (one fork server)
+        first = forkserver.run(MW, base + ["--term-worker", "0", "--term-after", str(notice_after), "--notice",
+                                           spec["notice"]], env=env, timeout=180)  # stdout: stderr too
         saved = sorted(f for f in os.listdir(ckpt) if f.endswith(".index")) if os.path.isdir(ckpt) else []
         with open(f"{folder}/worker0_steps.txt", encoding="utf-8") as f:
             run1 = [int(v) for v in f.read().split()]
         server.maintenance_event = "NONE"  # the restarted VM: no maintenance pending
-        second = subprocess.run(base, env=env, capture_output=True, text=True, timeout=180)
+        second = forkserver.run(MW, base, env=env, timeout=180)
         asked = sorted(set(p.rsplit("/v1/", 1)[-1] for p in server.requests))
     if second.returncode != 0:
-        raise RuntimeError(f"{spec['row']}: run 2 exited with {second.returncode}: {second.stderr[-500:]}")
+        raise RuntimeError(f"{spec['row']}: run 2 exited with {second.returncode}: {second.stdout[-500:]}")
     platform = next((line.split(": ", 1)[1] for line in first.stdout.splitlines() if line.startswith("platform: ")),
                     "(not used)")
     from . import multiworker

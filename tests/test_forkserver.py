@@ -1,0 +1,137 @@
+"""course_utils.forkserver: a forked task behaves as ``python -m module`` would — its own environment, directory,
+process group, output, exit code and TensorFlow runtime — and a changed import-time setting gets a new server."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from course_utils import forkserver
+
+pytestmark = pytest.mark.skipif(not forkserver.available(), reason="forking tasks needs Linux")
+
+PROGRAM = textwrap.dedent("""
+    import json, os, sys, time
+    what = sys.argv[1]
+    if what == "report":
+        import tensorflow as tf
+        print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "pgid": os.getpgid(0), "pid": os.getpid(),
+                          "config": os.environ.get("TF_CONFIG"), "home": os.environ.get("TASK_ONLY"),
+                          "inherited": os.environ.get("FORKSERVER_TEST_PARENT_ONLY"),
+                          "log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL"),
+                          "sum": float(tf.reduce_sum(tf.ones([3])))}))
+        print("on stderr", file=sys.stderr)
+    elif what == "exit":
+        sys.exit(int(sys.argv[2]))
+    elif what == "raise":
+        raise ValueError("raised on purpose")
+    elif what == "sleep":
+        print("sleeping", flush=True)
+        time.sleep(60)
+""")
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("forkserver")
+    (folder / "fs_program.py").write_text(PROGRAM)
+    os.environ["FORKSERVER_TEST_PARENT_ONLY"] = "yes"  # in the launcher's environment, not the task's
+    env = {"PATH": os.environ.get("PATH", ""), "TF_CPP_MIN_LOG_LEVEL": "2", "TASK_ONLY": "set for the task"}
+    try:
+        yield str(folder), env
+    finally:
+        del os.environ["FORKSERVER_TEST_PARENT_ONLY"]
+        forkserver.stop()
+
+
+def test_a_forked_task_gets_its_own_environment_directory_group_output_and_runtime(program):
+    import json
+
+    cwd, env = program
+    done = forkserver.run("fs_program", ["report", "x y"], dict(env, TF_CONFIG='{"task": 1}'), cwd=cwd, timeout=120)
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    report = json.loads(next(line for line in lines if line.startswith("{")))
+    assert report["argv"] == ["report", "x y"]
+    assert report["cwd"] == cwd
+    assert report["pgid"] == report["pid"] != os.getpid()  # its own process group: stopped as a whole
+    assert report["config"] == '{"task": 1}' and report["home"] == "set for the task"
+    assert report["inherited"] is None  # only the environment given
+    assert report["sum"] == 3.0  # its TensorFlow runs ops (the server never did)
+    assert "on stderr" in lines  # stderr on the same pipe
+
+
+@pytest.mark.parametrize("what, code, shown", [
+    (["exit", "0"], 0, None), (["exit", "42"], 42, None), (["raise"], 1, "ValueError: raised on purpose")])
+def test_exit_codes_are_those_of_python_m(program, what, code, shown):
+    cwd, env = program
+    done = forkserver.run("fs_program", what, env, cwd=cwd, timeout=120)
+    assert done.returncode == code
+    if shown:  # as a fresh `python -m` shows it
+        fresh = subprocess.run([sys.executable, "-m", "fs_program", *what], env=env, cwd=cwd, capture_output=True,
+                               text=True, timeout=120)
+        assert fresh.returncode == code
+        assert shown in done.stdout and shown in fresh.stderr
+
+
+def test_a_signal_reaches_the_task_alone_and_its_code_says_so(program):
+    cwd, env = program
+    first = forkserver.spawn("fs_program", ["sleep"], env, cwd)
+    second = forkserver.spawn("fs_program", ["sleep"], env, cwd)
+    try:
+        assert first.stdout.readline().strip() == "sleeping"
+        os.killpg(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=30) == -signal.SIGTERM
+        assert second.poll() is None  # the other task runs on
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=0.2)
+    finally:
+        second.kill()
+        assert second.wait(timeout=30) == -signal.SIGKILL
+        for proc in (first, second):
+            proc.stdout.close()
+
+
+def test_an_import_time_setting_starts_a_new_server_a_per_task_one_does_not(program):
+    import json
+
+    cwd, env = program
+
+    def level(**extra):
+        done = forkserver.run("fs_program", ["report"], dict(env, **extra), cwd=cwd, timeout=120)
+        assert done.returncode == 0, done.stdout
+        return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))["log_level"]
+
+    assert level() == "2"
+    server = forkserver._server
+    level(TF_CONFIG="{}", TF_NUM_INTEROP_THREADS="1")
+    assert forkserver._server is server  # read after the fork: the same server
+    assert level(TF_CPP_MIN_LOG_LEVEL="3") == "3"
+    assert forkserver._server is not server  # read while importing TensorFlow: a server imported with it
+
+
+def test_a_task_outlives_a_timeout_no_longer_than_the_timeout(program):
+    cwd, env = program
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        forkserver.run("fs_program", ["sleep"], env, cwd=cwd, timeout=2)
+    assert time.monotonic() - start < 15
+
+
+def test_a_dead_server_reports_its_tasks_killed(program):
+    cwd, env = program
+    task = forkserver.spawn("fs_program", ["sleep"], env, cwd)
+    try:
+        assert task.stdout.readline().strip() == "sleeping"
+        forkserver._server.proc.kill()
+        assert task.wait(timeout=30) == -signal.SIGKILL
+        with pytest.raises(ProcessLookupError):  # stopped, not left running as an orphan
+            for _ in range(100):
+                os.kill(task.pid, 0)
+                time.sleep(0.1)
+    finally:
+        task.stdout.close()

@@ -135,12 +135,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 UNIT_TEST_NICENESS = 5  # under xdist, a worker running unit tests yields this much to the one running notebooks
-# Notebooks that use every core: lesson 08 starts clusters of 2-3 TensorFlow processes at once (alone on 2 cores its
-# smoke run took 62 s; beside the unit tests, niced, 89 s against its 90 s budget; with them under SCHED_IDLE, 87 s:
-# the cost is not the CPU share). While one runs, the workers running
-# unit tests wait between tests, so it has the machine its budget is for; COURSE_ALL_CORES_NOTEBOOKS (file names,
-# comma-separated) replaces the list. The wait ends after ALL_CORES_WAIT_S in all, whatever the flag says.
-ALL_CORES_NOTEBOOKS = ("08_scaling_out.ipynb",)
+# Notebooks that need every core: lesson 04 times pipelines, map placements and steps_per_execution (its claims are
+# timings) and was the slowest beside the unit tests (70.7 s against its 90 s budget, 51-77 s alone); lesson 08 was
+# on the list until its cluster tasks were forked instead of each importing TensorFlow (81 -> 40 s alone). While one
+# runs, the workers running unit tests wait between tests, so it has the machine its budget is for;
+# COURSE_ALL_CORES_NOTEBOOKS (file names, comma-separated) replaces the list. The wait ends after ALL_CORES_WAIT_S in
+# all, whatever the flag says.
+ALL_CORES_NOTEBOOKS = ("04_data_pipeline_sharding.ipynb",)
 ALL_CORES_WAIT_S = 180.0
 _ALL_CORES_FLAG = _SHARED_DIR / ".a-notebook-uses-every-core"
 _niced = False

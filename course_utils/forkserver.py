@@ -1,4 +1,4 @@
-"""Start ``python -m MODULE ARGS`` processes without paying ``import tensorflow`` in each (Linux).
+"""Start ``python -m MODULE`` (or ``-c CODE``) processes without paying ``import tensorflow`` in each (Linux).
 
 A TensorFlow process spends about 4 s of CPU importing TensorFlow and Keras before it runs a line of its own;
 lesson 08 starts some 30 cluster tasks, so on a 2-core machine most of its time went there. A *fork server*
@@ -57,9 +57,10 @@ def _import_env(env: dict) -> dict:
 class Process:
     """A forked task, as the launcher sees it: the parts of ``subprocess.Popen`` that :mod:`cluster` uses."""
 
-    def __init__(self, pid: int, stdout, server: "_Server"):
+    def __init__(self, pid: int, stdout, stderr, server: "_Server"):
         self.pid = pid
         self.stdout = stdout
+        self.stderr = stderr  # None: stderr is on ``stdout``
         self.returncode: int | None = None
         self._server = server
 
@@ -71,6 +72,27 @@ class Process:
             if not self._server.ended.wait_for(lambda: self.returncode is not None, timeout):
                 raise subprocess.TimeoutExpired(f"forked task {self.pid}", timeout)
         return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """Read ``stdout`` and ``stderr`` (those that are pipes) to the end and wait, as ``Popen.communicate``;
+        on ``timeout`` ``subprocess.TimeoutExpired`` (the task is left running: kill it, then call this again)."""
+        texts: dict[str, list[str]] = {}
+        readers = []
+        for name in ("stdout", "stderr"):
+            stream = getattr(self, name)
+            if stream is not None and not stream.closed:
+                texts[name] = []
+                readers.append(threading.Thread(
+                    target=lambda f=stream, t=texts[name]: t.extend(iter(lambda: f.read(1 << 16), "")), daemon=True))
+                readers[-1].start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.wait(timeout)
+        for reader in readers:
+            reader.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
+        for name in texts:
+            getattr(self, name).close()
+        return ("".join(texts["stdout"]) if "stdout" in texts else None,
+                "".join(texts["stderr"]) if "stderr" in texts else None)
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -141,33 +163,43 @@ class _Server:
                     child.returncode = -signal.SIGKILL
             self.ended.notify_all()
 
-    def spawn(self, module: str, args: list, env: dict, cwd: str | None) -> Process:
-        read_fd, write_fd = os.pipe()
-        request = json.dumps({"module": module, "args": [str(a) for a in args], "env": env,
+    def spawn(self, target: dict, args: list, env: dict, cwd: str | None, separate_stderr: bool,
+              discard_stdout: bool) -> Process:
+        pipes: list[tuple[int | None, int]] = [(None, os.open(os.devnull, os.O_WRONLY)) if discard_stdout
+                                               else os.pipe()]
+        if separate_stderr:
+            pipes.append(os.pipe())
+        request = json.dumps({**target, "args": [str(a) for a in args], "env": env,
                               "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}).encode()
+        mine = [r for r, _ in pipes if r is not None]
         try:
             with self.lock:
                 with self.ended:
                     before = len(self.started)
-                socket.send_fds(self.sock, [request], [write_fd])
+                socket.send_fds(self.sock, [request], [w for _, w in pipes])
                 with self.ended:
                     if not self.ended.wait_for(lambda: len(self.started) > before or not self.alive,
                                                START_TIMEOUT_S):
-                        raise RuntimeError(f"the fork server did not start {module} in {START_TIMEOUT_S:g} s")
+                        raise RuntimeError(f"the fork server did not start {_name(target)} in {START_TIMEOUT_S:g} s")
                     if not self.alive or self.started[before] == -1:
-                        raise RuntimeError(f"the fork server could not start {module}: "
+                        raise RuntimeError(f"the fork server could not start {_name(target)}: "
                                            f"{getattr(self, 'error', '')}{self.stderr_tail()}")
                     pid = self.started[before]
-                    child = Process(pid, os.fdopen(read_fd, "r", errors="replace"), self)
-                    read_fd = None
+                    streams = [None if r is None else os.fdopen(r, "r", errors="replace") for r, _ in pipes]
+                    mine = []
+                    child = Process(pid, streams[0], streams[1] if separate_stderr else None, self)
                     self.children[pid] = child
                     if pid in self.codes:
                         child.returncode = self.codes.pop(pid)
                     return child
         finally:
-            os.close(write_fd)
-            if read_fd is not None:
-                os.close(read_fd)
+            for fd in [w for _, w in pipes] + mine:
+                os.close(fd)
+
+    def busy(self) -> bool:
+        """Whether a task it started still runs."""
+        with self.ended:
+            return any(child.returncode is None for child in self.children.values())
 
     def stderr_tail(self) -> str:
         self.stderr.seek(0)
@@ -188,67 +220,81 @@ class _Server:
         self.stderr.close()
 
 
-_server: _Server | None = None
+MAX_SERVERS = 3  # servers kept at once, one per set of import-time settings (each holds a few hundred MiB)
+_servers: dict[tuple, _Server] = {}
 _server_lock = threading.Lock()
 
 
 def stop() -> bool:
-    """Stop the fork server (it holds TensorFlow's libraries, a few hundred MiB); True if one ran. Its running
-    children are not stopped (the launcher stops its tasks)."""
-    global _server
+    """Stop the fork servers (each holds TensorFlow's libraries, a few hundred MiB); True if one ran. A task
+    still running dies with its server (the kernel's parent-death signal)."""
     with _server_lock:
-        running = _server is not None
-        if _server is not None:
-            _server.stop()
-            _server = None
+        running = bool(_servers)
+        for server in _servers.values():
+            server.stop()
+        _servers.clear()
     return running
+
+
+def _server_for(env: dict) -> _Server:
+    key = tuple(sorted(_import_env(env).items()))
+    with _server_lock:
+        server = _servers.get(key)
+        if server is not None and not server.alive:
+            server.stop()
+            del _servers[key]
+            server = None
+        if server is None:
+            idle = [k for k, s in _servers.items() if not s.busy()]
+            while len(_servers) >= MAX_SERVERS and idle:  # the oldest idle one makes room
+                _servers.pop(idle.pop(0)).stop()
+            server = _servers[key] = _Server(env)
+        return server
 
 
 atexit.register(stop)
 
 
-def spawn(module: str, args: list, env: dict, cwd: str | None = None):
-    """Run ``python -m module args`` with ``env`` (all of it: nothing is inherited) and ``cwd``, its stdout
-    and stderr on one text pipe, in its own process group: a :class:`Process` forked from the server, or a
-    ``subprocess.Popen`` where :func:`available` is false."""
+def _name(target: dict) -> str:
+    return target.get("module") or "python -c"
+
+
+def spawn(module: str | None, args: list, env: dict, cwd: str | None = None, code: str | None = None,
+          separate_stderr: bool = False, discard_stdout: bool = False):
+    """Run ``python -m module args`` (or ``python -c code args``) with ``env`` (all of it: nothing is inherited)
+    and ``cwd``, in its own process group, its stdout and stderr on one text pipe (``.stdout``) or, with
+    ``separate_stderr``, two (``.stdout``, ``.stderr``); ``discard_stdout``: stdout to ``/dev/null``
+    (``.stdout`` is None). A :class:`Process` forked from the server, or a ``subprocess.Popen`` where
+    :func:`available` is false."""
+    if (module is None) == (code is None):
+        raise ValueError("give a module or code, not both")
     if not available():
-        return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], env=env, cwd=cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        argv = [sys.executable, *(["-m", module] if module else ["-c", code]), *map(str, args)]
+        return subprocess.Popen(argv, env=env, cwd=cwd, text=True, errors="replace",
+                                stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
+                                stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT,
                                 start_new_session=True)
-    global _server
-    with _server_lock:
-        if _server is not None and (not _server.alive or _server.key != _import_env(env)):
-            _server.stop()
-            _server = None
-        if _server is None:
-            _server = _Server(env)
-        server = _server
-    return server.spawn(module, list(args), env, cwd)
+    return _server_for(env).spawn({"module": module} if module else {"code": code}, list(args), env, cwd, separate_stderr,
+                        discard_stdout)
 
 
-def run(module: str, args: list, env: dict, cwd: str | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess:
-    """:func:`spawn`, then wait: ``subprocess.run(..., capture_output=True, text=True)`` for ``python -m module``,
-    with stdout and stderr together in ``stdout``. On ``timeout`` its process group is killed and
-    ``subprocess.TimeoutExpired`` raised."""
-    proc = spawn(module, args, env, cwd)
-    chunks: list[str] = []
-    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(1 << 16), "")), daemon=True)
-    reader.start()
+def run(module: str | None, args: list, env: dict, cwd: str | None = None, timeout: float | None = None,
+        code: str | None = None, separate_stderr: bool = False) -> subprocess.CompletedProcess:
+    """:func:`spawn`, then wait: ``subprocess.run(..., capture_output=True, text=True)`` for ``python -m module``
+    (or ``-c code``); stderr in ``stdout`` unless ``separate_stderr``. On ``timeout`` its process group is
+    killed and ``subprocess.TimeoutExpired`` raised."""
+    proc = spawn(module, args, env, cwd, code=code, separate_stderr=separate_stderr)
     try:
-        proc.wait(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
-        proc.wait()
+        proc.communicate()
         raise
-    finally:
-        reader.join(timeout=10)
-    proc.stdout.close()
-    return subprocess.CompletedProcess([sys.executable, "-m", module, *map(str, args)], proc.returncode,
-                                       "".join(chunks), "")
+    argv = [sys.executable, *(["-m", module] if module else ["-c", code]), *map(str, args)]
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err if separate_stderr else "")
 
 
 # ---- the server side ----
@@ -284,42 +330,56 @@ def _serve(fd: int) -> None:
         if not ready:
             continue
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
         except OSError:
             data, fds = b"", []
         if not data:
             break
         request = json.loads(data)
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _child(request, fds[0], sock)  # never returns
-        os.close(fds[0])
+            _child(request, fds, sock, server)  # never returns
+        for fd in fds:
+            os.close(fd)
         running.add(pid)
         sock.send(json.dumps({"started": pid}).encode())
     os._exit(0)  # skip TensorFlow's teardown; the children live on until their launcher stops them
 
 
-def _child(request: dict, out_fd: int, sock: socket.socket) -> None:
+def _child(request: dict, fds: list, sock: socket.socket, server_pid: int) -> None:
     """In the forked child: become the task (own group, its output pipe, its environment), run it, exit."""
     code = 1
     try:
         sock.close()
+        from .fileguard import die_with_parent
+
+        die_with_parent(server_pid)  # the server ends with its launcher (its socket closes): so does the task
         os.setsid()
         for name in ("SIGINT", "SIGHUP", "SIGTERM", "SIGCHLD"):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[-1], 2)  # the same pipe, or stderr's own
         os.close(null)
-        os.close(out_fd)
+        for fd in fds:
+            os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
-        sys.argv = [request["module"], *request["args"]]
-        import runpy
+        if "module" in request:
+            import runpy
 
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            sys.argv = [request["module"], *request["args"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:  # as `python -c`: the code runs as __main__, argv[0] is "-c"
+            import types
+
+            sys.argv = ["-c", *request["args"]]
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(request["code"], "<string>", "exec"), main.__dict__)
         code = 0
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):

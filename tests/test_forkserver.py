@@ -106,12 +106,13 @@ def test_an_import_time_setting_starts_a_new_server_a_per_task_one_does_not(prog
         assert done.returncode == 0, done.stdout
         return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))["log_level"]
 
+    forkserver.stop()
     assert level() == "2"
-    server = forkserver._server
+    [server] = forkserver._servers.values()
     level(TF_CONFIG="{}", TF_NUM_INTEROP_THREADS="1")
-    assert forkserver._server is server  # read after the fork: the same server
-    assert level(TF_CPP_MIN_LOG_LEVEL="3") == "3"
-    assert forkserver._server is not server  # read while importing TensorFlow: a server imported with it
+    assert list(forkserver._servers.values()) == [server]  # read after the fork: the same server
+    assert level(TF_CPP_MIN_LOG_LEVEL="3") == "3"  # read while importing TensorFlow: a server imported with it
+    assert len(forkserver._servers) == 2 and server in forkserver._servers.values()
 
 
 def test_a_task_outlives_a_timeout_no_longer_than_the_timeout(program):
@@ -127,7 +128,8 @@ def test_a_dead_server_reports_its_tasks_killed(program):
     task = forkserver.spawn("fs_program", ["sleep"], env, cwd)
     try:
         assert task.stdout.readline().strip() == "sleeping"
-        forkserver._server.proc.kill()
+        for server in forkserver._servers.values():
+            server.proc.kill()
         assert task.wait(timeout=30) == -signal.SIGKILL
         with pytest.raises(ProcessLookupError):  # stopped, not left running as an orphan
             for _ in range(100):

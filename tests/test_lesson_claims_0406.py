@@ -17,7 +17,7 @@ import pytest
 
 from claims_helpers import Recording, measure_keys, notebook_dict_keys
 
-from course_utils import config, report
+from course_utils import config, forkserver, report
 from course_utils.experiments import capstone as capstone_exp
 from course_utils.experiments import pipeline
 
@@ -381,6 +381,18 @@ def test_lesson_06_precision_variants_per_hardware():
     assert claim.holds is None and "4 replicas: fit cannot be compiled with XLA there" in claim.note
 
 
+def _spawning(cls, **extra):
+    """A fake ``forkserver.spawn`` for §5's runs: ``cls(argv, **extra)``, argv as ``python -m`` would get it."""
+    import sys
+
+    def spawn(module, args, env, cwd=None, code=None, separate_stderr=False, discard_stdout=False):
+        assert module == "course_utils.capstone" and code is None
+        assert separate_stderr and discard_stdout  # the last line of stderr says why a run failed
+        return cls([sys.executable, "-m", module, *args], **extra)
+
+    return spawn
+
+
 def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, tmp_path):
     """Each repeat of each variant is its own command-line process; repeat i of every variant runs before repeat
     i + 1 of any, one process at a time (with one repeat, smoke mode, all at once); only the chosen policy's first run
@@ -414,7 +426,7 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
         def wait(self, timeout=None):
             return self.returncode
 
-    monkeypatch.setattr(subprocess, "Popen", Process)
+    monkeypatch.setattr(forkserver, "spawn", _spawning(Process))
     variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
     runs = capstone_exp.precision_runs("synthetic", variants, 2, 256, str(tmp_path / "p"), tensorboard="tb")
     assert [len(v) for v in runs.values()] == [2, 2, 2] and runs["float32"][1] == {"policy": "float32"}
@@ -428,7 +440,7 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
     capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "s"))
     assert most[0] == 3  # one repeat: no verdict to protect, the variants run at once
 
-    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: Process(*a, returncode=1, **k))
+    monkeypatch.setattr(forkserver, "spawn", _spawning(Process, returncode=1))
     with pytest.raises(RuntimeError, match="§5 run 'float32' exited with 1: boom"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "q"))
     assert alive == []  # the two variants started beside it were stopped
@@ -458,7 +470,7 @@ def test_lesson_06_precision_run_past_its_timeout_is_one_message_and_stops_the_o
         def wait(self, timeout=None):
             return self.returncode
 
-    monkeypatch.setattr(subprocess, "Popen", Hanging)
+    monkeypatch.setattr(forkserver, "spawn", _spawning(Hanging))
     variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
     with pytest.raises(RuntimeError, match=r"§5 run 'float32' did not finish within 0\.5 s and was stopped"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "t"), timeout=0.5)

@@ -59,7 +59,7 @@ def test_a_claim_not_measurable_here_passes(tmp_path):
 
 @pytest.mark.extended  # two pytest-xdist workers and a kernel (~6 s)
 def test_under_xdist_unit_tests_wait_while_a_notebook_that_uses_every_core_runs(tmp_path):
-    """Lesson 08 runs clusters on every core: while a notebook of ``ALL_CORES_NOTEBOOKS`` runs, the unit-test worker
+    """Lesson 04 times pipelines on every core: while a notebook of ``ALL_CORES_NOTEBOOKS`` runs, the unit-test worker
     starts no test (one already running finishes); before and after it, the tests run beside the notebooks."""
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     stamp = "import time; open({!r}, 'a').write(f'{{time.time()}}\\n')"

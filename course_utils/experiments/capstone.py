@@ -9,6 +9,8 @@ import json
 import os
 
 RECIPES = ("baseline", "course")  # §2, in the notebook's order
+CLI = "course_utils.capstone"  # the trainer's command line: `python -m course_utils.capstone`, each run a new process
+# forked from one that has imported TensorFlow and run nothing (course_utils.forkserver: seconds sooner, on Linux)
 
 
 def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeout: float = 600.0) -> dict:
@@ -28,9 +30,12 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
     import sys
     import time
 
-    cli = [sys.executable, "-m", "course_utils.capstone", "--data", source, "--epochs", str(epochs), "--out", out,
-           "--quiet", "--train-examples", str(examples), "--test-examples", str(examples)]
-    first_cli = cli + ["--overwrite"]  # the demo starts afresh (a notebook run again replaces its own run)
+    from .. import forkserver
+
+    args = ["--data", source, "--epochs", str(epochs), "--out", out, "--quiet", "--train-examples", str(examples),
+            "--test-examples", str(examples)]
+    cli = [sys.executable, "-m", CLI, *args]
+    first_args = args + ["--overwrite"]  # the demo starts afresh (a notebook run again replaces its own run)
     from .. import capstone
 
     problem = capstone.out_problem(out)  # the run starts afresh there, deleting only an earlier run's own files
@@ -48,7 +53,7 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
         meta = read(os.path.join("backup", "training_metadata.json"), {})  # written after the weights
         return int(meta.get("epoch", 0)) if isinstance(meta, dict) else 0
 
-    first = subprocess.Popen(first_cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = forkserver.spawn(CLI, first_args, dict(os.environ), discard_stdout=True)
     deadline = time.monotonic() + timeout
     try:
         while first.poll() is None and time.monotonic() < deadline and (len(read("metrics.json", [])) < 1
@@ -65,7 +70,7 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
     r = {"command": cli, "killed_returncode": first.returncode, "finished_at_kill": len(history),
          "backed_up_at_kill": backed_up()}
     try:
-        resumed = subprocess.run(cli + ["--resume"], capture_output=True, text=True, timeout=timeout)
+        resumed = forkserver.run(CLI, args + ["--resume"], dict(os.environ), timeout=timeout, separate_stderr=True)
     except subprocess.TimeoutExpired:  # run() has killed it
         raise RuntimeError(f"the resumed run did not finish within {timeout:g} s and was stopped; its files are in "
                            f"{out}") from None
@@ -119,14 +124,13 @@ def precision_runs(source: str, variants: dict, repeats: int, examples: int, out
 
 
 def _precision_runs(source, variants, repeats, examples, out, tensorboard, progress, timeout, runs, started) -> None:
-    import subprocess
-    import sys
+    from .. import forkserver
 
     for i in range(int(repeats)):
         started.clear()
         for n, (label, v) in enumerate(variants.items()):
             folder = os.path.join(out, f"{n}-{v['policy']}-{'xla' if v['jit'] else 'noxla'}-{i}")
-            cli = [sys.executable, "-m", "course_utils.capstone", "--data", source, "--epochs", str(PRECISION_EPOCHS),
+            cli = ["--data", source, "--epochs", str(PRECISION_EPOCHS),
                    "--policy", v["policy"], "--jit" if v["jit"] else "--no-jit", "--no-tta", "--quiet",
                    "--train-examples", str(examples), "--test-examples", str(examples), "--out", folder,
                    "--overwrite"]  # a notebook run again replaces its own runs
@@ -135,7 +139,7 @@ def _precision_runs(source, variants, repeats, examples, out, tensorboard, progr
             if progress:
                 progress(f"§5 {label}: run {i + 1} of {repeats}, a fresh process"
                          + (" (all variants at once: one run each is no verdict)" if repeats == 1 else ""))
-            proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            proc = forkserver.spawn(CLI, cli, dict(os.environ), discard_stdout=True, separate_stderr=True)
             started.append((label, folder, proc))
             if repeats > 1:  # timed runs one at a time: a speed-up needs cores to itself
                 _finish(*started.pop(), runs, timeout)

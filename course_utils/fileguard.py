@@ -240,7 +240,8 @@ def folder_lock(folder: PathLike, what: str = "prove") -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def process_group(argv: Sequence[str], *, grace_s: float = 2.0, **kwargs: Any) -> Iterator[subprocess.Popen]:
+def process_group(argv: Sequence[str], *, grace_s: float = 2.0, fork: bool = False,
+                  **kwargs: Any) -> Iterator[subprocess.Popen]:
     """``subprocess.Popen(argv, **kwargs)`` in a new session (its own process group) for the ``with`` block; when
     the block ends, however it ends (done, an exception, Ctrl-C, :class:`Stopped`), the group is stopped: SIGTERM
     if the process still runs, SIGKILL to the whole group after ``grace_s`` (also when the process itself has
@@ -251,6 +252,10 @@ def process_group(argv: Sequence[str], *, grace_s: float = 2.0, **kwargs: Any) -
 
         with fileguard.process_group([sys.executable, "-m", "tool"], stdout=subprocess.PIPE) as proc:
             code = proc.wait(timeout=60)   # TimeoutExpired: the group is stopped on the way out
+
+    ``fork``: ``argv`` is ``[sys.executable, "-m", MODULE, ...]`` with an ``env`` and ``stdout=PIPE,
+    stderr=STDOUT, text=True``; on Linux the process is forked from one that has imported TensorFlow
+    (:mod:`course_utils.forkserver`) and dies with it, so it must not check that its parent is this process.
     """
     from .cluster import _Sentinel, _signals_held, _stop_all
 
@@ -258,7 +263,12 @@ def process_group(argv: Sequence[str], *, grace_s: float = 2.0, **kwargs: Any) -
     try:
         sentinel = _Sentinel()
         with _signals_held():
-            proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
+            if fork and _forkable(argv, kwargs):
+                from . import forkserver
+
+                proc = forkserver.spawn(argv[2], list(argv[3:]), kwargs["env"], kwargs.get("cwd"))
+            else:
+                proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
             sentinel.tell(str(proc.pid))
         yield proc
     finally:
@@ -268,6 +278,19 @@ def process_group(argv: Sequence[str], *, grace_s: float = 2.0, **kwargs: Any) -
         finally:
             if sentinel is not None:
                 sentinel.close()  # every process of the group is gone: it ends without doing anything
+
+
+def _forkable(argv: Sequence[str], kwargs: dict) -> bool:
+    """Whether :func:`process_group` can fork ``argv`` (ValueError if ``fork=True`` was given what it cannot)."""
+    from . import forkserver
+
+    merged = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    if list(argv[:2]) != [sys.executable, "-m"] or "env" not in kwargs or set(kwargs) - {"env", "cwd", "errors",
+                                                                                          *merged}:
+        raise ValueError("fork=True runs `python -m MODULE ...` with an env, its output on one text pipe")
+    if any(kwargs.get(k) != v for k, v in merged.items()):
+        raise ValueError("fork=True needs stdout=PIPE, stderr=STDOUT, text=True")
+    return forkserver.available()
 
 
 @contextlib.contextmanager

@@ -305,6 +305,12 @@ def _serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     for name in ("SIGINT", "SIGHUP"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)  # ended by its socket closing, not by Ctrl-C
+    try:  # first, while argv and environ are as the process started (the memory it rewrites for each child)
+        import setproctitle
+
+        setproctitle.setproctitle(f"{sys.executable} -m course_utils.forkserver (TensorFlow imported; forks tasks)")
+    except ImportError:  # pragma: no cover
+        pass
     import tensorflow  # noqa: F401 - the point: once, for every child
     import keras  # noqa: F401
 
@@ -347,6 +353,19 @@ def _serve(fd: int) -> None:
     os._exit(0)  # skip TensorFlow's teardown; the children live on until their launcher stops them
 
 
+def _set_title(request: dict) -> None:
+    """The task's command line as ``ps``, ``top`` and ``/proc/PID/cmdline`` show it: the ``python -m`` command it
+    stands for, not the server's (setproctitle; without it, the server's)."""
+    import shlex
+
+    try:
+        import setproctitle
+    except ImportError:  # pragma: no cover - a dependency of course_utils
+        return
+    what = ["-m", request["module"]] if "module" in request else ["-c", request["code"].splitlines()[0] + " …"]
+    setproctitle.setproctitle(shlex.join([sys.executable, *what, *request["args"]]))
+
+
 def _child(request: dict, fds: list, sock: socket.socket, server_pid: int) -> None:
     """In the forked child: become the task (own group, its output pipe, its environment), run it, exit."""
     code = 1
@@ -368,6 +387,7 @@ def _child(request: dict, fds: list, sock: socket.socket, server_pid: int) -> No
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        _set_title(request)
         if "module" in request:
             import runpy
 

@@ -47,7 +47,7 @@ import time
 from typing import Any, Callable
 
 from . import config as _config
-from . import fileguard, report
+from . import fileguard, forkserver, report
 
 FORMAT_VERSION = 1
 CLAIMS, REPORT = "claims.json", "report.md"
@@ -298,7 +298,8 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.pop(report.CLAIMS_DIR_VARIABLE, None)
     env["PYTHONUNBUFFERED"] = "1"
-    env[PARENT_VARIABLE] = str(os.getpid())
+    if not forkserver.available():  # forked (Linux): it dies with its fork server, which ends with this process
+        env[PARENT_VARIABLE] = str(os.getpid())
     return env
 
 
@@ -324,13 +325,13 @@ def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple
     ``prefix``; (exit code or None on timeout, the last lines). However it ends — the child's exit, the timeout,
     Ctrl-C, SIGTERM — the group is stopped before this returns or raises (:func:`fileguard.process_group`): the
     lesson's process and whatever it started. If this process is killed instead, the group's sentinel stops it,
-    and on Linux the kernel kills the child at once (``PARENT_VARIABLE``)."""
+    and on Linux the kernel kills the child at once (``PARENT_VARIABLE``; a forked child: with its fork server)."""
     import collections
 
     tail: collections.deque = collections.deque(maxlen=12)
     code = None
     with fileguard.process_group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+                                 stderr=subprocess.STDOUT, text=True, errors="replace", fork=True) as proc:
 
         reader = _echo(proc, tail, prefix)
         try:
@@ -730,7 +731,7 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
                 running[lesson_id] = run
                 proc = run["proc"] = run["stack"].enter_context(fileguard.process_group(
                     [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)], env=env,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"))
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", fork=True))
                 run["reader"] = _echo(proc, run["tail"], f"[{lesson_id}]")
             time.sleep(0.2)
             for lesson_id, run in list(running.items()):

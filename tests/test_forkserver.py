@@ -23,6 +23,7 @@ PROGRAM = textwrap.dedent("""
                           "config": os.environ.get("TF_CONFIG"), "home": os.environ.get("TASK_ONLY"),
                           "inherited": os.environ.get("FORKSERVER_TEST_PARENT_ONLY"),
                           "log_level": os.environ.get("TF_CPP_MIN_LOG_LEVEL"),
+                          "cmdline": open("/proc/self/cmdline").read().replace(chr(0), " ").strip(),
                           "sum": float(tf.reduce_sum(tf.ones([3])))}))
         print("on stderr", file=sys.stderr)
     elif what == "exit":
@@ -62,6 +63,7 @@ def test_a_forked_task_gets_its_own_environment_directory_group_output_and_runti
     assert report["config"] == '{"task": 1}' and report["home"] == "set for the task"
     assert report["inherited"] is None  # only the environment given
     assert report["sum"] == 3.0  # its TensorFlow runs ops (the server never did)
+    assert report["cmdline"] == f"{sys.executable} -m fs_program report 'x y'"  # what ps shows: the task's command
     assert "on stderr" in lines  # stderr on the same pipe
 
 

@@ -56,7 +56,8 @@ def test_requirements_pin_exact_versions_of_the_course_stack():
     assert pins["keras"].startswith("3.")
     assert pins["tensorflow-datasets"].startswith("4.9.")
     # what a learner runs: the notebooks in JupyterLab, TensorBoard and its profile tab, the course site
-    for need in ("jupyterlab", "ipykernel", "matplotlib", "psutil", "tensorboard", "tensorboard-plugin-profile",
+    for need in ("jupyterlab", "ipykernel", "matplotlib", "psutil", "setproctitle", "tensorboard",
+                 "tensorboard-plugin-profile",
                  "nbformat", "nbclient", "nbconvert", "setuptools"):
         assert need in pins, need
     assert not DEV_TOOLS & pins.keys(), f"test tools belong in requirements-dev.txt: {sorted(DEV_TOOLS & pins.keys())}"

@@ -301,10 +301,11 @@ linux_only = pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), re
 @linux_only
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGINT"])
 def test_a_signal_stops_prove_and_every_process_it_started(tmp_path, signame):
-    """`kill`, a closed terminal or Ctrl-C while prove's child runs (here: the one that starts TensorFlow to describe
-    the machine): the child's whole process group is stopped, prove says so in one line and exits 128 + signal."""
+    """`kill`, a closed terminal or Ctrl-C while prove's child runs (here: lesson 03's, forked from the process that
+    imported TensorFlow once): the child's whole process group is stopped, prove says so in one line and exits
+    128 + signal."""
     driver = _start_prove(tmp_path / "proof")
-    _wait_for_child(driver, "course_utils.proof _describe")
+    _wait_for_child(driver, "course_utils.proof _lesson")
     below = _descendants(driver.pid)
     driver.send_signal(getattr(signal, signame))
     _, err = driver.communicate(timeout=30)
@@ -317,7 +318,7 @@ def test_a_signal_stops_prove_and_every_process_it_started(tmp_path, signame):
 @linux_only
 def test_prove_killed_takes_its_lesson_process_along(tmp_path):
     driver = _start_prove(tmp_path / "proof")
-    child = _wait_for_child(driver, "course_utils.proof _describe")
+    child = _wait_for_child(driver, "course_utils.proof _lesson")
     driver.kill()  # SIGKILL: prove runs no handler, no finally
     driver.communicate(timeout=30)
     assert _all_gone([child], 1.0) == []
@@ -328,7 +329,7 @@ def test_a_second_prove_into_the_same_folder_stops_at_once_naming_the_first(tmp_
     out = tmp_path / "proof"
     first = _start_prove(out)
     try:
-        _wait_for_child(first, "course_utils.proof _describe")
+        _wait_for_child(first, "course_utils.proof _lesson")
         second = _prove("--lessons", "03", "--out", str(out), timeout=60)
         _refused(second, f"another prove is writing to {out} (pid {first.pid})")
     finally:
@@ -344,10 +345,14 @@ def test_prove_defaults_to_smoke_mode_unless_course_smoke_says_otherwise(tmp_pat
     if smoke is not None:
         env["COURSE_SMOKE"] = smoke
     driver = _start_prove(tmp_path / "proof", env=env)
-    try:
-        child = _wait_for_child(driver, "course_utils.proof _describe")
-        environ = pathlib.Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        assert f"COURSE_SMOKE={mode}".encode() in environ
+    claims = tmp_path / "proof" / "claims.json"
+    try:  # the machine prove describes is seen by its child process, in the mode the child was given
+        deadline = time.monotonic() + 120
+        while not (claims.exists() and "machine" in json.loads(claims.read_text() or "{}")):
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline, "prove wrote no claims.json"
+            time.sleep(0.1)
+        assert json.loads(claims.read_text())["machine"]["mode"] == {"1": "smoke", "0": "full"}[mode]
     finally:
         driver.terminate()
         driver.communicate(timeout=30)
@@ -445,7 +450,7 @@ def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame
     below: list[int] = []
     try:
         _wait_for_child(runner, "while True: pass")
-        _wait_for_child(runner, "course_utils.proof _describe")
+        _wait_for_child(runner, "course_utils.proof _lesson")
         below = _descendants(runner.pid)
         runner.send_signal(getattr(signal, signame))
         _, err = runner.communicate(timeout=60)

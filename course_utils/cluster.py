@@ -129,19 +129,49 @@ _GIVEN_LOCK = threading.Lock()
 PORT_REUSE_AFTER_S = 120.0  # a port handed out is not handed out again by this process for this long
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports that were free a moment ago (the OS picks them; another program could still take one).
+def _ephemeral_low() -> int | None:
+    """The first port of the range the OS gives out for outgoing connections (Linux), or None where unknown."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
-    Never one this process handed out in the last :data:`PORT_REUSE_AFTER_S` seconds: clusters launched at the same
-    time (threads) would otherwise be given the same port — free when picked, taken once the first cluster's task
-    binds it."""
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports that were free a moment ago (another program could still take one).
+
+    On Linux they come from just below the range the OS draws outgoing connections' ports from: a cluster's own gRPC
+    connections (thousands, in lesson 08's overlapped clusters) then cannot take one, or leave it in TIME_WAIT,
+    between the pick and the task's bind. Elsewhere the OS picks them. Never one this process handed out in the last
+    :data:`PORT_REUSE_AFTER_S` seconds: clusters launched at the same time (threads) would otherwise be given the
+    same port — free when picked, taken once the first cluster's task binds it."""
+    import random
+
     with _GIVEN_LOCK:
         now = time.monotonic()
         for port in [p for p, t in _GIVEN_PORTS.items() if now - t > PORT_REUSE_AFTER_S]:
             del _GIVEN_PORTS[port]
         socks, ports = [], []
+        low = _ephemeral_low()
         try:
-            while len(ports) < int(n):
+            if low is not None and low > 4096:
+                candidates = list(range(max(2048, low - 8192), low))
+                random.shuffle(candidates)
+                for port in candidates:
+                    if len(ports) == int(n):
+                        break
+                    if port in _GIVEN_PORTS:
+                        continue
+                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    try:
+                        s.bind((host, port))
+                    except OSError:
+                        s.close()
+                        continue
+                    socks.append(s)
+                    ports.append(port)
+            while len(ports) < int(n):  # elsewhere (or that range is full): the OS picks
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 s.bind((host, 0))
                 socks.append(s)  # held until all are picked: the OS gives each a different port

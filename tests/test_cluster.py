@@ -333,9 +333,29 @@ def test_clusters_launched_at_once_are_never_given_the_same_port(monkeypatch):
             pass
 
     monkeypatch.setattr(cluster, "_GIVEN_PORTS", {})
+    monkeypatch.setattr(cluster, "_ephemeral_low", lambda: None)  # the OS picks (not Linux)
     monkeypatch.setattr(socket_module, "socket", FakeSocket)
     first, second = cluster.free_ports(2), cluster.free_ports(2)
     assert first == [41000, 41001] and second == [41002, 41003]
+
+
+@pytest.mark.skipif(cluster._ephemeral_low() is None, reason="reads Linux's ephemeral port range")
+def test_ports_come_from_below_the_range_outgoing_connections_use(monkeypatch):
+    """Lesson 08's three overlapped clusters (TPU-shaped prove): a port picked by the OS from the ephemeral range was
+    taken (or left in TIME_WAIT) by the other clusters' gRPC connections before its task bound it: "port 39031 on
+    127.0.0.1 is in use by another program". Below that range no outgoing connection can take it."""
+    monkeypatch.setattr(cluster, "_GIVEN_PORTS", {})
+    low = cluster._ephemeral_low()
+    picked = [cluster.free_ports(3) for _ in range(20)]
+    ports = [p for three in picked for p in three]
+    assert all(max(2048, low - 8192) <= p < low for p in ports), (low, ports)
+    assert len(set(ports)) == len(ports)  # never handed out twice by this process
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a port another program holds is not picked
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        monkeypatch.setattr(cluster, "_GIVEN_PORTS", {})
+        monkeypatch.setattr(cluster, "_ephemeral_low", lambda: s.getsockname()[1] + 1)
+        assert s.getsockname()[1] not in [p for _ in range(50) for p in cluster.free_ports(4)]
 
 
 def test_stop_on_failure_false_leaves_the_others_running_and_says_when_each_ended(tmp_path):

@@ -143,7 +143,7 @@ class _Server:
                 if "started" in message:
                     self.started.append(message["started"])
                 elif "exit" in message:
-                    child = self.children.get(message["exit"])
+                    child = self.children.pop(message["exit"], None)  # ended: no longer tracked
                     if child is None:
                         self.codes[message["exit"]] = message["code"]
                     else:
@@ -189,8 +189,9 @@ class _Server:
                     mine = []
                     child = Process(pid, streams[0], streams[1] if separate_stderr else None, self)
                     self.children[pid] = child
-                    if pid in self.codes:
+                    if pid in self.codes:  # it ended before this saw its start
                         child.returncode = self.codes.pop(pid)
+                        del self.children[pid]
                     return child
         finally:
             for fd in [w for _, w in pipes] + mine:
@@ -291,7 +292,7 @@ def run(module: str | None, args: list, env: dict, cwd: str | None = None, timeo
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
-        proc.communicate()
+        proc.wait()  # its readers see the pipes close and end by themselves
         raise
     argv = [sys.executable, *(["-m", module] if module else ["-c", code]), *map(str, args)]
     return subprocess.CompletedProcess(argv, proc.returncode, out, err if separate_stderr else "")

@@ -344,8 +344,9 @@ def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, step
 def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
     """``(jit_compile, compiled, why)``: what to pass Keras' ``compile(jit_compile=...)``, whether the step really
     runs under XLA, and why. Keras resolves ``jit_compile="auto"`` to False whenever the model was built under a
-    tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute") — and the trainer
-    always builds in ``strategy.scope()`` — so the choice is made here, explicitly:
+    tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute") — as the trainer's is on
+    several replicas and a TPU, not on one device (:func:`_fit_strategy`) — and on a machine without an accelerator,
+    so the choice is made here, explicitly, the same wherever the trainer runs:
 
     - ``--jit`` / ``--no-jit`` (``Options.jit``): as asked;
     - TPU: TPUStrategy compiles every step with XLA whatever Keras is told (nothing to choose);
@@ -1379,11 +1380,33 @@ def _check_same_batch(stored: dict, o: Options, why: str) -> None:
                            "or use another --out")
 
 
-def _pipelines(o: Options, splits: Splits, replicas: int = 1):
+def _fit_strategy(rt):
+    """The strategy the trainer builds and fits under: the runtime's, except on one CPU or GPU device, where it is
+    TensorFlow's default strategy (the same device: ops go to the GPU when there is one, else the CPU).
+
+    Why: at every epoch's start Keras drops the iterator of the epoch before, and TensorFlow (2.20 and 2.21) destroys
+    it by waiting for that iterator's tf.data autotuning thread, which sleeps between its rounds for a period that
+    grows while the iterator lives. On one core the wait was an epoch's length: 4–30 s per epoch, the process idle
+    (a small CNN on 20,000 images, ``taskset -c 0``: 5.5 s of training per epoch, 10–20 s per epoch in all; after the
+    last epoch ``fit`` returned 4–15 s late, which made a budgeted run end past its budget). OneDeviceStrategy feeds
+    the device through per-device datasets that always autotune; the default strategy iterates the pipeline as
+    built, and :func:`_pipelines` builds it without autotuning there — both are needed (each alone measured the same
+    waits). Several replicas and a TPU keep their strategy."""
+    import tensorflow as tf
+
+    if rt.strategy.num_replicas_in_sync == 1 and rt.kind in ("CPU", "GPU"):
+        return tf.distribute.get_strategy()
+    return rt.strategy
+
+
+def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = True):
     """The trainer's pipelines (lesson 04's order, with its faster augmentation): training images uint8-cached,
     shuffled every epoch, batched with the global batch, then augmented a whole batch per call
     (:func:`data.augment_batch`: each image its own flip and crop; lesson 04 measured this order faster than
-    :func:`data.augment` per image before ``batch``); validation in batches of at least 256, the last one partial."""
+    :func:`data.augment` per image before ``batch``); validation in batches of at least 256, the last one partial.
+    ``autotune=False``: tf.data's autotuning off (``AUTOTUNE`` then means its fixed defaults: as many parallel calls
+    as cores, a small prefetch buffer), so that no iterator waits for an autotuning thread when it is destroyed
+    (:func:`_fit_strategy`)."""
     import tensorflow as tf
 
     from . import data as _data
@@ -1399,7 +1422,12 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1):
     train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o, len(x_val), replicas),
                                   training=False, drop_remainder=False, prefetch=False)
-    return train_ds, val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
+    val_ds = val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
+    if not autotune:
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        train_ds, val_ds = train_ds.with_options(options), val_ds.with_options(options)
+    return train_ds, val_ds
 
 
 def _eval_batch(o: Options, n: int, replicas: int = 1) -> int:
@@ -1477,7 +1505,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")
-    strategy, replicas = rt.strategy, rt.strategy.num_replicas_in_sync
+    strategy, replicas = _fit_strategy(rt), rt.strategy.num_replicas_in_sync
     # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here)
     o.batch_size, batch_why = recipe.global_batch(options.batch_size, replicas, o.accumulate,
                                                   len(splits.train[0]))
@@ -1519,7 +1547,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     say(f"Global batch {o.batch_size} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
         f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {o.steps_per_execution} "
         f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
-    train_ds, val_ds = _pipelines(o, splits, replicas)
+    train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy)
     val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o, len(x), replicas)) for x in (x_val, x_test))
 
     def build(width: int):

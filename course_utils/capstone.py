@@ -1404,9 +1404,8 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = T
     shuffled every epoch, batched with the global batch, then augmented a whole batch per call
     (:func:`data.augment_batch`: each image its own flip and crop; lesson 04 measured this order faster than
     :func:`data.augment` per image before ``batch``); validation in batches of at least 256, the last one partial.
-    ``autotune=False``: tf.data's autotuning off (``AUTOTUNE`` then means its fixed defaults: as many parallel calls
-    as cores, a small prefetch buffer), so that no iterator waits for an autotuning thread when it is destroyed
-    (:func:`_fit_strategy`)."""
+    ``autotune=False``: tf.data's autotuning off (:func:`data.without_autotune`), so that no iterator waits for an
+    autotuning thread when it is destroyed (:func:`_fit_strategy`)."""
     import tensorflow as tf
 
     from . import data as _data
@@ -1424,9 +1423,7 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = T
                                   training=False, drop_remainder=False, prefetch=False)
     val_ds = val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
     if not autotune:
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        train_ds, val_ds = train_ds.with_options(options), val_ds.with_options(options)
+        train_ds, val_ds = _data.without_autotune(train_ds), _data.without_autotune(val_ds)
     return train_ds, val_ds
 
 

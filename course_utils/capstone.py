@@ -1538,7 +1538,11 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     if state is None:
         run.start_afresh()  # only now: every input has been checked
     keras.utils.set_random_seed(o.seed)
-    say(rt.summary().splitlines()[0])
+    runtime_line = rt.summary().splitlines()[0]
+    if strategy is not rt.strategy:  # the runtime line names the runtime's strategy: say which one fit runs under
+        runtime_line += ("; the trainer fits under TensorFlow's default strategy on this one device (lesson 06 §2: no "
+                         "wait for the last epoch's iterator)")
+    say(runtime_line)
     micro = o.batch_size // replicas // o.accumulate
     say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why})")
     say(f"Global batch {o.batch_size} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "

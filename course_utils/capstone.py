@@ -1381,21 +1381,16 @@ def _check_same_batch(stored: dict, o: Options, why: str) -> None:
 
 
 def _fit_strategy(rt):
-    """The strategy the trainer builds and fits under: the runtime's, except on one CPU or GPU device, where it is
-    TensorFlow's default strategy (the same device: ops go to the GPU when there is one, else the CPU).
+    """The strategy the trainer builds and fits under: the runtime's where it has several replicas or is a TPU; on one
+    CPU or GPU device :meth:`runtime.Runtime.one_device_strategy` (TensorFlow's default strategy, same device), with
+    :func:`_pipelines` built without autotuning — both are needed, each alone measured the same waits.
 
     Why: at every epoch's start Keras drops the iterator of the epoch before, and TensorFlow (2.20 and 2.21) destroys
-    it by waiting for that iterator's tf.data autotuning thread, which sleeps between its rounds for a period that
-    grows while the iterator lives. On one core the wait was an epoch's length: 4–30 s per epoch, the process idle
-    (a small CNN on 20,000 images, ``taskset -c 0``: 5.5 s of training per epoch, 10–20 s per epoch in all; after the
-    last epoch ``fit`` returned 4–15 s late, which made a budgeted run end past its budget). OneDeviceStrategy feeds
-    the device through per-device datasets that always autotune; the default strategy iterates the pipeline as
-    built, and :func:`_pipelines` builds it without autotuning there — both are needed (each alone measured the same
-    waits). Several replicas and a TPU keep their strategy."""
-    import tensorflow as tf
-
+    it by waiting for that iterator's tf.data autotuning thread. On one core the wait was an epoch's length: a small
+    CNN on 20,000 images, ``taskset -c 0``: 5.5 s of training per epoch, 10–20 s per epoch in all; after the last
+    epoch ``fit`` returned 4–15 s late, which made a budgeted run end past its budget."""
     if rt.strategy.num_replicas_in_sync == 1 and rt.kind in ("CPU", "GPU"):
-        return tf.distribute.get_strategy()
+        return rt.one_device_strategy()
     return rt.strategy
 
 

@@ -620,7 +620,7 @@ def without_autotune(ds):
     iterator only once its autotuning thread wakes, a thread that sleeps longer the longer the iterator lived. On one
     CPU core that idled the process for up to an epoch each time (a small CNN: 5.5 s of training per epoch, 10–20 s
     in all). Under ``OneDeviceStrategy`` or ``MirroredStrategy`` the strategy's own per-device datasets still autotune
-    (see ``capstone._fit_strategy``)."""
+    (see ``runtime.Runtime.one_device_strategy``)."""
     import tensorflow as tf
 
     options = tf.data.Options()

@@ -317,6 +317,28 @@ class Runtime:
                 self.num_replicas = actual
         return self._strategy
 
+    def one_device_strategy(self):
+        """A strategy with one replica on this runtime's first device, for work that must not be split across replicas
+        (single-device timings, a one-device trainer): on a TPU the runtime's strategy where it has one core, else
+        ``OneDeviceStrategy`` on the first core; on a CPU or GPU TensorFlow's default strategy, whose ops go to the
+        same first device (GPU:0 when there is a GPU, else CPU:0).
+
+        Why not ``OneDeviceStrategy`` there: it feeds the device through per-device datasets that always run tf.data's
+        autotuning, and TensorFlow (2.20, 2.21) destroys an iterator only once that autotuning thread wakes from a sleep
+        that grows while the iterator lives. Keras drops an iterator at every epoch's start and when ``fit`` returns,
+        so each ``fit`` ended idle for up to an epoch on one core — inside whatever was being timed. Under the default
+        strategy the pipeline is iterated as built: build it with :func:`course_utils.data.without_autotune` too (each
+        alone measured the same waits)."""
+        if self.kind == "TPU":
+            if self.num_replicas == 1:
+                return self.strategy
+            import tensorflow as tf
+
+            return tf.distribute.OneDeviceStrategy(self.device_names[0])
+        import tensorflow as tf
+
+        return tf.distribute.get_strategy()
+
     @property
     def fell_back(self) -> bool:
         return bool(self.fallbacks)

@@ -55,6 +55,29 @@ def test_one_global_batch_splits_evenly_across_replicas():
     assert [d.split(":")[-1] for d in split["devices"]] == ["0", "1"]
 
 
+def test_one_device_strategy_is_one_replica_on_the_first_device_beside_a_mirrored_strategy():
+    """Lesson 04's single-device timings and the capstone's one-device trainer: on a CPU split into 2 replicas the
+    runtime's strategy has 2, one_device_strategy 1, and what is built and fitted under it lives on CPU:0 — under
+    TensorFlow's default strategy, not OneDeviceStrategy (whose per-device datasets always autotune: the
+    iterator-teardown wait that test_capstone's epoch-start test measures)."""
+    code = """
+import json
+import keras, numpy as np, tensorflow as tf
+from course_utils import runtime
+rt = runtime.detect()
+one = rt.one_device_strategy()
+with one.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0)
+print(json.dumps({"runtime": rt.strategy.num_replicas_in_sync, "one": one.num_replicas_in_sync,
+                  "default": one is tf.distribute.get_strategy(), "kernel": model.layers[0].kernel.value.device}))
+"""
+    got = json.loads(runtime.run_on_cpu_replicas(2, code).strip().splitlines()[-1])
+    assert got["runtime"] == 2 and got["one"] == 1 and got["default"], got
+    assert got["kernel"].endswith("CPU:0"), got
+
+
 def test_run_on_cpu_replicas_reports_a_failing_snippet_clearly():
     with pytest.raises(RuntimeError, match=r"(?s)2-replica process failed.*ZeroDivisionError: division by zero"):
         runtime.run_on_cpu_replicas(2, "1 / 0")

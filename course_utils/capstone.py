@@ -1775,7 +1775,7 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
             epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
             epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
             tried = [[width, round(epoch_s, 2), epochs]]
-            if clock() > PLANNING_SHARE * budget:
+            if auto_width and clock() > PLANNING_SHARE * budget:  # (a fixed network has no width to choose)
                 say(f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
                     f"{clock():.1f} s ({clock() / budget:.0%} of it) → no other width is tried")
             elif auto_width:

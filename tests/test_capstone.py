@@ -454,6 +454,9 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     assert "Budget 12 s is short for this machine: compiling and timing the first steps took " in out, out
     assert "→ no other width is tried" in out and "predicted ~" not in out
     assert len(result.summary["width_trials"]) == 1
+    # the baseline's network is fixed: no width to try, nothing to say about it
+    capstone.train(dataclasses.replace(opts, recipe="baseline", out=str(tmp_path / "baseline")))
+    assert "Budget 12 s: warm-up measured" in (out := capsys.readouterr().out) and "width" not in out, out
 
 
 def _counting_warm_up(monkeypatch, extra_compile_s: float = 0.0):

@@ -390,7 +390,8 @@ def _destroy_retired() -> None:
 
 def drain(ds) -> int:
     """Read one pass of ``ds``; returns the number of examples (first dimension of each batch). The iterator is
-    destroyed after the timing around it (:func:`_retire`)."""
+    destroyed after the timing around it (:func:`_retire`): by :func:`interleaved_times` or
+    :func:`pipeline_throughput`; a ``drain`` outside them leaves it alive until one of them runs."""
     import tensorflow as tf
 
     count = 0

@@ -14,8 +14,8 @@ Two recipes:
               warm-up then a linear decay to zero shaped to end exactly at the budget, a batch of 128 *per
               replica* (the global batch grows with the replicas, as lesson 08's TPU table) with the peak
               learning rate scaled linearly with that global batch, ``steps_per_execution`` 32 on a TPU
-              (lesson 04), flip test-time augmentation, optional weight averaging (EMA) and gradient
-              accumulation (lesson 05).
+              (lesson 04), test-time augmentation (mirror, one-pixel shifts), optional weight averaging (EMA)
+              and gradient accumulation (lesson 05).
 ``baseline``  exactly the popular TensorFlow CNN tutorial: Conv32-pool-Conv64-pool-Conv64-Flatten-Dense64,
               Adam (1e-3), a global batch of 64 whatever the replicas (the tutorial's recipe, the comparison),
               pixels /255, no augmentation, float32 — under the same budget rules.
@@ -59,6 +59,8 @@ import sys
 import time
 from typing import Any, Callable, ClassVar
 
+from . import fileguard
+
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 POLICIES = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 SCHEDULES = ("onecycle", "constant")
@@ -82,11 +84,28 @@ COURSE = dict(
 # another width's epoch is predicted (predicted_epoch_s): the convolutions' work grows as the width squared
 # (resnet9_macs), and a share `fixed_share` of the start width's epoch does not grow with it (the input pipeline,
 # each step's calls, the epoch's checkpoints; 0.5–0.7 fitted to the epoch times above).
-AUTO_WIDTH = dict(widths=(4, 6, 8, 12, 16, 24, 32, 48, 64), start=8, target_epochs=20, fixed_share=0.6)
+# Longer budgets want more epochs as well as a wider net: the target grows as the square root of the budget beyond
+# `target_budget_s` (target_epochs_for). 600 s, 2 cores, fixed widths: 32 / 48 / 64 trained 75 / 44 / 28 epochs to
+# 79.0 / 78.6 / 77.4% (flip TTA); the target of 63 there chooses 32.
+AUTO_WIDTH = dict(widths=(4, 6, 8, 12, 16, 24, 32, 48, 64), start=8, target_epochs=20, target_budget_s=60.0,
+                  target_growth=0.5, fixed_share=0.6)
+# When the chosen width is timed too and its epoch is off the prediction by more than this factor (either way), the
+# width is chosen again from the two timed widths (epoch = a + b·MACs through them, width_model), and timed again if
+# planning still has room. The one-width prediction can be far off: on the 2-core AMX CPU width 48 was predicted at
+# 27.5 s/epoch and measured at 12.6 s; on an H200 (Keras on JAX, measurements/2026-11-26-h200-keras-jax) width 64's
+# epoch took 0.81 s where width 8's took 0.68 s
+RECHOOSE_OFF_BY = 1.25
+# Test-time augmentation (the course recipe): the mean prediction over each test image and its mirror, each also
+# shifted by one pixel in these directions: 10 views. On the dev images (real CIFAR-10, 1,017 test images) it beat the
+# mirror alone by +0.2 to +2.9 points (median +1.0; five 60 s runs and one 600 s, 2 cores); shifts of 2 pixels scored
+# within a point of one pixel's (+0.6 on average at 60 s, -0.5 at 600 s)
+TTA_SHIFTS = ((1, 1), (1, -1), (-1, 1), (-1, -1))
+TTA_VIEWS = 2 * (1 + len(TTA_SHIFTS))
 # At most this share of a time budget goes to planning (compiling and timing warm-up steps) before the first epoch:
 # the chosen width is warmed up too only when that fits in it (else its first epoch compiles it, and the plan is
 # corrected after each epoch), and a budget the first warm-up already overran is told so up front
 PLANNING_SHARE = 0.10
+PLANNING_MARGIN = 1.25  # another width's warm-up, estimated from the last one's, must fit with this factor
 # Steps the warm-up times after its compiling one (fewer on a TPU, whose calls run steps_per_execution each): 6 cost
 # 0.4 s of a 60 s budget on one core at width 8; the plan is corrected after each epoch anyway
 WARM_UP_STEPS = 6
@@ -122,8 +141,9 @@ BACKUP_FILES = ("latest.weights.h5", "training_metadata.json")  # BackupAndResto
 RECIPE_TABLE = [
     {"choice": "ResNet-9-style network (conv-BN-ReLU prep, 2 residual blocks, global max pooling)", "lesson": "capstone",
      "source": "D. Page, 'How to train your ResNet' (DAWNBench 2018); airbench (K. Jordan 2024)"},
-    {"choice": "with a time budget, the widest network width that still trains 20 epochs (timed at width 8, the others "
-               "predicted)", "lesson": "capstone", "source": "capstone.choose_width; lesson 06 §2"},
+    {"choice": "with a time budget, the widest network width that still trains 20 epochs (more for budgets over a "
+               "minute; timed at width 8, the others predicted, chosen again if the chosen width's timing is off)",
+     "lesson": "capstone", "source": "capstone.choose_width; lesson 06 §2"},
     {"choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
      "lesson": "03", "source": "memory.recommended_policy"},
     {"choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
@@ -139,7 +159,8 @@ RECIPE_TABLE = [
      "source": "Page (one-cycle); budgeted training (Li et al. 2020)"},
     {"choice": "peak LR linear in the global batch (0.2 per 256; warned above ~1k)", "lesson": "capstone, 08",
      "source": "Goyal et al. 2017; capstone.peak_learning_rate"},
-    {"choice": "flip test-time augmentation", "lesson": "capstone", "source": "Page; airbench"},
+    {"choice": "test-time augmentation: the mean over each image and its mirror, each also shifted one pixel "
+               "diagonally (10 views)", "lesson": "capstone", "source": "Page; airbench; capstone.tta_views"},
     {"choice": "optional EMA of the weights (SGD use_ema)", "lesson": "capstone", "source": "Page; Keras optimizers"},
     {"choice": "optional gradient accumulation (--accumulate K)", "lesson": "05", "source": "accumulation.AccumulatingModel"},
     {"choice": f"steps_per_execution: {TPU_STEPS_PER_EXECUTION} steps per call on a TPU, 1 elsewhere", "lesson": "04",
@@ -386,9 +407,13 @@ def _is_int(value: Any) -> bool:
 
 
 def _own_name(name: str) -> bool:
-    """A file name the trainer writes in its output folder (its files and their temporary copies)."""
-    base = name.split(".tmp", 1)[0] if ".tmp" in name else name
-    return name == MARKER or base in RUN_FILES
+    """A file name the trainer writes in its output folder: its files and their temporary copies — a kill can leave
+    one behind (:func:`fileguard.write_bytes`' ``.NAME.PID-RANDOM.tmp``, or ``NAME.tmpPID`` from runs before it)."""
+    if name.startswith(".") and name.endswith(".tmp"):
+        base = name[1:-len(".tmp")].rsplit(".", 1)[0]
+    else:
+        base = name.split(".tmp", 1)[0] if ".tmp" in name else name
+    return base == MARKER or base in RUN_FILES
 
 
 def _own_backup_name(name: str) -> bool:
@@ -659,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="label smoothing in [0, 1) (course 0.2, baseline 0)")
     p.add_argument("--schedule", default=None, help="onecycle | constant")
     p.add_argument("--no-tta", dest="tta", action="store_const", const=False, default=None,
-                   help="no flip test-time augmentation")
+                   help="no test-time augmentation (mirror and one-pixel shifts)")
     p.add_argument("--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
                                                      "a notebook, never into a log or a pipe)")
@@ -775,16 +800,6 @@ SYNTHETIC_NOTE = ("These accuracies are on synthetic images (generated offline t
 # ----------------------------------------------------------------------------------------------
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON so that a reader (or a kill) never sees half a file: temp file, fsync, rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _read_json(path: str, default: Any = None) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
@@ -857,16 +872,45 @@ def predicted_epoch_s(epoch_s: float, width: int, at: int, fixed_share: float = 
     return epoch_s * (fixed_share + (1 - fixed_share) * resnet9_macs(width) / resnet9_macs(at))
 
 
-def choose_width(epoch_s: float, at: int, left_s: float, rule: dict = AUTO_WIDTH) -> tuple[int, float, int]:
+def width_model(timed: dict[int, float], fixed_share: float = AUTO_WIDTH["fixed_share"]) -> Callable[[int], float]:
+    """Epoch seconds at any width, from the epochs timed at some widths (``{width: seconds}``): a timed width's own;
+    with one timed width :func:`predicted_epoch_s`; with two or more the line ``a + b·resnet9_macs(width)`` through
+    the narrowest and the widest of them, with ``a, b ≥ 0`` (on a GPU a wider net may take no longer: ``b = 0``; work
+    growing faster than the MACs: the line through zero and the widest)."""
+    timed = dict(timed)
+    if len(timed) == 1:
+        ((at, epoch_s),) = timed.items()
+        return lambda width: timed.get(width, predicted_epoch_s(epoch_s, width, at, fixed_share))
+    lo, hi = min(timed), max(timed)
+    slope = max((timed[hi] - timed[lo]) / (resnet9_macs(hi) - resnet9_macs(lo)), 0.0)
+    base = timed[lo] - slope * resnet9_macs(lo)
+    if base < 0:
+        base, slope = 0.0, timed[hi] / resnet9_macs(hi)
+    return lambda width: timed.get(width, base + slope * resnet9_macs(width))
+
+
+def target_epochs_for(budget_s: float | None, rule: dict = AUTO_WIDTH) -> int:
+    """The epochs auto width aims at for a budget: ``rule["target_epochs"]`` up to ``rule["target_budget_s"]``, then
+    growing as ``(budget / target_budget_s) ** target_growth`` (20, 28 at 120 s, 63 at 600 s, 155 at an hour)."""
+    if budget_s is None:
+        return rule["target_epochs"]
+    return round(rule["target_epochs"] * max(1.0, budget_s / rule["target_budget_s"]) ** rule["target_growth"])
+
+
+def choose_width(epoch_s: float, at: int, left_s: float, rule: dict = AUTO_WIDTH,
+                 timed: dict[int, float] | None = None, budget_s: float | None = None) -> tuple[int, float, int]:
     """Auto width: ``(width, predicted epoch seconds, epochs)`` — the widest of ``rule["widths"]`` whose predicted
-    epochs in ``left_s`` seconds reach ``rule["target_epochs"]``; the narrowest when none does. ``epoch_s`` is the
-    epoch the warm-up measured at width ``at``."""
+    epochs in ``left_s`` seconds reach the target (:func:`target_epochs_for` the whole ``budget_s``); the narrowest
+    when none does. ``epoch_s`` is the epoch the warm-up measured at width ``at``; ``timed``: other widths' measured
+    epochs (:func:`width_model`)."""
     widths = sorted(rule["widths"])
+    predict = width_model({**(timed or {}), at: epoch_s}, rule["fixed_share"])
+    target = target_epochs_for(budget_s, rule)
     best = None
     for width in widths:
-        e = predicted_epoch_s(epoch_s, width, at, rule["fixed_share"]) if width != at else epoch_s
+        e = predict(width)
         n = BudgetPlan.epochs_in(left_s, e)
-        if best is None or n >= rule["target_epochs"]:
+        if best is None or n >= target:
             best = (width, e, n)
     return best
 
@@ -1005,7 +1049,7 @@ class Result:
     _predictions: Any = dataclasses.field(default=None, repr=False)
 
     def predict_test(self, tta: bool | None = None) -> Predictions:
-        """The trained model's predictions on the test split (flip TTA if the recipe used it, or as asked)."""
+        """The trained model's predictions on the test split (with TTA if the recipe used it, or as asked)."""
         tta = self.options.tta if tta is None else tta
         if self._predictions is not None and self._predictions.tta == tta:
             return self._predictions
@@ -1014,10 +1058,25 @@ class Result:
         return Predictions(x, y, probs.argmax(1), probs, tta)
 
 
+def tta_views(x):
+    """Test-time augmentation's views of images ``x`` [N,32,32,3]: each image and its mirror, each of the two also
+    shifted by one pixel in the four diagonal directions (the gap filled with zeros, as the training crops pad):
+    :data:`TTA_VIEWS` arrays, the unshifted image first."""
+    import numpy as np
+
+    padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    h, w = x.shape[1:3]
+    views = []
+    for image, frame in ((x, padded), (x[:, :, ::-1], padded[:, :, ::-1])):
+        views.append(image)
+        views += [frame[:, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy, dx in TTA_SHIFTS]
+    return views
+
+
 def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
-    """Class probabilities; with tta, averaged with the horizontally flipped images'. `plain`: the un-flipped
-    probabilities if already computed. The images are padded to whole batches: one batch shape, so one compiled
-    predict function (under XLA a last, smaller batch would compile another)."""
+    """Class probabilities; with tta, the mean over :func:`tta_views`. `plain`: the unshifted images' probabilities
+    if already computed. The images are padded to whole batches: one batch shape, so one compiled predict function
+    (under XLA a last, smaller batch would compile another)."""
     import numpy as np
     import tensorflow as tf
 
@@ -1032,7 +1091,7 @@ def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
     xf = x.astype(np.float32)
     p = plain if plain is not None else probs_of(xf)
     if tta:
-        p = (p + probs_of(xf[:, :, ::-1, :])) / 2
+        p = (p + sum(probs_of(np.ascontiguousarray(view)) for view in tta_views(xf)[1:])) / TTA_VIEWS
     return p
 
 
@@ -1119,13 +1178,16 @@ class BudgetPlan:
     estimate and margin that chose them. Saved as ``plan.json`` (a resumed run keeps it).
 
     With a budget: the warm-up's step times give an epoch's time (training + validation + :attr:`EPOCH_MIN_S`) and
-    the final evaluation's (the test split, twice with flip TTA, × :attr:`FINAL_EVAL_SAFETY` +
-    :attr:`FINAL_EVAL_MIN_S`); the epochs are the whole ones that fit in what is left. After every epoch
-    :meth:`replan` refits the rest at the epoch time measured since."""
+    the final evaluation's (the test split, :data:`TTA_VIEWS` times with TTA, each × :attr:`FINAL_EVAL_SAFETY` +
+    :attr:`FINAL_EVAL_VIEW_S`, + :attr:`FINAL_EVAL_MIN_S`); the epochs are the whole ones that fit in what is left.
+    After every epoch :meth:`replan` refits the rest at the epoch time measured since."""
 
     # Margins (seconds or epochs), each with its reason
     FINAL_EVAL_SAFETY: ClassVar[float] = 1.2  # the final evaluation runs once, cold: a fifth more than the warm-up's
     FINAL_EVAL_MIN_S: ClassVar[float] = 1.0  # + fixed costs of predict (tracing it, softmax, copying to NumPy)
+    # + each view's own predict call (setting it up, padding and copying the view): with 10 views the final evaluation
+    # took up to 1.4× its estimate without it (one core, 60 s: 3.3 s for 2.3 s, the run ended 1.25 s late)
+    FINAL_EVAL_VIEW_S: ClassVar[float] = 0.15
     EPOCH_MIN_S: ClassVar[float] = 0.3  # an epoch's costs beyond its timed steps (callbacks, saving the backup)
     # An epoch may start if it ends at most a quarter epoch past the budget: what is left of an epoch is the margin
     # for what no estimate foresees (a shared machine stalls for seconds now and then; measured: 2-core VMs, 2026).
@@ -1167,7 +1229,9 @@ class BudgetPlan:
     def estimates(cls, warm: dict, val_steps: int, test_steps: int, tta: bool) -> tuple[float, float]:
         """``(epoch_s, final_eval_s)`` from the warm-up's step times."""
         epoch_s = warm["train_epoch_s"] + warm["eval_step_s"] * val_steps + cls.EPOCH_MIN_S
-        final_s = warm["eval_step_s"] * test_steps * (2 if tta else 1) * cls.FINAL_EVAL_SAFETY + cls.FINAL_EVAL_MIN_S
+        views = TTA_VIEWS if tta else 1
+        final_s = ((warm["eval_step_s"] * test_steps * cls.FINAL_EVAL_SAFETY + cls.FINAL_EVAL_VIEW_S) * views
+                   + cls.FINAL_EVAL_MIN_S)
         return epoch_s, final_s
 
     @staticmethod
@@ -1285,7 +1349,7 @@ class RunFolder:
                     os.rmdir(path)
             elif _own_name(name) and name != MARKER and os.path.isfile(path):
                 os.remove(path)
-        write_json_atomic(self.marker, {"written_by": f"course_utils.{PROG}", "what": "a capstone run's folder: "
+        fileguard.write_json(self.marker, {"written_by": f"course_utils.{PROG}", "what": "a capstone run's folder: "
                                         "the trainer may delete its own files here when a new run starts"})
 
 
@@ -1594,7 +1658,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_steps, test_steps, auto_width,
             build, (net, model, schedule, peak), x_test)
         width = plan.width
-        write_json_atomic(run.plan, plan.to_dict())
+        fileguard.write_json(run.plan, plan.to_dict())
     else:
         plan = state.plan
     schedule.set_plan(*plan.schedule_steps())
@@ -1613,7 +1677,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
                 "were lost with the kill (their training was not)")
         say(f"Resuming after epoch {done} of {plan.epochs}; {clock():.1f} s already spent"
             + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
-    write_json_atomic(run.metrics, history)
+    fileguard.write_json(run.metrics, history)
 
     progress = _Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say)
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
@@ -1650,7 +1714,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             model.load_weights(os.path.join(run.backup, "latest.weights.h5"))
         shutil.rmtree(run.backup, ignore_errors=True)
 
-    # The test split, once, with the last epoch's weights (counted in the wall time): plain and flip-TTA.
+    # The test split, once, with the last epoch's weights (counted in the wall time): plain and with TTA.
     t_final = time.perf_counter()
     probs_plain = _predict_probs(net, x_test, False, o.batch_size)
     probs = _predict_probs(net, x_test, True, o.batch_size, plain=probs_plain) if o.tta else probs_plain
@@ -1719,9 +1783,9 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "keras_version": keras.__version__,
         "python_version": sys.version.split()[0],
     }
-    write_json_atomic(run.summary, summary)
-    write_json_atomic(run.clock, {"elapsed_s": wall, "finished": True})
-    say(f"Final test accuracy {100 * acc:.2f}%" + (f" with flip TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
+    fileguard.write_json(run.summary, summary)
+    fileguard.write_json(run.clock, {"elapsed_s": wall, "finished": True})
+    say(f"Final test accuracy {100 * acc:.2f}%" + (f" with TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
         + f" (validation {100 * summary['validation_accuracy']:.2f}% after the last epoch)" * bool(history)
         + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
         + (f"\n{SYNTHETIC_NOTE}" if splits.source == "synthetic" else ""))
@@ -1768,6 +1832,7 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                             predict=lambda: _predict_probs(net, x_test[:1], False, o.batch_size))
 
         warm = warm_up(built[1], net)
+        warm_took, warms = clock() - warm_started, {width: warm}
         if warm["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to choose
             epoch_s, final_s, epochs = 0.0, BudgetPlan.FINAL_EVAL_MIN_S, 1
             tried = [[width, None, epochs]]
@@ -1779,23 +1844,46 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                 say(f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
                     f"{clock():.1f} s ({clock() / budget:.0%} of it) → no other width is tried")
             elif auto_width:
-                # another width compiles again (about as long as this one did)
-                left = budget - clock() - final_s - warm["compile_s"]
-                new_width, new_epoch_s, new_epochs = choose_width(epoch_s, width, left)
-                if new_width != width:
+                timed, models = {width: epoch_s}, {width: built}
+                while True:
+                    # another width compiles again (about as long as this one did)
+                    left = budget - clock() - final_s - warm["compile_s"]
+                    new_width, new_epoch_s, new_epochs = choose_width(epoch_s, width, left, AUTO_WIDTH, timed=timed,
+                                                                      budget_s=budget)
+                    if new_width in timed:  # the current width (or one timed before, compiled already)
+                        if new_width != width:
+                            say(f"Budget {budget:g} s: back to width {new_width} (timed ~{new_epoch_s:.1f} s/epoch)")
+                            built, width, warm = models[new_width], new_width, warms[new_width]
+                            net = built[0]
+                            epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                            epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
+                            tried.append([width, round(epoch_s, 2), epochs])
+                        break
                     scale = new_epoch_s / epoch_s
+                    how = (f"predicted ~{new_epoch_s:.1f} s/epoch" if len(timed) == 1 else
+                           f"~{new_epoch_s:.1f} s/epoch on the line through widths {min(timed)} and {max(timed)}")
                     why = (f"Budget {budget:g} s: ~{epoch_s:.1f} s/epoch at width {width} → width {new_width} "
-                           f"(predicted ~{new_epoch_s:.1f} s/epoch, {new_epochs} epochs: the widest that trains "
-                           f"{AUTO_WIDTH['target_epochs']}; lesson 06 §2)")
-                    built = build(new_width)
+                           f"({how}, {new_epochs} epochs: the widest that trains "
+                           f"{target_epochs_for(budget, AUTO_WIDTH)}; lesson 06 §2)")
+                    built = models[new_width] = build(new_width)
                     net = built[0]
-                    timing = (clock() - warm_started - warm["compile_s"]) * scale  # the timed steps, at the new width
-                    if clock() + warm["compile_s"] + timing <= PLANNING_SHARE * budget:
+                    timing = (warm_took - warm["compile_s"]) * scale  # the timed steps, at the new width
+                    # a quarter more than the last width's compile and steps: estimated from another width, it ran
+                    # over (one core, 60 s: width 6 timed after width 8, the first epoch started at 6.0–6.05 s)
+                    if clock() + PLANNING_MARGIN * (warm["compile_s"] + timing) <= PLANNING_SHARE * budget:
                         say(why + "; timing it too")
-                        warm = warm_up(built[1], net)
+                        warm_started = clock()
+                        warm = warms[new_width] = warm_up(built[1], net)
+                        warm_took = clock() - warm_started
                         epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
                         epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
                         tried.append([new_width, round(epoch_s, 2), epochs])
+                        width, timed[new_width] = new_width, epoch_s
+                        off = epoch_s / new_epoch_s
+                        if len(timed) < 3 and max(off, 1 / off) > RECHOOSE_OFF_BY:
+                            say(f"Budget {budget:g} s: width {width} measured ~{epoch_s:.1f} s/epoch, not the "
+                                f"~{new_epoch_s:.1f} s predicted → choosing again from the two widths timed")
+                            continue
                     else:
                         # not timed: its first epoch compiles training and evaluation, the final evaluation
                         # compiles predict (the start width's times for each)
@@ -1810,7 +1898,8 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                         first_epoch_extra = warm["compile_s"] - warm["predict_compile_s"]
                         epochs = BudgetPlan.epochs_in(budget - clock() - final_s - first_epoch_extra, epoch_s)
                         tried.append([new_width, round(epoch_s, 2), epochs])
-                    width = new_width
+                        width = new_width
+                    break
         plan.width, plan.width_trials, plan.warm_up = width, tried, warm
         plan.epoch_estimate_s, plan.final_eval_estimate_s, plan.planning_elapsed_s = epoch_s, final_s, clock()
         plan.warm_up_epoch_s = epoch_s or None
@@ -1955,7 +2044,7 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                 now = time.perf_counter()
                 if now - self.last_tick > 2.0:
                     self.last_tick = now
-                    write_json_atomic(self.run.clock, {"elapsed_s": self.clock()})
+                    fileguard.write_json(self.run.clock, {"elapsed_s": self.clock()})
 
             def on_epoch_end(self, epoch, logs=None):
                 logs = logs or {}
@@ -1983,8 +2072,8 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                 self.history.append(entry)
                 self.epoch_times.append(entry["elapsed_s"] - previous if previous is not None
                                         else entry["epoch_time_s"])
-                write_json_atomic(self.run.metrics, self.history)
-                write_json_atomic(self.run.clock, {"elapsed_s": entry["elapsed_s"]})
+                fileguard.write_json(self.run.metrics, self.history)
+                fileguard.write_json(self.run.clock, {"elapsed_s": entry["elapsed_s"]})
                 # Printed at the next epoch's start / the end: Keras' progress bar finishes its line after us.
                 self.pending.append(
                     f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
@@ -1997,7 +2086,7 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                 if changed:
                     old, new, left, epoch_s = changed
                     self.schedule.set_plan(*self.plan.schedule_steps())
-                    write_json_atomic(self.run.plan, self.plan.to_dict())
+                    fileguard.write_json(self.run.plan, self.plan.to_dict())
                     decay = "; the LR decay now ends there" if self.o.schedule == "onecycle" else ""
                     self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
                                         f"{new} epochs{decay})")

@@ -22,7 +22,6 @@ where the claim came from repeats). A notebook's table also saves itself there w
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import statistics
 from typing import Iterable
@@ -210,9 +209,9 @@ class ClaimsTable(Table):
         lessons = sorted({c.lesson for c in self.claims if c.lesson}) or ["notebook"]
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"claims-{'-'.join(lessons)}.json")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump([c.to_dict() for c in self.claims], f, indent=1, ensure_ascii=False)
-        os.replace(path + ".tmp", path)
+        from . import fileguard
+
+        fileguard.write_json(path, [c.to_dict() for c in self.claims])
         return path
 
     def rows(self) -> list[tuple[str, ...]]:

@@ -227,8 +227,14 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
     speeds = {"float32": (900.0, False), chosen: (1200.0, False), f"{chosen}, XLA on": (700.0, True)}
     precision = {label: [_summary("course", 0.3, 3, 10, 9.0, policy=label.split(",")[0], ips=ips + 10 * i, jit=jit)
                          for i in range(repeats)] for label, (ips, jit) in speeds.items()}
+    sweep = {recipe: {budget: s} for recipe, s in summary.items()}
+    if not smoke:  # two more budgets, the lead growing with the budget
+        sweep["baseline"].update({60.0: _summary("baseline", 0.52, 11, 63, 59.0),
+                                  240.0: _summary("baseline", 0.53, 44, 63, 239.0)})
+        sweep["course"].update({60.0: _summary("course", 0.68, 11, 31, 60.0),
+                                240.0: _summary("course", 0.77, 44, 31, 240.0)})
     results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, precision=precision,
-                   resume=_resume())
+                   resume=_resume(), sweep=sweep)
     results.update(changes)
     return results
 
@@ -236,7 +242,7 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
 def test_lesson_06_claims_one_per_row_every_key_read():
     results = Recording(_results_06())
     claims = capstone_exp.claims(results)
-    assert len(claims) == 8 and {c.lesson for c in claims} == {"06"}
+    assert len(claims) == 9 and {c.lesson for c in claims} == {"06"}
     assert results.read == set(results), set(results) - results.read
     assert all(c.holds is True for c in claims), [c.verdict for c in claims if c.holds is not True]
 
@@ -265,6 +271,50 @@ def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_c
     del tpu["precision"]["mixed_bfloat16, XLA on"]  # a TPU compiles every step: no XLA-off run
     tpu["kind"] = "TPU"
     assert "a TPU compiles every step" in _find(capstone_exp.claims(tpu), "XLA choice").note
+
+
+def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
+    claim = _find(capstone_exp.claims(_results_06()), "every budget measured")
+    assert claim.holds is True and claim.measured == "60 s: +16.0; 120 s: +21.0; 240 s: +24.0", claim.measured
+    short = _results_06()
+    short["sweep"]["course"][60.0]["test_accuracy"] = 0.66  # +14 at one budget of three
+    assert _find(capstone_exp.claims(short), "every budget measured").holds is False
+    synthetic = _find(capstone_exp.claims(_results_06(data="synthetic")), "every budget measured")
+    assert synthetic.holds is None and "synthetic images" in synthetic.note
+    few = _results_06()
+    few["sweep"]["course"][60.0]["epochs"] = 2  # 62 updates: smoke-sized
+    claim = _find(capstone_exp.claims(few), "every budget measured")
+    assert claim.holds is None and "fewer than 300 updates" in claim.note
+
+
+def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch, tmp_path):
+    from course_utils import capstone
+
+    calls = []
+
+    def train(options):
+        calls.append(options)
+        return types.SimpleNamespace(summary=_summary(options.recipe, 0.5, 2, 10, options.time_budget))
+
+    monkeypatch.setattr(capstone, "train", train)
+    out = tmp_path / "sweep"
+    finished, started = out / "course-60s", out / "baseline-240s"
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text(json.dumps(_summary("course", 0.61, 9, 31, 59.0)))
+    started.mkdir()
+    (started / capstone.MARKER).write_text("{}")  # killed mid-run: resumed, not restarted
+    done = {"baseline": {120.0: _summary("baseline", 0.5, 20, 63, 119.0)},
+            "course": {120.0: _summary("course", 0.7, 20, 31, 119.0)}}
+    lines = []
+    rows = capstone_exp.budget_sweep((240, 60, 120), str(out), done=done, progress=lines.append)
+    assert [(o.recipe, o.time_budget, o.resume, o.overwrite) for o in calls] == [
+        ("baseline", 60.0, False, True), ("baseline", 240.0, True, False), ("course", 240.0, False, True)]
+    assert all(o.out == str(out / f"{o.recipe}-{o.time_budget:g}s") for o in calls)
+    assert rows["course"][60.0]["test_accuracy"] == 0.61 and rows["course"][120.0] is done["course"][120.0]
+    assert sorted(rows["baseline"]) == sorted(rows["course"]) == [60.0, 120.0, 240.0]
+    assert lines == ["baseline recipe, 60 s budget", "baseline recipe, 240 s budget (resumed)",
+                     "course recipe, 240 s budget"]
+    assert capstone_exp.sweep_leads(rows) == pytest.approx({60.0: 11.0, 120.0: 20.0, 240.0: 0.0})
 
 
 def test_lesson_06_a_resume_that_started_over_does_not_hold():
@@ -361,7 +411,7 @@ def test_lesson_06_measure_runs_the_recipes_the_precision_processes_and_the_resu
     assert len(lines) == 4  # a progress line per training run, §5's, and one for the resume
     assert set(results) == set(_results_06())
     assert not os.path.exists(os.path.dirname(runs[0].out))  # the temporary folder is gone
-    assert len(capstone_exp.claims(results)) == 8
+    assert len(capstone_exp.claims(results)) == 9
 
 
 def test_lesson_06_precision_variants_per_hardware():

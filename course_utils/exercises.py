@@ -437,29 +437,35 @@ class _TimeBound:
             return self
         self._start = time.monotonic()
         self._deadline = self._start + self.seconds
-        if (
-            hasattr(signal, "pthread_kill")
-            and hasattr(signal, "SIGALRM")
-            and threading.current_thread() is threading.main_thread()
-        ):
-            try:
-                self._enter_alarm()
-                return self
-            except (ValueError, OSError):  # an embedded interpreter without signals: use the watchdog
-                self._mode = None
-        self._enter_watchdog()
-        return self
+        try:
+            if (
+                hasattr(signal, "pthread_kill")
+                and hasattr(signal, "SIGALRM")
+                and threading.current_thread() is threading.main_thread()
+            ):
+                try:
+                    self._enter_alarm()
+                    return self
+                except (ValueError, OSError):  # an embedded interpreter without signals: use the watchdog
+                    self._mode = None
+            self._enter_watchdog()
+            return self
+        except BaseException:
+            # An outer bound's interrupt (or Ctrl-C) landed while this one was arming: `with` never reaches __exit__,
+            # so disarm here, or this bound's handler and watchdog would stay and raise _TimedOut in whatever runs
+            # next (a test-suite worker crashed so, between tests)
+            self.__exit__(None, None, None)
+            raise
 
     def _enter_alarm(self) -> None:
         self._old_handler = signal.getsignal(signal.SIGALRM)
+        self._done, self._watchdog, self._mode = threading.Event(), None, "alarm"  # all _disarm needs, first
         self._armed = True
         signal.signal(signal.SIGALRM, self._on_alarm)  # Python installs it without SA_RESTART: calls see EINTR
         try:
             signal.siginterrupt(signal.SIGALRM, True)  # and say so, should another library have changed it
         except (AttributeError, OSError, ValueError):
             pass
-        self._mode = "alarm"
-        self._done = threading.Event()
         main = threading.main_thread().ident
 
         def fire():
@@ -530,9 +536,9 @@ class _TimeBound:
         except (ImportError, AttributeError):  # not CPython: no bound rather than a wrong one
             return
         target = ctypes.c_ulong(threading.get_ident())
-        self._done = threading.Event()
+        self._clear = lambda: set_async_exc(target, None)
+        self._done, self._watchdog, self._mode = threading.Event(), None, "watchdog"
         self._armed = True
-        self._mode = "watchdog"
 
         def watch():
             wait = self.seconds
@@ -540,7 +546,6 @@ class _TimeBound:
                 set_async_exc(target, ctypes.py_object(_TimedOut))
                 wait = _REFIRE_S
 
-        self._clear = lambda: set_async_exc(target, None)
         self._watchdog = threading.Thread(target=watch, name="course-check-timeout", daemon=True)
         self._watchdog.start()
 
@@ -560,7 +565,8 @@ class _TimeBound:
         self._armed = False
         if self._mode is not None:
             self._done.set()
-            self._watchdog.join()
+            if self._watchdog is not None and self._watchdog.ident is not None:  # (started: not when arming was cut)
+                self._watchdog.join()
         if self._tracing:
             sys.settrace(self._old_trace)
             frame = sys._getframe()

@@ -438,6 +438,28 @@ def test_the_time_bound_holds_for_blocking_and_swallowing_answers(name, monkeypa
     _RELEASE.clear()
 
 
+def test_a_time_bound_cut_short_while_arming_leaves_nothing_armed(monkeypatch):
+    """An outer bound's interrupt landing just after an inner bound armed (describe's 0.5 s bound inside a check's
+    0.3 s one) skipped the inner's __exit__: its handler and watchdog stayed, and a test-suite worker got _TimedOut
+    between tests."""
+    from course_utils import exercises as ex
+
+    real = ex._TimeBound._enter_alarm
+
+    def cut_short(self):
+        real(self)
+        raise ex._TimedOut(9)  # the outer bound's interrupt
+
+    monkeypatch.setattr(ex._TimeBound, "_enter_alarm", cut_short)
+    before = signal.getsignal(signal.SIGALRM)
+    with pytest.raises(ex._TimedOut):
+        with ex._TimeBound(0.05):
+            pass
+    assert signal.getsignal(signal.SIGALRM) == before
+    assert not [t for t in threading.enumerate() if t.name == "course-check-timeout" and t.is_alive()]
+    time.sleep(0.2)  # past the inner bound: nothing fires
+
+
 def test_the_time_bound_holds_in_a_fresh_process_with_tensorflow_threads():
     """Where a learner meets it: a kernel's main thread, TensorFlow's threads beside it (a process timer's signal
     could wake one of them instead of the waiting main thread)."""

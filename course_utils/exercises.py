@@ -46,6 +46,7 @@ import math
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -437,6 +438,7 @@ class _TimeBound:
             return self
         self._start = time.monotonic()
         self._deadline = self._start + self.seconds
+        self._owner = sys._getframe(1)  # the frame running the `with`: while the bound holds, it is on the stack
         try:
             if (
                 hasattr(signal, "pthread_kill")
@@ -482,6 +484,11 @@ class _TimeBound:
 
     def _on_alarm(self, signum, frame):
         if not self._armed:
+            return None
+        if not _on_stack(self._owner, frame):  # leaked: its `with` ended without __exit__; never raise outside it
+            self._armed = False
+            self._done.set()
+            signal.signal(signal.SIGALRM, self._old_handler if self._old_handler is not None else signal.SIG_DFL)
             return None
         now = time.monotonic()
         if now < self._deadline:  # not ours: an outer timer (pytest-timeout, the learner's own) fired
@@ -560,9 +567,8 @@ class _TimeBound:
                 continue
 
     def _disarm(self) -> None:
-        import sys
-
         self._armed = False
+        self._owner = None
         if self._mode is not None:
             self._done.set()
             if self._watchdog is not None and self._watchdog.ident is not None:  # (started: not when arming was cut)
@@ -580,6 +586,15 @@ class _TimeBound:
         elif self._mode == "watchdog":
             self._clear()  # drop an exception injected just before the watchdog stopped
         self._mode = None
+
+
+def _on_stack(target, frame) -> bool:
+    """Whether ``target`` is ``frame`` or one of its callers."""
+    while frame is not None:
+        if frame is target:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _timeout_message(seconds: float) -> str:

@@ -460,6 +460,23 @@ def test_a_time_bound_cut_short_while_arming_leaves_nothing_armed(monkeypatch):
     time.sleep(0.2)  # past the inner bound: nothing fires
 
 
+def test_a_leaked_time_bound_disarms_itself_instead_of_raising_elsewhere():
+    """A bound whose `with` ended without __exit__ (however it leaked: a CI worker once died between tests of a
+    leaked _TimedOut(0.5)) must not raise in code outside it: its handler finds its `with` gone and disarms."""
+    from course_utils import exercises as ex
+
+    before = signal.getsignal(signal.SIGALRM)
+
+    def leak():
+        ex._TimeBound(0.05).__enter__()  # entered, never exited
+
+    leak()
+    time.sleep(0.3)  # past its bound: without the guard, _TimedOut here
+    assert signal.getsignal(signal.SIGALRM) == before
+    time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "course-check-timeout" and t.is_alive()]
+
+
 def test_the_time_bound_holds_in_a_fresh_process_with_tensorflow_threads():
     """Where a learner meets it: a kernel's main thread, TensorFlow's threads beside it (a process timer's signal
     could wake one of them instead of the waiting main thread)."""

@@ -516,6 +516,10 @@ def test_warm_up_stops_after_the_compiling_step_when_told_the_budget_is_spent():
     # not told: it times steps and an evaluation
     est = capstone._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: False)
     assert est["train_step_s"] > 0 and est["eval_step_s"] > 0 and model.test_function is not None
+    # predict is left to the final evaluation (it cost 0.35 s of a 60 s budget's planning on one core); its compile
+    # is estimated from the evaluation's first call, which traced and compiled the same forward pass
+    assert model.predict_function is None
+    assert 0 < est["predict_compile_estimate_s"] < est["compile_s"], est
 
 
 def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys):
@@ -842,6 +846,10 @@ def test_budget_plan_first_estimates_and_what_fits():
     plan = capstone.BudgetPlan
     assert final_s == pytest.approx((0.1 * 20 * plan.FINAL_EVAL_SAFETY + plan.FINAL_EVAL_VIEW_S) * capstone.TTA_VIEWS
                                     + plan.FINAL_EVAL_MIN_S)  # every view of the test split
+    # compiling predict, left to the final evaluation, is reserved in it once (not once per view)
+    _, with_compile = capstone.BudgetPlan.estimates(dict(warm, predict_compile_estimate_s=0.7), val_steps=10,
+                                                    test_steps=20, tta=True)
+    assert with_compile == pytest.approx(final_s + 0.7)
     assert capstone.BudgetPlan.epochs_in(100, 30) == 3 and capstone.BudgetPlan.epochs_in(10, 30) == 1
     plan = _plan()
     assert plan.fits_another(0, 1e9)  # the first epoch always runs

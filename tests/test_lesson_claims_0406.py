@@ -291,30 +291,44 @@ def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch
     from course_utils import capstone
 
     calls = []
+    out = tmp_path / "sweep"
 
     def train(options):
         calls.append(options)
+        if options.resume and options.out == str(out / "course-120s"):
+            raise capstone.OptionsError(f"--resume: {options.out} was started with --data synthetic, not npz:x.npz")
         return types.SimpleNamespace(summary=_summary(options.recipe, 0.5, 2, 10, options.time_budget))
 
+    def finished_run(folder, recipe, budget, data, accuracy):
+        folder.mkdir(parents=True)
+        summary = dict(_summary(recipe, accuracy, 9, 31, budget - 1), budget_s=budget,
+                       data=data, options={"recipe": recipe, "data": data, "time_budget": budget})
+        (folder / "summary.json").write_text(json.dumps(summary))
+
     monkeypatch.setattr(capstone, "train", train)
-    out = tmp_path / "sweep"
-    finished, started = out / "course-60s", out / "baseline-240s"
-    finished.mkdir(parents=True)
-    (finished / "summary.json").write_text(json.dumps(_summary("course", 0.61, 9, 31, 59.0)))
-    started.mkdir()
-    (started / capstone.MARKER).write_text("{}")  # killed mid-run: resumed, not restarted
-    done = {"baseline": {120.0: _summary("baseline", 0.5, 20, 63, 119.0)},
-            "course": {120.0: _summary("course", 0.7, 20, 31, 119.0)}}
+    finished_run(out / "course-60s", "course", 60.0, "npz:x.npz", 0.61)  # read back
+    finished_run(out / "baseline-120s", "baseline", 120.0, "synthetic", 0.99)  # other data: trained again
+    for started in (out / "baseline-240s", out / "course-120s"):  # killed mid-run: resumed, not restarted ...
+        started.mkdir()
+        (started / capstone.MARKER).write_text("{}")  # ... unless the trainer refuses to resume it
+    done = {"course": {240.0: _summary("course", 0.7, 20, 31, 239.0)}}
     lines = []
-    rows = capstone_exp.budget_sweep((240, 60, 120), str(out), done=done, progress=lines.append)
+    rows = capstone_exp.budget_sweep((240, 60, 120), str(out), done=done, data="npz:x.npz", progress=lines.append)
     assert [(o.recipe, o.time_budget, o.resume, o.overwrite) for o in calls] == [
-        ("baseline", 60.0, False, True), ("baseline", 240.0, True, False), ("course", 240.0, False, True)]
-    assert all(o.out == str(out / f"{o.recipe}-{o.time_budget:g}s") for o in calls)
-    assert rows["course"][60.0]["test_accuracy"] == 0.61 and rows["course"][120.0] is done["course"][120.0]
+        ("baseline", 60.0, False, True), ("baseline", 120.0, False, True), ("course", 120.0, True, False),
+        ("course", 120.0, False, True), ("baseline", 240.0, True, False)]
+    assert all(o.out == str(out / f"{o.recipe}-{o.time_budget:g}s") and o.data == "npz:x.npz" for o in calls)
+    assert rows["course"][60.0]["test_accuracy"] == 0.61 and rows["course"][240.0] is done["course"][240.0]
+    assert rows["baseline"][120.0]["test_accuracy"] == 0.5  # not the other data's 0.99
     assert sorted(rows["baseline"]) == sorted(rows["course"]) == [60.0, 120.0, 240.0]
-    assert lines == ["baseline recipe, 60 s budget", "baseline recipe, 240 s budget (resumed)",
-                     "course recipe, 240 s budget"]
-    assert capstone_exp.sweep_leads(rows) == pytest.approx({60.0: 11.0, 120.0: 20.0, 240.0: 0.0})
+    assert lines == [
+        "baseline recipe, 60 s budget",
+        f"baseline recipe, 120 s budget (the run in {out / 'baseline-120s'} trained on 'synthetic': trained again)",
+        "course recipe, 120 s budget (resumed)",
+        f"course recipe, 120 s budget: not resumed (--resume: {out / 'course-120s'} was started with --data "
+        "synthetic, not npz:x.npz): trained again",
+        "baseline recipe, 240 s budget (resumed)"]
+    assert capstone_exp.sweep_leads(rows) == pytest.approx({60.0: 11.0, 120.0: 0.0, 240.0: 20.0})
 
 
 def test_lesson_06_a_resume_that_started_over_does_not_hold():

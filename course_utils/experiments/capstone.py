@@ -5,6 +5,7 @@ the command line) and :func:`claims` turns the results into the lesson's table. 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -89,9 +90,11 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
                  progress=print) -> dict[str, dict[float, dict]]:
     """§2's sweep: both recipes at each of ``budgets`` (seconds), ``{recipe: {budget: summary}}``. Runs in ``done``
     (the same shape, e.g. §2's at its own budget) are reused; each other run trains into ``out/<recipe>-<budget>s``. A
-    finished run there is read back, an unfinished one resumed after its last finished epoch (an interrupted sweep
-    loses at most one epoch: run the cell again)."""
+    finished run there is read back when it trained on the same data (``data``, else ``COURSE_DATA``), an unfinished
+    one resumed after its last finished epoch (an interrupted sweep loses at most one epoch: run the cell again); a
+    run there on other data, or one that cannot be resumed, is trained again, and the line says why."""
     from .. import capstone
+    from .. import config as _config
 
     rows: dict[str, dict[float, dict]] = {recipe: dict((done or {}).get(recipe, {})) for recipe in RECIPES}
     for budget in sorted(float(b) for b in budgets):
@@ -99,13 +102,28 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
             if budget in rows[recipe]:
                 continue
             folder = os.path.join(out, f"{recipe}-{budget:g}s")
-            if os.path.exists(os.path.join(folder, "summary.json")):
-                rows[recipe][budget] = capstone.load_result(folder)["summary"]
-                continue
-            started = os.path.exists(os.path.join(folder, capstone.MARKER))
-            progress(f"{recipe} recipe, {budget:g} s budget" + (" (resumed)" if started else ""))
-            options = capstone.Options(recipe=recipe, time_budget=budget, out=folder, verbose=-1, resume=started,
-                                       overwrite=not started, **({"data": data} if data else {}))
+            what = f"{recipe} recipe, {budget:g} s budget"
+            options = capstone.Options(recipe=recipe, time_budget=budget, out=folder, verbose=-1, overwrite=True,
+                                       **({"data": data} if data else {}))
+            summary = capstone.load_result(folder)["summary"] if os.path.exists(os.path.join(folder, "summary.json")) \
+                else None
+            if summary is not None:
+                stored = summary.get("options") or {}
+                same = (stored.get("data") == data if data else summary.get("data") == _config.get().data)
+                if same and stored.get("recipe") == recipe and summary.get("budget_s") == budget:
+                    rows[recipe][budget] = summary
+                    continue
+                progress(f"{what} (the run in {folder} trained on {summary.get('data')!r}: trained again)")
+            elif os.path.exists(os.path.join(folder, capstone.MARKER)):
+                progress(f"{what} (resumed)")
+                try:
+                    rows[recipe][budget] = capstone.train(dataclasses.replace(options, resume=True,
+                                                                              overwrite=False)).summary
+                    continue
+                except capstone.OptionsError as exc:  # another run's, or state the trainer did not write
+                    progress(f"{what}: not resumed ({exc}): trained again")
+            else:
+                progress(what)
             rows[recipe][budget] = capstone.train(options).summary
     return rows
 

@@ -606,6 +606,36 @@ def test_auto_width_times_the_chosen_width_when_planning_has_room(tmp_path, caps
         plan["width_trials"][-1][1], abs=0.01)  # the plan started from the chosen width's own warm-up
 
 
+@pytest.mark.extended  # trains a 10 s run: .ci/run runs it after the README's pytest
+def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_slow(tmp_path, capsys, monkeypatch):
+    """Width 16 is chosen from width 8's warm-up, timed, and measures far slower than predicted (reported 400× its
+    real time here, as width 48 once measured half its prediction the other way): the width is chosen again from the
+    line through both timed widths, and width 8, compiled and timed already, trains (its model, not a new one)."""
+    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
+    monkeypatch.setitem(capstone.AUTO_WIDTH, "widths", (8, 16))
+    monkeypatch.setitem(capstone.AUTO_WIDTH, "target_epochs", 2)  # a 10 s test budget: 2 epochs at width 16 fit
+    real, params, built = capstone._warm_up, capstone.resnet9(16).count_params(), []
+
+    def warm_up(model, *args, **kwargs):
+        got = real(model, *args, **kwargs)
+        built.append(model)
+        slow = 400.0 if model.count_params() == params else 1.0
+        return dict(got, **{k: slow * 1e-3 * (10 if "epoch" in k else 1)
+                            for k in ("train_step_s", "eval_step_s", "train_epoch_s", "eval_epoch_s")})
+
+    monkeypatch.setattr(capstone, "_warm_up", warm_up)
+    opts = capstone.Options(data="synthetic", time_budget=10.0, out=str(tmp_path / "r"), train_examples=256,
+                            test_examples=64, batch_size=64, verbose=0)
+    result = capstone.train(opts)
+    out = capsys.readouterr().out
+    trials = read(tmp_path / "r" / "plan.json")["width_trials"]
+    assert [w for w, _, _ in trials] == [8, 16, 8], (trials, out)
+    assert "width 16 measured ~" in out and "Budget 10 s: back to width 8 (timed ~" in out, out
+    assert result.summary["width"] == 8 and result.summary["parameters"] == capstone.resnet9(8).count_params()
+    assert len(built) == 2 and result.model is built[0]  # width 8's model, the one the first warm-up compiled
+    assert result.summary["epochs"] >= 1 and 0 <= result.summary["test_accuracy"] <= 1
+
+
 def _tree(path):
     return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None for p in sorted(path.rglob("*"))}
 

@@ -1183,11 +1183,12 @@ class BudgetPlan:
     After every epoch :meth:`replan` refits the rest at the epoch time measured since."""
 
     # Margins (seconds or epochs), each with its reason
-    FINAL_EVAL_SAFETY: ClassVar[float] = 1.2  # the final evaluation runs once, cold: a fifth more than the warm-up's
-    FINAL_EVAL_MIN_S: ClassVar[float] = 1.0  # + fixed costs of predict (tracing it, softmax, copying to NumPy)
-    # + each view's own predict call (setting it up, padding and copying the view): with 10 views the final evaluation
-    # took up to 1.4× its estimate without it (one core, 60 s: 3.3 s for 2.3 s, the run ended 1.25 s late)
-    FINAL_EVAL_VIEW_S: ClassVar[float] = 0.15
+    # The final evaluation predicts each view of the test split once, cold: per image it took 1.0-2.3× the warm-up's
+    # evaluation step (median 1.5; widths 6, 8, 16 on one core, 2 cores and AVX2, dev images, 10 views)
+    FINAL_EVAL_SAFETY: ClassVar[float] = 1.6
+    FINAL_EVAL_MIN_S: ClassVar[float] = 0.5  # + fixed costs of predict (softmax, copying to NumPy; compiling it is
+    # estimated on its own: predict_compile_estimate_s)
+    FINAL_EVAL_VIEW_S: ClassVar[float] = 0.05  # + each view's own predict call (setting it up, shifting and padding)
     EPOCH_MIN_S: ClassVar[float] = 0.3  # an epoch's costs beyond its timed steps (callbacks, saving the backup)
     # An epoch may start if it ends at most a quarter epoch past the budget: what is left of an epoch is the margin
     # for what no estimate foresees (a shared machine stalls for seconds now and then; measured: 2-core VMs, 2026).
@@ -1633,6 +1634,8 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
     train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy)
     val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o, len(x), replicas)) for x in (x_val, x_test))
+    val_batch = _eval_batch(o, len(x_val), replicas)
+    val_sizes = [min(val_batch, len(x_val) - i * val_batch) for i in range(val_steps)]  # the last may be partial
 
     def build(width: int):
         return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits)
@@ -1656,7 +1659,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
 
     if state is None:
         plan, (net, model, schedule, peak) = _new_plan(
-            o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_steps, test_steps, auto_width,
+            o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_sizes, test_steps, auto_width,
             build, (net, model, schedule, peak))
         width = plan.width
         fileguard.write_json(run.plan, plan.to_dict())
@@ -1816,7 +1819,7 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
 
 
 def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
-              val_steps: int, test_steps: int, auto_width: bool, build: Callable, built: tuple
+              val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple
               ) -> tuple[BudgetPlan, tuple]:
     """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
     width: the widths it tried, and the model of the one chosen)."""
@@ -1824,11 +1827,13 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                       epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
     if o.time_budget is not None:
         budget = o.time_budget
+        val_steps = len(val_sizes)
         warm_started = clock()
 
         def warm_up(model):
             return _warm_up(model, *datasets, o.steps_per_execution, steps_per_epoch, val_steps,
-                            one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(budget, clock()))
+                            one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(budget, clock()),
+                            eval_sizes=val_sizes)
 
         warm = warm_up(built[1])
         warm_took, warms = clock() - warm_started, {width: warm}
@@ -1931,10 +1936,13 @@ def _check_backup_fits(run: RunFolder, model) -> None:
 
 
 def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
-             one_epoch_only: Callable[[], bool] = lambda: False) -> dict:
+             one_epoch_only: Callable[[], bool] = lambda: False, eval_sizes: list[int] | None = None) -> dict:
     """Time a few real steps (the first call, which traces and compiles, is timed separately), then put the
     weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
     budget is spent), stop there: only ``compile_s`` is measured, every other figure is None.
+    ``eval_sizes``: the images in each of ``test_ds``'s batches. ``eval_step_s`` is a whole (the first) batch's time,
+    from the time per image of the batches timed: a last, partial batch is quicker (on the dev images the 151 images
+    after 256 made a step look 40% shorter).
     Predict is not compiled here (it ran 0.35 s of a 60 s budget's planning on one core, and only the final
     evaluation uses it): ``predict_compile_estimate_s``, the evaluation's first call less a compiled step (the same
     forward pass, traced and compiled), is reserved for it in the final evaluation's estimate."""
@@ -1975,7 +1983,7 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
     model.evaluate(test_ds.take(eval_calls), verbose=0, callbacks=[t])
     first_eval = t.test[0][1] - start
     if len(t.test) > 1:
-        eval_step = (t.test[-1][1] - t.test[0][1]) / max(t.test[-1][0] - t.test[0][0], 1)
+        eval_step = _whole_batch_s(t.test, eval_sizes)
     else:  # one test batch: its first call traced and compiled; time a compiled one (fit's evaluations reuse it)
         start = time.perf_counter()
         model.evaluate(test_ds.take(1), verbose=0)
@@ -1984,6 +1992,15 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
     return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval,
             "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
             "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
+
+
+def _whole_batch_s(ends: list[tuple[int, float]], sizes: list[int] | None) -> float:
+    """A whole (the first) batch's seconds from ``ends``, ``(last step index, time)`` at the end of each call: the
+    time after the first call, per image of the batches it ran (``sizes``: each batch's images; None: all alike)."""
+    (first, t_first), (last, t_last) = ends[0], ends[-1]
+    sizes = list(sizes) if sizes else [1] * (last + 1)
+    images = sum(sizes[first + 1:last + 1]) or (last - first) * sizes[0]
+    return (t_last - t_first) / max(images, 1) * sizes[0]
 
 
 def _plan_progbar(plan: BudgetPlan):

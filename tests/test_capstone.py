@@ -522,6 +522,16 @@ def test_warm_up_stops_after_the_compiling_step_when_told_the_budget_is_spent():
     assert 0 < est["predict_compile_estimate_s"] < est["compile_s"], est
 
 
+def test_the_warm_up_times_a_whole_evaluation_batch_when_the_last_is_partial():
+    # 407 validation images: 256 + 151. The second call ran 151 images in 0.3 s: a whole batch takes 256/151 of it
+    # (timed per step, the dev images' final evaluation was estimated 40% short)
+    assert capstone._whole_batch_s([(0, 1.0), (1, 1.3)], [256, 151]) == pytest.approx(0.3 * 256 / 151)
+    assert capstone._whole_batch_s([(0, 1.0), (2, 1.6)], [256, 256, 100]) == pytest.approx(0.6 * 256 / 356)
+    assert capstone._whole_batch_s([(0, 1.0), (2, 1.6)], None) == pytest.approx(0.3)  # sizes unknown: per step
+    # steps_per_execution 4: each end is a call's last step; the first call's 4 steps are left out
+    assert capstone._whole_batch_s([(3, 1.0), (7, 1.4)], [10] * 8) == pytest.approx(0.1)
+
+
 def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys):
     opts = capstone.Options(data="synthetic", time_budget=1.0, out=str(tmp_path / "tiny"), width=4,
                             train_examples=256, test_examples=64, batch_size=64, verbose=0)

@@ -356,9 +356,10 @@ def _budget_end(recipe: str, summary: dict, history: list[dict], budget: float, 
 
 
 def _early_margin(summary: dict) -> float:
-    """What the plan keeps back for the final evaluation beyond its estimate (:class:`capstone.BudgetPlan`: a fifth of
-    it, a second, and a fixed cost per test-time view): time a run may leave unused on purpose, besides the part of an epoch that no longer fits. Where
-    an epoch takes less than a second (a TPU) it is larger than the epoch."""
+    """What the plan keeps back for the final evaluation beyond its estimate (:class:`capstone.BudgetPlan`: its safety
+    factor over the evaluation steps, a fixed cost, and one per test-time view): time a run may leave unused on purpose,
+    besides the part of an epoch that no longer fits. Where an epoch takes less than a second (a TPU) it is larger
+    than the epoch."""
     from ..capstone import TTA_VIEWS, BudgetPlan
 
     views = TTA_VIEWS if summary.get("tta") else 1

@@ -144,6 +144,9 @@ RECIPE_TABLE = [
     {"choice": "with a time budget, the widest network width that still trains 20 epochs (more for budgets over a "
                "minute; timed at width 8, the others predicted, chosen again if the chosen width's timing is off)",
      "lesson": "capstone", "source": "capstone.choose_width; lesson 06 §2"},
+    {"choice": "a fixed first convolution that whitens 2×2 patches (its filters computed once from the training "
+               "images; learning starts faster)", "lesson": "capstone",
+     "source": "airbench (K. Jordan 2024); capstone.whitening_kernel"},
     {"choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
      "lesson": "03", "source": "memory.recommended_policy"},
     {"choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
@@ -214,6 +217,7 @@ class Options:
     label_smoothing: float | None = None
     schedule: str | None = None  # "onecycle" | "constant"
     tta: bool | None = None
+    whiten: bool | None = None  # course: a fixed first convolution that whitens 2×2 patches (whitening_kernel)
     ema: bool | None = None
     verbose: int = 1  # 1: progress bar + a line per epoch; 0: the line per epoch; -1: silent
 
@@ -240,11 +244,12 @@ class Recipe:
     label_smoothing: float
     schedule: str
     tta: bool
+    whiten: bool  # a fixed 2×2 patch-whitening first convolution (course)
     sized_by_width: bool  # --width applies (and auto width with a budget)
 
     def fill_defaults(self, o: Options) -> Options:
         o = dataclasses.replace(o)
-        for name in ("augment", "label_smoothing", "schedule", "tta"):
+        for name in ("augment", "label_smoothing", "schedule", "tta", "whiten"):
             if getattr(o, name) is None:
                 setattr(o, name, getattr(self, name))
         if o.batch_size is None and not self.per_replica_batch:
@@ -284,7 +289,7 @@ class Recipe:
     def learning_rate_rule(self) -> str:  # pragma: no cover - how peak_learning_rate scales, in words
         raise NotImplementedError
 
-    def model(self, width: int, mean, variance):  # pragma: no cover
+    def model(self, width: int, mean, variance, whiten=None):  # pragma: no cover - whiten: a whitening_kernel
         raise NotImplementedError
 
     def optimizer(self, schedule, ema: bool):  # pragma: no cover
@@ -318,8 +323,8 @@ class _Course(Recipe):
     def learning_rate_rule(self) -> str:
         return f"the linear rule: {COURSE['lr_per_256']:g} per 256 examples per update"
 
-    def model(self, width, mean, variance):
-        return resnet9(width, mean=mean, variance=variance)
+    def model(self, width, mean, variance, whiten=None):
+        return resnet9(width, mean=mean, variance=variance, whiten=whiten)
 
     def optimizer(self, schedule, ema):
         import keras
@@ -338,7 +343,7 @@ class _Baseline(Recipe):
     def learning_rate_rule(self) -> str:
         return f"Adam's {BASELINE['learning_rate']:g} at the tutorial's {BASELINE['batch_size']}, linear in the batch"
 
-    def model(self, width, mean, variance):
+    def model(self, width, mean, variance, whiten=None):
         return tutorial_cnn()
 
     def optimizer(self, schedule, ema):
@@ -349,9 +354,11 @@ class _Baseline(Recipe):
 
 RECIPES: dict[str, Recipe] = {
     "course": _Course("course", batch_size=COURSE["batch_size"], per_replica_batch=True, augment=True,
-                      label_smoothing=COURSE["label_smoothing"], schedule="onecycle", tta=True, sized_by_width=True),
+                      label_smoothing=COURSE["label_smoothing"], schedule="onecycle", tta=True, whiten=True,
+                      sized_by_width=True),
     "baseline": _Baseline("baseline", batch_size=BASELINE["batch_size"], per_replica_batch=False, augment=False,
-                          label_smoothing=0.0, schedule="constant", tta=False, sized_by_width=False),
+                          label_smoothing=0.0, schedule="constant", tta=False, whiten=False,
+                          sized_by_width=False),
 }
 
 
@@ -685,6 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", default=None, help="onecycle | constant")
     p.add_argument("--no-tta", dest="tta", action="store_const", const=False, default=None,
                    help="no test-time augmentation (mirror and one-pixel shifts)")
+    p.add_argument("--no-whiten", dest="whiten", action="store_const", const=False, default=None,
+                   help="course: no fixed patch-whitening first convolution (an ablation)")
     p.add_argument("--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
                                                      "a notebook, never into a log or a pipe)")
@@ -862,7 +871,8 @@ def peak_learning_rate(global_batch: int, lr_per_256: float = COURSE["lr_per_256
 
 def resnet9_macs(width: int) -> int:
     """Multiply-accumulates of :func:`resnet9`'s convolutions per 32×32 image: 9·(3·1024·w + 10,240·w²) (width 8:
-    6.1 M, 16: 24 M, 64: 380 M)."""
+    6.1 M, 16: 24 M, 64: 380 M); the whitening convolution adds about 9·9·1024·w + 0.15 M (width 8: +0.8 M), left
+    out: the width choice needs the growth, not the count."""
     return 9 * (3 * 1024 * width + 10_240 * width * width)
 
 
@@ -926,14 +936,29 @@ def load_result(out: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
+def whitening_kernel(x, mean, variance, size: int = 2, eps: float = 5e-4, images: int = 512):
+    """A ``(size, size, 3, 3·size²)`` convolution kernel that whitens ``size``×``size`` patches of the normalized
+    images ``x`` (airbench's first layer): the eigenvectors of the patches' covariance, each scaled by one over the
+    square root of its eigenvalue (+ ``eps``). From the first ``images`` images (a 12×12 covariance)."""
+    import numpy as np
+
+    z = (np.asarray(x[:images], np.float64) - np.asarray(mean, np.float64)) / np.sqrt(np.asarray(variance, np.float64))
+    patches = np.lib.stride_tricks.sliding_window_view(z, (size, size), axis=(1, 2))  # n, h', w', c, size, size
+    flat = patches.transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * z.shape[-1])  # (row, col, channel) order
+    values, vectors = np.linalg.eigh(flat.T @ flat / len(flat))
+    kernel = vectors / np.sqrt(values + eps)  # columns: one filter each
+    return kernel.reshape(size, size, z.shape[-1], -1).astype(np.float32)
+
+
 def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, variance=None,
-            logit_scale: float = COURSE["logit_scale"], name: str = "resnet9"):
+            logit_scale: float = COURSE["logit_scale"], name: str = "resnet9", whiten=None):
     """A ResNet-9-style network for 32×32 images (Page's DAWNBench net), widths ``w, 2w, 4w, 8w``.
 
     prep: conv-BN-ReLU(w) · layer1: conv-BN-ReLU(2w), max-pool, residual(2 × conv-BN-ReLU) ·
     layer2: conv-BN-ReLU(4w), max-pool · layer3: conv-BN-ReLU(8w), max-pool, residual · global max pool ·
     dense · ×``logit_scale``. Inputs are pixels 0-255; the first layer normalizes per channel with the
-    training split's ``mean``/``variance``. Outputs float32 logits under any policy.
+    training split's ``mean``/``variance``. ``whiten``: a :func:`whitening_kernel`, the weights of a fixed
+    (untrained) convolution before prep (airbench's first layer). Outputs float32 logits under any policy.
     """
     import keras
     from keras import layers
@@ -952,6 +977,11 @@ def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, vari
         x = layers.Normalization(mean=mean, variance=variance)(inputs)
     else:
         x = layers.Rescaling(1 / 255)(inputs)
+    if whiten is not None:
+        white = layers.Conv2D(whiten.shape[-1], whiten.shape[0], padding="same", use_bias=False, trainable=False,
+                              name="whiten")
+        x = white(x)
+        white.set_weights([whiten])
     x = cbr(x, w)
     x = residual(layers.MaxPooling2D()(cbr(x, 2 * w)), 2 * w)
     x = layers.MaxPooling2D()(cbr(x, 4 * w))
@@ -1446,7 +1476,8 @@ def _one_line(exc: BaseException) -> str:
 
 def _check_same_run(stored: dict, o: Options) -> None:
     for key in ("recipe", "data", "batch_size", "width", "accumulate", "policy", "augment", "label_smoothing",
-                "schedule", "ema", "train_examples", "test_examples", "validation_examples", "time_budget", "epochs"):
+                "schedule", "ema", "whiten", "train_examples", "test_examples", "validation_examples", "time_budget",
+                "epochs"):
         if key == "batch_size" and o.batch_size is None:  # the recipe's per-replica batch: checked once the
             continue  # replicas are known (train: _check_same_batch)
         if stored.get(key) != getattr(o, key):
@@ -1534,7 +1565,7 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
     keras.config.set_dtype_policy(policy)
     try:
         with strategy.scope():
-            net = recipe.model(width, mean, var)
+            net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None)
             peak = recipe.peak_learning_rate(o.batch_size)
             schedule = _schedule_class()(peak, o.schedule)
             model = net

@@ -428,12 +428,48 @@ def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_
     result = capstone.train(opts)
     out = capsys.readouterr().out
     plan = read(tmp_path / "r" / "plan.json")
-    params = {w: capstone.resnet9(w).count_params() for w in (4, 8, 64)}
+    params = {w: _course_params(w) for w in (4, 8, 64)}
     assert calls[:2] == [params[4], params[8]], (calls, out)  # width 64's predicted epoch is far too long at first
     assert "not the ~" in out and "choosing again from the two widths timed" in out, out
     assert "on the line through widths 4 and 8" in out, out
     assert [w for w, _, _ in plan["width_trials"]] == [4, 8, 64]
     assert result.summary["width"] == 64 and result.summary["parameters"] == params[64]
+
+
+def test_the_whitening_kernel_decorrelates_2x2_patches_to_unit_variance():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(64, 33, 33, 1))
+    x = 128 + 40 * (base[:, 1:, 1:] + base[:, :-1, :-1]) * np.array([1.0, 0.8, 0.5]) + 20 * rng.normal(size=(64, 32, 32, 3))
+    mean, var = x.reshape(-1, 3).mean(0), x.reshape(-1, 3).var(0)
+    kernel = capstone.whitening_kernel(x, mean, var, eps=1e-9)
+    assert kernel.shape == (2, 2, 3, 12) and kernel.dtype == np.float32
+    z = (x - mean) / np.sqrt(var)
+    patches = np.lib.stride_tricks.sliding_window_view(z, (2, 2), axis=(1, 2)).transpose(0, 1, 2, 4, 5, 3).reshape(-1, 12)
+    before = np.corrcoef(patches.T)  # patch order: (row, column, channel)
+    assert before[0, 9] > 0.3 and before[0, 1] > 0.3  # diagonal neighbours and channels correlate
+    out = patches @ kernel.reshape(12, 12)  # each filter's response to each patch
+    assert np.allclose(out.T @ out / len(out), np.eye(12), atol=1e-3)  # after: uncorrelated, unit variance
+    # the network's layer computes the same responses (a "same"-padded convolution: compare inside the border)
+    import tensorflow as tf
+
+    conv = tf.nn.conv2d(z[:2].astype("float32"), kernel, 1, "VALID").numpy().reshape(-1, 12)
+    assert np.allclose(conv, out[:len(conv)], atol=1e-3)
+
+
+def test_the_course_network_whitens_with_a_fixed_first_convolution_and_the_ablation_removes_it(tmp_path):
+    opts = capstone.Options(data="synthetic", epochs=1, out=str(tmp_path / "w"), width=4, train_examples=256,
+                            test_examples=64, batch_size=64, verbose=-1)
+    result = capstone.train(opts)
+    layer = result.model.get_layer("whiten")
+    assert not layer.trainable and not layer.trainable_weights
+    assert layer.get_weights()[0].shape == (2, 2, 3, 12) and np.isfinite(layer.get_weights()[0]).all()
+    assert read(tmp_path / "w" / "summary.json")["options"]["whiten"] is True
+    plain = capstone.train(dataclasses.replace(opts, whiten=False, out=str(tmp_path / "plain"))).model
+    assert "whiten" not in [lay.name for lay in plain.layers]
+    assert plain.count_params() < result.model.count_params()
+    baseline = capstone.Options(recipe="baseline").resolved()
+    assert baseline.whiten is False and capstone.Options().resolved().whiten is True
+    assert capstone.parse_args(["--no-whiten", "--epochs", "1", "--out", str(tmp_path / "cli")]).whiten is False
 
 
 def test_tta_averages_each_image_its_mirror_and_their_one_pixel_shifts():
@@ -562,6 +598,11 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     assert "Budget 12 s: warm-up measured" in (out := capsys.readouterr().out) and "width" not in out, out
 
 
+def _course_params(width: int) -> int:
+    """The course recipe's network's parameters at ``width`` (with its fixed whitening convolution)."""
+    return capstone.resnet9(width, whiten=np.zeros((2, 2, 3, 12), "float32")).count_params()
+
+
 def _counting_warm_up(monkeypatch, extra_compile_s: float = 0.0):
     calls = []
     real = capstone._warm_up
@@ -589,10 +630,10 @@ def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the
     out = capsys.readouterr().out
     start = capstone.AUTO_WIDTH["start"]
     plan = read(tmp_path / "r" / "plan.json")
-    assert len(calls) == 1 and calls[0] == capstone.resnet9(start).count_params()  # one warm-up: the start width
+    assert len(calls) == 1 and calls[0] == _course_params(start)  # one warm-up: the start width
     width = result.summary["width"]
     assert width != start and plan["warm_up"]["predicted_from_width"] == start, (width, plan["warm_up"])
-    assert result.summary["parameters"] == capstone.resnet9(width).count_params()  # it trained the chosen width
+    assert result.summary["parameters"] == _course_params(width)  # it trained the chosen width
     assert [w for w, _, _ in plan["width_trials"]] == [start, width]
     assert "not timed (planning stays within 100% of the budget)" in out, out
     assert result.summary["epochs"] >= 1 and 0 <= result.summary["test_accuracy"] <= 1
@@ -609,8 +650,8 @@ def test_auto_width_times_the_chosen_width_when_planning_has_room(tmp_path, caps
     plan = read(tmp_path / "r" / "plan.json")
     width = result.summary["width"]
     assert width != capstone.AUTO_WIDTH["start"], out  # tiny epochs: not the target's epochs in 10 s, at any width
-    assert calls == [capstone.resnet9(capstone.AUTO_WIDTH["start"]).count_params(),
-                     capstone.resnet9(width).count_params()]  # both timed
+    assert calls == [_course_params(capstone.AUTO_WIDTH["start"]),
+                     _course_params(width)]  # both timed
     assert "predicted_from_width" not in plan["warm_up"] and "; timing it too" in out, out
     assert plan["width_trials"][-1][0] == width and plan["warm_up_epoch_s"] == pytest.approx(
         plan["width_trials"][-1][1], abs=0.01)  # the plan started from the chosen width's own warm-up
@@ -624,7 +665,7 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
     monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
     monkeypatch.setitem(capstone.AUTO_WIDTH, "widths", (8, 16))
     monkeypatch.setitem(capstone.AUTO_WIDTH, "target_epochs", 2)  # a 10 s test budget: 2 epochs at width 16 fit
-    real, params, built = capstone._warm_up, capstone.resnet9(16).count_params(), []
+    real, params, built = capstone._warm_up, _course_params(16), []
 
     def warm_up(model, *args, **kwargs):
         got = real(model, *args, **kwargs)
@@ -641,7 +682,7 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
     trials = read(tmp_path / "r" / "plan.json")["width_trials"]
     assert [w for w, _, _ in trials] == [8, 16, 8], (trials, out)
     assert "width 16 measured ~" in out and "Budget 10 s: back to width 8 (timed ~" in out, out
-    assert result.summary["width"] == 8 and result.summary["parameters"] == capstone.resnet9(8).count_params()
+    assert result.summary["width"] == 8 and result.summary["parameters"] == _course_params(8)
     assert len(built) == 2 and result.model is built[0]  # width 8's model, the one the first warm-up compiled
     assert result.summary["epochs"] >= 1 and 0 <= result.summary["test_accuracy"] <= 1
 
@@ -1071,7 +1112,7 @@ def test_augment_batch_draws_the_same_augmentation_as_augment():
 
 def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_late():
     """Lesson 06's budget claim, both sides: within one (the longest) epoch of the budget; early, also the margin the
-    plan keeps for the final evaluation (a second and a fifth of it)."""
+    plan keeps for the final evaluation (a fixed cost, one per view, and its safety factor's share)."""
     from course_utils.experiments import capstone as exp
 
     def summary(wall, final=0.5):
@@ -1080,7 +1121,8 @@ def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_l
 
     history = [{"epoch_time_s": 5.0, "elapsed_s": 20.0}, {"epoch_time_s": 5.0, "elapsed_s": 25.0}]
     epoch = exp._longest_epoch(history)
-    margin = capstone.BudgetPlan.FINAL_EVAL_MIN_S + capstone.BudgetPlan.FINAL_EVAL_VIEW_S + 0.2 * 0.5
+    plan = capstone.BudgetPlan
+    margin = plan.FINAL_EVAL_MIN_S + plan.FINAL_EVAL_VIEW_S + (plan.FINAL_EVAL_SAFETY - 1) * 0.5
     assert epoch == 5.0 and exp._early_margin(summary(0, 0.5)) == pytest.approx(margin)
     assert exp._early_margin(dict(summary(0, 0.5), tta=True)) == pytest.approx(
         margin + (capstone.TTA_VIEWS - 1) * capstone.BudgetPlan.FINAL_EVAL_VIEW_S)  # each view's reserve

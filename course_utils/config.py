@@ -52,7 +52,7 @@ class Sizes:
     memory_width: int = 16
     # lesson 06: wall-clock seconds per training run (each recipe, each ablation)
     capstone_budget_s: float = 120.0
-    capstone_ablations: int = 3  # lesson 06: how many of its ablations run (each is one budgeted training run)
+    capstone_ablations: int = 4  # lesson 06: how many of its ablations run (each is one budgeted training run)
     # lesson 06 §2: the budgets of the accuracy-against-budget sweep (both recipes each; the run of §2 is reused at its
     # own budget); it trains on real images only
     capstone_sweep_budgets: tuple = (60.0, 120.0, 240.0)

@@ -287,6 +287,24 @@ def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
     assert claim.holds is None and "fewer than 300 updates" in claim.note
 
 
+def test_lesson_06_reference_sweep_is_what_the_readme_and_the_lesson_quote():
+    """The development images' sweep (drawn in §2's figure) and the lead tables in the README and in §2 are one set of
+    figures: each table cell is the median of the reference runs, course vs baseline, and the lead its difference."""
+    import statistics
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    lesson = "".join("".join(c["source"]) for c in json.loads(
+        (root / "notebooks" / "06_cifar10_capstone.ipynb").read_text(encoding="utf-8"))["cells"])
+    for setting, runs in capstone_exp.DEV_SWEEP.items():
+        for budget in sorted(runs["course"]):
+            course, base = (statistics.median(runs[r][budget]) for r in ("course", "baseline"))
+            cell = f"{course:.1f}% vs {base:.1f}% (+{course - base:.1f})"
+            assert cell in readme, (setting, budget, cell)
+            assert cell.replace("(+", "(**+").replace(")", "**)") in lesson, (setting, budget, cell)
+            assert course - base >= 15, (setting, budget)  # the lesson's claim, on the development images
+
+
 def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch, tmp_path):
     from course_utils import capstone
 

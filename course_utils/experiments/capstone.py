@@ -131,15 +131,16 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
 # §2's reference sweep: each run's test accuracy (%) on the development file of real CIFAR-10 images (4,068 training
 # images, 407 of them held out for validation; 1,017 test), by setting, recipe and budget (seconds). The machine: a
 # 2-core cloud VM, Intel Xeon with AMX (bfloat16 units), TensorFlow 2.20, November 2026, the trainer of course_utils
-# 2026.11 with auto width and 10-view TTA; "one core": pinned with taskset -c 0 or 1; "AVX2": oneDNN capped at AVX2
-# (ONEDNN_MAX_CPU_ISA=AVX2, float32), a laptop's instruction set.
+# 2026.11 with auto width, 10-view TTA and the whitening layer (the 600 s runs: before the whitening layer); "one
+# core": pinned with taskset -c 0 or 1; "AVX2": oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, float32), a laptop's
+# instruction set.
 DEV_SWEEP = {
-    "2 cores": {"baseline": {60: [54.1, 53.2, 54.9], 120: [54.0], 600: [52.9]},
-                "course": {60: [71.8, 70.2, 70.1], 120: [74.8], 600: [80.3]}},
-    "one core": {"baseline": {60: [50.8, 50.3, 51.2], 120: [51.4], 600: [50.3]},
-                 "course": {60: [66.0, 65.8, 65.8], 120: [73.0, 73.0], 600: [79.5]}},
-    "AVX2": {"baseline": {60: [55.1, 54.4, 54.4], 120: [55.5], 600: [52.6]},
-             "course": {60: [68.5, 69.8, 69.0], 120: [74.3], 600: [77.7]}},
+    "2 cores": {"baseline": {60: [53.6, 54.9, 54.9], 120: [54.0], 600: [52.9]},
+                "course": {60: [70.5, 71.4, 71.4], 120: [77.1], 600: [80.3]}},
+    "one core": {"baseline": {60: [51.2, 52.0, 51.8], 120: [51.2], 600: [50.3]},
+                 "course": {60: [68.1, 67.5, 68.0], 120: [74.4], 600: [79.5]}},
+    "AVX2": {"baseline": {60: [54.4, 54.6, 54.4], 120: [55.5], 600: [52.6]},
+             "course": {60: [69.2, 69.6, 71.7], 120: [74.3], 600: [77.7]}},
 }
 
 

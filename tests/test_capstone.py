@@ -424,7 +424,8 @@ def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_
 
     monkeypatch.setattr(capstone, "_warm_up", warm_up)
     opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0)
+                            test_examples=64, batch_size=64, verbose=0,
+                            **_ONE_REPLICA_NO_XLA)
     result = capstone.train(opts)
     out = capsys.readouterr().out
     plan = read(tmp_path / "r" / "plan.json")
@@ -598,6 +599,11 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     assert "Budget 12 s: warm-up measured" in (out := capsys.readouterr().out) and "width" not in out, out
 
 
+# Auto width's tests time tiny budgets: under COURSE_CPU_REPLICAS=4 COURSE_JIT=1 (the TPU shape) compiling alone takes
+# longer than them (36 s), so they train one replica without XLA in any shape
+_ONE_REPLICA_NO_XLA = {"cpu_replicas": 1, "jit": False}
+
+
 def _course_params(width: int) -> int:
     """The course recipe's network's parameters at ``width`` (with its fixed whitening convolution)."""
     return capstone.resnet9(width, whiten=np.zeros((2, 2, 3, 12), "float32")).count_params()
@@ -625,7 +631,8 @@ def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the
     monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
     calls = _counting_warm_up(monkeypatch, extra_compile_s=30.0)
     opts = capstone.Options(data="synthetic", time_budget=8.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0)
+                            test_examples=64, batch_size=64, verbose=0,
+                            **_ONE_REPLICA_NO_XLA)
     result = capstone.train(opts)
     out = capsys.readouterr().out
     start = capstone.AUTO_WIDTH["start"]
@@ -644,7 +651,8 @@ def test_auto_width_times_the_chosen_width_when_planning_has_room(tmp_path, caps
     monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
     calls = _counting_warm_up(monkeypatch)
     opts = capstone.Options(data="synthetic", time_budget=10.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0)
+                            test_examples=64, batch_size=64, verbose=0,
+                            **_ONE_REPLICA_NO_XLA)
     result = capstone.train(opts)
     out = capsys.readouterr().out
     plan = read(tmp_path / "r" / "plan.json")
@@ -676,7 +684,8 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
 
     monkeypatch.setattr(capstone, "_warm_up", warm_up)
     opts = capstone.Options(data="synthetic", time_budget=10.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0)
+                            test_examples=64, batch_size=64, verbose=0,
+                            **_ONE_REPLICA_NO_XLA)
     result = capstone.train(opts)
     out = capsys.readouterr().out
     trials = read(tmp_path / "r" / "plan.json")["width_trials"]

@@ -942,7 +942,9 @@ def whitening_kernel(x, mean, variance, size: int = 2, eps: float = 5e-4, images
     square root of its eigenvalue (+ ``eps``). From the first ``images`` images (a 12×12 covariance)."""
     import numpy as np
 
-    z = (np.asarray(x[:images], np.float64) - np.asarray(mean, np.float64)) / np.sqrt(np.asarray(variance, np.float64))
+    # normalized as the Normalization layer before it does (a constant channel: its epsilon, not a division by zero)
+    std = np.maximum(np.sqrt(np.asarray(variance, np.float64)), 1e-7)
+    z = (np.asarray(x[:images], np.float64) - np.asarray(mean, np.float64)) / std
     patches = np.lib.stride_tricks.sliding_window_view(z, (size, size), axis=(1, 2))  # n, h', w', c, size, size
     flat = patches.transpose(0, 1, 2, 4, 5, 3).reshape(-1, size * size * z.shape[-1])  # (row, col, channel) order
     values, vectors = np.linalg.eigh(flat.T @ flat / len(flat))
@@ -1480,6 +1482,9 @@ def _check_same_run(stored: dict, o: Options) -> None:
                 "epochs"):
         if key == "batch_size" and o.batch_size is None:  # the recipe's per-replica batch: checked once the
             continue  # replicas are known (train: _check_same_batch)
+        if key not in stored:  # a plan from before the option existed: its model is not this trainer's
+            raise OptionsError(f"--resume: {o.out} was started by an earlier version of the trainer (its plan has no "
+                               f"{key!r}); nothing was changed: start it again with --overwrite, or use another --out")
         if stored.get(key) != getattr(o, key):
             flag = "--" + key.replace("_", "-")
             raise OptionsError(f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
@@ -1664,9 +1669,9 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {o.steps_per_execution} "
         f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
     train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy)
-    val_steps, test_steps = (math.ceil(len(x) / _eval_batch(o, len(x), replicas)) for x in (x_val, x_test))
     val_batch = _eval_batch(o, len(x_val), replicas)
-    val_sizes = [min(val_batch, len(x_val) - i * val_batch) for i in range(val_steps)]  # the last may be partial
+    val_sizes = [min(val_batch, len(x_val) - i) for i in range(0, len(x_val), val_batch)]  # the last may be partial
+    val_steps, test_steps = len(val_sizes), math.ceil(len(x_test) / _eval_batch(o, len(x_test), replicas))
 
     def build(width: int):
         return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits)

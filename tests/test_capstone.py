@@ -455,6 +455,9 @@ def test_the_whitening_kernel_decorrelates_2x2_patches_to_unit_variance():
 
     conv = tf.nn.conv2d(z[:2].astype("float32"), kernel, 1, "VALID").numpy().reshape(-1, 12)
     assert np.allclose(conv, out[:len(conv)], atol=1e-3)
+    # a constant channel (variance 0) gives finite filters, as the Normalization layer's epsilon does
+    flat = np.concatenate([x[..., :2], np.full(x.shape[:-1] + (1,), 7.0)], axis=-1)
+    assert np.isfinite(capstone.whitening_kernel(flat, flat.reshape(-1, 3).mean(0), flat.reshape(-1, 3).var(0))).all()
 
 
 def test_the_course_network_whitens_with_a_fixed_first_convolution_and_the_ablation_removes_it(tmp_path):
@@ -858,6 +861,17 @@ def test_resume_refuses_state_the_trainer_did_not_write_and_changes_nothing(refe
         assert expected in lines[0] and ("nothing was changed" in lines[0] or "run without --resume" in lines[0]), (
             files, lines)
         assert _tree(run) == tree, files
+
+
+def test_resume_refuses_a_plan_from_before_an_option_existed():
+    """A run started before the whitening layer has a model without it: resumed, its backup would not load. Its
+    plan lacks the option, and the refusal says so (not "was started with --whiten None")."""
+    o = capstone.Options(out="runs/old", time_budget=60.0).resolved()
+    stored = {k: v for k, v in dataclasses.asdict(o).items() if k != "whiten"}
+    with pytest.raises(capstone.OptionsError, match=r"started by an earlier version of the trainer \(its plan has no "
+                                                    r"'whiten'\); nothing was changed"):
+        capstone._check_same_run(stored, o)
+    capstone._check_same_run(dataclasses.asdict(o), o)  # the same options: resumable
 
 
 def test_validation_split_is_held_out_and_the_same_for_every_run():

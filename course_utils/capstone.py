@@ -109,6 +109,9 @@ PLANNING_MARGIN = 1.25  # another width's warm-up, estimated from the last one's
 # Steps the warm-up times after its compiling one (fewer on a TPU, whose calls run steps_per_execution each): 6 cost
 # 0.4 s of a 60 s budget on one core at width 8; the plan is corrected after each epoch anyway
 WARM_UP_STEPS = 6
+# … and for at least this long, up to an epoch: 6 short steps (the baseline's 12.5 ms on 2 cores) timed 30% slower
+# than its epochs then ran (53 epochs planned, 77 trained at 60 s)
+WARM_UP_MIN_S = 0.5
 BASELINE = dict(batch_size=64, learning_rate=1e-3)  # a global batch: the tutorial's, whatever the replicas
 # steps_per_execution on a TPU (lesson 04 §7: each call into the compiled function costs a host round trip, which a
 # TPU's short steps feel most; 32 or more is common there), at most the steps of an epoch. Elsewhere 1: off a TPU a
@@ -1212,7 +1215,8 @@ class BudgetPlan:
     With a budget: the warm-up's step times give an epoch's time (training + validation + :attr:`EPOCH_MIN_S`) and
     the final evaluation's (the test split, :data:`TTA_VIEWS` times with TTA, each × :attr:`FINAL_EVAL_SAFETY` +
     :attr:`FINAL_EVAL_VIEW_S`, + :attr:`FINAL_EVAL_MIN_S`); the epochs are the whole ones that fit in what is left.
-    After every epoch :meth:`replan` refits the rest at the epoch time measured since."""
+    After the first epoch the final evaluation's time is measured (:meth:`final_eval_from_view`), and after every
+    epoch :meth:`replan` refits the rest at the epoch time measured since."""
 
     # Margins (seconds or epochs), each with its reason
     # The final evaluation predicts each view of the test split once, cold: per image it took 1.0-2.3× the warm-up's
@@ -1221,6 +1225,10 @@ class BudgetPlan:
     FINAL_EVAL_MIN_S: ClassVar[float] = 0.5  # + fixed costs of predict (softmax, copying to NumPy; compiling it is
     # estimated on its own: predict_compile_estimate_s)
     FINAL_EVAL_VIEW_S: ClassVar[float] = 0.05  # + each view's own predict call (setting it up, shifting and padding)
+    # After the first epoch the final evaluation's estimate is measured instead: predict is compiled (the final
+    # evaluation reuses it) and a view of the test split timed, the faster of two (:meth:`final_eval_from_view`)
+    VIEW_SAFETY: ClassVar[float] = 1.25  # the final evaluation's views then took 0.95-1.14× that view each (2 cores)
+    VIEW_MIN_S: ClassVar[float] = 0.1  # + making the shifted views, averaging them
     EPOCH_MIN_S: ClassVar[float] = 0.3  # an epoch's costs beyond its timed steps (callbacks, saving the backup)
     # An epoch may start if it ends at most a quarter epoch past the budget: what is left of an epoch is the margin
     # for what no estimate foresees (a shared machine stalls for seconds now and then; measured: 2-core VMs, 2026).
@@ -1230,8 +1238,15 @@ class BudgetPlan:
     # the early side too: lesson 06's budget claim) …
     GROW_AFTER: ClassVar[float] = 1.0
     GROW_FRACTION: ClassVar[float] = 0.1  # … and more than this share of the time left
+    # … and shrink only when it would end more than this share of the time left late (and a quarter epoch): far from
+    # the end the mean epoch jitters by a few per cent, which over 40 short epochs is more than one epoch (the
+    # baseline, 0.7 s epochs on 2 cores: re-planned 79 → 77 → 74 → 72 → 77 → 76 … in one run)
+    SHRINK_FRACTION: ClassVar[float] = 0.05
     NO_GROW_LAST: ClassVar[int] = 2  # never grow in the last epochs: the LR has (almost) decayed to zero
-    RECENT_EPOCHS: ClassVar[int] = 5  # replan at the mean of the last few epochs (the first left out)
+    RECENT_EPOCHS: ClassVar[int] = 5  # replan at the mean of the last few epochs (the first left out) …
+    # … and of more while those took less than this: the baseline's 0.7-0.9 s epochs (2 cores) moved the mean of five
+    # by ±10%, and its plan by 10 epochs each way, several times in a run
+    RECENT_S: ClassVar[float] = 10.0
 
     options: dict
     steps_per_epoch: int
@@ -1247,6 +1262,7 @@ class BudgetPlan:
     planning_elapsed_s: float | None = None
     warm_up: dict | None = None  # the warm-up's figures (train_step_s, eval_step_s, compile_s, …)
     width_trials: list | None = None  # [width, epoch_s, epochs] per width the warm-up tried
+    final_view_s: float | None = None  # one view of the test split, timed after the first epoch (None: not yet)
 
     @staticmethod
     def warmup_for(epochs: int, steps_per_epoch: int) -> int:
@@ -1268,6 +1284,12 @@ class BudgetPlan:
                    + cls.FINAL_EVAL_MIN_S + warm.get("predict_compile_estimate_s", 0.0))
         return epoch_s, final_s
 
+    @classmethod
+    def final_eval_from_view(cls, view_s: float, tta: bool) -> float:
+        """The final evaluation's seconds from one view of the test split timed with predict compiled: each of its
+        views (:data:`TTA_VIEWS` with TTA) × :attr:`VIEW_SAFETY`, + :attr:`VIEW_MIN_S`."""
+        return view_s * (TTA_VIEWS if tta else 1) * cls.VIEW_SAFETY + cls.VIEW_MIN_S
+
     @staticmethod
     def epochs_in(left_s: float, epoch_s: float) -> int:
         """Whole epochs in ``left_s`` seconds; at least one (a run always finishes an epoch)."""
@@ -1287,7 +1309,7 @@ class BudgetPlan:
 
     def replan(self, done: int, elapsed_s: float, epoch_times: list[float], cap: int) -> tuple | None:
         """Fit the rest of the plan to the budget left at the epoch time measured in this process: the mean of the
-        last :attr:`RECENT_EPOCHS` (``epoch_times``: wall time from one epoch's end to the next, so what happens
+        last :attr:`RECENT_EPOCHS` (more while they took less than :attr:`RECENT_S` together; ``epoch_times``: wall time from one epoch's end to the next, so what happens
         between epochs counts too; the first epoch, which fills the cache and compiles the evaluation, only while it
         is all there is; the warm-up's estimate votes until 3 are measured), leaving out the slowest of them (a stall
         is not yet a trend). The mean, not the median: what is left costs the *sum* of the epochs to come, and on a
@@ -1296,12 +1318,16 @@ class BudgetPlan:
         → 30 → 25 epochs in one run and ending another 20 s early.
         Returns ``(old epochs, new epochs, seconds left, epoch seconds)`` when the plan changed, else None.
 
-        Hysteresis: change only when the plan would end more than :attr:`LATE_TOLERANCE` of an epoch late, or leave
+        Hysteresis: change only when the plan would end more than :attr:`LATE_TOLERANCE` of an epoch (and
+        :attr:`SHRINK_FRACTION` of the time left) late, or leave
         more than :attr:`GROW_AFTER` epochs (and :attr:`GROW_FRACTION` of the time left) unused: short epochs
         jitter by ±30% on a shared machine, and re-planning for every jitter would only churn the schedule."""
         if self.budget_s is None or done >= cap or not epoch_times:
             return None
-        recent = (epoch_times[1:] or epoch_times)[-self.RECENT_EPOCHS:]
+        measured = epoch_times[1:] or epoch_times
+        recent = measured[-self.RECENT_EPOCHS:]
+        while len(recent) < len(measured) and sum(recent) < self.RECENT_S:
+            recent = measured[-len(recent) - 1:]
         if len(recent) < 3 and self.warm_up_epoch_s:
             recent = recent + [self.warm_up_epoch_s]
         recent = sorted(recent)[:-1] or recent  # the slowest left out: one stall is not yet a trend
@@ -1311,7 +1337,8 @@ class BudgetPlan:
         fits = done + max(0, int(left / epoch_s + self.ROUND_UP))
         fits = max(done, min(fits, cap))
         slack = left - (self.epochs - done) * epoch_s
-        if -self.LATE_TOLERANCE * epoch_s <= slack <= max(self.GROW_AFTER * epoch_s, self.GROW_FRACTION * left):
+        if (-max(self.LATE_TOLERANCE * epoch_s, self.SHRINK_FRACTION * left) <= slack
+                <= max(self.GROW_AFTER * epoch_s, self.GROW_FRACTION * left)):
             return None
         if fits > self.epochs and self.epochs - done < self.NO_GROW_LAST:
             return None
@@ -1719,7 +1746,18 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
     fileguard.write_json(run.metrics, history)
 
-    progress = _Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say)
+    def time_view() -> float:
+        """Compile predict on one (padded) batch, the final evaluation's shape, so that it reuses it; then time a
+        view of the test split as the final evaluation predicts it."""
+        _predict_probs(net, x_test[:1], False, o.batch_size)
+        times = []
+        for _ in range(2):  # the faster of two: one view's time doubled now and then (2 cores: 0.34 s, else 0.18)
+            started = time.perf_counter()
+            _predict_probs(net, x_test, False, o.batch_size)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    progress = _Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view)
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
     # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
     callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
@@ -1973,7 +2011,7 @@ def _check_backup_fits(run: RunFolder, model) -> None:
 
 def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
              one_epoch_only: Callable[[], bool] = lambda: False, eval_sizes: list[int] | None = None) -> dict:
-    """Time a few real steps (the first call, which traces and compiles, is timed separately), then put the
+    """Time a few real steps (:data:`WARM_UP_STEPS`, and :data:`WARM_UP_MIN_S` at least, up to an epoch; the first call, which traces and compiles, is timed separately), then put the
     weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
     budget is spent), stop there: only ``compile_s`` is measured, every other figure is None.
     ``eval_sizes``: the images in each of ``test_ds``'s batches. ``eval_step_s`` is a whole (the first) batch's time,
@@ -1994,15 +2032,18 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
             self.train.append((batch, time.perf_counter()))
             if len(self.train) == 1 and one_epoch_only():
                 self.model.stop_training = self.stopped = True
+            elif len(self.train) >= calls and self.train[-1][1] - self.train[0][1] >= WARM_UP_MIN_S:
+                self.model.stop_training = True
 
         def on_test_batch_end(self, batch, logs=None):
             self.test.append((batch, time.perf_counter()))
 
     snapshot = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables]
     calls = max(4, math.ceil(min(WARM_UP_STEPS, steps_per_epoch) / spe)) + 1
+    most = max(calls, math.ceil(steps_per_epoch / spe) + 1)  # timing WARM_UP_MIN_S: at most an epoch's calls
     t = Times()
     start = time.perf_counter()
-    model.fit(train_ds.repeat().take(calls * spe), epochs=1, verbose=0, callbacks=[t])
+    model.fit(train_ds.repeat().take(most * spe), epochs=1, verbose=0, callbacks=[t])
     first_train = t.train[0][1] - start
 
     def restore():
@@ -2026,6 +2067,7 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
         eval_step = time.perf_counter() - start
     restore()
     return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval,
+            "timed_steps": t.train[-1][0] - t.train[0][0],
             "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
             "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
 
@@ -2060,10 +2102,11 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
             the budget after every epoch (:meth:`BudgetPlan.replan`)."""
 
             def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
-                         steps_per_epoch: int, say):
+                         steps_per_epoch: int, say, time_view: Callable[[], float] | None = None):
                 super().__init__()
                 self.o, self.plan, self.run, self.clock, self.history = o, plan, run, clock, list(history)
                 self.schedule, self.steps_per_epoch, self.say = schedule, steps_per_epoch, say
+                self.time_view = time_view
                 self.last_tick = 0.0
                 self.pending: list[str] = []
                 self.epoch_times: list[float] = []
@@ -2092,6 +2135,17 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
 
             def on_epoch_end(self, epoch, logs=None):
                 logs = logs or {}
+                view_line = None
+                if (self.time_view is not None and self.plan.budget_s is not None and not self.epoch_times
+                        and epoch + 1 < self.plan.epochs):
+                    # the first epoch here: measure the final evaluation rather than estimate it (counted in this
+                    # epoch's time, which compiles anyway and which the plan leaves out once others are measured)
+                    view_s = self.time_view()
+                    before = self.plan.final_eval_estimate_s
+                    self.plan.final_view_s = view_s
+                    self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, self.o.tta)
+                    view_line = (f"  (final evaluation: one view of the test split took {view_s:.2f} s → "
+                                 f"{self.plan.final_eval_estimate_s:.1f} s kept for it, was {before:.1f} s)")
                 now = time.perf_counter()
                 train_s = (self.t_test or now) - self.t_epoch
                 images = self.steps_per_epoch * self.o.batch_size
@@ -2123,6 +2177,8 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
                     f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
                     f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
                     f"{entry['images_per_s']:.0f} images/s")
+                if view_line:
+                    self.pending.append(view_line)
                 if self.o.verbose < 1 or not getattr(self, "bar", False):  # no bar to finish its line first
                     self._flush()
                 cap = self.params.get("epochs") or self.plan.epochs

@@ -72,6 +72,14 @@ def test_cli_smoke_run_learns_within_its_budget_and_writes_its_files(reference):
     assert summary["wall_time_s"] >= BUDGET - 2 * epoch - 3, "the budget was not used"
     assert summary["test_accuracy"] >= 0.5, summary["test_accuracy"]  # chance is 0.1
     assert summary["recipe"] == "course"
+    # after the first epoch the final evaluation is measured, not estimated: a view of the test split (predict
+    # compiled, which the final evaluation reuses) × the views, with the margins
+    plan = read(out / "plan.json")
+    views = capstone.TTA_VIEWS if summary["tta"] else 1
+    assert plan["final_view_s"] > 0 and plan["final_eval_estimate_s"] == pytest.approx(
+        plan["final_view_s"] * views * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
+    assert capstone.BudgetPlan.final_eval_from_view(0.2, True) == pytest.approx(
+        0.2 * capstone.TTA_VIEWS * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
     # a tenth of the 1,024 training images held out for validation; the test split untouched
     assert summary["data"] == reference[3][1] and (summary["train_examples"], summary["validation_examples"],
                                                    summary["test_examples"]) == (922, 102, 256)
@@ -562,6 +570,19 @@ def test_warm_up_stops_after_the_compiling_step_when_told_the_budget_is_spent():
     assert 0 < est["predict_compile_estimate_s"] < est["compile_s"], est
 
 
+def test_the_warm_up_times_short_steps_for_a_while_but_never_past_an_epoch(monkeypatch):
+    # 6 steps of the baseline's 12.5 ms timed 30% slower than its epochs ran: short steps are timed for
+    # WARM_UP_MIN_S, up to an epoch's steps; long ones stop at WARM_UP_STEPS
+    model, train, test = _tiny_model_and_data(test_batch=32)
+    monkeypatch.setattr(capstone, "WARM_UP_MIN_S", 0.0)
+    assert capstone._warm_up(model, train, test, 1, 40, 2)["timed_steps"] == capstone.WARM_UP_STEPS
+    monkeypatch.setattr(capstone, "WARM_UP_MIN_S", 1e9)
+    assert capstone._warm_up(model, train, test, 1, 40, 2)["timed_steps"] == 40  # one epoch, not forever
+    monkeypatch.setattr(capstone, "WARM_UP_MIN_S", 0.3)
+    est = capstone._warm_up(model, train, test, 1, 10_000, 2)
+    assert capstone.WARM_UP_STEPS < est["timed_steps"] < 10_000 and est["timed_steps"] * est["train_step_s"] >= 0.3
+
+
 def test_the_warm_up_times_a_whole_evaluation_batch_when_the_last_is_partial():
     # 407 validation images: 256 + 151. The second call ran 151 images in 0.3 s: a whole batch takes 256/151 of it
     # (timed per step, the dev images' final evaluation was estimated 40% short)
@@ -936,6 +957,17 @@ def test_budget_plan_refits_the_rest_with_hysteresis():
     # much faster: 3 s/epoch → grows, up to fit's cap
     plan = _plan()
     assert plan.replan(4, 40.0, [9.0, 3.0, 3.0, 3.0], cap=12) == (10, 12, 58.0, 3.0)
+    # far from the end a projected lateness within SHRINK_FRACTION of the time left is jitter, not a trend: 40 epochs
+    # of 1 s planned in 41 s left, measured 1.04 s → 1.6 s late, within 5% of 41 s: no change; 1.1 s → shrinks
+    plan = _plan(epochs=44, budget_s=100.0)
+    assert plan.replan(4, 57.0, [9.0, 1.04, 1.04, 1.04], cap=90) is None and plan.epochs == 44
+    assert plan.replan(4, 57.0, [9.0, 1.1, 1.1, 1.1], cap=90) == (44, 41, 41.0, pytest.approx(1.1))
+    # short epochs: the mean is over the last RECENT_S seconds of them, not only the last RECENT_EPOCHS
+    plan = _plan(epochs=200, budget_s=1000.0)
+    times = [9.0] + [0.4] * 30 + [0.7] * 5  # the last five alone: 0.7 s
+    changed = plan.replan(36, 30.0, times, cap=400)
+    # the last 22 epochs (10.3 s ≥ RECENT_S), the slowest left out
+    assert changed is not None and changed[3] == pytest.approx((0.4 * 17 + 0.7 * 4) / 21)
     # never grows in the last epochs of the decay
     plan = _plan(epochs=5)
     assert plan.replan(4, 40.0, [9.0, 3.0, 3.0, 3.0], cap=20) is None and plan.epochs == 5

@@ -1015,6 +1015,7 @@ def test_course_policy_on_a_cpu_follows_bf16_instructions_and_onednn(monkeypatch
     cpu, course = types.SimpleNamespace(kind="CPU"), capstone.RECIPES["course"]
     monkeypatch.setattr(memory, "cpu_bf16_support", lambda: (True, ["avx512_bf16"]))
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # (the suite may run under an AVX2 cap)
     assert course.choose_policy(cpu)[0] == "mixed_bfloat16"
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     assert course.choose_policy(cpu) == ("float32", "CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own "
@@ -1036,6 +1037,7 @@ def test_a_cpu_capped_below_bfloat16_trains_in_float32(monkeypatch):
     assert memory.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) is None  # it has bfloat16 kernels
     assert memory.onednn_bf16_capped({}) is None
     monkeypatch.setattr(memory, "recommended_policy", lambda rt: ("mixed_bfloat16", "CPU"))
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)  # (the suite may run with oneDNN off)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     policy, why = capstone.RECIPES["course"].choose_policy(types.SimpleNamespace(kind="CPU"))
     assert policy == "float32" and "oneDNN capped at AVX2" in why

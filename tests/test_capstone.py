@@ -934,8 +934,10 @@ def _plan(**kw):
 
 def test_budget_plan_refits_the_rest_with_hysteresis():
     plan = _plan()
-    # on time (epoch 4 done at 43 s, 8 s/epoch): 6 × 8 = 48 of the 55 s left: within the slack, no change
-    assert plan.replan(4, 43.0, [9.0, 8.0, 8.0, 8.0], cap=20) is None and plan.epochs == 10
+    # on time (epoch 4 done at 45 s, 8 s/epoch): 6 × 8 = 48 of the 53 s left: within the slack, no change
+    assert plan.replan(4, 45.0, [9.0, 8.0, 8.0, 8.0], cap=20) is None and plan.epochs == 10
+    # 7 s (0.875 epochs) unused is more than GROW_AFTER: the estimates' errors need the rest of the epoch
+    assert _plan().replan(4, 43.0, [9.0, 8.0, 8.0, 8.0], cap=20) == (10, 11, 55.0, 8.0)
     # more than an epoch unused (48 of 58 s: 10 s) would end the run early: one more epoch (lesson 06's budget claim)
     assert _plan().replan(4, 40.0, [9.0, 8.0, 8.0, 8.0], cap=20) == (10, 11, 58.0, 8.0)
     # slower: 14 s/epoch from epoch 2 on → 58 s left fit 4 more (+ a quarter epoch): shrink to 8; past the warm-up

@@ -1292,6 +1292,20 @@ class BudgetPlan:
         views (:data:`TTA_VIEWS` with TTA) × :attr:`VIEW_SAFETY`, + :attr:`VIEW_MIN_S`."""
         return view_s * (TTA_VIEWS if tta else 1) * cls.VIEW_SAFETY + cls.VIEW_MIN_S
 
+    def view_to_time(self, epochs_here: int, views_timed: int, done: int) -> str | None:
+        """At the end of epoch ``done`` (the ``epochs_here``-th of this process), whether to time a view of the test
+        split for the final evaluation's estimate: ``"first"`` (compile predict, time two) after this process's first
+        epoch, ``"halfway"`` (one more) once half the plan is done — two timed right after compiling read 30% slow now
+        and then (2 cores, 120 s: 0.33 s, the final evaluation's 0.26 s per view) — and None otherwise, without a
+        budget, or when the plan ends before it could use the figure."""
+        if self.budget_s is None:
+            return None
+        if epochs_here == 1 and done < self.epochs:
+            return "first"
+        if views_timed == 2 and 2 * done >= self.epochs and done < self.epochs - 1:
+            return "halfway"
+        return None
+
     @staticmethod
     def epochs_in(left_s: float, epoch_s: float) -> int:
         """Whole epochs in ``left_s`` seconds; at least one (a run always finishes an epoch)."""
@@ -1311,10 +1325,10 @@ class BudgetPlan:
 
     def replan(self, done: int, elapsed_s: float, epoch_times: list[float], cap: int) -> tuple | None:
         """Fit the rest of the plan to the budget left at the epoch time measured in this process: the mean of the
-        last :attr:`RECENT_EPOCHS` (more while they took less than :attr:`RECENT_S` together; ``epoch_times``: wall time from one epoch's end to the next, so what happens
-        between epochs counts too; the first epoch, which fills the cache and compiles the evaluation, only while it
-        is all there is; the warm-up's estimate votes until 3 are measured), leaving out the slowest of them (a stall
-        is not yet a trend). The mean, not the median: what is left costs the *sum* of the epochs to come, and on a
+        last :attr:`RECENT_EPOCHS`, more while they took less than :attr:`RECENT_S` together (``epoch_times``: wall
+        time from one epoch's end to the next, so what happens between epochs counts too; the first epoch, which
+        fills the cache and compiles the evaluation, only while it is all there is; the warm-up's estimate votes until
+        3 are measured), leaving out the slowest of them (a stall is not yet a trend). The mean, not the median: what is left costs the *sum* of the epochs to come, and on a
         shared machine epochs do not scatter around one time — on a 2-core VM they alternated between 3.2 and 5.1 s
         (and now and then 10 s), and the median of three jumped from one to the other, re-planning 35 → 24 → 31 → 24
         → 30 → 25 epochs in one run and ending another 20 s early.
@@ -2015,8 +2029,8 @@ def _check_backup_fits(run: RunFolder, model) -> None:
 
 def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
              one_epoch_only: Callable[[], bool] = lambda: False, eval_sizes: list[int] | None = None) -> dict:
-    """Time a few real steps (:data:`WARM_UP_STEPS`, and :data:`WARM_UP_MIN_S` at least, up to an epoch; the first call, which traces and compiles, is timed separately), then put the
-    weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
+    """Time a few real steps (:data:`WARM_UP_STEPS`, and :data:`WARM_UP_MIN_S` at least, up to an epoch; the first
+    call, which traces and compiles, is timed separately), then put the weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
     budget is spent), stop there: only ``compile_s`` is measured, every other figure is None.
     ``eval_sizes``: the images in each of ``test_ds``'s batches. ``eval_step_s`` is a whole (the first) batch's time,
     from the time per image of the batches timed: a last, partial batch is quicker (on the dev images the 151 images
@@ -2140,16 +2154,12 @@ class _Progress:  # replaced by a keras Callback subclass at construction (keras
             def on_epoch_end(self, epoch, logs=None):
                 logs = logs or {}
                 view_line = None
-                timed = self.time_view is not None and self.plan.budget_s is not None
-                first = timed and not self.epoch_times and epoch + 1 < self.plan.epochs
-                # … and once more half-way, while the plan can still use it: one view timed twice right after
-                # compiling read 30% slow now and then (2 cores, 120 s: 0.33 s, the final evaluation's 0.26 s)
-                halfway = (timed and len(self.view_times) == 2 and 2 * (epoch + 1) >= self.plan.epochs
-                           and epoch + 1 < self.plan.epochs - 1)
-                if first or halfway:
-                    # the first epoch here: measure the final evaluation rather than estimate it (counted in this
-                    # epoch's time, which compiles anyway and which the plan leaves out once others are measured)
-                    self.view_times += self.time_view(compile=first)
+                due = (self.plan.view_to_time(len(self.epoch_times) + 1, len(self.view_times), epoch + 1)
+                       if self.time_view is not None else None)
+                if due:
+                    # measure the final evaluation rather than estimate it; counted in this epoch's time (the first
+                    # compiles anyway; the plan leaves out the first epoch once others are measured, and the slowest)
+                    self.view_times += self.time_view(compile=due == "first")
                     before = self.plan.final_eval_estimate_s
                     view_s = self.plan.final_view_s = min(self.view_times)
                     self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, self.o.tta)

@@ -977,6 +977,17 @@ def test_budget_plan_refits_the_rest_with_hysteresis():
     assert _plan(budget_s=None).replan(4, 40.0, [100.0] * 4, cap=10) is None
 
 
+def test_the_final_evaluation_is_timed_after_the_first_epoch_and_once_more_half_way():
+    plan = _plan(epochs=20)
+    due = [plan.view_to_time(done, 0 if done == 1 else (2 if done <= 10 else 3), done) for done in range(1, 21)]
+    # the first epoch: compile and time two; epoch 10 of 20: one more; never in the last two epochs, never again
+    assert due[0] == "first" and due[9] == "halfway" and due.count("first") == 1 and due.count("halfway") == 1
+    assert plan.view_to_time(19, 2, 19) is None  # half-way reached only at the end: too late to use it
+    assert plan.view_to_time(1, 0, 7) == "first"  # a resumed run: its first epoch here compiles predict again
+    assert _plan(epochs=1).view_to_time(1, 0, 1) is None  # a one-epoch plan: nothing left to fit
+    assert _plan(budget_s=None).view_to_time(1, 0, 1) is None  # --epochs: no budget to keep
+
+
 def test_budget_plan_first_estimates_and_what_fits():
     warm = {"train_epoch_s": 5.0, "eval_step_s": 0.1}
     epoch_s, final_s = capstone.BudgetPlan.estimates(warm, val_steps=10, test_steps=20, tta=True)

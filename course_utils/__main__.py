@@ -1,12 +1,13 @@
 """Command line: `python -m course_utils COMMAND`.
 
   doctor     check this environment and print the exact fix for each problem
-  lint       check every notebook against the course skeleton (maintainers)
-  set-repo   point every badge and setup cell at another GitHub repository (forks)
+  lint       check every notebook against the course skeleton (maintainers; from a checkout)
+  set-repo   point every badge and setup cell at another GitHub repository (forks; from a checkout)
   capstone   train CIFAR-10 for a time budget (lesson 06; same as `python -m course_utils.capstone`)
   cluster    run a program once per task of a TensorFlow cluster on localhost (lesson 08)
   prove      measure every lesson's claims on this hardware: claims.json and a report card
-  site       render every lesson with its outputs, and the report cards side by side, as an offline site
+  site       render every lesson with its outputs, and the report cards side by side, as an offline site (from a
+             checkout)
 
 `python -m course_utils COMMAND --help` lists a command's options.
 """
@@ -18,12 +19,12 @@ import sys
 
 COMMANDS = {  # command -> "module:function" taking argv and returning the exit status
     "doctor": "course_utils.doctor:main",
-    "lint": "course_utils.notebooks:lint_main",
-    "set-repo": "course_utils.notebooks:set_repo_main",
+    "lint": "devtools.notebooks:lint_main",
+    "set-repo": "devtools.notebooks:set_repo_main",
     "capstone": "course_utils.capstone:main",
     "cluster": "course_utils.cluster:main",
     "prove": "course_utils.proof:main",
-    "site": "course_utils.site:main",
+    "site": "devtools.site:main",
 }
 
 
@@ -39,7 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     module_name, func_name = commands[argv[0]].split(":")
     import importlib
 
-    func = getattr(importlib.import_module(module_name), func_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name != module_name.partition(".")[0]:
+            raise
+        print(f"{argv[0]}: a maintainer's command; it runs from a checkout of the course's repository (in its root "
+              "folder, beside course_utils/ and devtools/)", file=sys.stderr)
+        return 2
+    func = getattr(module, func_name)
     return int(func(argv[1:]) or 0)
 
 

@@ -63,7 +63,7 @@ __all__ = [
     "apply_per_replica_gradients",
 ]
 # The lesson's measurements (equal weights to the big batch, the averaging bugs, the caveats) are in
-# course_utils.experiments.accumulation.
+# course_utils.lessons.gradient_accumulation.experiments.
 
 
 def _tf():

@@ -585,7 +585,7 @@ def validate(o: Options) -> None:
     if o.cpu_replicas is not None and not _is_int(o.cpu_replicas):
         raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
     try:
-        data = _config._parse_data(o.data) if o.data is not None else _config.get().data
+        data = _config.parse_data(o.data) if o.data is not None else _config.get().data
         replicas = _config.get().cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
     except _config.ConfigError as exc:
         raise OptionsError(str(exc).replace("COURSE_DATA=", "--data ")) from None
@@ -1907,7 +1907,7 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
                 return peak, f"{_memory.MEMORY_INFO}({device!r})['peak'] over this process's training"
         except Exception:  # noqa: BLE001 - no statistics after all
             pass
-    return _memory._maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
+    return _memory.maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
 
 
 def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,

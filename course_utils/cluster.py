@@ -10,13 +10,14 @@ the launcher ends (``SIGKILL``, a kernel restart): a small sentinel process stop
 pipe from the launcher closes (Linux, macOS). Usable from a notebook and from the command line::
 
     python -m course_utils cluster --workers 2 -- python my_training_script.py --steps 10
-    python -m course_utils cluster --workers 2 --module course_utils.experiments.multiworker -- --steps 4
+    python -m course_utils cluster --workers 2 --module course_utils.lessons.scaling_out.multiworker -- --steps 4
     python -m course_utils cluster --chief --workers 2 --ps 1 --wait-for chief \
-        --module course_utils.experiments.parameter_server -- --steps 20 --out runs/ps
+        --module course_utils.lessons.scaling_out.parameter_server -- --steps 20 --out runs/ps
 
 In a notebook, :func:`launch` runs ``python -m MODULE`` on every task with TensorFlow's start-up chatter left out.
 
-Exit codes of the command: 0 all tasks succeeded, 1 a task failed or the cluster timed out, 2 usage.
+Exit codes of the command: 0 all tasks succeeded, 1 a task failed or the cluster timed out, 2 usage, 130 Ctrl-C,
+128 + N when signal N (SIGTERM, SIGHUP) stopped it; every task is stopped in each case.
 """
 
 from __future__ import annotations
@@ -624,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("cluster: interrupted; every task was stopped", file=sys.stderr)
-        return 1
+        return 130  # as every command of the course (and a shell) reports Ctrl-C
     except _Stopped as stopped:
         print(f"cluster: {signal.Signals(stopped.signum).name}; every task was stopped", file=sys.stderr)
         return 128 + stopped.signum

@@ -209,7 +209,7 @@ def _parse_replicas(raw: str) -> int:
     return n
 
 
-def _parse_data(raw: str) -> str:
+def parse_data(raw: str) -> str:
     value = raw.strip()
     if value in ("tfds", "synthetic"):
         return value
@@ -235,7 +235,7 @@ def load(env: Mapping[str, str] | None = None) -> CourseConfig:
         )
     jit = _parse_bool("COURSE_JIT", env.get("COURSE_JIT", ""))
     if env.get("COURSE_DATA", "").strip():
-        data, reason = _parse_data(env["COURSE_DATA"]), "set by COURSE_DATA"
+        data, reason = parse_data(env["COURSE_DATA"]), "set by COURSE_DATA"
     elif smoke:
         data, reason = "synthetic", "smoke mode uses offline data; set COURSE_DATA=tfds for real CIFAR-10"
     else:

@@ -2,7 +2,7 @@
 strategy (global vs per-replica batch), and TFRecord files with an auto-shard policy.
 
 Lesson 04's measurements (every example exactly once, auto-shard tables, timings) are experiments:
-:mod:`course_utils.experiments.pipeline`.
+:mod:`course_utils.lessons.data_pipeline_sharding.experiments`.
 
 Sources (``load_cifar10(source=...)``; default ``COURSE_DATA``, smoke mode → ``synthetic``):
 
@@ -547,7 +547,7 @@ def load_cifar10(
     if source is None:
         source, reason = cfg.data, cfg.data_reason
     else:
-        source, reason = _config._parse_data(source), "chosen by argument"
+        source, reason = _config.parse_data(source), "chosen by argument"
     sizes = cfg.sizes
     n_train = sizes.train_examples if n_train is None else n_train
     n_test = sizes.test_examples if n_test is None else n_test

@@ -115,3 +115,17 @@ class expect_failure:  # noqa: N801 — used as a statement, like contextlib's s
             f = frames[-1]
             lines.append(f"   inside {short_path(f.filename)}, line {f.lineno}, in {f.name}")
         return "\n".join(lines)
+
+
+def show_code(*functions):
+    """The source of ``functions`` (or a program's text, given as a string) as highlighted code in a notebook (plain text elsewhere): a lesson shows the code
+    it teaches this way and then calls it, so the learner reads the very lines that ``prove`` runs for the report
+    card — one copy, in ``course_utils.lessons``, never a second one typed into the notebook."""
+    import inspect
+
+    source = "\n\n\n".join((fn if isinstance(fn, str) else inspect.getsource(fn)).strip("\n") for fn in functions)
+    try:
+        from IPython.display import Code
+    except ImportError:  # no IPython: the text itself
+        return source
+    return Code(source, language="python")

@@ -3,7 +3,8 @@
 How a lesson uses it (the setup cell already imported ``course_utils``)::
 
     from course_utils import exercises
-    ex = exercises.load("tpu_initialization")      # one bank per lesson
+    from course_utils.lessons import tpu_initialization
+    ex = exercises.load(tpu_initialization)          # one bank per lesson
 
     answer = ...                                     # the learner replaces the ...
     ex.replicas_on_v5e.check(answer)                 # last expression: shows "✅ Correct — ..."
@@ -24,10 +25,11 @@ Hints and solutions live here, not in the notebook, so a learner sees them only 
 Adding a bank for a new lesson: write one checker per exercise (``checker(answer, **context)``
 returns the success message, or raises :class:`Incorrect` with a one- or two-sentence message that
 names what was expected, what was got, and the idea to revisit), wrap each in :class:`Exercise`
-with its hints, solution, stub, a ``reference`` and some ``wrong_examples``, and call
-:func:`register_bank` at the bottom of a new module in ``course_utils/exercise_banks/`` (one per lesson). ``tests/test_exercises.py`` then checks every
-bank automatically: the reference passes, each wrong example fails with its expected message, every
-stub counts as unanswered, and each printed solution, executed, passes.
+with its hints, solution, stub, a ``reference`` and some ``wrong_examples``, and list them in
+``EXERCISES = ExerciseBank("<lesson>", [...])`` in the lesson's ``course_utils/lessons/<lesson>/exercises.py``.
+``tests/test_exercises.py`` then checks every lesson's bank (``course_utils.lessons.LESSONS``) automatically: the
+reference passes, each wrong example fails with its expected message, every stub counts as unanswered, and each
+printed solution, executed, passes.
 Helpers for checkers: :func:`call_learner` (runs learner code and turns stubs and crashes into the
 right result), :func:`read_dataset` (one bounded pass over a learner's dataset: a `.repeat()` is
 caught, not iterated forever), :func:`require_callable`, :func:`require_int`, :func:`require_number`,
@@ -57,7 +59,6 @@ __all__ = [
     "ExerciseBank",
     "Incorrect",
     "UnknownBankError",
-    "available_banks",
     "CHECK_TIMEOUT_S",
     "DATASET_LIMIT",
     "call_learner",
@@ -65,7 +66,6 @@ __all__ = [
     "describe",
     "load",
     "read_dataset",
-    "register_bank",
     "require_callable",
     "require_int",
     "require_number",
@@ -140,7 +140,9 @@ def _unanswered(message: str) -> _Verdict:
     return _Verdict("unanswered", message)
 
 
-def _error(message: str) -> _Verdict:
+def error(message: str) -> _Verdict:
+    """For a checker: raise this when the check cannot run with what it was given (not the learner's answer being
+    wrong): the result reads "error" with ``message``."""
     return _Verdict("error", message)
 
 
@@ -655,7 +657,7 @@ def read_dataset(
         message = (
             f"Reading the dataset from `{shown_as}` raised {type(exc).__name__}: {_short(exc)}."
         )
-        raise _error(f"{message} {on_error}".strip()) from None
+        raise error(f"{message} {on_error}".strip()) from None
     if len(elements) > limit:
         raise Incorrect(
             f"the dataset from `{shown_as}` has more than {limit} {what}; one pass of the check's data has "
@@ -791,18 +793,18 @@ def call_learner(fn: Callable, *args: Any, shown_as: str, on_error: str = "") ->
     except _TimedOut:
         raise
     except SystemExit as exc:
-        raise _error(
+        raise error(
             f"Your code called `exit()`/`sys.exit()` (SystemExit: {_short(exc.code, 60)}) when called as "
             f"`{shown_as}`; a function that is checked must return its result, not end the program."
         ) from None
     except KeyboardInterrupt:
-        raise _error(
+        raise error(
             f"Your code was interrupted (KeyboardInterrupt) while running `{shown_as}`; "
             "run the check again when it is ready."
         ) from None
     except BaseException as exc:  # the learner's bug: report it in one line, no traceback
         message = f"Your code raised {type(exc).__name__}: {_short(exc)} when called as `{shown_as}`."
-        raise _error(f"{message} {on_error}".strip()) from None
+        raise error(f"{message} {on_error}".strip()) from None
     if result is None:
         raise _unanswered(
             "your function returned None — did you forget `return`? "
@@ -908,7 +910,7 @@ class Exercise:
             if key in context and key not in self.needs:
                 value = context.pop(key)
                 if answer is not ...:
-                    raise _error(
+                    raise error(
                         f"check() got your answer twice (positionally and as `{key}=`); pass it once: "
                         f"`{self.call_hint}`."
                     )
@@ -918,12 +920,12 @@ class Exercise:
                 takes = "only your answer" if not self.needs else (
                     "your answer and " + ", ".join(f"`{k}`" for k in self.needs)
                 )
-                raise _error(
+                raise error(
                     f"check() takes {takes}, but got {1 + len(args)} values. Call it as `{self.call_hint}`."
                 )
             for key, value in zip(self.needs, args):
                 if key in context:
-                    raise _error(f"check() got `{key}` twice; pass it once: `{self.call_hint}`.")
+                    raise error(f"check() got `{key}` twice; pass it once: `{self.call_hint}`.")
                 context[key] = value
         return answer, context
 
@@ -938,7 +940,7 @@ class Exercise:
             if unknown:
                 shown = ", ".join(f"`{_short(k, 40)}=`" for k in unknown[:5])
                 problems.append(f"check() does not take {shown}")
-            raise _error("; ".join(problems) + f". Call it as `{self.call_hint}`.")
+            raise error("; ".join(problems) + f". Call it as `{self.call_hint}`.")
 
     def hint(self) -> None:
         """Print the next hint: hint 1, then hint 2, …; after the last one it repeats it."""
@@ -965,8 +967,16 @@ class ExerciseBank:
     """The exercises of one lesson, as attributes: ``ex.replicas_on_v5e``."""
 
     def __init__(self, name: str, exercises: Sequence[Exercise]):
+        names = [e.name for e in exercises]
+        bad = [n for n in names if not n.isidentifier()]
+        if bad or len(set(names)) != len(names):
+            raise ValueError(f"exercise names must be unique Python identifiers, got {names}")
         self._name = name
         self._exercises = {e.name: e for e in exercises}
+
+    @property
+    def name(self) -> str:
+        return self._name
 
     def __getattr__(self, item: str) -> Exercise:
         exercises = self.__dict__.get("_exercises", {})
@@ -994,49 +1004,21 @@ class ExerciseBank:
 
 
 class UnknownBankError(KeyError, ValueError):
-    """``load()`` got a bank name that is not registered; the message lists the registered ones."""
+    """``load()`` got something that is not a lesson or its exercises; the message says what to pass."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
-_BANKS: dict[str, list[Exercise]] = {}
-
-
-def register_bank(name: str, exercises: Sequence[Exercise], *, replace: bool = False) -> None:
-    """Register a lesson's exercises under ``name`` (what the notebook passes to :func:`load`)."""
-    if name in _BANKS and not replace:
-        raise ValueError(
-            f"an exercise bank named {name!r} is already registered (pass replace=True to replace it)"
-        )
-    names = [e.name for e in exercises]
-    bad = [n for n in names if not n.isidentifier()]
-    if bad or len(set(names)) != len(names):
-        raise ValueError(f"exercise names must be unique Python identifiers, got {names}")
-    _BANKS[name] = list(exercises)
-
-
-def _import_banks() -> None:
-    """Banks live one per lesson in ``course_utils/exercise_banks/``; importing one registers it."""
-    import importlib
-    import pkgutil
-
-    from . import exercise_banks
-
-    for info in pkgutil.iter_modules(exercise_banks.__path__):
-        importlib.import_module(f"{exercise_banks.__name__}.{info.name}")
-
-
-def available_banks() -> list[str]:
-    _import_banks()
-    return sorted(_BANKS)
-
-
-def load(name: str) -> ExerciseBank:
-    """One lesson's exercises, with fresh hint counters: ``ex = exercises.load("tpu_initialization")``."""
-    _import_banks()
-    if name not in _BANKS:
-        raise UnknownBankError(
-            f"no exercise bank named {name!r}; available banks: {', '.join(available_banks()) or '(none)'}"
-        )
-    return ExerciseBank(name, [copy.copy(e) for e in _BANKS[name]])
+def load(lesson) -> ExerciseBank:
+    """One lesson's exercises, with fresh hint counters: ``ex = exercises.load(tpu_initialization)``, where
+    ``tpu_initialization`` is the lesson's package (``from course_utils.lessons import tpu_initialization``), its
+    ``exercises`` module, or an :class:`ExerciseBank`."""
+    bank = getattr(lesson, "exercises", lesson)  # a lesson's package -> its exercises module
+    bank = getattr(bank, "EXERCISES", bank)  # -> its bank
+    if isinstance(bank, ExerciseBank):
+        return ExerciseBank(bank.name, [copy.copy(e) for e in bank])
+    raise UnknownBankError(
+        f"exercises.load() takes a lesson, not {describe(lesson)}: "
+        "from course_utils.lessons import tpu_initialization; ex = exercises.load(tpu_initialization)"
+    )

@@ -442,7 +442,7 @@ class _RssSampler:
         return False
 
 
-def _maxrss_bytes() -> int | None:
+def maxrss_bytes() -> int | None:
     try:
         import resource
         import sys
@@ -474,7 +474,7 @@ def measure_peak(fn: Callable[..., Any], *args: Any, device: Any = None, **kwarg
     except (ValueError, RuntimeError, tf.errors.OpError):
         supported = False
 
-    maxrss_before = _maxrss_bytes()
+    maxrss_before = maxrss_bytes()
     try:
         sampler = _RssSampler()
     except Exception:  # psutil missing
@@ -496,7 +496,7 @@ def measure_peak(fn: Callable[..., Any], *args: Any, device: Any = None, **kwarg
         peak = max(0, sampler.peak - sampler.start_rss)
         method = f"process peak RSS growth, psutil sampling ({reason})"
     else:
-        after = _maxrss_bytes()
+        after = maxrss_bytes()
         peak = max(0, (after or 0) - (maxrss_before or 0))
         method = f"process peak RSS growth, resource.getrusage ({reason}; 0 if below an earlier peak)"
     return PeakMemory(int(peak), method, f"process (asked for {dev})", result)

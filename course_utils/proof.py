@@ -1,13 +1,13 @@
 """``python -m course_utils prove``: every lesson's claims, measured on this hardware, without Jupyter.
 
-Each lesson's measurements and claims live in code (its experiments module): ``measure(lab)`` runs what the
-notebook measures and returns JSON-able results, ``claims(results)`` turns them into :class:`report.Claim`s.
-The notebook calls the same pieces and ends with the table ``claims(results)`` builds; this command runs
+Each lesson's measurements and claims live in code (``course_utils/lessons/<name>/experiments.py``, listed in
+:data:`course_utils.lessons.LESSONS`): ``measure(lab)`` runs what the notebook measures and returns JSON-able
+results, ``claims(results)`` turns them into :class:`report.Claim`s. The notebook calls the same pieces and ends with the table ``claims(results)`` builds; this command runs
 ``measure`` and ``claims`` for each lesson in a fresh process (its own TensorFlow, CPU split and settings),
 one lesson after another, and writes
 
-- ``DIR/claims.json`` — every claim (lesson, claim, expected, measured, verdict in words and its reason,
-  the samples where it came from repeats) and the machine it ran on;
+- ``DIR/claims.json`` — every claim (id, lesson, claim, expected, measured, verdict in words and its reason,
+  the samples where it came from repeats) and the machine it ran on, in format :data:`FORMAT_VERSION`;
 - ``DIR/report.md`` — the same as a report card, one table per lesson.
 
 Both are rewritten after every lesson, so an interrupted run keeps what finished. A lesson already proved in
@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import datetime
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -48,8 +47,9 @@ from typing import Any, Callable
 
 from . import config as _config
 from . import fileguard, forkserver, report
+from .lessons import BY_ID
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every claim has an id ("05.accumulated_peak"); 1 had none
 CLAIMS, REPORT = "claims.json", "report.md"
 REPORT_HEADING = "# Claims vs. measured — report card"  # the first line of every report.md prove writes
 MAX_CLAIMS_BYTES = 64 << 20  # a claims.json larger than this is not one prove wrote (all eight lessons: ~100 KB)
@@ -57,38 +57,10 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 PARENT_VARIABLE = "COURSE_PROVE_PARENT"  # the driver's pid, for the lesson process to die with it
 
 
-@dataclasses.dataclass(frozen=True)
-class Lesson:
-    """A lesson whose claims ``prove`` can measure: ``module`` has ``measure(lab)`` and ``claims(results)``."""
-
-    id: str
-    title: str
-    module: str
-    cpu_replicas: int = 1  # on a CPU, split it into this many devices (lessons about replicas)
-    # how long it takes, relative to the others, in full mode and in smoke mode (measured on one core each, smoke
-    # in the TPU shape, where XLA compiles dominate): --jobs starts the longest first
-    cost: int = 1
-    smoke_cost: int = 1
-
-
-LESSONS = {lesson.id: lesson for lesson in (
-    Lesson("01", "TPU initialization", "course_utils.experiments.tpu", cost=10, smoke_cost=2),
-    Lesson("02", "bfloat16 conversion", "course_utils.experiments.conversion", cost=7, smoke_cost=4),
-    Lesson("03", "Mixed precision", "course_utils.experiments.precision", cost=1, smoke_cost=1),
-    Lesson("04", "Data pipelines and sharding", "course_utils.experiments.pipeline", cpu_replicas=4, cost=16,
-           smoke_cost=7),
-    Lesson("05", "Gradient accumulation", "course_utils.experiments.accumulation", cpu_replicas=4, cost=5,
-           smoke_cost=10),
-    Lesson("06", "CIFAR-10 capstone", "course_utils.experiments.capstone", cost=58, smoke_cost=19),
-    Lesson("07", "Activation memory", "course_utils.experiments.activation_memory", cost=31, smoke_cost=9),
-    Lesson("08", "Scaling out", "course_utils.experiments.scaling_out", cost=17, smoke_cost=10),
-)}
-
-
 def job_order(todo: list[str], mode: str) -> list[str]:
     """The order ``--jobs`` starts lessons in: the longest in ``mode`` first (``Lesson.cost``, ``smoke_cost``)."""
-    return sorted(todo, key=lambda lesson_id: -(LESSONS[lesson_id].smoke_cost if mode == "smoke"
-                                                else LESSONS[lesson_id].cost))
+    return sorted(todo, key=lambda lesson_id: -(BY_ID[lesson_id].smoke_cost if mode == "smoke"
+                                                else BY_ID[lesson_id].cost))
 
 
 # The shapes learners run, emulated on a CPU (a --shape of prove): how many replicas every lesson gets, and whether
@@ -156,7 +128,7 @@ def _memory_gib() -> float | None:
         return None
 
 
-def _code_fingerprint() -> str:
+def code_fingerprint() -> str:
     """A hash of course_utils' own source: a proof is redone when the code that measures changed."""
     digest = hashlib.sha256()
     root = pathlib.Path(__file__).resolve().parent
@@ -192,7 +164,7 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
-        "course_utils": _code_fingerprint(),
+        "course_utils": code_fingerprint(),
         "xla": bool(cfg.jit or runtime.kind == "TPU"),
         "shape": os.environ.get(SHAPE_VARIABLE, "") or None,
         **({"jobs": int(os.environ[JOBS_VARIABLE])} if os.environ.get(JOBS_VARIABLE, "1") != "1" else {}),
@@ -231,7 +203,7 @@ def machine_line(machine: dict) -> str:
 
 def run_lesson(lesson_id: str, out_path: str) -> int:
     """The child process: measure one lesson here and write ``{lesson, title, claims, seconds}`` to out_path."""
-    lesson = LESSONS[lesson_id]
+    lesson = BY_ID[lesson_id]
     start = time.perf_counter()
     import course_utils
 
@@ -242,11 +214,14 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     def progress(message: str) -> None:
         print(f"  · {message} ({time.perf_counter() - start:.0f} s)", flush=True)
 
-    module = importlib.import_module(lesson.module)
+    module = lesson.experiments
     results = module.measure(Lab(cfg, runtime, progress))
     claims = module.claims(results)
     for claim in claims:
         claim.lesson = claim.lesson or lesson.id
+    problems = report.id_problems(claims, lesson.id)
+    if problems:
+        raise ValueError(f"lesson {lesson.id}'s claims: {'; '.join(problems)}")
     out = {"lesson": lesson.id, "title": lesson.title, "seconds": round(time.perf_counter() - start, 1),
            "claims": [c.to_dict() for c in claims]}
     fileguard.write_json(out_path, out, indent=None)
@@ -471,6 +446,12 @@ SMOKE_NOTE = (
     "2 cores; real CIFAR-10, or `--data npz:PATH`).")
 
 
+def _id_cell(claim: report.Claim) -> str:
+    """A report card's first column: the claim's id, and under it the function that measured it."""
+    cell = f"`{claim.id}`" if claim.id else ""
+    return cell + (f"<br>`{report.where_label(claim.where)}`" if claim.where else "")
+
+
 def report_card(data: dict) -> str:
     """claims.json as Markdown: the machine, then one table per lesson."""
     machine = data.get("machine") or {}
@@ -495,8 +476,8 @@ def report_card(data: dict) -> str:
             lines += [f"Could not be measured: {entry['error']}", ""]
             continue
         claims = [report.Claim.from_dict(c) for c in entry.get("claims", [])]
-        table = report.Table([(c.claim, c.expected, c.measured, c.verdict) for c in claims],
-                             ("Claim", "Expected", "Measured here", "Verdict"))
+        table = report.Table([(_id_cell(c), c.claim, c.expected, c.measured, c.verdict) for c in claims],
+                             ("Id, measured by", "Claim", "Expected", "Measured here", "Verdict"))
         lines += [table._repr_markdown_(), "", f"_{entry.get('seconds', '?')} s_", ""]
     return "\n".join(lines)
 
@@ -539,12 +520,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds one lesson may take (default: 900 in smoke mode, 3600 in full)")
     args = parser.parse_args(argv)
-    wanted = args.lessons or sorted(LESSONS)
+    wanted = args.lessons or sorted(BY_ID)
     lessons = []
     for raw in wanted:
         lesson_id = raw.strip().zfill(2)
-        if lesson_id not in LESSONS:
-            raise UsageError(f"unknown lesson {raw!r}: prove knows {' '.join(sorted(LESSONS))}")
+        if lesson_id not in BY_ID:
+            raise UsageError(f"unknown lesson {raw!r}: prove knows {' '.join(sorted(BY_ID))}")
         if lesson_id not in lessons:
             lessons.append(lesson_id)
     args.lessons = lessons
@@ -554,7 +535,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         args.mode = _config.get().mode if os.environ.get("COURSE_SMOKE", "").strip() else "smoke"
     if args.data is not None:
         try:
-            args.data = _config._parse_data(args.data)
+            args.data = _config.parse_data(args.data)
         except _config.ConfigError as e:
             raise UsageError(str(e).replace("COURSE_DATA=", "--data ")) from None
         from .data import file_problem
@@ -639,8 +620,9 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
 
     if data is not None and not _same_machine(data, machine):
         moved = _move_aside(args.out)
-        print(f"{claims_path} was written on another machine, versions or settings: moved to "
-              f"{' and '.join(moved)}; starting a new one.", flush=True)
+        why = ("in an older format (claims without ids)" if data.get("format") != FORMAT_VERSION
+               else "on another machine, versions or settings")
+        print(f"{claims_path} was written {why}: moved to {' and '.join(moved)}; starting a new one.", flush=True)
         data = None
     if data is not None:
         for lesson_id, entry in data["lessons"].items():
@@ -655,17 +637,17 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
     for lesson_id in args.lessons:
         previous = data["lessons"].get(lesson_id)
         if previous and previous.get("claims") and not previous.get("error") and not args.again:
-            print(f"[{lesson_id}] {LESSONS[lesson_id].title}: already proved here ({previous.get('written', '')}); "
+            print(f"[{lesson_id}] {BY_ID[lesson_id].title}: already proved here ({previous.get('written', '')}); "
                   "--again to measure it again", flush=True)
         else:
             todo.append(lesson_id)
     if args.jobs > 1:
         _prove_at_once(args, data, todo, private)
     for lesson_id in todo if args.jobs == 1 else ():
-        print(f"[{lesson_id}] {LESSONS[lesson_id].title} …", flush=True)
+        print(f"[{lesson_id}] {BY_ID[lesson_id].title} …", flush=True)
         result_file = private / f"lesson-{lesson_id}.json"
         t0 = time.perf_counter()
-        code, tail = _run_child(["_lesson", lesson_id, str(result_file)], _child_env(args, LESSONS[lesson_id]),
+        code, tail = _run_child(["_lesson", lesson_id, str(result_file)], _child_env(args, BY_ID[lesson_id]),
                                 args.timeout, f"[{lesson_id}]")
         _record(args, data, lesson_id, code, tail, result_file, t0)
 
@@ -680,7 +662,7 @@ def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | No
             result_file: pathlib.Path, t0: float) -> None:
     """A lesson's process has ended (``code``; None: timed out): its entry, a line saying how it went, and both
     files saved."""
-    lesson = LESSONS[lesson_id]
+    lesson = BY_ID[lesson_id]
     entry = _read_result(result_file) if code == 0 else None
     if entry is not None and _entry_problem(entry):
         entry = None
@@ -721,9 +703,9 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
         while queue or running:
             while queue and free:
                 lesson_id, slot = queue.pop(0), free.pop(0)
-                print(f"[{lesson_id}] {LESSONS[lesson_id].title} … (on core(s) {','.join(map(str, slot))})",
+                print(f"[{lesson_id}] {BY_ID[lesson_id].title} … (on core(s) {','.join(map(str, slot))})",
                       flush=True)
-                env = _child_env(args, LESSONS[lesson_id])
+                env = _child_env(args, BY_ID[lesson_id])
                 env[CPUS_VARIABLE] = ",".join(map(str, slot))
                 result_file = private / f"lesson-{lesson_id}.json"
                 run = {"slot": slot, "result_file": result_file, "t0": time.perf_counter(),
@@ -754,11 +736,12 @@ def exit_status(data: dict, lessons: list[str]) -> tuple[int, str]:
     """0 when no claim of ``lessons`` in claims.json ``data`` reads "does not hold" and each was measured, else 1;
     with a one-line summary of what failed."""
     failing = [c for lid in lessons for c in data["lessons"].get(lid, {}).get("claims", [])
-               if c.get("verdict") == report.WORDS[report.FAILS]]
+               if report.Claim.from_dict(c).outcome is report.Verdict.FAILS]
     unmeasured = [lid for lid in lessons if lid not in data["lessons"] or data["lessons"][lid].get("error")]
     if not failing and not unmeasured:
         return 0, ""
-    return 1, (f"{len(failing)} claim(s) do not hold here"
+    names = ", ".join(c.get("id") or c["claim"][:40] for c in failing[:5]) + (", …" if len(failing) > 5 else "")
+    return 1, (f"{len(failing)} claim(s) do not hold here" + (f" ({names})" if failing else "")
                + (f"; lessons not measured: {' '.join(unmeasured)}" if unmeasured else ""))
 
 

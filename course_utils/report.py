@@ -13,6 +13,10 @@ notebook measured here, and a verdict:
 Measured ratios (speed-ups, memory ratios) should come from repeats: :meth:`Claim.from_samples`
 takes the repeats, prints median and spread, and decides from the spread, never from one run.
 
+Each claim has a stable ``id`` ("05.accumulated_peak": the lesson's number, a dot, a name) that tests, ``prove``
+and the site key on, so rewording a claim changes nothing else; compare verdicts as :class:`Verdict`\ s
+(``claim.outcome``), never as words.
+
 Claims are data: :meth:`Claim.to_dict` / :meth:`Claim.from_dict` give the JSON form that
 ``python -m course_utils prove`` writes to ``claims.json`` (verdict in words, its reason, the samples
 where the claim came from repeats). A notebook's table also saves itself there when
@@ -22,7 +26,9 @@ where the claim came from repeats). A notebook's table also saves itself there w
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
+import re
 import statistics
 from typing import Iterable
 
@@ -33,6 +39,30 @@ VERDICTS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}
 # The verdicts in words, as claims.json writes them
 WORDS = {HOLDS: "holds", FAILS: "does not hold", DIFFERS: "differs on this hardware", NOISE: "inconclusive",
          UNMEASURABLE: "not measurable here"}
+ID_PATTERN = re.compile(r"(\d\d)\.[a-z0-9_.]+")  # a claim's id: the lesson's number, a dot, a name
+
+
+class Verdict(str, enum.Enum):
+    """A claim's verdict; its value is the word claims.json writes ("does not hold"), :attr:`label` the table's."""
+
+    HOLDS = "holds"
+    FAILS = "does not hold"
+    DIFFERS = "differs on this hardware"
+    NOISE = "inconclusive"
+    UNMEASURABLE = "not measurable here"
+
+    @property
+    def label(self) -> str:
+        return {word: label for label, word in WORDS.items()}[self.value]
+
+    @classmethod
+    def read(cls, word: object) -> "Verdict":
+        """The verdict a card's word names; ValueError (one line) for any other value."""
+        try:
+            return cls(word)
+        except ValueError:
+            known = ", ".join(v.value for v in cls)
+            raise ValueError(f"unknown verdict {str(word)[:40]!r} (one of: {known})") from None
 CLAIMS_DIR_VARIABLE = "COURSE_CLAIMS_DIR"
 
 
@@ -104,6 +134,8 @@ class Claim:
     differs_here: str = ""  # a stated hardware reason why the claim is not expected to hold on this machine
     samples: list | None = None  # the repeated measurements the verdict came from (from_samples)
     lesson: str = ""  # "05": set by the lesson's claims function
+    id: str = ""  # stable across rewordings: "05.accumulated_peak" (the lesson's number, then a name)
+    where: str = ""  # the function that measured it: "course_utils.lessons.gradient_accumulation.experiments:step_peaks"
 
     def __post_init__(self):
         if self.holds is not None and not isinstance(self.holds, str):
@@ -114,12 +146,12 @@ class Claim:
     @classmethod
     def from_samples(cls, claim: str, source: str, expected: str, samples: Samples | Iterable[float],
                      op: str, threshold: float, fmt: str = ".2f", unit: str = "×", note: str = "",
-                     differs_here: str = "") -> "Claim":
+                     differs_here: str = "", id: str = "") -> "Claim":
         """A claim about a repeated measurement: holds when every repeat is on the right side of
         ``threshold``, does not hold when none is, and is inconclusive (noise) otherwise."""
         samples = samples if isinstance(samples, Samples) else Samples(list(samples))
         return cls(claim, source, expected, samples.format(fmt, unit), samples.compare(op, threshold),
-                   note=note, differs_here=differs_here, samples=list(samples.values))
+                   note=note, differs_here=differs_here, samples=list(samples.values), id=id)
 
     @property
     def status(self) -> str:
@@ -130,6 +162,11 @@ class Claim:
         if self.holds not in VERDICTS:
             raise ValueError(f"holds must be True, False, None or 'noise', got {self.holds!r}")
         return VERDICTS[self.holds]
+
+    @property
+    def outcome(self) -> Verdict:
+        """The verdict as a :class:`Verdict` (compare these, not words or labels)."""
+        return Verdict(WORDS[self.status])
 
     @property
     def reason(self) -> str:
@@ -149,7 +186,7 @@ class Claim:
     def to_dict(self) -> dict:
         """The JSON form (claims.json): the verdict in words (holds / does not hold / differs on this hardware /
         inconclusive / not measurable here), its reason, and the samples where the claim came from repeats."""
-        return {"lesson": self.lesson, "claim": self.claim, "source": self.source, "expected": self.expected,
+        return {"id": self.id, "where": self.where, "lesson": self.lesson, "claim": self.claim, "source": self.source, "expected": self.expected,
                 "measured": self.measured, "verdict": WORDS[self.status], "reason": self.reason,
                 "holds": self.holds, "note": self.note, "differs_here": self.differs_here,
                 "samples": None if self.samples is None else [float(v) for v in self.samples]}
@@ -160,7 +197,48 @@ class Claim:
             raise ValueError(f"not a claim (needs at least 'claim' and 'holds'): {str(d)[:120]}")
         return cls(d["claim"], d.get("source", ""), d.get("expected", ""), d.get("measured", ""), d["holds"],
                    note=d.get("note", ""), differs_here=d.get("differs_here", ""), samples=d.get("samples"),
-                   lesson=d.get("lesson", ""))
+                   lesson=d.get("lesson", ""), id=d.get("id", "") or "", where=d.get("where", "") or "")
+
+
+def function_name(fn) -> str:
+    """``module:qualname`` of a function (a string is taken as already that): what a claim's ``where`` holds."""
+    return fn if isinstance(fn, str) else f"{fn.__module__}:{fn.__qualname__}"
+
+
+def where_label(where: str) -> str:
+    """A claim's ``where`` as a maintainer opens it: ``lessons/gradient_accumulation/experiments.py: step_peaks``."""
+    module, _, name = where.partition(":")
+    if not name:
+        return where
+    path = module.removeprefix("course_utils.").replace(".", "/") + ".py"
+    return f"{path}: {name}"
+
+
+def placed(claims: list["Claim"], lesson: str, measured_by: dict) -> list["Claim"]:
+    """Lesson ``lesson``'s claims, each with its ``lesson`` and its ``where``: the function that measured it, from
+    ``measured_by`` (claim id -> function, or its ``module:name``; None for a claim nothing here measures). A key
+    ending in "_" or "." stands for every id it begins (``"02.forward_peak_"``: one claim per policy). The claims
+    are changed in place and returned."""
+    for claim in claims:
+        claim.lesson = lesson
+        keys = [k for k in measured_by if claim.id == k or (k.endswith(("_", ".")) and claim.id.startswith(k))]
+        fn = measured_by[max(keys, key=len)] if keys else None
+        claim.where = function_name(fn) if fn is not None else ""
+    return claims
+
+
+def id_problems(claims: Iterable["Claim"], lesson: str) -> list[str]:
+    """What is wrong with lesson ``lesson``'s claim ids ("05"): each needs one, ``05.name`` (:data:`ID_PATTERN`),
+    used once. An empty list when all is well."""
+    problems, seen = [], set()
+    for claim in claims:
+        match = ID_PATTERN.fullmatch(claim.id or "")
+        if not match or match.group(1) != lesson:
+            problems.append(f"claim {claim.claim[:60]!r} has id {claim.id!r}, not {lesson}.name")
+        elif claim.id in seen:
+            problems.append(f"id {claim.id!r} is used twice")
+        seen.add(claim.id)
+    return problems
 
 
 class Table:

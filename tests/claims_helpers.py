@@ -61,3 +61,15 @@ class Recording(dict):
     def __getitem__(self, key):
         self.read.add(key)
         return super().__getitem__(key)
+
+
+def claim_by_id(claims, claim_id: str):
+    """The one claim with id ``claim_id`` ("05.accumulated_peak"), after checking every id of the lesson."""
+    from course_utils import report
+
+    claims = list(claims)
+    lesson = claim_id.split(".")[0]
+    assert report.id_problems(claims, lesson) == [], report.id_problems(claims, lesson)
+    found = [c for c in claims if c.id == claim_id]
+    assert len(found) == 1, (claim_id, [c.id for c in claims])
+    return found[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 
 from course_utils import accumulation as acc
-from course_utils.experiments import accumulation as exp
+from course_utils.lessons.gradient_accumulation import experiments as exp
 
 TOLERANCE = {"float32": 1e-5, "mixed_bfloat16": 1e-3}
 CASES = [(k, policy) for policy in ("float32", "mixed_bfloat16") for k in (1, 4)]

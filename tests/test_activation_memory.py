@@ -334,7 +334,7 @@ def test_chunked_cross_entropy_lowers_the_peak_with_and_without_xla():
     logits: well below the whole matrix's, with and without XLA (measured 33-48% without, 66-80% with, on one and two
     cores), each step in a fresh process."""
     from course_utils import memory
-    from course_utils.experiments import activation_memory as exp
+    from course_utils.lessons.activation_memory import experiments as exp
 
     peaks = memory.measure_peaks_isolated(exp.make_cross_entropy_steps, {
         "whole": dict(chunks=0, rows=1024, classes=2048), "chunked": dict(chunks=4, rows=1024, classes=2048)})
@@ -390,7 +390,7 @@ def test_output_saving_layer_norm_lowers_peak_memory():
 def test_optimizer_state_counts_what_keras_keeps():
     """Lesson 07 §7. Keras 3's Adafactor stores a full-size `velocity` per weight beside its factored statistics
     (keras/src/optimizers/adafactor.py build): if a release drops it, this fails and the lesson must change."""
-    from course_utils.experiments import activation_memory as exp
+    from course_utils.lessons.activation_memory import experiments as exp
 
     state = exp.optimizer_state(width=16, depth=2, tokens=8)
     per = {name: o["per_parameter"] for name, o in state["optimizers"].items()}

@@ -1183,7 +1183,7 @@ def test_augment_batch_draws_the_same_augmentation_as_augment():
 def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_late():
     """Lesson 06's budget claim, both sides: within one (the longest) epoch of the budget; early, also the margin the
     plan keeps for the final evaluation (a fixed cost, one per view, and its safety factor's share)."""
-    from course_utils.experiments import capstone as exp
+    from course_utils.lessons.cifar10_capstone import experiments as exp
 
     def summary(wall, final=0.5):
         return {"wall_time_s": wall, "final_eval_s": final, "epochs": 20, "planned_epochs": 20,

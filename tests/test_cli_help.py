@@ -15,8 +15,8 @@ import pytest
 from course_utils import __main__ as cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-WORKER_PROGRAMS = ["course_utils.experiments.multiworker", "course_utils.experiments.model_parallel",
-                   "course_utils.experiments.parameter_server"]
+WORKER_PROGRAMS = ["course_utils.lessons.scaling_out.multiworker", "course_utils.lessons.scaling_out.model_parallel",
+                   "course_utils.lessons.scaling_out.parameter_server"]
 
 
 def _status(func, argv: list[str]) -> int:
@@ -54,6 +54,15 @@ def test_worker_programs_print_their_help(module: str, capsys, monkeypatch) -> N
     assert capsys.readouterr().out.startswith("usage: ")
 
 
+@pytest.mark.parametrize("module", WORKER_PROGRAMS)
+def test_a_worker_program_runs_as_main_once(module: str) -> None:
+    """``python -m`` imports the lesson's package first: were a worker imported there too, it would run as a second
+    copy beside the imported one (runpy's RuntimeWarning), each with its own module state."""
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr[-800:]
+
+
 def test_capstone_entry_point_help_in_a_fresh_process() -> None:
     """What the README runs: `python -m course_utils.capstone --help` (it crashed on '10%' and '5,000')."""
     done = subprocess.run([sys.executable, "-m", "course_utils.capstone", "--help"], capture_output=True, text=True,
@@ -74,3 +83,19 @@ def test_every_capstone_option_says_what_it_does():
 
     silent = [a.option_strings[0] for a in capstone.build_parser()._actions if a.option_strings and not a.help]
     assert not silent, f"options without a help text: {silent}"
+
+
+@pytest.mark.parametrize("command", ["lint", "set-repo", "site"])
+def test_a_maintainers_command_outside_a_checkout_says_so_in_one_line(command: str, tmp_path) -> None:
+    """lint, set-repo and site live in devtools/, beside course_utils in a checkout, not in the package learners
+    install: elsewhere they answer in one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "course_utils", command, "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"{command}: a maintainer's command; it runs from a checkout of the course's "
+                                   "repository (in its root folder, beside course_utils/ and devtools/)")

@@ -205,7 +205,7 @@ def test_worker_program_refuses_bad_arguments_in_one_line(tmp_path):
         env.pop("TF_CONFIG", None)
         if tf_config:
             env["TF_CONFIG"] = cluster.tf_config({"worker": ["127.0.0.1:1"]}, "worker", 0)
-        return subprocess.run([sys.executable, "-m", "course_utils.experiments.multiworker", *args], env=env,
+        return subprocess.run([sys.executable, "-m", "course_utils.lessons.scaling_out.multiworker", *args], env=env,
                               capture_output=True, text=True, timeout=120)
 
     for bad in (["--steps", "0", "--out", str(tmp_path)], ["--steps", "-3", "--out", str(tmp_path)]):
@@ -284,7 +284,7 @@ def test_ctrl_c_while_tasks_start_leaves_none_behind(tmp_path):
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, kwargs, words):
     kwargs = {"workers": 2, **kwargs}
     with pytest.raises(ValueError, match=words):
-        cluster.launch("course_utils.experiments.multiworker", log=None, **kwargs)
+        cluster.launch("course_utils.lessons.scaling_out.multiworker", log=None, **kwargs)
     assert not list(tmp_path.glob("pids_*.json"))
 
 

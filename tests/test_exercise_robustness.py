@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 
-from course_utils import exercises
+from course_utils import exercises, lessons
 
 HANG_TIMEOUT_S = 0.5  # the bound for the cases that loop or sleep (they cost this much each)
 OTHER_TIMEOUT_S = 20.0  # the bound for the rest: generous, so slow checker work is not cut short
@@ -196,7 +196,7 @@ KNOWN_ACCEPTED: dict[tuple[str, str, str], str] = {}
 # Malformed answers that make a checker crash ("the checker itself failed"): bank bugs as well. Empty too.
 KNOWN_CHECKER_FAILURES: dict[tuple[str, str, str], str] = {}
 
-ALL = [(bank, ex.name) for bank in exercises.available_banks() for ex in exercises.load(bank)]
+ALL = [(lesson.name, ex.name) for lesson in lessons.LESSONS for ex in exercises.load(lesson.module)]
 
 
 def _params(known: dict, verb: str):
@@ -215,14 +215,14 @@ def _params(known: dict, verb: str):
 def test_the_table_is_big_enough():
     assert len(MALFORMED) >= 30
     assert len({case_id for case_id, _, _ in MALFORMED}) == len(MALFORMED)
-    assert len(ALL) >= 14 and {bank for bank, _ in ALL} >= {"tpu_initialization", "data_pipeline"}
+    assert len(ALL) >= 14 and {bank for bank, _ in ALL} >= {"tpu_initialization", "data_pipeline_sharding"}
 
 
 @pytest.fixture(scope="module")
 def context():
     import tensorflow as tf
 
-    from course_utils.exercise_banks import capstone as capstone_bank
+    from course_utils.lessons.cifar10_capstone import exercises as capstone_bank
 
     return {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0"), "start": capstone_bank.example_start(),
             "target": capstone_bank.EXAMPLE_TARGET}
@@ -235,7 +235,7 @@ def _run(bank, name, make, hangs, context, monkeypatch):
     """Run one check once (the two tests below share the result)."""
     key = (bank, name, make)
     if key not in _RESULTS:
-        ex = getattr(exercises.load(bank), name)
+        ex = getattr(exercises.load(getattr(lessons, bank)), name)
         bound = HANG_TIMEOUT_S if hangs else OTHER_TIMEOUT_S
         monkeypatch.setenv("COURSE_CHECK_TIMEOUT", str(bound))
         for _attempt in range(2):

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from course_utils import exercises
+from course_utils import exercises, lessons
 
-ALL = [(bank, ex) for bank in exercises.available_banks() for ex in exercises.load(bank)]
+ALL = [(lesson.name, ex) for lesson in lessons.LESSONS for ex in exercises.load(lesson.module)]
 IDS = [f"{bank}.{ex.name}" for bank, ex in ALL]
 WRONG = [(ex, label, make, expected) for _, ex in ALL for label, make, expected in ex.wrong_examples]
 WRONG_IDS = [f"{ex.name}-{label}" for ex, label, _, _ in WRONG]
@@ -29,7 +29,7 @@ def context():
     """Every context keyword a bank may declare in `needs`."""
     import tensorflow as tf
 
-    from course_utils.exercise_banks import capstone as capstone_bank
+    from course_utils.lessons.cifar10_capstone import exercises as capstone_bank
 
     return {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0"), "start": capstone_bank.example_start(),
             "target": capstone_bank.EXAMPLE_TARGET}
@@ -84,8 +84,8 @@ def _raises_value_error(*args):
 
 
 def test_banks_are_registered():
-    assert "tpu_initialization" in exercises.available_banks()
-    assert [e.name for e in exercises.load("tpu_initialization")] == [
+    assert "tpu_initialization" in [lesson.name for lesson in lessons.LESSONS]
+    assert [e.name for e in exercises.load(lessons.tpu_initialization)] == [
         "replicas_on_v5e",
         "global_batch_size",
         "build_in_scope",
@@ -185,7 +185,7 @@ def test_check_never_raises_on_junk(bank, ex, junk, context):
 
 
 def test_bad_strategy_context_is_an_error():
-    ex = exercises.load("tpu_initialization").build_in_scope
+    ex = exercises.load(lessons.tpu_initialization).build_in_scope
     result = ex.check(ex.reference(), strategy="tpu")
     assert result.status == "error" and "tf.distribute strategy" in result.message
 
@@ -193,7 +193,7 @@ def test_bad_strategy_context_is_an_error():
 def test_specific_messages():
     import tensorflow as tf
 
-    ex = exercises.load("tpu_initialization")
+    ex = exercises.load(lessons.tpu_initialization)
     eight = ex.replicas_on_v5e.check(8).message
     assert "4 chips × 2 TensorCores = 8 replicas" in eight and "one chip with one TensorCore" in eight
     import numpy as np
@@ -219,7 +219,7 @@ def test_solution_text_runs_and_passes(bank, ex, context, capsys):
 
 
 def test_hint_progression(capsys):
-    ex = exercises.load("tpu_initialization").global_batch_size
+    ex = exercises.load(lessons.tpu_initialization).global_batch_size
     ex.hint()
     first = capsys.readouterr().out
     assert first.startswith(f"Hint 1 of 2: {ex.hints[0]}") and "No more hints" not in first
@@ -230,7 +230,7 @@ def test_hint_progression(capsys):
     third = capsys.readouterr().out
     assert third.startswith(f"Hint 2 of 2: {ex.hints[1]}") and "No more hints" in third
     # load() gives fresh counters
-    exercises.load("tpu_initialization").global_batch_size.hint()
+    exercises.load(lessons.tpu_initialization).global_batch_size.hint()
     assert capsys.readouterr().out.startswith("Hint 1 of 2")
 
 
@@ -241,22 +241,32 @@ def test_check_does_not_print(capsys, context):
     assert capsys.readouterr().out == ""
 
 
-def test_unknown_bank_lists_available():
+@pytest.mark.parametrize("wrong", ["tpu_initialization", None, 3, exercises])
+def test_load_takes_a_lesson_and_says_how_in_one_line_otherwise(wrong):
     with pytest.raises(exercises.UnknownBankError) as info:
-        exercises.load("nope")
+        exercises.load(wrong)
     assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
-    assert "'nope'" in str(info.value) and "tpu_initialization" in str(info.value)
+    message = str(info.value)
+    assert "\n" not in message and "exercises.load(tpu_initialization)" in message, message
+
+
+def test_load_takes_the_lesson_its_exercises_module_or_its_bank_and_gives_fresh_hint_counters():
+    banks = [exercises.load(x) for x in (lessons.tpu_initialization, lessons.tpu_initialization.exercises,
+                                         lessons.tpu_initialization.exercises.EXERCISES)]
+    assert [[e.name for e in bank] for bank in banks] == [[e.name for e in banks[0]]] * 3
+    assert banks[0].global_batch_size is not banks[1].global_batch_size
 
 
 def test_unknown_exercise_lists_available():
-    ex = exercises.load("tpu_initialization")
+    ex = exercises.load(lessons.tpu_initialization)
     with pytest.raises(AttributeError, match="replicas_on_v5e"):
         ex.replicas_on_v5e1
 
 
-def test_register_bank_rejects_duplicates():
-    with pytest.raises(ValueError, match="already registered"):
-        exercises.register_bank("tpu_initialization", [])
+def test_a_bank_rejects_duplicate_or_invalid_exercise_names():
+    (first, *_) = exercises.load(lessons.tpu_initialization)
+    with pytest.raises(ValueError, match="unique Python identifiers"):
+        exercises.ExerciseBank("twice", [first, first])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,18 +288,18 @@ def _calls(answer, **context):
 
 
 def test_context_may_be_positional(context):
-    ex = exercises.load("tpu_initialization").build_in_scope
+    ex = exercises.load(lessons.tpu_initialization).build_in_scope
     assert ex.check(ex.reference(), context["strategy"]).passed
     too_many = ex.check(ex.reference(), context["strategy"], 3)
     assert too_many.status == "error" and ex.call_hint in too_many.message, too_many
     twice = ex.check(ex.reference(), context["strategy"], strategy=context["strategy"])
     assert twice.status == "error" and "twice" in twice.message, twice
-    none_needed = exercises.load("tpu_initialization").replicas_on_v5e.check(1, context["strategy"])
+    none_needed = exercises.load(lessons.tpu_initialization).replicas_on_v5e.check(1, context["strategy"])
     assert none_needed.status == "error" and "only your answer" in none_needed.message, none_needed
 
 
 def test_answer_may_be_a_keyword(context):
-    ex = exercises.load("tpu_initialization")
+    ex = exercises.load(lessons.tpu_initialization)
     assert ex.replicas_on_v5e.check(answer=1).passed
     assert ex.replicas_on_v5e.check(answer=8).status == "incorrect"
     assert ex.build_in_scope.check(make_model=ex.build_in_scope.reference(), strategy=context["strategy"]).passed
@@ -485,8 +495,8 @@ def test_the_time_bound_holds_in_a_fresh_process_with_tensorflow_threads():
         "os.environ['COURSE_CHECK_TIMEOUT'] = '0.5'\n"
         "import tensorflow as tf\n"
         "tf.data.Dataset.range(10).map(lambda x: x + 1).reduce(tf.constant(0, tf.int64), lambda a, b: a + b)\n"
-        "from course_utils import exercises\n"
-        "ex = exercises.load('capstone').scaled_learning_rate\n"
+        "from course_utils import exercises, lessons\n"
+        "ex = exercises.load(lessons.cifar10_capstone).scaled_learning_rate\n"
         "def answer(lr, b0, b):\n"
         "    while True:\n"
         "        try:\n"
@@ -678,7 +688,7 @@ def test_answer_by_keyword_is_checked_not_unanswered(bank, ex, context):
 @pytest.mark.parametrize("junk", [True, "1", b"1", 10**400, 10**5000, [1.0], __import__("numpy").array([1.0, 1.0])],
                          ids=["True", "str", "bytes", "10**400", "10**5000", "list", "array"])
 def test_vanishing_update_takes_only_a_number(junk):
-    result = exercises.load("bfloat16").vanishing_update.check(junk)
+    result = exercises.load(lessons.bfloat16_conversion).vanishing_update.check(junk)
     assert result.status == "incorrect", result
     assert "checker itself failed" not in result.message
 
@@ -687,7 +697,7 @@ def test_vanishing_update_takes_numpy_and_tensor_scalars():
     import numpy as np
     import tensorflow as tf
 
-    ex = exercises.load("bfloat16").vanishing_update
+    ex = exercises.load(lessons.bfloat16_conversion).vanishing_update
     import ml_dtypes
 
     for value in (1.0, 1, np.float32(1.0), ml_dtypes.bfloat16(1.0), tf.constant(1.0),
@@ -698,7 +708,7 @@ def test_vanishing_update_takes_numpy_and_tensor_scalars():
 def test_param_bytes_as_a_numpy_array():
     import numpy as np
 
-    ex = exercises.load("bfloat16").param_bytes
+    ex = exercises.load(lessons.bfloat16_conversion).param_bytes
     params = 256 * 512 + 512
     assert ex.check(np.array([params * 2, params * 4])).passed
     assert ex.check((np.int64(params * 2), np.int64(params * 4))).passed
@@ -708,14 +718,14 @@ def test_param_bytes_as_a_numpy_array():
 
 
 def test_global_batch_size_via_worker_devices():
-    ex = exercises.load("tpu_initialization").global_batch_size
+    ex = exercises.load(lessons.tpu_initialization).global_batch_size
     assert ex.check(lambda per, strategy: per * len(strategy.extended.worker_devices)).passed
     other = ex.check(lambda per, strategy: strategy.extended.num_replicas_in_sync)
     assert other.status == "error" and "num_replicas_in_sync" in other.message, other
 
 
 def test_global_batch_size_shows_huge_results_without_failing():
-    ex = exercises.load("tpu_initialization").global_batch_size
+    ex = exercises.load(lessons.tpu_initialization).global_batch_size
     for value in (10**5000, 10**400):
         result = ex.check(lambda per, strategy, v=value: v)
         assert result.status == "incorrect" and "digits" in result.message, result
@@ -726,9 +736,9 @@ def test_build_in_scope_default_strategy_still_sees_the_scope():
     import keras
     import tensorflow as tf
 
-    from course_utils.exercise_banks import tpu_initialization as bank
+    from course_utils.lessons.tpu_initialization import exercises as bank
 
-    ex = exercises.load("tpu_initialization").build_in_scope
+    ex = exercises.load(lessons.tpu_initialization).build_in_scope
     default = tf.distribute.get_strategy()
     outside = ex.check(bank._make_model_built_outside, strategy=default)
     assert outside.status == "incorrect" and "built outside `strategy.scope()`" in outside.message, outside
@@ -762,14 +772,14 @@ def test_build_in_scope_takes_a_subclassed_model(context):
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, strategy=context["strategy"]).passed
+    assert exercises.load(lessons.tpu_initialization).build_in_scope.check(make_model, strategy=context["strategy"]).passed
 
 
 def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
     import numpy as np
     import tensorflow as tf
 
-    ex = exercises.load("mixed_precision").layer_dtypes
+    ex = exercises.load(lessons.mixed_precision).layer_dtypes
     assert ex.check((tf.bfloat16, tf.float32)).passed
     assert ex.check(("bfloat16", np.float32)).passed
     assert ex.check(["bfloat16", np.dtype("float32")]).passed
@@ -779,9 +789,9 @@ def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
 
 
 def test_scale_loss_outside_the_tape_is_one_plain_line():
-    from course_utils.exercise_banks import mixed_precision as bank
+    from course_utils.lessons.mixed_precision import exercises as bank
 
-    result = exercises.load("mixed_precision").loss_scaled_step.check(bank._step_scale_outside_tape)
+    result = exercises.load(lessons.mixed_precision).loss_scaled_step.check(bank._step_scale_outside_tape)
     assert result.status == "incorrect", result
     assert "inside the `with` block" in result.message
     for internal in ("Cond.call", "Arguments received", "\x1b", "LossScaleOptimizer._"):
@@ -794,7 +804,7 @@ def test_accumulation_steps_accepts_whole_numbers_alike(value):
     import tensorflow as tf
 
     convert = {2.0: float, "np.float32": np.float32, "np.int64": np.int64, "tensor": tf.constant}[value]
-    ex = exercises.load("gradient_accumulation").accumulation_steps
+    ex = exercises.load(lessons.gradient_accumulation).accumulation_steps
     result = ex.check(lambda t, p, s: convert(t // (p * s.num_replicas_in_sync)))
     assert result.passed, result
 
@@ -802,7 +812,7 @@ def test_accumulation_steps_accepts_whole_numbers_alike(value):
 def test_accumulation_steps_rule_for_fractions():
     import numpy as np
 
-    ex = exercises.load("gradient_accumulation").accumulation_steps
+    ex = exercises.load(lessons.gradient_accumulation).accumulation_steps
     for convert in (float, np.float32):
         result = ex.check(lambda t, p, s, c=convert: c(t / (p * s.num_replicas_in_sync) + 0.5))
         assert result.status == "incorrect", result
@@ -823,7 +833,7 @@ def test_gradient_accumulation_results_are_described_safely(name, case):
             raise RuntimeError("repr")
 
     value = {"fn-returns-giant-int": 10**5000, "fn-returns-hostile": Hostile(), "fn-returns-str": "1"}[case]
-    ex = getattr(exercises.load("gradient_accumulation"), name)
+    ex = getattr(exercises.load(lessons.gradient_accumulation), name)
     result = ex.check(lambda *args: value)
     assert result.status == "incorrect", result
     assert "checker itself failed" not in result.message
@@ -833,7 +843,7 @@ def test_replica_loss_needs_a_gradient_path():
     import numpy as np
     import tensorflow as tf
 
-    ex = exercises.load("gradient_accumulation").replica_loss
+    ex = exercises.load(lessons.gradient_accumulation).replica_loss
     for no_path in (
         lambda pe, gb: float(tf.reduce_sum(pe)) / gb,
         lambda pe, gb: np.float32(np.sum(pe.numpy()) / gb),
@@ -862,7 +872,7 @@ def test_no_hint_is_the_solution(bank, ex):
 
 def test_pipeline_order_teaches_caching_uint8():
     """Lesson 04 §2 caches the uint8 images (4× smaller) and converts to float after the cache."""
-    ex = exercises.load("data_pipeline").pipeline_order
+    ex = exercises.load(lessons.data_pipeline_sharding).pipeline_order
     stub_doc = ex.stub.split('"""')[1]
     assert "uint8" in stub_doc and stub_doc.index("cache") < stub_doc.index("to_float"), stub_doc
     assert "uint8" in ex.hints[0] and "before `to_float`" in ex.hints[0], ex.hints[0]
@@ -888,7 +898,7 @@ def test_pipeline_order_accepts_with_options_at_the_end():
 
     options = tf.data.Options()
     options.deterministic = False
-    ex = exercises.load("data_pipeline").pipeline_order
+    ex = exercises.load(lessons.data_pipeline_sharding).pipeline_order
     result = ex.check(_pipeline(lambda ds: ds.with_options(options)))
     assert result.passed, result
     assert "Tip" not in result.message
@@ -896,14 +906,14 @@ def test_pipeline_order_accepts_with_options_at_the_end():
 
 def test_pipeline_order_rejects_a_float32_cache():
     """Issue 22: the question asks for the uint8 images in the cache; a float32 cache was accepted with a tip."""
-    result = exercises.load("data_pipeline").pipeline_order.check(_pipeline(cache_float=True))
+    result = exercises.load(lessons.data_pipeline_sharding).pipeline_order.check(_pipeline(cache_float=True))
     assert result.status == "incorrect" and "your cache holds float32 images" in result.message, result
 
 
 def test_dataset_fn_ids_out_of_range_are_one_clear_line():
     import tensorflow as tf
 
-    ex = exercises.load("data_pipeline").dataset_fn
+    ex = exercises.load(lessons.data_pipeline_sharding).dataset_fn
 
     def shifted(input_context):
         ds = tf.data.Dataset.range(1000).map(lambda i: i - 1)
@@ -934,7 +944,7 @@ def test_build_in_scope_takes_any_image_size_model(context):
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    assert exercises.load("tpu_initialization").build_in_scope.check(make_model, strategy=context["strategy"]).passed
+    assert exercises.load(lessons.tpu_initialization).build_in_scope.check(make_model, strategy=context["strategy"]).passed
 
 
 # -- issue 21: lesson 06's checkers ----------------------------------------------------------------
@@ -944,7 +954,7 @@ def test_epochs_that_fit_takes_integer_types_only():
     import numpy as np
     import tensorflow as tf
 
-    ex = exercises.load("capstone").epochs_that_fit
+    ex = exercises.load(lessons.cifar10_capstone).epochs_that_fit
 
     def answer(convert):
         return lambda b, s, e: convert(max(1, int((b - s) // e)))
@@ -961,7 +971,7 @@ def test_one_knob_refuses_a_target_that_is_not_an_accuracy_before_training(targe
     from course_utils import capstone
 
     monkeypatch.setattr(capstone, "train", lambda *a, **k: pytest.fail("trained with a meaningless target"))
-    ex = exercises.load("capstone").one_knob
+    ex = exercises.load(lessons.cifar10_capstone).one_knob
     result = ex.check(ex.reference(), start=context["start"], target=target)
     assert result.status == "incorrect" and "between 0 and 1" in result.message, result
 
@@ -973,7 +983,7 @@ def test_one_knob_reports_a_trainer_refusal_as_the_learners_not_a_course_bug(con
         raise capstone.OptionsError(f"--out {options.out!r} is a file")
 
     monkeypatch.setattr(capstone, "train", refuse)
-    ex = exercises.load("capstone").one_knob
+    ex = exercises.load(lessons.cifar10_capstone).one_knob
     result = ex.check(ex.reference(), start=context["start"], target=0.25)
     assert result.status == "incorrect" and "the trainer stopped: --out" in result.message, result
     assert "checker itself failed" not in result.message
@@ -1003,8 +1013,8 @@ def test_a_learner_exception_whose_message_loops_cannot_hang_the_check():
     """Seen: the checker used the learner's object, it raised an exception whose __str__ loops, and check() hung
     building its message (after the check's time bound had ended)."""
     code = _HOSTILE + '''
-from course_utils import exercises
-r = exercises.load("scaling_out").global_batch_and_lr.check(lambda b, c, lr, bb: LoopLen((b * c, lr * b * c / bb)))
+from course_utils import exercises, lessons
+r = exercises.load(lessons.scaling_out).global_batch_and_lr.check(lambda b, c, lr, bb: LoopLen((b * c, lr * b * c / bb)))
 print(r.status, "|", r.message)
 '''
     env = dict(os.environ, COURSE_SMOKE="1", COURSE_CHECK_TIMEOUT="3")
@@ -1021,7 +1031,7 @@ def test_json_text_in_a_str_subclass_is_read_as_the_text_it_holds():
     exec(_HOSTILE, namespace)  # noqa: S102
     answer = eval("lambda a, i: BadStr(json.dumps({'cluster': {'worker': a}, 'task': {'type': 'worker', "  # noqa: S307
                   "'index': i}}))", namespace)
-    assert exercises.load("scaling_out").tf_config_for.check(answer).status == "correct"
+    assert exercises.load(lessons.scaling_out).tf_config_for.check(answer).status == "correct"
 
 
 @pytest.mark.parametrize("name,answer,expected", [
@@ -1040,7 +1050,7 @@ def test_json_text_in_a_str_subclass_is_read_as_the_text_it_holds():
 def test_scaling_out_checkers_reject_hostile_and_subtly_wrong_answers(name, answer, expected):
     namespace: dict = {}
     exec(_HOSTILE, namespace)  # noqa: S102 - the hostile classes, as a learner's cell defines them
-    result = getattr(exercises.load("scaling_out"), name).check(eval(answer, namespace))  # noqa: S307
+    result = getattr(exercises.load(lessons.scaling_out), name).check(eval(answer, namespace))  # noqa: S307
     assert result.status == "incorrect" and expected in result.message, (result.status, result.message)
     assert "course bug" not in result.message
 
@@ -1055,7 +1065,7 @@ def test_an_exception_from_the_learners_own_class_is_theirs_not_a_course_bug():
         def ndim(self):
             raise ValueError("from my class")
 
-    result = exercises.load("scaling_out").pipeline_idle_fraction.check(lambda s, m: FakeNumber())
+    result = exercises.load(lessons.scaling_out).pipeline_idle_fraction.check(lambda s, m: FakeNumber())
     assert result.status == "incorrect" and "Your code raised ValueError (from my class)" in result.message
     assert "in `ndim`" in result.message and "course bug" not in result.message
 
@@ -1082,7 +1092,7 @@ def _relu6_tape_code(x):
     ("float32 bits reinterpreted", lambda x: x.view("int32") > 0, "shape"),
 ])
 def test_relu_code_rejects_wrong_layers_and_dtype_tricks(label, answer, expected):
-    result = exercises.load("activation_memory").relu_code.check(answer)
+    result = exercises.load(lessons.activation_memory).relu_code.check(answer)
     assert result.status == "incorrect" and expected in result.message, (label, result)
 
 
@@ -1095,7 +1105,7 @@ def test_relu_code_rejects_wrong_layers_and_dtype_tricks(label, answer, expected
 ])
 def test_relu_code_takes_integer_0_1_as_the_prompt_allows(label, answer):
     """Lesson 07's prompt: "one unpacked 0/1 (or boolean) per element"; an int 0/1 is that (packing comes after)."""
-    result = exercises.load("activation_memory").relu_code.check(answer)
+    result = exercises.load(lessons.activation_memory).relu_code.check(answer)
     assert result.passed, (label, result)
 
 
@@ -1106,7 +1116,7 @@ def test_relu_code_takes_integer_0_1_as_the_prompt_allows(label, answer):
     ("float16", lambda lr, b0, b: __import__("numpy").float16(lr * b / b0)),
 ])
 def test_scaled_learning_rate_rejects_a_rounded_rate(label, answer):
-    result = exercises.load("capstone").scaled_learning_rate.check(answer)
+    result = exercises.load(lessons.cifar10_capstone).scaled_learning_rate.check(answer)
     assert result.status == "incorrect" and "do not round" in result.message, (label, result)
 
 
@@ -1114,7 +1124,7 @@ def test_scaled_learning_rate_takes_float32_arithmetic():
     import numpy as np
     import tensorflow as tf
 
-    ex = exercises.load("capstone").scaled_learning_rate
+    ex = exercises.load(lessons.cifar10_capstone).scaled_learning_rate
     assert ex.check(lambda lr, b0, b: np.float32(lr) * np.float32(b) / np.float32(b0)).passed
     assert ex.check(lambda lr, b0, b: tf.constant(lr, tf.float32) * b / b0).passed
     assert ex.check(lambda lr, b0, b: lr / b0 * b).passed
@@ -1124,7 +1134,7 @@ def test_global_batch_and_lr_takes_a_namedtuple():
     import collections
     import typing
 
-    ex = exercises.load("scaling_out").global_batch_and_lr
+    ex = exercises.load(lessons.scaling_out).global_batch_and_lr
     Pair = collections.namedtuple("Pair", "global_batch lr")
     assert ex.check(lambda b, c, lr, bb: Pair(b * c, lr * b * c / bb)).passed
     Swapped = collections.namedtuple("Swapped", "lr global_batch")  # the right fields, in another order
@@ -1161,7 +1171,7 @@ def _pipeline_whole_shuffle(ds, batch_size):
 
 
 def test_pipeline_order_rejects_a_shuffle_buffer_too_small_to_shuffle():
-    ex = exercises.load("data_pipeline").pipeline_order
+    ex = exercises.load(lessons.data_pipeline_sharding).pipeline_order
     result = ex.check(_pipeline_tiny_shuffle)
     assert result.status == "incorrect" and "shuffle buffer" in result.message, result
     assert "2 examples" in result.message, result
@@ -1172,7 +1182,7 @@ def _step_by_hand(with_lr: bool):
     """A step that scales, unscales, skips an overflow and halves the scale itself, and never calls
     `optimizer.apply` (the bank's wrong example, mixed_precision._step_by_hand); without the learning rate it is
     right only when the rate is 1."""
-    from course_utils.exercise_banks import mixed_precision as bank
+    from course_utils.lessons.mixed_precision import exercises as bank
 
     if with_lr:
         return bank._step_by_hand
@@ -1190,7 +1200,7 @@ def _step_by_hand(with_lr: bool):
 
 @pytest.mark.parametrize("step", [_step_by_hand(True), _step_by_hand(False)], ids=["with the LR", "without the LR"])
 def test_loss_scaled_step_rejects_a_step_that_never_calls_the_optimizer(step):
-    result = exercises.load("mixed_precision").loss_scaled_step.check(step)
+    result = exercises.load(lessons.mixed_precision).loss_scaled_step.check(step)
     assert result.status == "incorrect" and "optimizer.apply" in result.message, result
 
 
@@ -1205,7 +1215,7 @@ def test_loss_scaled_step_takes_apply_gradients():
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    assert exercises.load("mixed_precision").loss_scaled_step.check(step).passed
+    assert exercises.load(lessons.mixed_precision).loss_scaled_step.check(step).passed
 
 
 @pytest.mark.parametrize("label, answer", [
@@ -1213,5 +1223,5 @@ def test_loss_scaled_step_takes_apply_gradients():
     ("+ 0.1", lambda b, s, e: max(1, int((b - s) / e + 0.1))),
 ])
 def test_epochs_that_fit_rejects_rounding_up_from_a_large_fraction(label, answer):
-    result = exercises.load("capstone").epochs_that_fit.check(answer)
+    result = exercises.load(lessons.cifar10_capstone).epochs_that_fit.check(answer)
     assert result.status == "incorrect" and "past the" in result.message and "budget" in result.message, (label, result)

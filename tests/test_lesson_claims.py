@@ -3,8 +3,10 @@ measurement this hardware cannot make reads "not measurable here", never a pass 
 
 from __future__ import annotations
 
+from claims_helpers import claim_by_id
+
 from course_utils import report
-from course_utils.experiments import scaling_out
+from course_utils.lessons.scaling_out import experiments as scaling_out
 
 
 def _lesson_08_results(rounds: int, naive_s: float) -> dict:
@@ -35,11 +37,9 @@ def _lesson_08_results(rounds: int, naive_s: float) -> dict:
 
 
 def test_lesson_08_timing_claims_need_three_rounds():
-    by_claim = {c.claim: c for c in scaling_out.claims(_lesson_08_results(rounds=2, naive_s=0.5))}
-    naive = by_claim["Naive model parallelism is not meaningfully faster than one device"]
+    naive = claim_by_id(scaling_out.claims(_lesson_08_results(rounds=2, naive_s=0.5)), "08.naive_model_parallel_not_faster")
     assert naive.status == report.UNMEASURABLE and "2 timing rounds" in naive.note
-    by_claim = {c.claim: c for c in scaling_out.claims(_lesson_08_results(rounds=3, naive_s=0.5))}
-    naive = by_claim["Naive model parallelism is not meaningfully faster than one device"]
+    naive = claim_by_id(scaling_out.claims(_lesson_08_results(rounds=3, naive_s=0.5)), "08.naive_model_parallel_not_faster")
     assert naive.status == report.FAILS and naive.samples == [0.5, 0.5, 0.5]  # twice as fast: the claim is false
     claims = scaling_out.claims(_lesson_08_results(rounds=3, naive_s=1.0))
     assert all(c.lesson == "08" for c in claims)
@@ -56,17 +56,17 @@ def test_lesson_08_step_parts_and_the_core_sharing_claim():
     two = parts[2]
     assert two["one_worker"] + two["core_sharing"] + two["all_reduce"] + two["rest"] == __import__("pytest").approx(3.0)
     assert (round(two["core_sharing"], 6), round(two["all_reduce"], 6), round(two["rest"], 6)) == (0.5, 0.8, 0.7)
-    claim = {c.claim.split(":")[0]: c for c in scaling_out.claims(r)}["Sharing the cores does not explain the 2-worker step"]
+    claim = claim_by_id(scaling_out.claims(r), "08.sharing_cores_not_the_cause")
     assert claim.status == report.HOLDS
     r["alone"][2]["step_s"] = 0.0029  # alone at once as slow as in the cluster: core sharing explains it
-    claim = {c.claim.split(":")[0]: c for c in scaling_out.claims(r)}["Sharing the cores does not explain the 2-worker step"]
+    claim = claim_by_id(scaling_out.claims(r), "08.sharing_cores_not_the_cause")
     assert claim.status == report.FAILS
 
 
 def test_lessons_07_and_08_notebooks_and_measure_hand_claims_the_same_keys():
     from claims_helpers import measure_keys, notebook_dict_keys
 
-    from course_utils.experiments import activation_memory
+    from course_utils.lessons.activation_memory import experiments as activation_memory
 
     assert notebook_dict_keys("07_activation_memory.ipynb", "results") == measure_keys(activation_memory)
     notebook_08 = notebook_dict_keys("08_scaling_out.ipynb", "results")
@@ -74,16 +74,16 @@ def test_lessons_07_and_08_notebooks_and_measure_hand_claims_the_same_keys():
 
 
 def test_lesson_08_preemption_claim_fails_on_a_lost_step_a_second_start_or_no_notice():
-    name = "PreemptionCheckpointHandler"
+    name = "08.preemption_handler_off_cloud"
     r = _lesson_08_results(rounds=3, naive_s=1.0)
-    assert next(c for c in scaling_out.claims(r) if c.claim.startswith(name)).status == report.HOLDS
+    assert claim_by_id(scaling_out.claims(r), name).status == report.HOLDS
     for change in ({"notice_message": None}, {"notice_message": "worker 0 exited with code 1"},
                    {"preempt_steps": {0: [1, 2, 3, 3, 4], 1: [1, 2, 3, 3, 4]}},  # a step repeated
                    {"preempt_steps": {0: [1, 2, 4], 1: [1, 2, 4]}},  # a step lost
                    {"preempt_resumed": {0: 0, 1: 0}},  # started over
                    {"diff_preempted": 1e-3}):
         changed = dict(r, **change)
-        claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith(name))
+        claim = claim_by_id(scaling_out.claims(changed), name)
         assert claim.status == report.FAILS, change
 
 
@@ -92,13 +92,13 @@ def test_lesson_08_hung_worker_claim_fails_when_a_wait_or_the_timeout_is_not_wha
     and the step with one raised DeadlineExceededError about the timeout later, before the stall ended, exit code 3."""
     import copy
 
-    from course_utils.experiments import multiworker
+    from course_utils.lessons.scaling_out import multiworker
 
     assert scaling_out.COLLECTIVE_TIMEOUT_EXIT == multiworker.COLLECTIVE_TIMEOUT_EXIT
     assert scaling_out.PREEMPTED_EXIT == multiworker.PREEMPTED_EXIT
-    name = "A hung worker"
+    name = "08.hung_worker_waits"
     r = _lesson_08_results(rounds=3, naive_s=1.0)
-    assert next(c for c in scaling_out.claims(r) if c.claim.startswith(name)).status == report.HOLDS
+    assert claim_by_id(scaling_out.claims(r), name).status == report.HOLDS
     for run, change in (("no timeout", {"step_s": [0.1, 0.01, 0.02, 0.01]}),  # nobody waited: no stall happened
                         ("no timeout", {"error": "DeadlineExceededError", "failed_step": 3, "waited_s": 2.0,
                                         "step_s": [0.1, 0.01]}),
@@ -111,7 +111,7 @@ def test_lesson_08_hung_worker_claim_fails_when_a_wait_or_the_timeout_is_not_wha
                         ("timeout", {"message": "worker 0 exited with code 1; the other tasks were stopped"})):
         changed = copy.deepcopy(r)
         changed["stall"][run].update(change)
-        claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith(name))
+        claim = claim_by_id(scaling_out.claims(changed), name)
         assert claim.status == report.FAILS, (run, change)
 
 
@@ -119,18 +119,19 @@ def test_lesson_08_evaluation_claims_count_every_visit():
     import copy
 
     r = _lesson_08_results(rounds=3, naive_s=1.0)
-    by = {c.claim.split(" ")[2]: c for c in scaling_out.claims(r) if c.claim.startswith("Evaluation")}
-    exact, per_worker = by["one"], by["a"]
+    claims = scaling_out.claims(r)
+    exact = claim_by_id(claims, "08.scheduled_evaluation_exact")
+    per_worker = claim_by_id(claims, "08.per_worker_evaluation_repeats")
     assert exact.status == per_worker.status == report.HOLDS
     assert "4 once, 0 more than once, 0 never" in exact.measured and "0 once, 2 more than once, 2 never" in per_worker.measured
     for change in ({"visits": [1, 1, 2, 0]}, {"correct": 2}):  # an example twice, another never; a count off by one
         changed = copy.deepcopy(r)
         changed["ps"]["evaluation"]["one batch per step"].update(change)
-        claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith("Evaluation scheduled one batch"))
+        claim = claim_by_id(scaling_out.claims(changed), "08.scheduled_evaluation_exact")
         assert claim.status == report.FAILS, change
     changed = copy.deepcopy(r)
     changed["ps"]["evaluation"]["per-worker dataset"]["visits"] = [1, 1, 1, 1]  # one worker ran every step
-    claim = next(c for c in scaling_out.claims(changed) if c.claim.startswith("Evaluation from a per-worker"))
+    claim = claim_by_id(scaling_out.claims(changed), "08.per_worker_evaluation_repeats")
     assert claim.status == report.UNMEASURABLE and "exact by chance" in claim.note
 
 
@@ -143,7 +144,7 @@ def test_lesson_08_pipelining_on_one_core_is_not_measurable_and_on_two_it_is():
         results["mp"]["times_s"][name] = [2.0, 2.0, 2.0]  # pipelined twice as slow as the naive split
         if stage_cores is not None:
             results["mp"]["stage_cores"] = stage_cores
-        return next(c for c in scaling_out.claims(results) if c.claim.startswith("Pipelining micro-batches"))
+        return claim_by_id(scaling_out.claims(results), "08.pipelining_beats_naive")
 
     one = pipelining_claim(1)
     assert one.status == report.UNMEASURABLE and "share one core" in one.note

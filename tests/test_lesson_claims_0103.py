@@ -16,11 +16,11 @@ import types
 
 import pytest
 
-from claims_helpers import Recording, notebook_dict_keys
+from claims_helpers import Recording, claim_by_id, notebook_dict_keys
 
 from course_utils import config, proof, report
-from course_utils.experiments import precision
-from course_utils.experiments import tpu as tpu_exp
+from course_utils.lessons.mixed_precision import experiments as precision
+from course_utils.lessons.tpu_initialization import experiments as tpu_exp
 from course_utils.memory import PeakMemory
 from course_utils.timing import MatmulRate, Timing
 
@@ -107,8 +107,12 @@ def test_notebook_01_hands_claims_what_measure_returns():
 
 
 def test_notebook_01_pitfall_2_is_the_code_prove_runs():
-    shown = _assigned_literal("01_tpu_initialization.ipynb", "outside_scope_on_4", call="run_on_cpu_replicas")
-    assert shown.strip() == tpu_exp.OUTSIDE_SCOPE_ON_4.strip()
+    """The notebook shows and runs the very program ``measure`` runs (``tpu_exp.OUTSIDE_SCOPE_ON_4``), not a copy."""
+    nb = json.loads((ROOT / "notebooks" / "01_tpu_initialization.ipynb").read_text(encoding="utf-8"))
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "rt_lib.run_on_cpu_replicas(4, tpu_exp.OUTSIDE_SCOPE_ON_4)" in code
+    assert "show_code(tpu_exp.OUTSIDE_SCOPE_ON_4)" in code
+    assert "model.fit(np.zeros((16, 4))" not in code  # the program's text lives in course_utils only
 
 
 def test_optimizer_outside_scope_records_what_fit_does():
@@ -182,8 +186,8 @@ def test_lesson_03_compile_claim_fails_where_compile_would_wrap_a_per_layer_mode
     for case, other in ((precision.COMPILE_CASES[0], "LossScaleOptimizer(Adam)"),
                         (precision.COMPILE_CASES[1], "LossScaleOptimizer(Adam)"),
                         (precision.COMPILE_CASES[2], "LossScaleOptimizer(LossScaleOptimizer(Adam))")):
-        claim = [c for c in precision.claims(_results_03(wrapped={**good, case: other}))
-                 if c.claim.startswith("compile wraps")][0]
+        claim = claim_by_id(precision.claims(_results_03(wrapped={**good, case: other})),
+                            "03.compile_wraps_loss_scale_optimizer")
         assert claim.holds is False, case
 
 
@@ -201,7 +205,7 @@ def test_lesson_03_measure_returns_the_notebooks_keys_and_honours_lab_jit(monkey
     results, and every §4 step built with jit_compile = lab.jit (as the notebook does with COURSE_JIT)."""
     import course_utils
     from course_utils import timing
-    from course_utils.experiments import conversion
+    from course_utils.lessons.bfloat16_conversion import experiments as conversion
 
     asked = {"peaks": [], "steps": []}
 

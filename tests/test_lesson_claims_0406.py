@@ -15,11 +15,11 @@ import types
 
 import pytest
 
-from claims_helpers import Recording, measure_keys, notebook_dict_keys
+from claims_helpers import Recording, claim_by_id, measure_keys, notebook_dict_keys
 
 from course_utils import config, forkserver, report
-from course_utils.experiments import capstone as capstone_exp
-from course_utils.experiments import pipeline
+from course_utils.lessons.cifar10_capstone import experiments as capstone_exp
+from course_utils.lessons.data_pipeline_sharding import experiments as pipeline
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,10 +28,7 @@ def _verdicts(claims) -> dict[str, report.Claim]:
     return {c.claim: c for c in claims}
 
 
-def _find(claims, words: str) -> report.Claim:
-    found = [c for c in claims if words in c.claim]
-    assert len(found) == 1, (words, [c.claim for c in claims])
-    return found[0]
+_find = claim_by_id
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,42 +101,42 @@ def test_lesson_04_notebook_and_measure_hand_claims_the_same_keys():
 
 def test_lesson_04_verdicts_follow_the_measurements():
     failing = {
-        "Auto-shard": dict(summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 0}}),
-        "An unseeded shuffle before shard": dict(shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0}
+        "04.auto_shard_policies": dict(summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 0}}),
+        "04.unseeded_shuffle_before_shard": dict(shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0}
                                                for c in pipeline.SHUFFLE_CASES]),
-        "Sharding by DATA after an unseeded shuffle": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": 0, "missing": 0}
+        "04.data_shard_after_unseeded_shuffle": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": 0, "missing": 0}
                                                                   for c in pipeline.UPSTREAM_CASES]),
-        "FILE shards the file list before": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": d, "missing": d}
+        "04.data_shard_after_unseeded_shuffle": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": d, "missing": d}
                                                            for c, d in zip(pipeline.UPSTREAM_CASES, (17, 0, 5, 0))]),
-        "fails under MirroredStrategy": dict(mirrored_spe_ran=True),
-        '"auto" fails': dict(spe_auto="fit ran"),
-        "input-bound check": dict(bottleneck="input pipeline"),
-        "injects a prefetch": dict(prefetch_default=[1.5, 1.6, 1.7]),
-        "interleave overlaps the waits": dict(read_speedups={"local files": [1.0] * 3, "bucket": [0.9, 0.95, 0.97]}),
-        "deterministic=False lets interleave": dict(nondeterministic_speedup=[0.8, 0.9, 0.95]),
-        "deterministic=False changes the order": dict(fused_moved={"fused (default)": 30, "fusion off": 253}),
-        "Batching before a cheap map": dict(vectorized_speedup=[0.7, 0.8, 0.9]),
-        "A shuffle buffer smaller than the dataset": dict(shuffle_mixing=[  # a buffer of 1000 that left the order
+        "04.spe_fails_on_mirrored": dict(mirrored_spe_ran=True),
+        "04.spe_auto_fails": dict(spe_auto="fit ran"),
+        "04.input_bound_check": dict(bottleneck="input pipeline"),
+        "04.autotune_injects_prefetch": dict(prefetch_default=[1.5, 1.6, 1.7]),
+        "04.interleave_overlaps_waits": dict(read_speedups={"local files": [1.0] * 3, "bucket": [0.9, 0.95, 0.97]}),
+        "04.nondeterministic_interleave_faster": dict(nondeterministic_speedup=[0.8, 0.9, 0.95]),
+        "04.nondeterministic_order": dict(fused_moved={"fused (default)": 30, "fusion off": 253}),
+        "04.batch_before_map_faster": dict(vectorized_speedup=[0.7, 0.8, 0.9]),
+        "04.small_shuffle_buffer": dict(shuffle_mixing=[  # a buffer of 1000 that left the order
             {"buffer": 10, "order left": 0.9995, "classes in the first batch": 1, "largest id in the first batch": 40},
             {"buffer": 1000, "order left": 0.9, "classes in the first batch": 2, "largest id in the first batch": 90}]),
-        "A shuffle buffer holds buffer × example bytes": dict(buffer_memory={  # float32 buffer as small as uint8's
+        "04.shuffle_buffer_memory": dict(buffer_memory={  # float32 buffer as small as uint8's
             pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
             pipeline.BUFFER_CASES[1]: {"measured": 3_145_000, "counted": 12_591_104},
             pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920}}),
-        "random_crop on a batch": dict(crops={pipeline.CROP_CASES[0]: 1, pipeline.CROP_CASES[1]: 1}),
-        "profile shows the wait": dict(profile_shares={pipeline.PROFILE_CASES[0]: 0.05,
+        "04.batch_random_crop_one_offset": dict(crops={pipeline.CROP_CASES[0]: 1, pipeline.CROP_CASES[1]: 1}),
+        "04.profile_shows_wait": dict(profile_shares={pipeline.PROFILE_CASES[0]: 0.05,
                                                        pipeline.PROFILE_CASES[1]: 0.01}),
     }
     for words, change in failing.items():
         claim = _find(pipeline.claims(_results_04(**change)), words)
         assert claim.holds is False and claim.fails, (words, claim.verdict)
     for order_moved, fused in ((0, {"fused (default)": 0, "fusion off": 253}), (1020, {"fused (default)": 0, "fusion off": 0})):
-        claim = _find(pipeline.claims(_results_04(order_moved=order_moved, fused_moved=fused)), "changes the order")
+        claim = _find(pipeline.claims(_results_04(order_moved=order_moved, fused_moved=fused)), "04.nondeterministic_order")
         assert claim.holds is False, (order_moved, fused)
     slower_than_memory = {pipeline.PROFILE_CASES[0]: 0.3, pipeline.PROFILE_CASES[1]: 0.4}
-    assert _find(pipeline.claims(_results_04(profile_shares=slower_than_memory)), "profile shows").holds is False
+    assert _find(pipeline.claims(_results_04(profile_shares=slower_than_memory)), "04.profile_shows_wait").holds is False
     noisy = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [0.9, 1.2, 1.3],
-                                                            "small CNN": [1.01, 1.02, 1.05]})), "tiny model")
+                                                            "small CNN": [1.01, 1.02, 1.05]})), "04.spe_faster_tiny_model")
     assert noisy.holds == "noise"
 
 
@@ -147,11 +144,11 @@ def test_lesson_04_batch_before_map_slower_on_one_core_differs_there_and_fails_o
     """Measured: on one usable core batch → map ran at 0.6-1.0x of map → batch (two tf.data steps taking turns), on
     two at 2x and more. Slower on one core is a stated hardware difference; slower on two is a real failure."""
     slower = [0.62, 0.64, 0.66]
-    one = _find(pipeline.claims(_results_04(vectorized_speedup=slower, usable_cores=1)), "Batching before a cheap map")
-    two = _find(pipeline.claims(_results_04(vectorized_speedup=slower, usable_cores=2)), "Batching before a cheap map")
+    one = _find(pipeline.claims(_results_04(vectorized_speedup=slower, usable_cores=1)), "04.batch_before_map_faster")
+    two = _find(pipeline.claims(_results_04(vectorized_speedup=slower, usable_cores=2)), "04.batch_before_map_faster")
     assert one.status == report.DIFFERS and "one usable core" in one.differs_here and not one.fails, one.verdict
     assert two.fails and not two.differs_here, two.verdict
-    faster = _find(pipeline.claims(_results_04(vectorized_speedup=[1.2, 1.3, 1.4], usable_cores=1)), "Batching before")
+    faster = _find(pipeline.claims(_results_04(vectorized_speedup=[1.2, 1.3, 1.4], usable_cores=1)), "04.batch_before_map_faster")
     assert faster.holds is True, faster.verdict
 
 
@@ -161,20 +158,20 @@ def test_lesson_04_a_buffer_past_its_reach_or_copied_from_the_cache_does_not_hol
     results = _results_04()
     beyond = [dict(row) for row in results["shuffle_mixing"]]
     beyond[0]["largest id in the first batch"] = 60  # > 32 + 10 − 2: not what a buffer of 10 can give
-    assert _find(pipeline.claims(_results_04(shuffle_mixing=beyond)), "A shuffle buffer smaller").holds is False
+    assert _find(pipeline.claims(_results_04(shuffle_mixing=beyond)), "04.small_shuffle_buffer").holds is False
     copied = {**results["buffer_memory"], pipeline.BUFFER_CASES[2]: {"measured": 3_145_000, "counted": 3_153_920}}
-    assert _find(pipeline.claims(_results_04(buffer_memory=copied)), "holds buffer × example").holds is False
+    assert _find(pipeline.claims(_results_04(buffer_memory=copied)), "04.shuffle_buffer_memory").holds is False
     silent = {case: {"measured": None, "counted": 1} for case in pipeline.BUFFER_CASES}
-    claim = _find(pipeline.claims(_results_04(buffer_memory=silent)), "holds buffer × example")
+    claim = _find(pipeline.claims(_results_04(buffer_memory=silent)), "04.shuffle_buffer_memory")
     assert claim.holds is None and "no statistics" in claim.note
 
 
 def test_lesson_04_what_one_replica_or_an_accelerator_cannot_show_says_why():
     one = pipeline.claims(_results_04(replicas=1, real_global=32))
-    for words in ("shrinks the real global batch", "fails under MirroredStrategy"):
+    for words in ("04.per_replica_batching_shrinks", "04.spe_fails_on_mirrored"):
         claim = _find(one, words)
         assert claim.holds is None and claim.note, claim.verdict
-    tpu = _find(pipeline.claims(_results_04(kind="TPU", bottleneck="input pipeline")), "input-bound check")
+    tpu = _find(pipeline.claims(_results_04(kind="TPU", bottleneck="input pipeline")), "04.input_bound_check")
     assert tpu.holds is None and "accelerator" in tpu.note
 
 
@@ -186,7 +183,7 @@ def test_lesson_04_a_profile_whose_loop_paused_on_every_try_is_not_measurable():
     stalls = {pipeline.PROFILE_CASES[0]: why, pipeline.PROFILE_CASES[1]: ""}
     for shares in ({pipeline.PROFILE_CASES[0]: 0.02, pipeline.PROFILE_CASES[1]: 0.01},
                    {pipeline.PROFILE_CASES[0]: 0.47, pipeline.PROFILE_CASES[1]: 0.012}):
-        claim = _find(pipeline.claims(_results_04(profile_shares=shares, profile_stalls=stalls)), "profile shows")
+        claim = _find(pipeline.claims(_results_04(profile_shares=shares, profile_stalls=stalls)), "04.profile_shows_wait")
         assert claim.holds is None and why in claim.note and "fed from its buffers" in claim.note, claim.verdict
         assert "2% waiting" in claim.measured or "47% waiting" in claim.measured
 
@@ -260,30 +257,30 @@ def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_c
     assert not any(c.fails for c in claims), [c.verdict for c in claims if c.fails]
     no_plan = _results_06(smoke=True)
     no_plan["summary"]["course"]["wall_time_s"] = 6.0  # 4 s budget, 0.8 s epoch: setting up took the rest
-    no_room = _find(capstone_exp.claims(no_plan), "ends within one epoch")
+    no_room = _find(capstone_exp.claims(no_plan), "06.budget_kept")
     assert no_room.holds is None and "only the one epoch every run trains" in no_room.note
-    only_float32 = _find(capstone_exp.claims(_results_06(chosen="float32")), "policy chosen")
+    only_float32 = _find(capstone_exp.claims(_results_06(chosen="float32")), "06.policy_faster_than_float32")
     assert only_float32.holds is None and only_float32.note  # not measurable, and says why
-    for name in ("policy chosen", "XLA choice"):  # one fresh process per variant: a ratio, never a verdict
+    for name in ("06.policy_faster_than_float32", "06.xla_choice_not_slower"):  # one fresh process per variant: a ratio, never a verdict
         claim = _find(claims, name)
         assert claim.holds is None and "a speed-up needs repeats" in claim.note and "(1 run each)" in claim.measured
     tpu = _results_06()
     del tpu["precision"]["mixed_bfloat16, XLA on"]  # a TPU compiles every step: no XLA-off run
     tpu["kind"] = "TPU"
-    assert "a TPU compiles every step" in _find(capstone_exp.claims(tpu), "XLA choice").note
+    assert "a TPU compiles every step" in _find(capstone_exp.claims(tpu), "06.xla_choice_not_slower").note
 
 
 def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
-    claim = _find(capstone_exp.claims(_results_06()), "every budget measured")
+    claim = _find(capstone_exp.claims(_results_06()), "06.course_leads_15_points")
     assert claim.holds is True and claim.measured == "60 s: +16.0; 120 s: +21.0; 240 s: +24.0", claim.measured
     short = _results_06()
     short["sweep"]["course"][60.0]["test_accuracy"] = 0.66  # +14 at one budget of three
-    assert _find(capstone_exp.claims(short), "every budget measured").holds is False
-    synthetic = _find(capstone_exp.claims(_results_06(data="synthetic")), "every budget measured")
+    assert _find(capstone_exp.claims(short), "06.course_leads_15_points").holds is False
+    synthetic = _find(capstone_exp.claims(_results_06(data="synthetic")), "06.course_leads_15_points")
     assert synthetic.holds is None and "synthetic images" in synthetic.note
     few = _results_06()
     few["sweep"]["course"][60.0]["epochs"] = 2  # 62 updates: smoke-sized
-    claim = _find(capstone_exp.claims(few), "every budget measured")
+    claim = _find(capstone_exp.claims(few), "06.course_leads_15_points")
     assert claim.holds is None and "fewer than 300 updates" in claim.note
 
 
@@ -352,53 +349,53 @@ def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch
 def test_lesson_06_a_resume_that_started_over_does_not_hold():
     """Issue 21: a run killed after metrics.json listed epoch 1 but before the backup saved it starts over and
     still ends with epochs [1, 2, 3]; the trainer's own word (resumed after epoch 0) makes the claim fail."""
-    started_over = _find(capstone_exp.claims(_results_06(resume=_resume(resumed_after=0))), "resumes")
+    started_over = _find(capstone_exp.claims(_results_06(resume=_resume(resumed_after=0))), "06.resume_after_kill")
     assert started_over.holds is False and started_over.fails and "after epoch 0" in started_over.measured
     for early in ({"backed_up_at_kill": 0}, {"killed_returncode": 0, "finished_at_kill": 3, "backed_up_at_kill": 3}):
-        claim = _find(capstone_exp.claims(_results_06(resume=_resume(**early))), "resumes")
+        claim = _find(capstone_exp.claims(_results_06(resume=_resume(**early))), "06.resume_after_kill")
         assert claim.holds is None and "did not land inside epoch 2" in claim.note, early  # says why, never a pass
 
 
 def test_lesson_06_verdicts_follow_the_measurements():
     behind = _results_06()
     behind["summary"]["course"]["test_accuracy"] = 0.55
-    assert _find(capstone_exp.claims(behind), "beats the tutorial's").holds is False
+    assert _find(capstone_exp.claims(behind), "06.course_beats_tutorial").holds is False
     for wrong in ({"epochs": [1, 3]}, {"returncode": 1}, {"first_epoch_kept": False}, {"time_counted": False},
                   {"plan_kept": False}):
-        assert _find(capstone_exp.claims(_results_06(resume=_resume(**wrong))), "resumes").holds is False, wrong
+        assert _find(capstone_exp.claims(_results_06(resume=_resume(**wrong))), "06.resume_after_kill").holds is False, wrong
     late = _results_06()
     late["summary"]["baseline"].update(wall_time_s=140.0, trained_s=139.5)
-    claim = _find(capstone_exp.claims(late), "ends within one epoch")
+    claim = _find(capstone_exp.claims(late), "06.budget_kept")
     assert claim.holds is False and "last epoch ended at 113.3 s, training at 139.5 s" in claim.measured
     # "one epoch" is the longest wall time between two epochs' ends: a stall between epochs counts in it
     stalled = _results_06()
     stalled["summary"]["baseline"]["wall_time_s"] = 127.0  # 7 s past the budget, every epoch ≤ 5.3 s on its own
     stalled["history"]["baseline"][1]["elapsed_s"] = 116.0  # but 8 s passed between the two epochs' ends
-    claim = _find(capstone_exp.claims(stalled), "ends within one epoch")
+    claim = _find(capstone_exp.claims(stalled), "06.budget_kept")
     assert claim.holds is True and "baseline: 127.0 s (longest epoch 8.0 s)" in claim.measured
     assert "last epoch ended" not in claim.measured
     slower = _results_06()
     for run in slower["precision"]["mixed_bfloat16"]:
         run["images_per_s_per_replica"] = 700.0
-    claim = _find(capstone_exp.claims(slower), "policy chosen")
+    claim = _find(capstone_exp.claims(slower), "06.policy_faster_than_float32")
     assert claim.holds is False and claim.differs_here and not claim.fails  # a CPU: differs, with the reason
     assert len(claim.samples) == 3  # repeat by repeat, each pair from fresh processes
     xla_faster = _results_06()
     for run in xla_faster["precision"]["mixed_bfloat16, XLA on"]:
         run["images_per_s_per_replica"] = 1500.0
-    claim = _find(capstone_exp.claims(xla_faster), "XLA choice")
+    claim = _find(capstone_exp.claims(xla_faster), "06.xla_choice_not_slower")
     assert claim.holds is False and claim.fails  # the trainer's default would be the wrong one here
     forced = _results_06()  # COURSE_JIT=1 (prove --jit): XLA on for every run, 0.53x as fast as off on a 2-core CPU
     forced["summary"]["course"].update(jit_compile=True, xla=True, xla_chosen_by="COURSE_JIT")
     for run in forced["precision"]["mixed_bfloat16"]:
         run["images_per_s_per_replica"] = 500.0
-    claim = _find(capstone_exp.claims(forced), "XLA choice")
+    claim = _find(capstone_exp.claims(forced), "06.xla_choice_not_slower")
     assert claim.holds is None and "COURSE_JIT=1 set XLA on for every run" in claim.note and "×" in claim.measured
     assert not claim.fails
     noisy = _results_06()
     for run, ips in zip(noisy["precision"]["mixed_bfloat16"], (1300.0, 1000.0, 800.0)):
         run["images_per_s_per_replica"] = ips
-    assert _find(capstone_exp.claims(noisy), "policy chosen").holds == "noise"
+    assert _find(capstone_exp.claims(noisy), "06.policy_faster_than_float32").holds == "noise"
 
 
 @pytest.mark.parametrize("chosen", ["float32", "mixed_bfloat16"])

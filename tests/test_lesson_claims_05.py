@@ -9,10 +9,10 @@ import copy
 
 import pytest
 
-from claims_helpers import measure_keys, notebook_dict_keys
+from claims_helpers import claim_by_id as _claim, measure_keys, notebook_dict_keys
 
 from course_utils import report
-from course_utils.experiments import accumulation as exp
+from course_utils.lessons.gradient_accumulation import experiments as exp
 from course_utils.memory import PeakMemory
 
 MIB = 2**20
@@ -59,10 +59,8 @@ def _results() -> dict:
     )
 
 
-def _verdict(results, words):
-    found = [c for c in exp.claims(results) if words in c.claim]
-    assert len(found) == 1, words
-    return found[0].holds
+def _verdict(results, claim_id):
+    return _claim(exp.claims(results), claim_id).holds
 
 
 def test_the_notebook_and_measure_hand_claims_the_same_keys():
@@ -93,37 +91,37 @@ def _run_changed(index, **kwargs):
 
 
 WRONG = {  # what a bug would produce -> the claim that must then read "does not hold"
-    "bf16 4 replicas off by 1e-2": (_run_changed(2, diff=1e-2), "Strategy-safe accumulation"),
-    "weights never moved (equality proves nothing)": (_run_changed(1, moved=1e-5), "Strategy-safe accumulation"),
-    "one update too few": (_run_changed(1, updates=1), "optimizer.iterations counts updates"),
-    "reduce_mean's loss not 4x": (_set(("averaging", "loss_wrong"), 2.3), "replicas× too large"),
-    "update 2x, not 4x": (_set(("averaging", "update_ratio"), 2.0), "replicas× too large"),
-    "ragged arrays without the warning": (_set(("ragged", "arrays_dropped", "warning"), ""), "cannot split"),
-    "ragged micro-batch trained": (_set(("ragged", "accumulator_ragged"), "trained"), "cannot split"),
-    "overflow counted as an update": (_set(("scaling", "overflow", "iterations"), 1), "LossScaleOptimizer in"),
+    "bf16 4 replicas off by 1e-2": (_run_changed(2, diff=1e-2), "05.accumulation_equals_big_batch"),
+    "weights never moved (equality proves nothing)": (_run_changed(1, moved=1e-5), "05.accumulation_equals_big_batch"),
+    "one update too few": (_run_changed(1, updates=1), "05.iterations_count_updates"),
+    "reduce_mean's loss not 4x": (_set(("averaging", "loss_wrong"), 2.3), "05.reduce_mean_per_replica"),
+    "update 2x, not 4x": (_set(("averaging", "update_ratio"), 2.0), "05.reduce_mean_per_replica"),
+    "ragged arrays without the warning": (_set(("ragged", "arrays_dropped", "warning"), ""), "05.ragged_batches_refused"),
+    "ragged micro-batch trained": (_set(("ragged", "accumulator_ragged"), "trained"), "05.ragged_batches_refused"),
+    "overflow counted as an update": (_set(("scaling", "overflow", "iterations"), 1), "05.loss_scale_optimizer_in_tools"),
     "one replica updated on overflow": (_set(("scaling", "overflow", "replicas_unchanged"), [True, True, True, False]),
-                                        "LossScaleOptimizer in"),
+                                        "05.loss_scale_optimizer_in_tools"),
     "replicas differ after the next group": (_set(("scaling", "overflow", "replicas_equal_after_next"), False),
-                                             "LossScaleOptimizer in"),
-    "loss-scaled loop never trained": (_set(("scaling", "accumulator", "moved"), 0.0), "LossScaleOptimizer in"),
+                                             "05.loss_scale_optimizer_in_tools"),
+    "loss-scaled loop never trained": (_set(("scaling", "accumulator", "moved"), 0.0), "05.loss_scale_optimizer_in_tools"),
     "AccumulatingModel let another replica's overflow through": (
-        _set(("scaling", "overflow_fit", "finite"), False), "LossScaleOptimizer in"),
+        _set(("scaling", "overflow_fit", "finite"), False), "05.loss_scale_optimizer_in_tools"),
     "AccumulatingModel kept the scale on an overflow": (
-        _set(("scaling", "overflow_fit", "scale_after"), 32768.0), "LossScaleOptimizer in"),
+        _set(("scaling", "overflow_fit", "scale_after"), 32768.0), "05.loss_scale_optimizer_in_tools"),
     "accumulated step peaks like k·B (issue 8's unrolled loop under XLA)": (
-        _set(("peaks", "4 × B accumulated"), _peak(37, 39, 40, 38, 39)), "peaks near B's memory"),
-    "builtin ran under MirroredStrategy": (_set(("builtin_on_mirrored",), "ran"), "crashes under MirroredStrategy"),
+        _set(("peaks", "4 × B accumulated"), _peak(37, 39, 40, 38, 39)), "05.accumulated_peak"),
+    "builtin ran under MirroredStrategy": (_set(("builtin_on_mirrored",), "ran"), "05.builtin_crashes_mirrored"),
     "Keras' own LossScaleOptimizer saw the other replica's overflow (a fixed Keras)": (
-        _set(("scaling", "keras", "fit", "finite"), True), "checks only the first replica"),
+        _set(("scaling", "keras", "fit", "finite"), True), "05.keras_loss_scale_first_replica"),
     "Keras' own LossScaleOptimizer lowered the scale": (
-        _set(("scaling", "keras", "custom_loop", "scale_after"), 16384.0), "checks only the first replica"),
+        _set(("scaling", "keras", "custom_loop", "scale_after"), 16384.0), "05.keras_loss_scale_first_replica"),
 }
 
 
 def test_keras_loss_scaling_on_one_replica_or_another_strategy_is_not_measurable():
     results = copy.deepcopy(_results())
     results["scaling"]["keras"] = None  # keras_loss_scaling_overflow: not a MirroredStrategy with several replicas
-    claim = [c for c in exp.claims(results) if "checks only the first replica" in c.claim][0]
+    claim = _claim(exp.claims(results), "05.keras_loss_scale_first_replica")
     assert claim.holds is None and "≥ 2 replicas" in claim.note
 
 

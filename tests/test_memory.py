@@ -479,7 +479,7 @@ def test_tensorflow_has_run_an_op_reads_the_eager_context_in_a_fresh_process():
 
 
 def test_peaks_from_several_processes_pool_every_reading():
-    from course_utils.experiments import conversion
+    from course_utils.lessons.bfloat16_conversion import experiments as conversion
 
     peaks = memory.measure_peaks_isolated(conversion.forward_step, {"f32": dict(policy="float32", width=8, batch=16)},
                                           repeats=2, processes=3)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import notebooks as nbl
 from course_utils._repo import REF, REPO
+from devtools import notebooks as nbl
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -441,3 +441,75 @@ def test_notebooks_follow_googles_docs_style():
     plain = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     found = [line for line in plain.splitlines() if "Found:" in line]
     assert proc.returncode == 0, "nblint (google style) found:\n" + "\n".join(found[:20])
+
+
+def test_the_course_agrees_with_its_one_list_of_lessons():
+    assert nbl.lessons_problems(ROOT) == []
+
+
+def test_lessons_problems_names_a_notebook_off_the_list_one_without_its_lesson_and_a_wrong_readme_row(tmp_path):
+    (tmp_path / "course_utils" / "lessons").mkdir(parents=True)
+    (tmp_path / "course_utils" / "lessons" / "__init__.py").write_text("")
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks", ignore=shutil.ignore_patterns("runs"))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (tmp_path / "README.md").write_text(readme.replace("(notebooks/05_gradient_accumulation.ipynb)",
+                                                       "(notebooks/05_accumulation.ipynb)"), encoding="utf-8")
+    (tmp_path / "notebooks" / "09_extra.ipynb").write_text("{}")
+    (tmp_path / "notebooks" / "08_scaling_out.ipynb").unlink()
+    seven = tmp_path / "notebooks" / "07_activation_memory.ipynb"
+    seven.write_text(seven.read_text(encoding="utf-8").replace(
+        "from course_utils.lessons import activation_memory as lesson", "from course_utils.lessons import x"),
+        encoding="utf-8")
+    problems = nbl.lessons_problems(tmp_path)
+    assert problems[:3] == [
+        "notebooks/09_extra.ipynb: not in course_utils.lessons.LESSONS",
+        "notebooks/08_scaling_out.ipynb: in course_utils.lessons.LESSONS, but there is no such notebook",
+        "notebooks/07_activation_memory.ipynb: no code cell imports its own lesson "
+        "(`from course_utils.lessons import activation_memory as lesson`)"], problems
+    assert len(problems) == 4 and "('05', 'notebooks/05_accumulation.ipynb')" in problems[3], problems
+    assert nbl.lessons_problems(tmp_path / "notebooks") == []  # not the course's own root: nothing to check
+
+
+def _code_lines(text: str) -> list[str]:
+    """Lines as compared for copies: stripped, without blank lines and whole-line comments."""
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def shared_runs(notebooks: list[Path], package: Path, run: int = 6) -> list[str]:
+    """Each notebook code cell that shares ``run`` or more consecutive lines with a module of ``package``."""
+    runs: dict[tuple[str, ...], str] = {}
+    for module in sorted(package.rglob("*.py")):
+        lines = _code_lines(module.read_text(encoding="utf-8"))
+        for i in range(len(lines) - run + 1):
+            runs.setdefault(tuple(lines[i:i + run]), module.relative_to(package.parent).as_posix())
+    found = []
+    for path in notebooks:
+        for n, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            lines = _code_lines(nbl.cell_source(cell)) if cell["cell_type"] == "code" else []
+            for i in range(len(lines) - run + 1):
+                if tuple(lines[i:i + run]) in runs:
+                    found.append(f"{path.name} cell {n} shares {run}+ lines with {runs[tuple(lines[i:i + run])]}, "
+                                 f"from `{lines[i]}`")
+                    break
+    return found
+
+
+def test_no_notebook_cell_retypes_course_utils_code():
+    """One copy of every measurement: a notebook shows the lesson's code (``show_code``) and calls it, so the report
+    card proves the lines the learner runs, never a copy of them."""
+    assert shared_runs(REAL_NOTEBOOKS, ROOT / "course_utils") == []
+
+
+def test_the_copy_check_finds_a_retyped_function(tmp_path):
+    from course_utils.lessons.bfloat16_conversion import experiments
+
+    import inspect
+
+    retyped = good_notebook()
+    retyped["cells"].append(_code("# pasted from the lesson\n" + inspect.getsource(experiments.fraction_changed)))
+    path = tmp_path / NAME
+    path.write_text(json.dumps(retyped))
+    (found,) = shared_runs([path], ROOT / "course_utils")
+    assert found.startswith(f"{NAME} cell {len(retyped['cells']) - 1} shares 6+ lines with "
+                            "course_utils/lessons/bfloat16_conversion/experiments.py"), found

@@ -83,7 +83,7 @@ def test_requirements_dev_is_the_learners_pins_plus_the_test_tools_pinned():
     assert (DEV_TOOLS - {"nox"}) | learner_tools <= latest, sorted(((DEV_TOOLS - {"nox"}) | learner_tools) - latest)
 
 
-def test_the_wheel_ships_every_module_including_exercise_banks(tmp_path):
+def test_the_wheel_ships_every_module_including_the_lessons(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
         capture_output=True, text=True, timeout=300,
@@ -94,6 +94,7 @@ def test_the_wheel_ships_every_module_including_exercise_banks(tmp_path):
     shipped = {n for n in names if n.endswith(".py")}
     expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "course_utils").rglob("*.py")}
     assert expected - shipped == set(), f"missing from the wheel: {sorted(expected - shipped)}"
+    assert not [n for n in names if n.startswith("devtools/")], "the maintainer tools ship in the learners' wheel"
     # PEP 639: the licence files in .dist-info/licenses/, named in METADATA, as they are in the checkout
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     dist_info = metadata.rsplit("/", 1)[0]
@@ -189,7 +190,7 @@ def test_readme_set_up_installs_the_learners_pins_and_ci_runs_the_readmes_test_c
 
 
 def test_readme_lists_every_notebook_with_its_badge():
-    from course_utils import notebooks
+    from devtools import notebooks
 
     readme = (ROOT / "README.md").read_text()
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
@@ -262,7 +263,7 @@ def test_gitignore_keeps_what_the_courses_commands_write_out_of_git():
 def _binder_root(tmp_path: Path, readme: str) -> Path:
     """A course root with what set-repo reads for Binder: _repo.py, a README, instructors/README.md, notebooks/
     (empty: no notebook to reformat)."""
-    from course_utils.notebooks import REPO_FILE
+    from devtools.notebooks import REPO_FILE
 
     root = tmp_path / "course"
     (root / "course_utils").mkdir(parents=True)
@@ -275,7 +276,7 @@ def _binder_root(tmp_path: Path, readme: str) -> Path:
 
 
 def test_set_repo_rewrites_the_binder_badge(tmp_path, capsys):
-    from course_utils import notebooks as nbl
+    from devtools import notebooks as nbl
 
     badge = nbl.binder_badge_markdown()
     assert badge == (f"[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/{nbl.REPO}/"
@@ -304,7 +305,7 @@ def test_set_repo_rewrites_the_binder_badge(tmp_path, capsys):
     ("https://mybinder.org/v2/gh/{repo}/{ref}?urlpath=lab/tree/lessons", "opens lessons, which does not exist"),
 ])
 def test_a_binder_badge_that_disagrees_with_repo_py_is_reported(tmp_path, capsys, url, says):
-    from course_utils import notebooks as nbl
+    from devtools import notebooks as nbl
 
     url = url.format(repo=nbl.REPO, ref=nbl.REF)
     root = _binder_root(tmp_path, f"# Course\n\n[![Binder]({nbl.BINDER_BADGE_SVG})]({url})\n")
@@ -318,7 +319,7 @@ def test_a_binder_badge_that_disagrees_with_repo_py_is_reported(tmp_path, capsys
 
 
 def test_set_repo_without_nbfmt_says_to_install_the_dev_tools_and_changes_nothing(tmp_path, capsys, monkeypatch):
-    from course_utils import notebooks as nbl
+    from devtools import notebooks as nbl
 
     root = _binder_root(tmp_path, f"# Course\n\n{nbl.binder_badge_markdown()}\n")
     (root / "notebooks" / "01_x.ipynb").write_text("{}")
@@ -331,7 +332,7 @@ def test_set_repo_without_nbfmt_says_to_install_the_dev_tools_and_changes_nothin
 
 
 def test_the_readme_has_the_binder_badge():
-    from course_utils import notebooks as nbl
+    from devtools import notebooks as nbl
 
     assert nbl.binder_badge_markdown() in (ROOT / "README.md").read_text(), (
         f"the README has no Binder badge: {nbl.binder_badge_markdown()}")

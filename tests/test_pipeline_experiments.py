@@ -1,4 +1,4 @@
-"""Tests of lesson 04's experiments (course_utils.experiments.pipeline): every example exactly once on 1, 2
+"""Tests of lesson 04's experiments (course_utils.lessons.data_pipeline_sharding.experiments): every example exactly once on 1, 2
 and 4 replicas, how the ragged last step is dealt out, auto-shard policies, shuffle before shard, and the
 timing helpers."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from course_utils import data
-from course_utils.experiments import pipeline as exp
+from course_utils.lessons.data_pipeline_sharding import experiments as exp
 from course_utils.runtime import run_with_replicas
 
 

@@ -1,4 +1,4 @@
-"""Lesson 03's experiments (course_utils.experiments.precision) and the Keras behaviour the lesson teaches."""
+"""Lesson 03's experiments (course_utils.lessons.mixed_precision.experiments) and the Keras behaviour the lesson teaches."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from course_utils import memory
-from course_utils.experiments import precision
+from course_utils.lessons.mixed_precision import experiments as precision
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ import keras
 import tensorflow as tf
 import course_utils
 from course_utils import models
-from course_utils.experiments import precision
+from course_utils.lessons.mixed_precision import experiments as precision
 
 strategy = course_utils.detect().strategy
 out = {"replicas": strategy.num_replicas_in_sync, "steps": {}}

@@ -169,7 +169,7 @@ def test_memory_profile_reads_the_peak_and_what_is_alive_there(monkeypatch, tmp_
     assert profile.allocator == "GPU_0_bfc" and profile.peak_bytes == 220  # the allocator with the highest peak
     assert [(e["op"], e["bytes"], e["count"]) for e in profile.at_peak] == [("b/Gelu", 120, 2), ("a/Gelu", 60, 1)]
     assert profile.reserved_bytes == 20  # the allocator's reserve is no tensor: kept apart
-    from course_utils.experiments import activation_memory
+    from course_utils.lessons.activation_memory import experiments as activation_memory
     assert activation_memory.tensor_bytes_at_peak(profile) == 200  # what lesson 07's claim compares
     assert profile.share(lambda e: e["op"] == "b/Gelu") == pytest.approx(120 / 180)
 

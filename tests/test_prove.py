@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from course_utils import proof, report
+from course_utils import lessons, proof, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-KEYS = {"lesson", "claim", "expected", "measured", "verdict", "reason", "samples"}
+KEYS = {"id", "lesson", "claim", "expected", "measured", "verdict", "reason", "samples"}
 
 
 def _prove(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -54,13 +54,65 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, message):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def test_every_lesson_is_known_and_measurable():
-    import importlib
+def test_lessons_lists_every_notebook_once_each_with_its_folder_measure_claims_and_exercises():
+    from course_utils import exercises
 
-    assert sorted(proof.LESSONS) == ["01", "02", "03", "04", "05", "06", "07", "08"]
-    for lesson in proof.LESSONS.values():
-        module = importlib.import_module(lesson.module)
-        assert callable(module.measure) and callable(module.claims), lesson
+    notebooks = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert [lesson.notebook for lesson in lessons.LESSONS] == notebooks
+    assert list(lessons.BY_ID) == [f"{n:02d}" for n in range(1, len(notebooks) + 1)]
+    folders = sorted(p.parent.name for p in (ROOT / "course_utils" / "lessons").glob("*/__init__.py"))
+    assert sorted(lesson.name for lesson in lessons.LESSONS) == folders
+    for lesson in lessons.LESSONS:
+        assert callable(lesson.experiments.measure) and callable(lesson.experiments.claims), lesson
+        assert len(exercises.load(lesson.module)) >= 2, lesson
+
+
+def test_every_claim_id_of_every_lesson_names_the_function_that_measures_it():
+    """MEASURED_BY: one entry per claim id the lesson's code writes (a prefix for ids made in a loop), each a function
+    that exists; a report card's row leads to it (claims.json's "where")."""
+    import importlib
+    import inspect
+    import re
+
+    for lesson in lessons.LESSONS:
+        table = lesson.experiments.MEASURED_BY
+        source = inspect.getsource(lesson.experiments)
+        written = set(re.findall(r'\bid=f?"(\d\d\.[a-z0-9_.]+)', source)) | set(
+            re.findall(r'return "(\d\d\.[a-z0-9_.]+)" \+', source))
+        assert written, lesson.id
+        for claim_id in written:
+            assert any(claim_id == k or claim_id.startswith(k) for k in table if k.startswith(claim_id[:3])), claim_id
+        for key, fn in table.items():
+            assert any(w == key or w.startswith(key) for w in written), f"{key}: no claim has this id"
+            if fn is None:
+                continue
+            module, _, name = report.function_name(fn).partition(":")
+            target = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+            assert callable(target), key
+
+
+def test_placed_sets_each_claims_lesson_and_where_and_a_prefix_covers_ids_made_in_a_loop():
+    claims = [report.Claim("a", "§1", "x", "y", True, id="02.forward_peak_bfloat16"),
+              report.Claim("b", "§1", "x", "y", True, id="02.kernel_cast_raises"),
+              report.Claim("c", "§1", "x", "y", None, id="02.not_run")]
+    table = {"02.forward_peak_": report.Claim.from_dict, "02.kernel_cast_raises": "course_utils.memory:variable_bytes",
+             "02.not_run": None}
+    placed = report.placed(claims, "02", table)
+    assert [(c.lesson, c.where) for c in placed] == [("02", "course_utils.report:Claim.from_dict"),
+                                                     ("02", "course_utils.memory:variable_bytes"), ("02", "")]
+    assert report.where_label(placed[0].where) == "report.py: Claim.from_dict"
+    card = proof.report_card({"machine": {}, "lessons": {"02": {"title": "t", "claims": [c.to_dict() for c in placed]}}})
+    assert "| `02.kernel_cast_raises`<br>`memory.py: variable_bytes` | b |" in card, card
+
+
+def test_exit_status_names_the_ids_of_the_claims_that_do_not_hold():
+    bad = [report.Claim(f"claim {n}", "§1", "x", "y", False, lesson="05", id=f"05.claim_{n}").to_dict()
+           for n in range(7)]
+    code, line = proof.exit_status({"lessons": {"05": {"claims": bad}}}, ["05"])
+    assert code == 1 and line == "7 claim(s) do not hold here (05.claim_0, 05.claim_1, 05.claim_2, 05.claim_3, " \
+                                 "05.claim_4, …)"
 
 
 def test_exit_status_counts_failed_claims_and_unmeasured_lessons():
@@ -136,7 +188,9 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
         claims = data["lessons"][lesson_id]["claims"]
         assert len(claims) >= 10 and all(KEYS <= set(c) and c["lesson"] == lesson_id for c in claims)
         assert all(c["verdict"] in set(report.WORDS.values()) for c in claims)
-    memory_claims = [c for c in data["lessons"]["02"]["claims"] if "peak memory" in c["claim"]]
+        ids = [c["id"] for c in claims]  # stable ids, each once: "02.kernel_cast_raises"
+        assert all(i.startswith(f"{lesson_id}.") for i in ids) and len(set(ids)) == len(ids), ids
+    memory_claims = [c for c in data["lessons"]["02"]["claims"] if c["id"].startswith("02.forward_peak_")]
     assert len(memory_claims) == 2 and all(len(c["samples"]) == 3 for c in memory_claims)  # from repeats: kept
     card = (out / "report.md").read_text()
     assert "## 02 · bfloat16 conversion" in card and "## 03 · Mixed precision" in card
@@ -475,7 +529,7 @@ def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
 
     args = argparse.Namespace(mode="smoke", jit=False, data=None, shape=shape)
     for lesson_id, expected in replicas.items():
-        env = proof._child_env(args, proof.LESSONS[lesson_id])
+        env = proof._child_env(args, lessons.BY_ID[lesson_id])
         assert (env["COURSE_CPU_REPLICAS"], env["COURSE_JIT"]) == (expected, jit)
         assert env[proof.SHAPE_VARIABLE] == (shape or "")
     machine = {"accelerator": {"kind": "CPU", "name": "none", "replicas": 4}, "cpu": {
@@ -493,12 +547,12 @@ def test_course_jit_in_the_environment_is_honoured(monkeypatch, tmp_path):
     config.reload()
     try:
         args = proof._parse(["--lessons", "03", "--out", str(tmp_path / "p")])
-        assert args.jit and proof._child_env(args, proof.LESSONS["03"])["COURSE_JIT"] == "1"
+        assert args.jit and proof._child_env(args, lessons.BY_ID["03"])["COURSE_JIT"] == "1"
     finally:
         monkeypatch.delenv("COURSE_JIT")
         config.reload()
     args = proof._parse(["--lessons", "03", "--out", str(tmp_path / "p")])
-    assert not args.jit and proof._child_env(args, proof.LESSONS["03"])["COURSE_JIT"] == "0"
+    assert not args.jit and proof._child_env(args, lessons.BY_ID["03"])["COURSE_JIT"] == "0"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -532,7 +586,7 @@ two_cores = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sc
 def test_jobs_start_the_longest_lessons_of_the_mode_first():
     """Measured on one core each (CI, 2026-11-26): full mode 06 580 s, 07 306, 08 174, 04 163, 01 101, 02 65, 05 47,
     03 8; smoke mode in the TPU shape 06 185, 08 98, 05 96, 07 84, 04 67, 02 37, 01 22, 03 16."""
-    every = list(proof.LESSONS)
+    every = list(lessons.BY_ID)
     assert proof.job_order(every, "full") == ["06", "07", "08", "04", "01", "02", "05", "03"]
     assert proof.job_order(every, "smoke") == ["06", "05", "08", "07", "04", "02", "01", "03"]
     assert proof.job_order(["03", "05", "02"], "smoke") == ["05", "02", "03"]

@@ -12,7 +12,7 @@ import pytest
 
 from course_utils import activation_memory as am
 from course_utils import memory
-from course_utils.experiments import activation_memory as exp
+from course_utils.lessons.activation_memory import experiments as exp
 
 pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
 
@@ -152,7 +152,7 @@ def test_gelu_plan_repeats_seeds_on_real_images_and_shortens_synthetic_runs():
     """§3's runs: real images get every seed and epoch of the config; synthetic ones (learned to ~99% in a few
     epochs) one seed and at most SYNTHETIC_GELU_EPOCHS."""
     from course_utils import config
-    from course_utils.experiments import activation_memory as exp
+    from course_utils.lessons.activation_memory import experiments as exp
 
     full = config.FULL_SIZES
     assert exp.gelu_plan(full, "tfds", 7) == ([7 + i for i in range(full.gelu_seeds)], full.gelu_epochs)
@@ -164,7 +164,7 @@ def test_gelu_plan_repeats_seeds_on_real_images_and_shortens_synthetic_runs():
 
 def test_the_memory_profile_uses_at_least_four_blocks():
     """§7: at 2 blocks (smoke mode) recomputing saved too little to show on one core; the profile deepens the net."""
-    from course_utils.experiments import activation_memory as exp
+    from course_utils.lessons.activation_memory import experiments as exp
 
     assert exp.profile_net({"width": 64, "depth": 2, "tokens": 32}) == {"width": 64, "depth": 4, "tokens": 32}
     assert exp.profile_net({"width": 128, "depth": 6, "tokens": 64})["depth"] == 6

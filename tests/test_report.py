@@ -66,3 +66,30 @@ def test_speedup_samples_measures_the_ratio_interleaved():
     assert samples.median > 1.8  # 4 ms vs 1 ms: about 4×, far from 1 even on a busy machine
     with pytest.raises(ValueError):
         timing.speedup_samples(lambda: None, lambda: None, rounds=0)
+
+
+def test_verdicts_are_an_enum_whose_values_are_the_words_cards_write():
+    from course_utils.report import Claim, Verdict
+
+    cases = {True: Verdict.HOLDS, False: Verdict.FAILS, None: Verdict.UNMEASURABLE, "noise": Verdict.NOISE}
+    for holds, verdict in cases.items():
+        claim = Claim("c", "§1", "x", "y", holds, id="05.c")
+        assert claim.outcome is verdict and claim.to_dict()["verdict"] == verdict.value
+        assert claim.status == verdict.label and Claim.from_dict(claim.to_dict()).outcome is verdict
+    assert Claim("c", "§1", "x", "y", False, differs_here="CPU").outcome is Verdict.DIFFERS
+    assert Verdict.read("does not hold") is Verdict.FAILS
+    with pytest.raises(ValueError, match="unknown verdict 'fails'"):
+        Verdict.read("fails")
+
+
+def test_claim_ids_round_trip_and_id_problems_names_each_fault():
+    from course_utils.report import Claim, id_problems
+
+    good = [Claim("a", "§1", "x", "y", True, id="05.first"), Claim("b", "§2", "x", "y", True, id="05.second")]
+    assert [Claim.from_dict(c.to_dict()).id for c in good] == ["05.first", "05.second"]
+    assert id_problems(good, "05") == []
+    bad = good + [Claim("c", "§3", "x", "y", True, id="05.first"), Claim("d", "§4", "x", "y", True),
+                  Claim("e", "§5", "x", "y", True, id="04.other"), Claim("f", "§6", "x", "y", True, id="05.Bad Name")]
+    problems = id_problems(bad, "05")
+    assert len(problems) == 4 and "'05.first' is used twice" in problems[0], problems
+    assert all("not 05.name" in p for p in problems[1:]), problems

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from course_utils import runtime
-from course_utils.experiments import accumulation as exp
+from course_utils.lessons.gradient_accumulation import experiments as exp
 
 
 def test_runs_here_when_the_strategy_has_that_many_replicas():
@@ -42,7 +42,7 @@ def test_lesson_02_forward_step_runs_where_it_is_placed():
     The step places its images, weights and calls on the device asked for: on 2 CPU devices, the second one."""
     out = runtime.run_on_cpu_replicas(2, "\n".join([
         "import course_utils",
-        "from course_utils.experiments import conversion",
+        "from course_utils.lessons.bfloat16_conversion import experiments as conversion",
         "assert course_utils.detect().num_replicas == 2  # the CPU split into 2 devices",
         "for device in ('/CPU:1', None):",
         "    step = conversion.forward_step('float32', width=8, batch=4, device=device)",
@@ -60,7 +60,8 @@ def test_lesson_02_convolution_probe_and_lesson_05_training_step_run_where_they_
     out = runtime.run_on_cpu_replicas(2, "\n".join([
         "import course_utils",
         "from course_utils import memory",
-        "from course_utils.experiments import accumulation, conversion",
+        "from course_utils.lessons.bfloat16_conversion import experiments as conversion",
+        "from course_utils.lessons.gradient_accumulation import experiments as accumulation",
         "assert course_utils.detect().num_replicas == 2 and memory.default_device() == 'CPU:0'",
         "for device in ('/CPU:1', None):",
         "    probe = conversion.xla_convolution_dtypes('bfloat16', width=4, batch=2, device=device)",

@@ -44,7 +44,7 @@ def test_cpu_strategy_has_the_requested_replicas_and_fit_works(replicas, strateg
 
 
 def test_one_global_batch_splits_evenly_across_replicas():
-    from course_utils.experiments.tpu import split_one_batch
+    from course_utils.lessons.tpu_initialization.experiments import split_one_batch
 
     split = runtime.run_with_replicas(2, None, split_one_batch, per_replica_batch=8)
     assert split["where"] == "a fresh process with 2 CPU replicas"
@@ -324,7 +324,7 @@ def test_when_nothing_installs_the_error_names_the_command_and_exit_code(no_tens
 
 
 def test_old_recipes_report_what_they_do_here(monkeypatch):
-    from course_utils.experiments.tpu import resolver_recipes
+    from course_utils.lessons.tpu_initialization.experiments import resolver_recipes
 
     for name in (*runtime.TPU_ENV_VARS, "COLAB_TPU_ADDR"):
         monkeypatch.delenv(name, raising=False)
@@ -464,7 +464,7 @@ def test_fit_trains_on_two_replicas_under_xla_with_the_courses_rule():
     jit_compile=True crashes (keras-team/keras#19005); a custom loop compiles each replica's gradients
     (replica_gradients) and ends with the same weights as without XLA. In a fresh 2-replica process (lesson 01 shows
     the same function's result and makes a claim of it)."""
-    from course_utils.experiments import tpu
+    from course_utils.lessons.tpu_initialization import experiments as tpu
 
     got = runtime.run_with_replicas(2, None, tpu.fit_xla_on_replicas)
     assert got["replicas"] == 2 and got["rule"] == [False, False] and got["rule_trained"]

@@ -15,7 +15,7 @@ import time
 import pytest
 from test_cluster import _gone  # the same check that no process is left behind
 
-from course_utils import cluster
+from course_utils import cluster, exercises, lessons
 
 pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
 
@@ -26,7 +26,7 @@ def test_keras_fit_under_multi_worker_mirrored_fails_in_one_readable_line(tmp_pa
     then the lesson's text, its claim and this test must change."""
     lines = []
     with pytest.raises(cluster.ClusterError) as info:
-        cluster.launch("course_utils.experiments.multiworker", ["--fit", "--steps", "2", "--out", str(tmp_path)],
+        cluster.launch("course_utils.lessons.scaling_out.multiworker", ["--fit", "--steps", "2", "--out", str(tmp_path)],
                        workers=2, timeout=180, log=lines.append)
     message = str(info.value)
     assert "exited with code 1" in message
@@ -54,7 +54,7 @@ def test_parameter_server_coordinator_trains_a_keras_3_model_and_fit_does_not_ru
     Lesson 08 runs the same cluster in the README's pytest; this pinned run is in `pytest -m full` (releases), and
     under `taskset -c 0` every notebook runs it before an issue is resolved."""
     lines = []
-    result = cluster.launch("course_utils.experiments.parameter_server", ["--steps", "24", "--out", str(tmp_path)],
+    result = cluster.launch("course_utils.lessons.scaling_out.parameter_server", ["--steps", "24", "--out", str(tmp_path)],
                             chief=True, workers=2, ps=1, timeout=180, log=lines.append)
     assert result.awaited == ("chief 0",) and result.returncodes["chief 0"] == 0
     out = json.loads((tmp_path / "parameter_server.json").read_text())
@@ -74,7 +74,7 @@ def test_parameter_server_coordinator_trains_a_keras_3_model_and_fit_does_not_ru
 @pytest.mark.extended  # lesson 08 runs this cluster (and its gradient claim) in every mode; placement details in .ci/run
 def test_model_parallel_split_and_pipelined_steps_compute_the_one_device_gradients(tmp_path):
     lines = []
-    result = cluster.launch("course_utils.experiments.model_parallel",
+    result = cluster.launch("course_utils.lessons.scaling_out.model_parallel",
                             ["--out", str(tmp_path), "--width", "64", "--layers", "2", "--batch", "32", "--rounds", "1",
                              "--micro-batches", "2", "4"], chief=True, workers=2, timeout=180, log=lines.append)
     out = json.loads((tmp_path / "model_parallel.json").read_text())
@@ -95,7 +95,7 @@ def test_model_parallel_split_and_pipelined_steps_compute_the_one_device_gradien
 
 def test_model_parallel_program_refuses_a_batch_the_micro_batches_do_not_divide(tmp_path):
     with pytest.raises(cluster.ClusterError, match="must divide by every --micro-batches"):
-        cluster.launch("course_utils.experiments.model_parallel", ["--out", str(tmp_path), "--batch", "30",
+        cluster.launch("course_utils.lessons.scaling_out.model_parallel", ["--out", str(tmp_path), "--batch", "30",
                                                                    "--micro-batches", "4"],
                        chief=True, workers=2, timeout=60, log=None)
 
@@ -155,7 +155,7 @@ def test_command_line_wait_for_chief_ends_when_the_chief_does(tmp_path):
 def test_tf_config_exercise_accepts_the_other_keys_tensorflow_reads_and_rejects_unknown_ones():
     from course_utils import exercises
 
-    ex = exercises.load("scaling_out").tf_config_for
+    ex = exercises.load(lessons.scaling_out).tf_config_for
     with_rpc = lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": i},  # noqa: E731
                              "rpc_layer": "grpc"}
     assert ex.check(with_rpc).status == "correct"
@@ -168,7 +168,7 @@ def test_every_worker_program_refuses_bad_arguments_and_a_wrong_cluster_in_one_l
     """No traceback, no hang: a chief-driven program started without its chief would otherwise serve forever."""
     def run(module, *args, tf_config):
         env = dict(os.environ, TF_CONFIG=tf_config)
-        return subprocess.run([sys.executable, "-m", f"course_utils.experiments.{module}", *args], env=env,
+        return subprocess.run([sys.executable, "-m", f"course_utils.lessons.scaling_out.{module}", *args], env=env,
                               capture_output=True, text=True, timeout=60)
 
     full = cluster.tf_config({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
@@ -191,7 +191,7 @@ def test_every_worker_program_refuses_bad_arguments_and_a_wrong_cluster_in_one_l
 
 
 def test_worker_program_refuses_alone_without_time_in_one_line(monkeypatch, capsys, tmp_path):
-    from course_utils.experiments import multiworker
+    from course_utils.lessons.scaling_out import multiworker
 
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
     assert multiworker.main(["--alone", "--out", str(tmp_path)]) == 2
@@ -199,7 +199,7 @@ def test_worker_program_refuses_alone_without_time_in_one_line(monkeypatch, caps
 
 
 def test_worker_program_refuses_own_handler_without_single_in_one_line(monkeypatch, capsys, tmp_path):
-    from course_utils.experiments import multiworker
+    from course_utils.lessons.scaling_out import multiworker
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert multiworker.main(["--own-handler", str(tmp_path / "ckpt"), "--out", str(tmp_path)]) == 2
@@ -213,7 +213,7 @@ def test_worker_program_refuses_own_handler_without_single_in_one_line(monkeypat
                                             (["--stall-after", "0"], "must be at least 1")])
 def test_worker_program_refuses_a_bad_timeout_or_stall_in_one_line(monkeypatch, capsys, tmp_path, args, expected):
     """The class of bad arguments runs in a fresh process above; these run through the same parser in-process."""
-    from course_utils.experiments import multiworker
+    from course_utils.lessons.scaling_out import multiworker
 
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
     with pytest.raises(SystemExit) as exit_info:
@@ -286,7 +286,7 @@ def test_preemption_handler_on_each_platform_and_our_own_handler(tmp_path):
     (detection patched: no GPU here) it ignores SIGTERM, and on a maintenance event saves once and keeps training
     (grace period 3600 s), or with grace_period=0 saves and exits 143. Our own handler saves on SIGTERM and exits
     143 with no step lost; SIGKILL loses fewer steps than its save interval."""
-    from course_utils.experiments import scaling_out
+    from course_utils.lessons.scaling_out import experiments as scaling_out
 
     rows = scaling_out.platform_matrix(str(tmp_path), rows=(scaling_out.OFF_GCP_ROW, *scaling_out.PLATFORM_ROWS))
     got = {(r["row"], r["notice"]): (r["platform"], r["exit"], len(r["saved"]), r["run1_last"], r["resumed"])
@@ -316,7 +316,7 @@ def test_batch_by_index_sees_every_example_once_and_matches_skip():
     import numpy as np
     import tensorflow as tf
 
-    from course_utils.experiments import parameter_server
+    from course_utils.lessons.scaling_out import parameter_server
 
     n, batch = 100, 16  # 6 whole batches; the last 4 examples are dropped, as batch(drop_remainder=True) does
     ids = np.arange(n, dtype="int32")
@@ -338,7 +338,7 @@ def test_batch_by_index_sees_every_example_once_and_matches_skip():
 
 
 def test_batch_cost_times_skip_and_slicing_on_the_same_batches():
-    from course_utils.experiments import parameter_server
+    from course_utils.lessons.scaling_out import parameter_server
 
     cost = parameter_server.batch_cost(batches=32, batch=4, rounds=1)  # checks inside that each way got batch k
     assert cost["batches"] == 32 and set(cost) == {"batches", "batch", "skip(k).take(1)", "slice by index"}
@@ -361,7 +361,7 @@ def _stall_results(**dead_changes) -> dict:
 
 def test_heartbeat_claims_hold_only_for_a_death_found_by_the_heartbeats_in_time():
     from course_utils import report
-    from course_utils.experiments import scaling_out
+    from course_utils.lessons.scaling_out import experiments as scaling_out
 
     claims = scaling_out._heartbeat_claims(_stall_results())
     assert [c.status for c in claims] == [report.HOLDS, report.HOLDS], [c.measured for c in claims]
@@ -392,7 +392,7 @@ def test_heartbeat_claims_with_the_smoke_mode_timeout_hold_against_that_timeout(
     hang not found, hold; the strategy reporting another timeout than the one asked for, or a hang no longer than
     the timeout, does not."""
     from course_utils import report
-    from course_utils.experiments import scaling_out
+    from course_utils.lessons.scaling_out import experiments as scaling_out
 
     set4 = {"health_check_thread": False, "coordination_service": "standalone", "heartbeat_timeout_ms": 4000}
 
@@ -424,7 +424,7 @@ def _ps_failure(**changes) -> dict:
 
 def test_worker_failure_claim_needs_every_step_back_and_the_survivor_running_the_rest():
     from course_utils import report
-    from course_utils.experiments import scaling_out
+    from course_utils.lessons.scaling_out import experiments as scaling_out
 
     assert scaling_out._worker_failure_claim(_ps_failure())[0].status == report.HOLDS
     assert scaling_out._worker_failure_claim({}) == []
@@ -435,7 +435,7 @@ def test_worker_failure_claim_needs_every_step_back_and_the_survivor_running_the
 
 def test_batch_cost_claim_needs_skip_to_grow_and_slicing_to_stay_flat():
     from course_utils import report
-    from course_utils.experiments import scaling_out
+    from course_utils.lessons.scaling_out import experiments as scaling_out
 
     def ev(skip_last, index_last):
         return {"batch_cost": {"batches": 1024, "batch": 16, "skip(k).take(1)": {"0": 0.001, "1023": skip_last},
@@ -448,7 +448,8 @@ def test_batch_cost_claim_needs_skip_to_grow_and_slicing_to_stay_flat():
 
 
 def test_fault_demo_programs_refuse_bad_arguments_in_one_line(monkeypatch, capsys, tmp_path):
-    from course_utils.experiments import multiworker, parameter_server
+    from course_utils.lessons.scaling_out import multiworker
+    from course_utils.lessons.scaling_out import parameter_server
 
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}}')
     assert multiworker.main(["--die", "--out", str(tmp_path)]) == 2
@@ -469,7 +470,7 @@ def test_a_dead_worker_is_found_by_the_heartbeats_within_bounds(tmp_path, heartb
     thread off; a SIGKILLed worker's peer fails with UnavailableError naming the stopped heartbeats, about the
     heartbeat timeout after the death (the default 10 s, or the 4 s smoke mode sets) — not at once, not after the old
     30 s check."""
-    from course_utils.experiments import scaling_out
+    from course_utils.lessons.scaling_out import experiments as scaling_out
 
     dead = scaling_out.stalled_worker(str(tmp_path), heartbeat_s=heartbeat_s, runs=("dead",))["dead"]
     assert dead["detection"] == {"health_check_thread": False, "coordination_service": "standalone",
@@ -484,7 +485,7 @@ def test_a_dead_worker_is_found_by_the_heartbeats_within_bounds(tmp_path, heartb
 @pytest.mark.extended  # lesson 08 runs this cluster (and its claim) in every mode
 def test_parameter_server_coordinator_reruns_a_killed_workers_steps_on_the_other(tmp_path):
     lines = []
-    result = cluster.launch("course_utils.experiments.parameter_server",
+    result = cluster.launch("course_utils.lessons.scaling_out.parameter_server",
                             ["--steps", "8", "--out", str(tmp_path), "--no-fit", "--kill-worker", "1", "--kill-steps", "6"],
                             chief=True, workers=2, ps=1, timeout=180, log=lines.append, stop_on_failure=False)
     assert result.ok() and result.returncodes["worker 1"] == -9

@@ -18,8 +18,9 @@ import time
 import nbformat
 import pytest
 
-from course_utils import fileguard, report, site
-from course_utils.notebooks import pages_url
+from course_utils import fileguard, report
+from devtools import site
+from devtools.notebooks import pages_url
 
 README = """# A course
 
@@ -165,6 +166,28 @@ def test_report_cards_side_by_side_with_columns_for_what_is_not_measured(tmp_pat
     assert '04 · Data pipelines and sharding' in page
     one = site.cards_html([("gpu", _card(kind="GPU")), ("tpu", _card(kind="TPU"))], [])
     assert "not measured yet" not in one
+
+
+def test_cards_line_up_claims_by_id_and_a_card_from_before_ids_by_its_wording(tmp_path):
+    """Rewording a claim keeps its row (the id is the same); a format-1 card (no ids) joins the row whose claim reads
+    as its own does; each row names its id, the way into the code."""
+    new = _card()
+    new["lessons"]["04"]["claims"][0].update(id="04.prefetch_overlaps")
+    reworded = _card(measured="1.2×")
+    reworded["lessons"]["04"]["claims"][0].update(id="04.prefetch_overlaps", claim="prefetch overlaps the input")
+    old = _card(measured="1.7×")  # before ids: no "id", the first card's wording
+    page = site.cards_html([("new", site.load_card(_write(tmp_path / "a.json", new))),
+                            ("reworded", site.load_card(_write(tmp_path / "b.json", reworded))),
+                            ("old", site.load_card(_write(tmp_path / "c.json", old)))], [])
+    rows = re.findall(r"<tr(?: class=\"differs\")?><td>(.*?)</tr>", page, re.S)
+    assert len(rows) == 1, rows
+    assert rows[0].startswith('prefetch overlaps input<span class="claim-id">04.prefetch_overlaps</span>')
+    assert all(m in rows[0] for m in ("1.5×", "1.2×", "1.7×")) and "not in this card" not in rows[0]
+
+
+def _write(path: pathlib.Path, card: dict) -> pathlib.Path:
+    path.write_text(json.dumps(card))
+    return path
 
 
 @pytest.mark.parametrize("content, words", [

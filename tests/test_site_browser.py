@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from course_utils import site
+from devtools import site
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from course_utils import config, timing
-from course_utils.experiments import tpu
+from course_utils.lessons.tpu_initialization import experiments as tpu
 from course_utils.report import Samples
 
 
@@ -85,5 +85,5 @@ def test_compare_matmul_dtypes_interleaves_and_counts_bytes():
     [([0.9, 1.0, 1.2], True), ([0.2, 0.3, 0.4], False), ([2.5, 3.0], False), ([0.4, 0.6, 0.7], "noise")],
 )
 def test_within_claim_decides_from_the_spread(values, verdict):
-    claim = tpu.within_claim("c", "s", "e", Samples(values), 0.5, 2.0)
+    claim = tpu.within_claim("c", "s", "e", Samples(values), 0.5, 2.0, id="01.c")
     assert claim.holds == verdict

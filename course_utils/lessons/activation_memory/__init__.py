@@ -1,0 +1,4 @@
+"""Lesson 07 · Activation memory (``notebooks/07_activation_memory.ipynb``): ``experiments`` (what the notebook
+measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+
+from . import experiments, exercises

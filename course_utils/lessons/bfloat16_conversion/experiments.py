@@ -1,0 +1,392 @@
+"""Lesson 02's experiments: the forward pass whose peak memory is compared across dtype policies, and
+what the XLA compiler actually computes for a bfloat16 model here.
+
+The reusable tools (variable bytes, peak memory in a fresh process) are in :mod:`course_utils.memory`.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: int = 10, jit: bool = False,
+                 seed: int = 0, device: str | None = None):
+    """One forward pass (inference) of the course's ``small_cnn`` built under ``policy``, as a step for
+    :func:`course_utils.memory.measure_peaks_isolated`: a zero-argument callable running a ``tf.function``
+    (``jit_compile=jit``) over a fixed batch of ``batch`` CIFAR-shaped uint8 images.
+
+    Placed on ``device`` explicitly — the images, the weights and every call (default:
+    :func:`course_utils.memory.default_device`, the accelerator whose peak is read): TensorFlow puts ops on a GPU by
+    itself, but on a TPU only when told (``tf.device`` or TPUStrategy) — unplaced, the step would run on the host CPU
+    while its peak is read from ``TPU:0``."""
+    import tensorflow as tf
+
+    from ... import data, memory, models
+
+    device = device or memory.default_device()
+    with tf.device(device):
+        images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes, seed=seed)[0][0])
+        model = models.build_under_policy(policy, width=width, num_classes=num_classes)
+    forward = tf.function(lambda: model(images), jit_compile=jit)
+
+    def step():
+        with tf.device(device):
+            return forward()
+
+    return step
+
+
+_CONV = re.compile(r"=\s*([a-z]+[0-9]+)\[[^\]]*\][^=]*?\bconvolution\(")
+
+
+class ConvolutionDtypes(list):
+    """:func:`xla_convolution_dtypes`' answer: a list of dtypes, with ``device``, the device XLA compiled for."""
+
+    device: str = ""
+
+
+def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int = 8, num_classes: int = 10,
+                           device: str | None = None) -> ConvolutionDtypes:
+    """The output dtypes of the convolutions XLA compiles for ``small_cnn`` under ``policy`` on ``device`` (default:
+    :func:`course_utils.memory.default_device`), read from the optimized HLO (``['f32', 'f32']``: XLA computes the
+    bfloat16 model's convolutions in float32 there; ``['bf16', 'bf16']``: natively in bfloat16).
+
+    Placed like :func:`forward_step`: the images, the weights and the compilation are on ``device``. TensorFlow
+    compiles ``experimental_get_compiler_ir`` for the device an op would run on in the current scope
+    (``compiler_ir.maybe_get_device_name``): unplaced on a TPU VM that is the host CPU, whose answer is ``f32``.
+    The answer's ``device`` is that device, read the same way."""
+    import tensorflow as tf
+
+    from ... import data, memory, models
+
+    device = device or memory.default_device()
+    with tf.device(device):
+        images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes)[0][0])
+        model = models.build_under_policy(policy, width=width, num_classes=num_classes)
+        forward = tf.function(lambda x: model(x), jit_compile=True)
+        hlo = forward.experimental_get_compiler_ir(images)(stage="optimized_hlo")
+        compiled_for = tf.random.normal([]).device  # what get_compiler_ir compiled for (maybe_get_device_name)
+    out = ConvolutionDtypes(_CONV.findall(hlo))
+    out.device = compiled_for
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# ----------------------------------------------------------------------------------------------
+
+POLICIES = ("float32", "bfloat16", "mixed_bfloat16")
+FORMAT_VALUES = (70_000.0, 1 + 1 / 256, 3.141592653589793, 1e-8)  # §1: overflow, a rounding tie, π, underflow
+
+
+def format_facts() -> dict:
+    """§1: :data:`FORMAT_VALUES` stored as float32, float16 and bfloat16 (as Python floats), and the spacing just
+    above 1.0 in each format."""
+    import ml_dtypes
+    import numpy as np
+
+    values = np.array(FORMAT_VALUES, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        as16 = values.astype(np.float16)
+    asbf = values.astype(ml_dtypes.bfloat16)
+    formats = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+    return {"values": [float(v) for v in values], "as16": [float(v) for v in as16],
+            "asbf": [float(v) for v in asbf],
+            "at_one": {name: float(ml_dtypes.finfo(dtype).eps) for name, dtype in formats.items()}}
+
+
+def dense_dtype(construct_under: str, build_under: str) -> str:
+    """§2: a Dense layer constructed under one global policy and built under another: its kernel's dtype."""
+    import keras
+
+    previous = keras.config.dtype_policy()
+    try:
+        keras.config.set_dtype_policy(construct_under)
+        layer = keras.layers.Dense(4)
+        keras.config.set_dtype_policy(build_under)
+        layer.build((None, 3))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return str(layer.kernel.dtype)
+
+
+def kernel_setter_error(model) -> str:
+    """§3: what ``layer.kernel = tf.cast(...)`` raises on the model's Dense layer before the softmax (its type
+    name), or "no error"."""
+    import tensorflow as tf
+
+    try:
+        model.layers[-2].kernel = tf.cast(model.layers[-2].kernel, tf.bfloat16)
+    except Exception as e:  # noqa: BLE001 - the claim is about which error
+        return type(e).__name__
+    return "no error"
+
+
+def convert_saved_file(path: str, strategy) -> dict:
+    """§3: a float32 ``.keras`` file at ``path``, converted three ways: ``loaded`` (``load_model`` under the global
+    bfloat16 policy, what people try first), ``cloned`` (``clone_model`` of it, under the policy too) and
+    ``from_file`` (cloned with each layer's config rewritten to bfloat16, the output softmax kept float32, then the
+    weights copied)."""
+    import keras
+
+    keras.config.set_dtype_policy("bfloat16")  # what people try first
+    try:
+        loaded = keras.models.load_model(path)
+        cloned = keras.models.clone_model(loaded)
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+    def under_bfloat16(layer):
+        """A copy of `layer` from its config, with the bfloat16 policy (the output softmax stays float32)."""
+        config = layer.get_config()
+        if layer is not loaded.layers[-1]:
+            config["dtype"] = "bfloat16"
+        return type(layer).from_config(config)
+
+    with strategy.scope():
+        from_file = keras.models.clone_model(loaded, clone_function=under_bfloat16)
+    from_file.set_weights(loaded.get_weights())
+    return {"loaded": loaded, "cloned": cloned, "from_file": from_file}
+
+
+def private_kernel_trap(victim, x, y) -> dict:
+    """§3, wrong way 2: cast the kernel of ``victim``'s Dense layer before the softmax through the private
+    ``_kernel`` attribute, train one epoch on ``x, y`` (batches of 32), and see what changed: ``changed`` (each
+    trainable weight's path -> whether it moved), ``kernel`` and ``bias`` (that layer's paths) and ``warnings``
+    (what Keras said)."""
+    import warnings
+
+    import numpy as np
+    import tensorflow as tf
+
+    dense = victim.layers[-2]  # the Dense layer before the softmax
+    dense._kernel = tf.cast(dense._kernel, tf.bfloat16)  # "converted"
+    before = [w.numpy().copy() for w in victim.trainable_weights]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        victim.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    changed = {w.path: not np.array_equal(b, w.numpy()) for w, b in zip(victim.trainable_weights, before)}
+    return {"changed": changed, "kernel": dense.weights[0].path, "bias": dense.weights[1].path,
+            "warnings": sorted({str(w.message) for w in caught if "Gradients do not exist" in str(w.message)})}
+
+
+def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy) -> tuple[float, float]:
+    """§4: one optimizer step on ``convert(model, policy)`` (a copy under ``policy``) over the batch ``x, y``:
+    (the fraction of trainable numbers that changed, the fraction of gradients that are exactly zero)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    m = convert(model, policy)
+    before = [v.numpy().astype(np.float32) for v in m.trainable_variables]
+    with strategy.scope():
+        optimizer = make_optimizer()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, m(x, training=True))
+        grads = tape.gradient(loss, m.trainable_variables)
+        optimizer.apply(grads, m.trainable_variables)
+        return grads
+
+    grads = strategy.run(step)  # one step, in the strategy's replica context
+    after = [v.numpy().astype(np.float32) for v in m.trainable_variables]
+    total = sum(a.size for a in after)
+    changed = sum(int((a != b).sum()) for a, b in zip(after, before)) / total
+    zero_grads = sum(int((strategy.experimental_local_results(g)[0].numpy() == 0).sum()) for g in grads) / total
+    return changed, zero_grads
+
+
+def measure(lab) -> dict:
+    """Everything lesson 02's claims need, measured the way the notebook measures it. The notebook computes
+    the same entries section by section and passes them to :func:`claims`."""
+    import os
+    import tempfile
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from ... import data, memory, models
+
+    sizes, strategy, seed = lab.sizes, lab.runtime.strategy, lab.cfg.seed
+    out: dict = {"jit": lab.jit, **format_facts()}
+    out["dtype_at_construction"] = {(c, b): dense_dtype(c, b) for c, b in (("float32", "bfloat16"),
+                                                                            ("bfloat16", "float32"))}
+
+    def build(policy):
+        with strategy.scope():
+            return models.build_under_policy(policy, width=sizes.model_width, num_classes=sizes.num_classes)
+
+    out["param_bytes"] = {p: memory.variable_bytes(build(p)).total for p in POLICIES}
+    lab.progress("forward-pass peak per policy, each in a fresh process")
+    out["peaks"] = memory.measure_peaks_isolated(
+        forward_step, {p: dict(policy=p, width=sizes.model_width, batch=256, jit=lab.jit, seed=seed) for p in POLICIES})
+    out["conv_dtypes"] = xla_convolution_dtypes("bfloat16", width=sizes.model_width)
+
+    lab.progress("training the float32 model, converting it")
+    (x_train, y_train), (x_test, y_test) = data.synthetic_cifar(sizes.train_examples, sizes.test_examples, seed=seed)
+    keras.utils.set_random_seed(seed)
+    model = build("float32")
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.Adam(2e-3), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    model.fit(x_train, y_train, batch_size=sizes.per_replica_batch * strategy.num_replicas_in_sync,
+              epochs=sizes.epochs, verbose=0)
+    out["f32_acc"] = float(model.evaluate(x_test, y_test, verbose=0)[1])
+
+    def convert(model, policy):
+        new_model = build(policy)
+        new_model.set_weights(model.get_weights())
+        return new_model
+
+    model_bf16 = convert(model, "bfloat16")
+    out["weights_equal_cast"] = all(
+        w16.dtype == "bfloat16" and np.array_equal(w16.numpy(), tf.cast(w32, tf.bfloat16).numpy())
+        for w32, w16 in zip(model.weights, model_bf16.weights))
+
+    path = os.path.join(tempfile.mkdtemp(), "small_cnn_float32.keras")
+    model.save(path)
+    file_models = convert_saved_file(path, strategy)
+    loaded, cloned, from_file = file_models["loaded"], file_models["cloned"], file_models["from_file"]
+    out["loaded_dtypes"] = sorted({w.dtype for w in loaded.weights} | {w.dtype for w in cloned.weights})
+    out["file_dtypes"] = sorted({w.dtype for w in from_file.weights})
+    out["file_same_predictions"] = bool(np.array_equal(from_file.predict(x_test[:256], verbose=0),
+                                                       model_bf16.predict(x_test[:256], verbose=0)))
+    out["kernel_setter"] = kernel_setter_error(convert(model, "float32"))
+
+    lab.progress("the private-kernel trap, one optimizer step per policy, inference")
+    victim = convert(model, "float32")
+    with strategy.scope():
+        victim.compile(optimizer=keras.optimizers.Adam(2e-3), loss="sparse_categorical_crossentropy")
+    trap = private_kernel_trap(victim, x_train[:256], y_train[:256])
+    out["warned"] = bool(trap["warnings"])
+    out["changed_kernel"], out["changed_bias"] = trap["changed"][trap["kernel"]], trap["changed"][trap["bias"]]
+
+    x_step, y_step = tf.constant(x_train[:64]), tf.constant(y_train[:64])
+    optimizers = {"SGD(0.01)": lambda: keras.optimizers.SGD(0.01), "Adam(1e-3)": lambda: keras.optimizers.Adam(1e-3)}
+    steps = {(p, o): fraction_changed(model, p, make, x_step, y_step, convert, strategy)
+             for p in POLICIES for o, make in optimizers.items()}
+    out["changed"] = {key: r[0] for key, r in steps.items()}
+    out["zero_grad_f32"] = steps["float32", "SGD(0.01)"][1]
+    out["beta_2_in_bf16"] = float(tf.cast(0.999, tf.bfloat16))
+    p32, p16 = model.predict(x_test, verbose=0), model_bf16.predict(x_test, verbose=0)
+    out["bf16_acc"] = float(np.mean(p16.argmax(1) == y_test))
+    out["agreement"] = float(np.mean(p16.argmax(1) == p32.argmax(1)))
+    return out
+
+
+# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+MEASURED_BY = {
+    "02.float16_overflows_bfloat16_rounds": format_facts,
+    "02.bfloat16_ties_to_even": format_facts,
+    "02.float16_underflows_small": format_facts,
+    "02.spacing_at_one": format_facts,
+    "02.policy_at_construction": dense_dtype,
+    "02.bfloat16_policy_halves_parameters": "course_utils.memory:variable_bytes",
+    "02.mixed_keeps_parameter_bytes": "course_utils.memory:variable_bytes",
+    "02.forward_peak_": forward_step,  # one claim per policy
+    "02.construct_and_set_weights": measure,
+    "02.load_model_keeps_float32": convert_saved_file,
+    "02.kernel_cast_raises": kernel_setter_error,
+    "02.private_kernel_stops_training": private_kernel_trap,
+    "02.pure_bfloat16_sgd_loses_updates": fraction_changed,
+    "02.pure_bfloat16_adam_no_update": fraction_changed,
+    "02.bfloat16_inference_agrees": measure,
+}
+
+
+def claims(r: dict) -> list:
+    """Lesson 02's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    import math
+
+    from ... import report
+
+    values, as16, asbf = ([float(v) for v in r[key]] for key in ("values", "as16", "asbf"))  # arrays or lists
+    at_one = {name: float(v) for name, v in r["at_one"].items()}
+    f32_bytes, bf16_bytes = r["param_bytes"]["float32"], r["param_bytes"]["bfloat16"]
+    peaks, conv_dtypes = r["peaks"], r["conv_dtypes"]
+    xla = "with XLA" if r["jit"] else "without XLA"
+    xla_upcasts = bool(conv_dtypes) and all(d == "f32" for d in conv_dtypes)
+    construction = r["dtype_at_construction"]
+    sgd = {p: r["changed"][p, "SGD(0.01)"] for p in POLICIES}
+
+    def forward_claim(policy):
+        measurable = peaks["float32"].peak_bytes > 0
+        ratios = [a / max(1, b) for a, b in zip(peaks[policy].samples or [peaks[policy].peak_bytes],
+                                                peaks["float32"].samples or [peaks["float32"].peak_bytes])]
+        text = (f"A forward pass under '{policy}' needs less peak memory than float32 (activations in bfloat16)", "§2",
+                "≈ 0.5× (< 0.75×) without XLA and on a TPU; ≈ 1× with XLA on a CPU")
+        if not measurable:
+            return report.Claim(*text, "—", None, note="this runtime reports no peak memory",
+                                id=f"02.forward_peak_{policy}")
+        return report.Claim.from_samples(
+            *text, ratios, "<", 0.75, note=f"{xla}; {peaks['float32'].method}",
+            differs_here=("XLA's CPU backend computes bfloat16 convolutions in float32 (§2: its convolutions are "
+                          f"{', '.join(conv_dtypes)}); expect ≈ 0.5× on a TPU, whose matrix unit computes in bfloat16")
+            if r["jit"] and xla_upcasts else "", id=f"02.forward_peak_{policy}")
+
+    out = [
+        report.Claim("float16 overflows where bfloat16 rounds to a multiple of 512 (70,000)",
+                     "IEEE 754 / bfloat16 formats; §1", "float16: inf; bfloat16: 70144",
+                     f"float16: {as16[0]}; bfloat16: {asbf[0]:g}", math.isinf(as16[0]) and asbf[0] == 70144.0,
+                     id="02.float16_overflows_bfloat16_rounds"),
+        report.Claim("bfloat16 rounds the tie 1 + 1/256 to even (1.0)", "§1", "bfloat16: 1.0",
+                     f"bfloat16: {asbf[1]}; float32: {values[1]}", asbf[1] == 1.0 and values[1] != 1.0,
+                     id="02.bfloat16_ties_to_even"),
+        report.Claim("float16 rounds 10⁻⁸ to 0 (below half its smallest subnormal, 2⁻²⁵); π → 3.140625 in both 16-bit "
+                     "formats", "format definitions; §1", "float16(1e-8) = 0; π: 3.140625, 3.140625",
+                     f"float16(1e-8) = {as16[3]}; π: {as16[2]}, {asbf[2]}",
+                     as16[3] == 0.0 and asbf[3] > 0 and as16[2] == asbf[2] == 3.140625,
+                     id="02.float16_underflows_small"),
+        report.Claim("Spacing at 1.0: float32 2⁻²³, float16 2⁻¹⁰, bfloat16 2⁻⁷", "format definitions; §1",
+                     "2^-23, 2^-10, 2^-7", ", ".join(f"2^{math.log2(v):.0f}" for v in at_one.values()),
+                     at_one == {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}, id="02.spacing_at_one"),
+        report.Claim("A layer's variable dtype comes from the policy active when it is constructed, not when built",
+                     "Keras 3 dtype policies; §2", "float32 → float32, bfloat16 → bfloat16",
+                     ", ".join(f"constructed {c} / built {b}: {d}" for (c, b), d in construction.items()),
+                     all(d == c for (c, _), d in construction.items()), id="02.policy_at_construction"),
+        report.Claim("Parameter bytes halve exactly under the 'bfloat16' policy", "§2",
+                     f"{f32_bytes:,} → {f32_bytes // 2:,} B", f"{f32_bytes:,} → {bf16_bytes:,} B",
+                     bf16_bytes * 2 == f32_bytes, id="02.bfloat16_policy_halves_parameters"),
+        report.Claim("'mixed_bfloat16' does not shrink parameter bytes (float32 variables)",
+                     "Keras mixed precision guide; §2", f"{f32_bytes:,} B", f"{r['param_bytes']['mixed_bfloat16']:,} B",
+                     r["param_bytes"]["mixed_bfloat16"] == f32_bytes, id="02.mixed_keeps_parameter_bytes"),
+        forward_claim("bfloat16"),
+        forward_claim("mixed_bfloat16"),
+        report.Claim("Construct under the policy + set_weights gives the cast weights", "§3", "all equal to tf.cast",
+                     "all equal" if r["weights_equal_cast"] else "differ", r["weights_equal_cast"],
+                     id="02.construct_and_set_weights"),
+        report.Claim("load_model (and clone_model) under a bfloat16 policy keep a .keras file's float32 weights; a "
+                     "clone_function that sets each layer's dtype + set_weights converts it", "Keras 3 saving; §3",
+                     "float32; then bfloat16 with the same predictions as the code route",
+                     f"load_model: {r['loaded_dtypes']}; clone_function: {r['file_dtypes']}, same predictions: "
+                     f"{r['file_same_predictions']}",
+                     r["loaded_dtypes"] == ["float32"] and r["file_dtypes"] == ["bfloat16"]
+                     and r["file_same_predictions"], id="02.load_model_keeps_float32"),
+        report.Claim("`layer.kernel = tf.cast(...)` raises in Keras 3", "Keras 3 behaviour; §3", "AttributeError",
+                     r["kernel_setter"], r["kernel_setter"] == "AttributeError", id="02.kernel_cast_raises"),
+        report.Claim("Assigning to `layer._kernel` stops that kernel training; the only sign is a "
+                     "'Gradients do not exist' warning", "§3", "no error; kernel unchanged, bias changed; warning",
+                     f"kernel changed: {r['changed_kernel']}, bias changed: {r['changed_bias']}; "
+                     f"warning: {'yes' if r['warned'] else 'no'}",
+                     not r["changed_kernel"] and r["changed_bias"] and r["warned"],
+                     id="02.private_kernel_stops_training"),
+        report.Claim("One SGD step: pure bfloat16 changes far fewer weights than float32 (< half as many); "
+                     "mixed_bfloat16 about as many (≥ 90%)", "§4", "bfloat16 < 0.5 × float32; mixed ≥ 0.9 × float32",
+                     f"float32 {sgd['float32']:.1%}, bfloat16 {sgd['bfloat16']:.1%}, mixed {sgd['mixed_bfloat16']:.1%} "
+                     f"(float32 gradients exactly 0: {r['zero_grad_f32']:.1%})",
+                     sgd["float32"] > 0 and sgd["bfloat16"] < 0.5 * sgd["float32"]
+                     and sgd["mixed_bfloat16"] >= 0.9 * sgd["float32"], id="02.pure_bfloat16_sgd_loses_updates"),
+        report.Claim("Pure bfloat16 + Keras' Adam changes no weight at all (it casts β₂ = 0.999 to the variable's "
+                     "dtype: 1.0)", "keras/src/optimizers/adam.py; §4",
+                     "0%", f"{r['changed']['bfloat16', 'Adam(1e-3)']:.1%}; 0.999 → {r['beta_2_in_bf16']}",
+                     r["changed"]["bfloat16", "Adam(1e-3)"] == 0.0, id="02.pure_bfloat16_adam_no_update"),
+        report.Claim("bfloat16 inference predicts (almost) the same classes as float32", "§5",
+                     "≥ 95% agreement, accuracy within 2 points",
+                     f"agreement {r['agreement']:.1%}; accuracy {r['f32_acc']:.1%} vs {r['bf16_acc']:.1%}",
+                     r["agreement"] >= 0.95 and abs(r["bf16_acc"] - r["f32_acc"]) <= 0.02,
+                     id="02.bfloat16_inference_agrees"),
+    ]
+    return report.placed(out, "02", MEASURED_BY)

@@ -1,0 +1,517 @@
+"""Lesson 06's claims: :func:`measure` runs what the capstone notebook measures (the baseline and course recipes
+under one budget, short runs per precision policy and XLA setting in fresh processes, a run killed and resumed on
+the command line) and :func:`claims` turns the results into the lesson's table. The trainer itself is
+:mod:`course_utils.capstone`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+RECIPES = ("baseline", "course")  # §2, in the notebook's order
+CLI = "course_utils.capstone"  # the trainer's command line: `python -m course_utils.capstone`, each run a new process
+# forked from one that has imported TensorFlow and run nothing (course_utils.forkserver: seconds sooner, on Linux)
+
+
+def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeout: float = 600.0) -> dict:
+    """§6: the trainer's command line (``epochs`` epochs of ``examples`` training and test images from ``source``,
+    into ``out``: new, empty or an earlier run's) killed with SIGKILL once its first epoch is in ``metrics.json`` *and* in
+    the ``BackupAndRestore`` checkpoint (the progress callback writes metrics.json first: killed between the two,
+    the resumed run would start over), then the same command with ``--resume``.
+
+    Returns the evidence: ``command``; ``killed_returncode`` (−9 when the kill landed); ``finished_at_kill`` (epochs
+    in metrics.json then) and ``backed_up_at_kill`` (the backup's epoch); ``returncode`` and ``last_line`` of the
+    resumed run; from its files ``resumed_after`` (the epoch the trainer says it resumed after: 0 = started over),
+    ``epochs`` (in metrics.json), ``first_epoch_kept`` (epoch 1's record unchanged), ``time_counted`` (the
+    resumed run's wall time includes the time spent before the kill) and ``plan_kept`` (plan.json — epochs, warm-up
+    and schedule length — as the killed run chose it)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ... import forkserver
+
+    args = ["--data", source, "--epochs", str(epochs), "--out", out, "--quiet", "--train-examples", str(examples),
+            "--test-examples", str(examples)]
+    cli = [sys.executable, "-m", CLI, *args]
+    first_args = args + ["--overwrite"]  # the demo starts afresh (a notebook run again replaces its own run)
+    from ... import capstone
+
+    problem = capstone.out_problem(out)  # the run starts afresh there, deleting only an earlier run's own files
+    if problem:
+        raise ValueError(problem)
+
+    def read(name, default=None):
+        try:
+            with open(os.path.join(out, name)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return default
+
+    def backed_up():
+        meta = read(os.path.join("backup", "training_metadata.json"), {})  # written after the weights
+        return int(meta.get("epoch", 0)) if isinstance(meta, dict) else 0
+
+    first = forkserver.spawn(CLI, first_args, dict(os.environ), discard_stdout=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while first.poll() is None and time.monotonic() < deadline and (len(read("metrics.json", [])) < 1
+                                                                         or backed_up() < 1):
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)  # epoch 2 has just started
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    history, plan = read("metrics.json", []), read("plan.json")
+    spent = (read("clock.json", {}) or {}).get("elapsed_s", 0.0)
+    r = {"command": cli, "killed_returncode": first.returncode, "finished_at_kill": len(history),
+         "backed_up_at_kill": backed_up()}
+    try:
+        resumed = forkserver.run(CLI, args + ["--resume"], dict(os.environ), timeout=timeout, separate_stderr=True)
+    except subprocess.TimeoutExpired:  # run() has killed it
+        raise RuntimeError(f"the resumed run did not finish within {timeout:g} s and was stopped; its files are in "
+                           f"{out}") from None
+    after = read("metrics.json", [])
+    summary = read("summary.json", {}) or {}
+    lines = resumed.stdout.strip().splitlines() or resumed.stderr.strip().splitlines() or [""]
+    return {**r, "returncode": resumed.returncode, "last_line": lines[-1],
+            "resumed_after": summary.get("resumed_after_epoch"),
+            "epochs": [row.get("epoch") for row in after if isinstance(row, dict)],
+            "first_epoch_kept": bool(history) and bool(after) and after[0] == history[0],
+            "time_counted": summary.get("wall_time_s", 0.0) >= spent > 0,
+            "plan_kept": plan is not None and read("plan.json") == plan}
+
+
+def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None = None,
+                 progress=print) -> dict[str, dict[float, dict]]:
+    """§2's sweep: both recipes at each of ``budgets`` (seconds), ``{recipe: {budget: summary}}``. Runs in ``done``
+    (the same shape, e.g. §2's at its own budget) are reused; each other run trains into ``out/<recipe>-<budget>s``. A
+    finished run there is read back when it trained on the same data (``data``, else ``COURSE_DATA``), an unfinished
+    one resumed after its last finished epoch (an interrupted sweep loses at most one epoch: run the cell again); a
+    run there on other data, or one that cannot be resumed, is trained again, and the line says why."""
+    from ... import capstone
+    from ... import config as _config
+
+    rows: dict[str, dict[float, dict]] = {recipe: dict((done or {}).get(recipe, {})) for recipe in RECIPES}
+    for budget in sorted(float(b) for b in budgets):
+        for recipe in RECIPES:
+            if budget in rows[recipe]:
+                continue
+            folder = os.path.join(out, f"{recipe}-{budget:g}s")
+            what = f"{recipe} recipe, {budget:g} s budget"
+            options = capstone.Options(recipe=recipe, time_budget=budget, out=folder, verbose=-1, overwrite=True,
+                                       **({"data": data} if data else {}))
+            summary = capstone.load_result(folder)["summary"] if os.path.exists(os.path.join(folder, "summary.json")) \
+                else None
+            if summary is not None:
+                stored = summary.get("options") or {}
+                same = (stored.get("data") == data if data else summary.get("data") == _config.get().data)
+                if same and stored.get("recipe") == recipe and summary.get("budget_s") == budget:
+                    rows[recipe][budget] = summary
+                    continue
+                progress(f"{what} (the run in {folder} trained on {summary.get('data')!r}: trained again)")
+            elif os.path.exists(os.path.join(folder, capstone.MARKER)):
+                progress(f"{what} (resumed)")
+                try:
+                    rows[recipe][budget] = capstone.train(dataclasses.replace(options, resume=True,
+                                                                              overwrite=False)).summary
+                    continue
+                except capstone.OptionsError as exc:  # another run's, or state the trainer did not write
+                    progress(f"{what}: not resumed ({exc}): trained again")
+            else:
+                progress(what)
+            rows[recipe][budget] = capstone.train(options).summary
+    return rows
+
+
+# §2's reference sweep: each run's test accuracy (%) on the development file of real CIFAR-10 images (4,068 training
+# images, 407 of them held out for validation; 1,017 test), by setting, recipe and budget (seconds). The machine: a
+# 2-core cloud VM, Intel Xeon with AMX (bfloat16 units), TensorFlow 2.20, November 2026, the trainer of course_utils
+# 2026.11 with auto width, 10-view TTA and the whitening layer (the 600 s runs: before the whitening layer); "one
+# core": pinned with taskset -c 0 or 1; "AVX2": oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, float32), a laptop's
+# instruction set.
+DEV_SWEEP = {
+    "2 cores": {"baseline": {60: [53.6, 54.9, 54.9], 120: [54.0], 600: [52.9]},
+                "course": {60: [70.5, 71.4, 71.4], 120: [77.1], 600: [80.3]}},
+    "one core": {"baseline": {60: [51.2, 52.0, 51.8], 120: [51.2], 600: [50.3]},
+                 "course": {60: [68.1, 67.5, 68.0], 120: [74.4], 600: [79.5]}},
+    "AVX2": {"baseline": {60: [54.4, 54.6, 54.4], 120: [55.5], 600: [52.6]},
+             "course": {60: [69.2, 69.6, 71.7], 120: [74.3], 600: [77.7]}},
+}
+
+
+def plot_sweep(rows: dict[str, dict[float, dict]], reference: dict = DEV_SWEEP, label: str = "this run"):
+    """Test accuracy against budget: ``reference``'s settings as thin lines (the median of each budget's runs, the
+    spread as a bar), ``rows`` (:func:`budget_sweep`) as large markers joined by a thick line. Returns the figure."""
+    import statistics
+
+    import matplotlib.pyplot as plt
+
+    colors = {"baseline": "#1f77b4", "course": "#ff7f0e"}
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for style, (setting, by_recipe) in zip(("-", "--", ":", "-."), reference.items()):
+        for recipe, runs in by_recipe.items():
+            budgets = sorted(runs)
+            med = [statistics.median(runs[b]) for b in budgets]
+            err = [[m - min(runs[b]) for b, m in zip(budgets, med)], [max(runs[b]) - m for b, m in zip(budgets, med)]]
+            ax.errorbar(budgets, med, yerr=err, color=colors[recipe], ls=style, lw=1, marker=".", capsize=2,
+                        alpha=0.6, label=f"{recipe}, {setting} (reference)")
+    for recipe, by_budget in rows.items():
+        budgets = sorted(by_budget)
+        ax.plot(budgets, [100 * by_budget[b]["test_accuracy"] for b in budgets], color=colors[recipe], lw=2.5,
+                marker="*", ms=14, label=f"{recipe}, {label}")
+    ax.set_xscale("log")
+    ticks = sorted({b for r in reference.values() for runs in r.values() for b in runs} | {b for r in rows.values() for b in r})
+    ax.set_xticks(ticks, [f"{b:g}" for b in ticks])
+    ax.minorticks_off()
+    ax.set(xlabel="time budget (s), log scale", ylabel="test accuracy (%)", title="Accuracy against budget")
+    ax.axhline(10, color="grey", lw=0.8, ls=":")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def sweep_leads(rows: dict[str, dict[float, dict]]) -> dict[float, float]:
+    """The course recipe's lead over the baseline, in test-accuracy points, at each budget both ran."""
+    both = sorted(set(rows["course"]) & set(rows["baseline"]))
+    return {b: 100 * (rows["course"][b]["test_accuracy"] - rows["baseline"][b]["test_accuracy"]) for b in both}
+
+
+PRECISION_EPOCHS = 3  # §5's short runs: the first epoch compiles and fills the cache; the median of the rest counts
+
+
+def precision_variants(course_summary: dict, kind: str) -> dict:
+    """§5's variants, ``label → {"policy", "jit"}``: float32 and the policy the trainer chose (§2's course run), each
+    with the trainer's XLA default for this hardware, and the chosen policy with XLA the other way round — except on
+    a TPU, which compiles every step whatever it is told, and on several replicas elsewhere, where fit cannot be
+    compiled (keras-team/keras#19005: ``runtime.fit_jit_compile``)."""
+    from ...runtime import whole_step_compiles
+
+    chosen, jit = course_summary["policy"], bool(course_summary["jit_compile"])
+    variants = {label: {"policy": p, "jit": jit} for label, p in (("float32", "float32"), (chosen, chosen))}
+    if kind != "TPU" and whole_step_compiles(kind, int(course_summary.get("replicas", 1))):
+        variants[f"{chosen}, XLA {'off' if jit else 'on'}"] = {"policy": chosen, "jit": not jit}
+    return variants
+
+
+def precision_runs(source: str, variants: dict, repeats: int, examples: int, out: str, tensorboard: str | None = None,
+                   progress=None, timeout: float = 900.0) -> dict:
+    """§5: each variant (:func:`precision_variants`) trained for :data:`PRECISION_EPOCHS` short epochs of ``examples``
+    images by the trainer's command line — each run in its own fresh process, ``repeats`` times, the variants taking
+    turns (a machine that slows down slows all alike), one at a time. With one repeat (smoke mode: no verdict comes
+    from it) the variants run at the same time. Returns ``label → [summary.json of each repeat]``. A run that
+    fails, or runs past ``timeout`` seconds, raises RuntimeError saying so, and the runs still going are stopped.
+    ``tensorboard``: the chosen policy's first run writes its profile there (a few steps of its first epoch, which
+    the throughput figure leaves out)."""
+    runs: dict = {label: [] for label in variants}
+    started: list = []
+    try:
+        _precision_runs(source, variants, repeats, examples, out, tensorboard, progress, timeout, runs, started)
+    finally:  # one run failed or timed out, or Ctrl-C: stop the runs still going (smoke mode starts them together)
+        for _label, _folder, proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return runs
+
+
+def _precision_runs(source, variants, repeats, examples, out, tensorboard, progress, timeout, runs, started) -> None:
+    from ... import forkserver
+
+    for i in range(int(repeats)):
+        started.clear()
+        for n, (label, v) in enumerate(variants.items()):
+            folder = os.path.join(out, f"{n}-{v['policy']}-{'xla' if v['jit'] else 'noxla'}-{i}")
+            cli = ["--data", source, "--epochs", str(PRECISION_EPOCHS),
+                   "--policy", v["policy"], "--jit" if v["jit"] else "--no-jit", "--no-tta", "--quiet",
+                   "--train-examples", str(examples), "--test-examples", str(examples), "--out", folder,
+                   "--overwrite"]  # a notebook run again replaces its own runs
+            if tensorboard and i == 0 and n == 1:
+                cli += ["--tensorboard", tensorboard]
+            if progress:
+                progress(f"§5 {label}: run {i + 1} of {repeats}, a fresh process"
+                         + (" (all variants at once: one run each is no verdict)" if repeats == 1 else ""))
+            proc = forkserver.spawn(CLI, cli, dict(os.environ), discard_stdout=True, separate_stderr=True)
+            started.append((label, folder, proc))
+            if repeats > 1:  # timed runs one at a time: a speed-up needs cores to itself
+                _finish(*started.pop(), runs, timeout)
+        for entry in started:  # one repeat (smoke mode): the variants ran at the same time
+            _finish(*entry, runs, timeout)
+
+
+def _finish(label: str, folder: str, proc, runs: dict, timeout: float) -> None:
+    from ... import capstone
+
+    import subprocess
+
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"§5 run {label!r} did not finish within {timeout:g} s and was stopped: a busy or slow "
+                           "machine? Run the cell again, or lower sizes.capstone_precision_repeats") from None
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"§5 run {label!r} exited with {proc.returncode}: {last}")
+    runs[label].append(capstone.load_result(folder)["summary"])
+
+
+def precision_table(runs: dict) -> list[dict]:
+    """One row per variant: images/s per replica and peak memory, median and spread over its fresh processes."""
+    from ... import memory, report
+
+    rows = []
+    for label, summaries in runs.items():
+        ips = report.Samples([s["images_per_s_per_replica"] for s in summaries])
+        peak = report.Samples([s["peak_memory_bytes"] for s in summaries])
+        spread = "" if len(summaries) == 1 else (f" ({memory.format_bytes(peak.low)}–"
+                                                 f"{memory.format_bytes(peak.high)})")
+        rows.append({"variant": label, "XLA": "on" if summaries[0]["xla"] else "off",
+                     "images/s/replica": ips.format(".0f", ""),
+                     "peak memory": memory.format_bytes(peak.median) + spread,
+                     "measured by": summaries[0]["peak_memory_method"]})
+    return rows
+
+
+def _pairwise(runs: dict, top: str, bottom: str, key: str) -> list[float]:
+    """``top / bottom`` of ``key``, repeat by repeat (repeat i of each ran one after the other)."""
+    return [a[key] / b[key] for a, b in zip(runs[top], runs[bottom])]
+
+
+def measure(lab) -> dict:
+    """Everything lesson 06's claims need, measured the way the notebook measures it (``lab``: a
+    :class:`course_utils.proof.Lab` — config, runtime and progress lines), with one progress line per training run:
+
+    - §2: the baseline and the course recipe, each for the config's budget (``sizes.capstone_budget_s``: 2 minutes
+      in full mode) — their summaries and per-epoch histories;
+    - §2's sweep: on real images both recipes at ``sizes.capstone_sweep_budgets`` (:func:`budget_sweep`), on
+      synthetic images §2's two runs only;
+    - §5: :func:`precision_runs` of :func:`precision_variants` (``sizes.capstone_precision_repeats`` fresh processes
+      each), without the notebook's TensorBoard profile: no claim reads the profile (§7);
+    - §6: the command line killed after its first epoch and resumed.
+
+    The ablation runs of §4 are skipped: no claim reads them (the TTA claim comes from the course run of §2,
+    which reports its accuracy with and without TTA), and each would cost one more budget. Runs write to a
+    temporary folder, removed at the end. The notebook passes its own runs to :func:`claims` under the same keys."""
+    import shutil
+    import tempfile
+
+    from ... import capstone
+
+    sizes, budget = lab.sizes, lab.sizes.capstone_budget_s
+    out_dir = tempfile.mkdtemp(prefix="course-06-")
+    r: dict = {"budget_s": budget, "data": lab.cfg.data, "kind": lab.runtime.kind, "summary": {}, "history": {}}
+    try:
+        for recipe in RECIPES:
+            lab.progress(f"§2 the {recipe} recipe, {budget:g} s budget")
+            run = capstone.train(capstone.Options(recipe=recipe, time_budget=budget, out=f"{out_dir}/{recipe}",
+                                                  verbose=-1))
+            r["summary"][recipe], r["history"][recipe] = run.summary, run.history
+        done = {recipe: {budget: s} for recipe, s in r["summary"].items()}
+        # the sweep trains on real images only: accuracy on synthetic ones says nothing about CIFAR-10
+        r["sweep"] = done if lab.cfg.data == "synthetic" else budget_sweep(
+            sizes.capstone_sweep_budgets, f"{out_dir}/sweep", done=done,
+            progress=lambda line: lab.progress(f"§2 sweep: {line}"))
+
+        variants = precision_variants(r["summary"]["course"], lab.runtime.kind)
+        r["precision"] = precision_runs(lab.cfg.data, variants, sizes.capstone_precision_repeats,
+                                        sizes.capstone_short_run_examples,
+                                        f"{out_dir}/precision", progress=lab.progress)
+
+        lab.progress("§6 the command line killed after its first epoch, then resumed")
+        r["resume"] = kill_and_resume(lab.cfg.data, f"{out_dir}/cli", sizes.capstone_short_run_examples)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return r
+
+
+def _longest_epoch(history: list[dict]) -> float:
+    """The longest epoch of a run, as the budget sees it: wall time from one epoch's end to the next (what happens
+    between epochs included), the first epoch's own time."""
+    ends = [h["elapsed_s"] for h in history if "elapsed_s" in h]
+    gaps = [b - a for a, b in zip(ends, ends[1:])]
+    return max([h["epoch_time_s"] for h in history[:1]] + gaps)
+
+
+def _budget_end(recipe: str, summary: dict, history: list[dict], budget: float, epoch_s: float) -> str:
+    """``baseline: 118.3 s (longest epoch 5.1 s)``; past budget + one epoch, where the time went; short of budget − one
+    epoch, what the plan was."""
+    wall = summary["wall_time_s"]
+    text = f"{recipe}: {wall:.1f} s (longest epoch {epoch_s:.1f} s)"
+    if wall > budget + epoch_s and history and summary.get("trained_s") is not None:
+        text += (f" — last epoch ended at {history[-1]['elapsed_s']:.1f} s, training at {summary['trained_s']:.1f} "
+                 f"s, then the test evaluation took {summary['final_eval_s']:.1f} s")
+    elif wall < budget - epoch_s - _early_margin(summary):
+        text += (f" — stopped early: {summary['epochs']} epochs (first plan {summary.get('initially_planned_epochs')}, "
+                 f"last {summary.get('planned_epochs', summary['epochs'])}), {budget - wall:.1f} s of the budget unused")
+    return text
+
+
+def _early_margin(summary: dict) -> float:
+    """What the plan keeps back for the final evaluation beyond its estimate (:class:`capstone.BudgetPlan`: its safety
+    factor over the evaluation steps, a fixed cost, and one per test-time view): time a run may leave unused on purpose,
+    besides the part of an epoch that no longer fits. Where an epoch takes less than a second (a TPU) it is larger
+    than the epoch."""
+    from ...capstone import TTA_VIEWS, BudgetPlan
+
+    views = TTA_VIEWS if summary.get("tta") else 1
+    return (BudgetPlan.FINAL_EVAL_MIN_S + BudgetPlan.FINAL_EVAL_VIEW_S * views
+            + (BudgetPlan.FINAL_EVAL_SAFETY - 1) * float(summary.get("final_eval_s") or 0.0))
+
+
+def _ended_on_budget(summary: dict, budget: float, epoch_s: float) -> bool:
+    """Within one (the longest) epoch of the budget on both sides: not late, and not stopped early (on the early side
+    also the final evaluation's margin, :func:`_early_margin`)."""
+    return budget - epoch_s - _early_margin(summary) <= summary["wall_time_s"] <= budget + epoch_s
+
+
+# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+MEASURED_BY = {
+    "06.course_beats_tutorial": budget_sweep,
+    "06.course_leads_15_points": budget_sweep,
+    "06.tutorial_cnn_learns": "course_utils.capstone:train",
+    "06.resnet_learns": "course_utils.capstone:train",
+    "06.budget_kept": "course_utils.capstone:train",
+    "06.resume_after_kill": kill_and_resume,
+    "06.policy_faster_than_float32": precision_runs,
+    "06.xla_choice_not_slower": precision_runs,
+    "06.tta_does_not_hurt": "course_utils.capstone:train",
+}
+
+
+def claims(r: dict) -> list:
+    """Lesson 06's claims from :func:`measure`'s results (or the notebook's, under the same keys): ``summary`` and
+    ``history`` map each recipe to its run's summary and per-epoch history; ``precision`` maps each variant of §5
+    to its runs' summaries (:func:`precision_runs`)."""
+    from ... import report
+
+    budget = r["budget_s"]
+    summary, history, precision = r["summary"], r["history"], r["precision"]
+    base, course = summary["baseline"], summary["course"]
+    gap = course["test_accuracy"] - base["test_accuracy"]
+    epoch_s = {recipe: _longest_epoch(history[recipe]) for recipe in summary}
+    # A run trains at least one epoch, whatever it takes: the budget claim tests the trainer's plan, so it is testable
+    # only where the budget bought a plan of two epochs or more. With less (smoke mode's seconds: compiling and the
+    # final evaluation take most of them) the one epoch every run trains is all there is, and setting up decides
+    # where the run ends (beside a busy core a 4 s budget ended 0.8 s past "budget + one epoch" that way).
+    room_for_an_epoch = all(s["initially_planned_epochs"] >= 2 for s in summary.values())
+    real_images = r["data"] != "synthetic"
+    sweep = r["sweep"]
+    leads = sweep_leads(sweep)
+    sweep_learned = all(s["epochs"] * s["steps_per_epoch"] >= 300 for s in sweep["course"].values())
+    updates = {recipe: s["epochs"] * s["steps_per_epoch"] for recipe, s in summary.items()}
+    learned = course["test_accuracy_no_tta"] > 0.30
+    policy_note = "" if r["kind"] != "CPU" else ("on a CPU bf16 is often no faster, even with AMX or AVX512-BF16; "
+                                                  "on a TPU or an Ampere-or-newer GPU expect a clear gain")
+    chosen, jit = course["policy"], bool(course["jit_compile"])
+    repeats = min(len(v) for v in precision.values())
+    variants = list(precision)
+    xla_other = variants[2] if len(variants) > 2 else None
+    resume = r["resume"]
+    # the kill must land inside epoch 2, with epoch 1 saved: else nothing was interrupted (or nothing was saved)
+    killed_mid_run = resume["killed_returncode"] == -9 and resume["finished_at_kill"] == resume["backed_up_at_kill"] == 1
+    resumed_right = (resume["resumed_after"] == 1 and resume["epochs"] == [1, 2, 3] and resume["first_epoch_kept"]
+                     and resume["time_counted"] and resume["plan_kept"] and resume["returncode"] == 0)
+    out = [
+        report.Claim("On real images, under one budget, the course recipe beats the tutorial's by ≥ 10 points", "§2",
+                     "≥ 10 points ahead on the test split",
+                     f"{course['test_accuracy']:.1%} vs {base['test_accuracy']:.1%} ({gap * 100:+.1f} points)",
+                     gap >= 0.10 if real_images else None,
+                     "" if real_images else "synthetic images: run with COURSE_DATA=tfds or npz:PATH to test it (§2 "
+                                            "says which runs on real images back it)", id="06.course_beats_tutorial"),
+        report.Claim("On real images the course recipe leads by ≥ 15 points at every budget measured", "§2",
+                     "≥ 15 points ahead at each budget of the sweep",
+                     "; ".join(f"{b:g} s: {lead:+.1f}" for b, lead in leads.items()),
+                     all(lead >= 15 for lead in leads.values()) if real_images and sweep_learned else None,
+                     ("" if sweep_learned else "a budget of the sweep bought the ResNet fewer than 300 updates "
+                                               "(smoke mode)") if real_images else
+                     "synthetic images: run with COURSE_DATA=tfds or npz:PATH to test it (the figure of §2 shows "
+                     "the development images' sweep)", id="06.course_leads_15_points"),
+        report.Claim("The tutorial's small CNN learns in the same budget", "§2",
+                     "> 30% from 100 updates (chance: 10%)",
+                     f"{base['test_accuracy']:.1%} after {updates['baseline']} updates",
+                     base["test_accuracy"] > 0.30 if updates["baseline"] >= 100 else None,
+                     "" if updates["baseline"] >= 100 else "this budget bought fewer than 100 updates (smoke mode)",
+                     id="06.tutorial_cnn_learns"),
+        report.Claim("The ResNet learns once the budget buys it a few hundred updates", "§2", "> 30% from 300 updates",
+                     f"{course['test_accuracy']:.1%} after {updates['course']} updates",
+                     course["test_accuracy"] > 0.30 if updates["course"] >= 300 else None,
+                     "" if updates["course"] >= 300 else "this budget bought fewer than 300 updates (smoke mode)",
+                     id="06.resnet_learns"),
+        report.Claim("A budgeted run ends within one epoch of its budget: not late, and not early", "§2",
+                     f"{budget:g} s ± one epoch (early: + the final evaluation's margin)",
+                     "; ".join(_budget_end(recipe, s, history[recipe], budget, epoch_s[recipe])
+                               for recipe, s in summary.items()),
+                     all(_ended_on_budget(s, budget, epoch_s[recipe]) for recipe, s in summary.items())
+                     if room_for_an_epoch else None,
+                     "" if room_for_an_epoch else "the budget bought only the one epoch every run trains: "
+                                                  "no plan to end on time (smoke mode)", id="06.budget_kept"),
+        report.Claim("A run killed mid-epoch resumes after its last saved epoch: none repeated, none lost, the time "
+                     "before the kill counted", "§6", "resumed after epoch 1; epochs [1, 2, 3]",
+                     f"killed with {resume['finished_at_kill']} epoch(s) saved; resumed after epoch "
+                     f"{resume['resumed_after']}; epochs {resume['epochs']}",
+                     resumed_right if killed_mid_run else None,
+                     "" if killed_mid_run else
+                     f"the kill did not land inside epoch 2 with epoch 1 saved (exit code {resume['killed_returncode']},"
+                     f" {resume['finished_at_kill']} epoch(s) in metrics.json, backup at epoch "
+                     f"{resume['backed_up_at_kill']})", id="06.resume_after_kill"),
+        _speed_claim("The policy chosen for this hardware trains faster than float32", "§5; lesson 03",
+                     precision, chosen, "float32", repeats, policy_note,
+                     None if chosen != "float32" else "the trainer chose float32 on this hardware: nothing to compare",
+                     id="06.policy_faster_than_float32"),
+        _xla_choice_claim(r["kind"], jit, course.get("xla_chosen_by", "trainer"), precision, chosen, xla_other,
+                          repeats, int(course.get("replicas", 1))),
+        report.Claim("Test-time augmentation (mirrored and one-pixel-shifted copies) does not cost accuracy", "§4",
+                     "≥ −1 point",
+                     f"{(course['test_accuracy'] - course['test_accuracy_no_tta']) * 100:+.1f} points",
+                     course["test_accuracy"] - course["test_accuracy_no_tta"] >= -0.01 if learned else None,
+                     "" if learned else "the model is near chance here: nothing for TTA to keep",
+                     id="06.tta_does_not_hurt"),
+    ]
+    return report.placed(out, "06", MEASURED_BY)
+
+
+def _xla_choice_claim(kind: str, jit: bool, chosen_by: str, precision: dict, chosen: str, xla_other: str | None,
+                      repeats: int, replicas: int = 1):
+    """The trainer's XLA default against the other setting. Where COURSE_JIT=1 or --jit/--no-jit set XLA for every
+    run, the trainer chose nothing: the ratio is shown, the claim is not measurable (prove --jit measured 0.53× for
+    the forced XLA-on against off on a 2-core CPU — the reason the trainer's CPU default is off)."""
+    claim = _speed_claim(f"The trainer's XLA choice for a {kind} (XLA {'on' if jit else 'off'}) trains at least as fast "
+                         "as the other", "§5; lesson 01", precision, chosen, xla_other, repeats, "",
+                         None if xla_other else "a TPU compiles every step: there is no XLA-off run to compare"
+                         if kind == "TPU" else f"{replicas} replicas: fit cannot be compiled with XLA there "
+                         "(keras-team/keras#19005), so there is no XLA-on run to compare",
+                         threshold=0.95, expected="> 0.95× (the other way round within 5%, or slower)",
+                         id="06.xla_choice_not_slower")
+    if chosen_by != "trainer" and claim.holds is not None:
+        what = "COURSE_JIT=1" if chosen_by == "COURSE_JIT" else "--jit/--no-jit"
+        claim.holds, claim.differs_here = None, ""
+        claim.note = (f"{what} set XLA {'on' if jit else 'off'} for every run, so the trainer chose nothing: run "
+                      "without it to test the trainer's own choice")
+    return claim
+
+
+def _speed_claim(claim: str, source: str, precision: dict, top: str, bottom: str | None, repeats: int,
+                 differs_here: str, unmeasurable: str | None, threshold: float = 1.0, expected: str = "> 1.0×", *,
+                 id: str):
+    """``top``'s images/s per replica over ``bottom``'s, repeat by repeat (each pair from fresh processes)."""
+    from ... import report
+
+    if unmeasurable:
+        return report.Claim(claim, source, expected, "nothing to compare", None, unmeasurable, id=id)
+    if repeats < 2:
+        ratio = precision[top][0]["images_per_s_per_replica"] / precision[bottom][0]["images_per_s_per_replica"]
+        return report.Claim(claim, source, expected, f"{ratio:.2f}× (1 run each)", None,
+                             "one process per variant (smoke mode): a speed-up needs repeats", id=id)
+    return report.Claim.from_samples(claim, source, expected,
+                                     _pairwise(precision, top, bottom, "images_per_s_per_replica"), ">", threshold,
+                                     note=f"{top} vs {bottom}", differs_here=differs_here, id=id)

@@ -1,0 +1,4 @@
+"""Lesson 04 · Data pipelines and sharding (``notebooks/04_data_pipeline_sharding.ipynb``): ``experiments`` (what the
+notebook measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+
+from . import experiments, exercises

@@ -1,0 +1,4 @@
+"""Lesson 03 · Mixed precision (``notebooks/03_mixed_precision.ipynb``): ``experiments`` (what the notebook measures,
+and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+
+from . import experiments, exercises

@@ -1,0 +1,530 @@
+"""Lesson 03's experiments (mixed precision): what a 16-bit softmax really does to Keras' cross-entropy,
+and the training step whose time and peak memory are compared between float32 and a mixed policy.
+
+The reusable tools they use (peak memory in a fresh process, the recommended policy, timing) are in
+:mod:`course_utils.memory` and :mod:`course_utils.timing`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def confident_logits(rows: int = 4096, num_classes: int = 10, boost: float = 8.0, sigma: float = 3.0, seed: int = 0):
+    """``(logits, labels)`` shaped like a confident classifier's output: normal logits (σ = ``sigma``) plus
+    ``boost`` on class 0, which is the label of every row. float32 numpy arrays (labels int64)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, sigma, size=(rows, num_classes)).astype(np.float32)
+    logits[:, 0] += boost
+    return logits, np.zeros(rows, np.int64)
+
+
+def cross_entropy(logits, labels, logits_dtype: str = "float32", softmax_dtype: str | None = "float32") -> dict:
+    """Keras' ``SparseCategoricalCrossentropy`` per example, and its gradient w.r.t. the float32 logits.
+
+    The logits are first rounded to ``logits_dtype`` (what a mixed model's last Dense layer outputs),
+    then passed through ``keras.activations.softmax`` computed in ``softmax_dtype`` (a layer's compute
+    dtype) and into the loss with ``from_logits=False`` — or, with ``softmax_dtype=None``, straight into
+    the loss with ``from_logits=True``. Returns numpy arrays: ``loss`` (per example), ``grad`` (rows × classes,
+    float32) and ``probs`` (the softmax output as float32; the softmax of the logits when ``from_logits``).
+    """
+    import keras
+    import tensorflow as tf
+
+    z = tf.Variable(tf.constant(logits, tf.float32))
+    with tf.GradientTape() as tape:
+        rounded = tf.cast(z, logits_dtype)
+        if softmax_dtype is None:
+            out = rounded
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)(labels, out)
+            probs = tf.nn.softmax(tf.cast(rounded, tf.float32))
+        else:
+            out = keras.activations.softmax(tf.cast(rounded, softmax_dtype))
+            loss = keras.losses.SparseCategoricalCrossentropy(reduction=None)(labels, out)
+            probs = tf.cast(out, tf.float32)
+    grad = tape.gradient(loss, z)
+    return {"loss": loss.numpy(), "grad": grad.numpy(), "probs": probs.numpy()}
+
+
+def relative_error(value, reference, axis=None):
+    """|value − reference| / |reference|, per row when ``axis`` is given (L1 over that axis)."""
+    import numpy as np
+
+    value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
+    if axis is None:
+        return np.abs(value - reference) / np.abs(reference)
+    return np.abs(value - reference).sum(axis) / np.abs(reference).sum(axis)
+
+
+def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: int = 10, jit: bool = False,
+                  seed: int = 0, strategy: Any = None):
+    """One training step (forward, backward, Adam update) of the course's ``small_cnn`` built under ``policy``, on a
+    fixed global batch of ``batch`` synthetic CIFAR-shaped images, as a zero-argument callable returning the loss.
+    Under ``mixed_float16`` the optimizer is a ``LossScaleOptimizer``. A step for
+    :func:`course_utils.memory.measure_peaks_isolated` and for timing.
+
+    ``strategy`` (default: the current one) is a real data-parallel step: each replica gets its share of the batch,
+    placed on its device, and divides its summed loss by the *global* batch (``tf.nn.compute_average_loss``), so the
+    all-reduced gradients are those of the mean loss over ``batch`` examples. ``jit``: XLA, as the course compiles
+    under a strategy (:func:`course_utils.runtime.whole_step_compiles`): the whole step on a TPU or one replica; under
+    ``MirroredStrategy`` with several replicas each replica's forward and backward pass
+    (:func:`course_utils.runtime.replica_gradients`), the all-reduce and update outside XLA (one XLA cluster over
+    ``strategy.run`` cannot reach the other replicas' variables: keras-team/keras#19005). ``step.xla`` says which
+    (``"none"`` without ``jit``); ``step.model`` and ``step.optimizer`` are the model and its optimizer."""
+    import contextlib
+
+    import keras
+    import tensorflow as tf
+
+    from ... import accumulation, data, models, runtime
+
+    strategy = strategy or tf.distribute.get_strategy()
+    replicas = strategy.num_replicas_in_sync
+    x, y = data.synthetic_cifar(batch, 1, num_classes=num_classes, seed=seed)[0]
+    model = models.build_under_policy(policy, strategy=strategy, width=width, num_classes=num_classes)
+    with strategy.scope():
+        optimizer = keras.optimizers.Adam(1e-3)
+        if policy == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)  # per example: averaged over the global batch
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy (no scope entered): one device, TensorFlow's choice
+        devices = None
+    bounds = [round(i * batch / replicas) for i in range(replicas + 1)]  # each replica's share (as even as it gets)
+
+    def shard(ctx):
+        i = ctx.replica_id_in_sync_group
+        with tf.device(devices[i]) if devices else contextlib.nullcontext():  # on its device: not copied every step
+            share = slice(bounds[i], bounds[i + 1])
+            return tf.identity(tf.constant(x[share])), tf.identity(tf.constant(y[share]))
+
+    inputs = strategy.experimental_distribute_values_from_function(shard)
+
+    def gradients(x, y):
+        with tf.GradientTape() as tape:
+            per_example = tf.cast(loss_fn(y, model(x, training=True)), tf.float32)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
+            scaled = optimizer.scale_loss(loss)  # × the loss scale under mixed_float16, unchanged otherwise
+        return tape.gradient(scaled, model.trainable_variables), loss
+
+    tpu = isinstance(strategy, tf.distribute.TPUStrategy) or "TPU" in type(strategy).__name__
+    if runtime.whole_step_compiles("TPU" if tpu else "", replicas):
+        def replica_step(x, y):
+            grads, loss = gradients(x, y)
+            optimizer.apply(grads, model.trainable_variables)  # all-reduces (SUM) across replicas, then updates
+            return loss
+
+        def whole_step(inputs):
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=inputs), axis=None)
+
+        compiled = tf.function(whole_step, jit_compile=jit)
+        where = "the whole step" if jit else "none"
+    else:
+        replica_gradients = runtime.replica_gradients(gradients, jit)
+
+        def replica_grads(x, y):  # a plain function around the compiled one: strategy.run would lift a tf.function
+            return replica_gradients(x, y)  # passed to it over every replica (one XLA cluster again: mirrored_run.py)
+
+        def split_step(inputs):
+            grads, loss = strategy.run(replica_grads, args=inputs)
+            # LossScaleOptimizer: the finite-or-skip decision taken once, across replicas (lesson 05 §6)
+            applied = accumulation.apply_per_replica_gradients(strategy, optimizer, grads, model.trainable_variables)
+            with tf.control_dependencies([applied]):
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+        compiled = tf.function(split_step)
+        where = "each replica's forward and backward pass, the update outside" if jit else "none"
+
+    def step():
+        return compiled(inputs)
+
+    step.model, step.optimizer, step.xla = model, optimizer, where
+    return step
+
+
+def training_step_peaks(strategy, policies, repeats: int = 3, batch: int = 256, **kwargs) -> dict:
+    """Peak memory of :func:`training_step` per policy, each in isolation
+    (:func:`course_utils.memory.measure_peaks_isolated`), with ``batch`` examples on the measured device: in a fresh
+    process on one device on a CPU; in this process on a TPU or GPU (which belongs to this process), under
+    ``strategy``, whose global batch is then ``batch`` × its replicas, so that replica 0's device, the one measured,
+    holds ``batch``. ``kwargs``: the step's other sizes."""
+    from ... import memory
+
+    fresh = memory.default_device() == "CPU:0"
+    where = {} if fresh else {"strategy": strategy, "batch": batch * strategy.num_replicas_in_sync}
+    variants = {p: {**kwargs, "policy": p, "batch": batch, **where} for p in policies}
+    return memory.measure_peaks_isolated(training_step, variants, repeats=repeats, fresh_process=fresh)
+
+
+# ----------------------------------------------------------------------------------------------
+# The lesson's claims: measure() runs what the notebook measures, claims() turns it into the table
+# ----------------------------------------------------------------------------------------------
+
+# §2: (dtype the logits are rounded to, dtype of the softmax; None: no softmax, from_logits=True)
+SOFTMAX_VARIANTS = {
+    "reference: float32 logits and softmax": ("float32", "float32"),
+    "bfloat16 softmax": ("bfloat16", "bfloat16"),
+    "bfloat16 logits, float32 softmax": ("bfloat16", "float32"),
+    "bfloat16 logits, from_logits=True": ("bfloat16", None),
+}
+
+
+def variant_stats(result: dict, reference: dict) -> dict:
+    """§2's figures for one :func:`cross_entropy` result against the float32 reference: the share of rows whose
+    p₀ is exactly 1.0, rows with an all-zero gradient, the loss's median and largest relative error, the
+    gradient's median error, distinct confidences above 0.99 (and how many rows are that confident), and the
+    largest |row sum − 1|."""
+    import numpy as np
+
+    p = result["probs"]
+    top = p.max(axis=1)
+    return dict(
+        ones=float(np.mean(p[:, 0] == 1.0)), zero_grad=int(np.sum(np.all(result["grad"] == 0, axis=1))),
+        loss_med=float(np.median(relative_error(result["loss"], reference["loss"]))),
+        loss_max=float(np.max(relative_error(result["loss"], reference["loss"]))),
+        grad_med=float(np.median(relative_error(result["grad"], reference["grad"], axis=1))),
+        distinct=len(np.unique(top[top > 0.99])), confident=int(np.sum(top > 0.99)),
+        sum_err=float(np.max(np.abs(p.sum(axis=1) - 1))))
+
+
+def _softmax_figures(num_classes: int, seed: int) -> dict:
+    """§2 as the notebook computes it: the four variants on 4,096 confident rows, and what the claims read."""
+    import numpy as np
+
+    logits, labels = confident_logits(4096, num_classes, seed=seed)
+    ce = {name: cross_entropy(logits, labels, *dtypes) for name, dtypes in SOFTMAX_VARIANTS.items()}
+    ref = ce["reference: float32 logits and softmax"]
+    stats = {name: variant_stats(r, ref) for name, r in ce.items()}
+    at_one = ce["bfloat16 softmax"]["probs"][:, 0] == 1.0
+    loss_at_one = ce["bfloat16 softmax"]["loss"][at_one]
+    zero_rows = np.all(ce["bfloat16 softmax"]["grad"] == 0, axis=1)
+    return dict(
+        stats=stats,
+        loss_at_one_min=float(loss_at_one.min()) if at_one.any() else float("nan"),
+        zero_rows=int(zero_rows.sum()),
+        zero_at_one=float(np.mean(zero_rows[at_one])) if at_one.any() else 0.0,
+        zero_ref_loss=float(ref["loss"][zero_rows].max()) if zero_rows.any() else 0.0,
+        same_as_logits=bool(np.array_equal(ce["bfloat16 logits, float32 softmax"]["loss"],
+                                           ce["bfloat16 logits, from_logits=True"]["loss"])))
+
+
+def model_losses(mixed_model, num_classes: int, seed: int) -> tuple[dict, str]:
+    """§2: ``small_cnn`` under mixed_bfloat16 on 64 fixed images — the loss of its float32 softmax output and the
+    ``from_logits=True`` loss of its bfloat16 logits, in eager mode, in a ``tf.function`` and under XLA
+    (``{how: (softmax-output loss, from-logits loss)}``), and the logits' dtype."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    logits_model = keras.Model(mixed_model.inputs, mixed_model.layers[-2].output)  # up to the bfloat16 logits
+    x_few = tf.constant(np.random.default_rng(seed).integers(0, 256, (64, 32, 32, 3)), tf.uint8)
+    y_few = tf.constant(np.arange(64) % num_classes)
+    probs_loss = keras.losses.SparseCategoricalCrossentropy()
+    logits_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def both_losses():
+        return probs_loss(y_few, mixed_model(x_few)), logits_loss(y_few, logits_model(x_few))
+
+    losses = {"eager": both_losses(), "tf.function": tf.function(both_losses)(),
+              "XLA": tf.function(both_losses, jit_compile=True)()}
+    return losses, str(logits_model.output.dtype)
+
+
+COMPILE_CASES = ("mixed_float16 per layer", "clone of a mixed_float16 model",
+                 "mixed_float16, given a LossScaleOptimizer")
+
+
+def optimizer_name(optimizer) -> str:
+    """``"Adam"``, or ``"LossScaleOptimizer(Adam)"`` for a wrapper (its inner optimizer in brackets)."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return type(optimizer).__name__ + (f"({optimizer_name(inner)})" if inner is not None else "")
+
+
+def compile_wraps(build, strategy) -> dict:
+    """§3: the optimizer ``compile`` (in ``strategy.scope()``) leaves on a tiny model (:func:`optimizer_name`): built
+    under each global policy with ``build(policy, make)``; then, under the float32 global policy, one whose layer is
+    given ``dtype="mixed_float16"``, a ``clone_model`` of the mixed_float16 model, and the mixed_float16 model compiled
+    with a ``LossScaleOptimizer`` already. Keras wraps when the *model's* policy — the global one when the model was
+    constructed — is mixed_float16 and the optimizer is not a ``LossScaleOptimizer`` yet (``Trainer.compile``)."""
+    import keras
+
+    def tiny_net(**layer_kwargs):
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, **layer_kwargs)])
+
+    def compiled(model, wrap=False):
+        with strategy.scope():
+            optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()) if wrap else "adam"
+            model.compile(optimizer=optimizer, loss="mse")
+        return optimizer_name(model.optimizer)
+
+    wrapped = {policy: compiled(build(policy, tiny_net)) for policy in ("float32", "mixed_bfloat16", "mixed_float16")}
+    with strategy.scope():  # the global policy is float32 here
+        per_layer, clone = tiny_net(dtype="mixed_float16"), keras.models.clone_model(build("mixed_float16", tiny_net))
+    wrapped[COMPILE_CASES[0]] = compiled(per_layer)
+    wrapped[COMPILE_CASES[1]] = compiled(clone)
+    wrapped[COMPILE_CASES[2]] = compiled(build("mixed_float16", tiny_net), wrap=True)
+    return wrapped
+
+
+def tiny_dense(build, policy: str):
+    """§3: a ``Dense(64)`` on 64 inputs under ``policy`` (``build(policy, make)``: in the strategy's scope), the same
+    initial weights every time."""
+    import keras
+
+    return build(policy, lambda: keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(64, kernel_initializer=keras.initializers.GlorotUniform(seed=1))]))
+
+
+def small_gradient_data(seed: int):
+    """§3: 256 fixed inputs and targets for :func:`small_loss`."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.normal(size=(256, 64)).astype(np.float32)),
+            tf.constant(rng.normal(0, 0.1, size=(256, 64)).astype(np.float32)))
+
+
+def small_loss(y, pred):
+    """§3: a loss whose gradients are tiny (weighted by 10⁻⁵, standing in for what deep layers receive)."""
+    import tensorflow as tf
+
+    return 1e-5 * tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
+
+
+def kernel_gradient(model, x, y, optimizer=None):
+    """§3: the gradient of :func:`small_loss` w.r.t. the Dense kernel — of the loss scaled by ``optimizer`` (a
+    ``LossScaleOptimizer``) when given, then unscaled — as float32 NumPy, and all the gradients as computed."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        loss = small_loss(y, model(x))
+        target = optimizer.scale_loss(loss) if optimizer else loss
+    grads = tape.gradient(target, model.trainable_variables)
+    scale = float(optimizer.dynamic_scale.numpy()) if optimizer else 1.0  # .numpy(): float() fails on a MirroredVariable
+    return grads[0].numpy() / scale, grads
+
+
+def output_gradient(model, x, y, scale: float = 1.0):
+    """§3: the gradient of ``scale`` × :func:`small_loss` w.r.t. the layer's output tensor (float16 under
+    mixed_float16): the first gradient the backward pass computes."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        pred = model(x)
+        tape.watch(pred)
+        loss = scale * small_loss(y, pred)
+    return tape.gradient(loss, pred)
+
+
+def _loss_scaling_figures(build, strategy, seed: int) -> dict:
+    """§3 as the notebook computes it: a Dense(64)'s kernel gradient of a tiny loss in float32, in float16 without
+    and with loss scaling, and the float16 gradient at the layer's output; then one update through apply and
+    through apply_gradients of a LossScaleOptimizer."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    x_small, y_small = small_gradient_data(seed)
+    model32, model16 = tiny_dense(build, "float32"), tiny_dense(build, "mixed_float16")
+    model16.set_weights(model32.get_weights())
+    g32, _ = kernel_gradient(model32, x_small, y_small)
+    g16, _ = kernel_gradient(model16, x_small, y_small)
+    with strategy.scope():
+        lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        lso.build(model16.trainable_variables)
+    g16_scaled, _ = kernel_gradient(model16, x_small, y_small, lso)
+    up32, up16 = output_gradient(model32, x_small, y_small), output_gradient(model16, x_small, y_small)
+
+    def one_update(call):
+        w = tf.Variable([1.0])
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+        opt.build([w])
+        call(opt, [tf.constant([0.5]) * opt.dynamic_scale], [w])
+        return float(1.0 - w.numpy()[0])
+
+    return dict(
+        zero_unscaled=float(np.mean(g16 == 0)), zero_scaled=float(np.mean(g16_scaled == 0)),
+        scaled_err=float(np.abs(g16_scaled - g32).max() / np.abs(g32).max()),
+        upstream_zero=float(np.mean(up16.numpy() == 0)), up32_median=float(np.median(np.abs(up32))),
+        updates={"apply": one_update(lambda opt, g, v: opt.apply(g, v)),
+                 "apply_gradients": one_update(lambda opt, g, v: opt.apply_gradients(zip(g, v)))})
+
+
+def measure(lab) -> dict:
+    """Everything lesson 03's claims need, measured the way the notebook measures it: §4's training steps are
+    compiled with XLA when ``lab.jit`` (as the notebook does with ``COURSE_JIT=1``, and a TPU always). The notebook
+    computes the same entries section by section and passes them to :func:`claims`."""
+    import functools
+
+    from ... import memory, models, timing
+    from ..bfloat16_conversion import experiments as conversion
+
+    cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
+    strategy = rt.strategy
+    build = functools.partial(models.build_under_policy, strategy=strategy, num_classes=sizes.num_classes,
+                              width=sizes.model_width)
+    out: dict = {"kind": rt.kind, "jit": lab.jit}
+
+    lab.progress("§1-3: dtypes per layer, the softmax in bfloat16, loss scaling")
+    mixed_model = build("mixed_bfloat16")
+    hidden = mixed_model.layers[:-1]
+    out["hidden_dtypes"] = [(layer.compute_dtype, layer.variable_dtype) for layer in hidden]
+    out.update(_softmax_figures(sizes.num_classes, cfg.seed))
+    losses, _ = model_losses(mixed_model, sizes.num_classes, cfg.seed)
+    out["model_uses_logits"] = all(float(a) == float(b) for a, b in losses.values())
+    out["wrapped"] = compile_wraps(build, strategy)
+    out.update(_loss_scaling_figures(build, strategy, cfg.seed))
+
+    mixed_policy, _ = memory.recommended_policy(rt)
+    cpu_bf16, _ = memory.cpu_bf16_support()
+    policies = ("float32", mixed_policy)
+    mem_batch = 2 * sizes.memory_batch
+    step_sizes = dict(width=sizes.model_width, num_classes=sizes.num_classes, jit=lab.jit, seed=cfg.seed)
+    lab.progress(f"§4: training-step peak memory, float32 vs {mixed_policy}, each in isolation "
+                 f"({'with' if lab.jit else 'without'} XLA)")
+    out["peaks"] = training_step_peaks(strategy, policies, batch=mem_batch, **step_sizes)
+    estimates = {p: memory.estimate_training_memory(build(p), mem_batch, optimizer="adam") for p in policies}
+    out["act_ratio"] = estimates[mixed_policy].activations / estimates["float32"].activations
+    out["state_equal"] = (estimates[mixed_policy].total - estimates[mixed_policy].activations
+                          == estimates["float32"].total - estimates["float32"].activations)
+    out["xla_upcasts"] = bool(lab.jit and rt.kind == "CPU" and "f32" in conversion.xla_convolution_dtypes(
+        "bfloat16", width=sizes.model_width))
+
+    time_batch = sizes.per_replica_batch * strategy.num_replicas_in_sync
+    lab.progress(f"§4: step time, float32 vs {mixed_policy}, 5 interleaved rounds")
+    steps = {p: training_step(p, batch=time_batch, strategy=strategy, **step_sizes) for p in policies}
+    out["speedup"] = timing.speedup_samples(steps["float32"], steps[mixed_policy], rounds=5, repeats=2)
+    out.update(mixed_policy=mixed_policy, cpu_bf16=cpu_bf16, mem_batch=mem_batch, time_batch=time_batch,
+               step_xla=steps["float32"].xla)
+    return out
+
+
+# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+MEASURED_BY = {
+    "03.policy_lowers_step_peak": training_step_peaks,
+    "03.mixed_policy_dtypes": measure,
+    "03.saturated_probability_harmless": _softmax_figures,
+    "03.bfloat16_softmax_coarse": _softmax_figures,
+    "03.loss_uses_logits": model_losses,
+    "03.loss_error_from_bfloat16_logits": _softmax_figures,
+    "03.compile_wraps_loss_scale_optimizer": compile_wraps,
+    "03.float16_gradients_underflow": kernel_gradient,
+    "03.underflow_at_layer_output": output_gradient,
+    "03.apply_gradients_in_keras3": _loss_scaling_figures,
+    "03.policy_halves_activations": "course_utils.memory:estimate_training_memory",
+    "03.policy_faster_on_accelerator": training_step,
+    "03.mixed_float16_slow_on_cpu": None,  # not run on purpose
+}
+
+
+def claims(r: dict) -> list:
+    """Lesson 03's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    from ... import report
+
+    mixed_policy, peaks = r["mixed_policy"], r["peaks"]
+    bf, f32_out = r["stats"]["bfloat16 softmax"], r["stats"]["bfloat16 logits, float32 softmax"]
+    xla = "with XLA" if r["jit"] else "without XLA"
+    step_xla = r["step_xla"]  # what XLA compiled of the timed step ("none" without XLA)
+    speed_xla = xla if step_xla == "none" else f"{xla}: {step_xla}"
+    on_accelerator = r["kind"] in ("TPU", "GPU", "multi-GPU")
+    measurable = peaks["float32"].peak_bytes > 0
+    cpu_why = ("XLA on this CPU computes the bfloat16 convolutions in float32, plus the casts" if r["xla_upcasts"]
+               else "CPUs without bfloat16 units (no avx512_bf16/AMX flag) convert to and from bfloat16 in software"
+               if r["cpu_bf16"] is False else "oneDNN's bfloat16 kernels on this CPU do not beat float32 for this "
+               "small model")
+    speed_differs = "" if on_accelerator else (f"{cpu_why}; expect > 1× on an Ampere+ GPU (16-bit tensor cores) and "
+                                                "≥ 1× on a TPU (half the memory traffic)")
+    hidden = r["hidden_dtypes"]
+    updates, wrapped = r["updates"], r["wrapped"]
+    equal_losses = r["same_as_logits"] and r["model_uses_logits"]
+
+    peak_text = (f"{mixed_policy} lowers the peak memory of a training step (measured in isolation)", "§4",
+                 "< 0.95× without XLA and on a TPU; ≈ 1× with XLA on a CPU")
+    if measurable:
+        peak_ratio = [m / max(1, f) for m, f in zip(peaks[mixed_policy].samples or [peaks[mixed_policy].peak_bytes],
+                                                    peaks["float32"].samples or [peaks["float32"].peak_bytes])]
+        peak_claim = report.Claim.from_samples(
+            *peak_text, peak_ratio, "<", 0.95, note=f"{xla}; batch {r['mem_batch']}; {peaks['float32'].method}",
+            differs_here=("XLA's CPU backend computes bfloat16 convolutions in float32 (lesson 02); expect < 1× on a "
+                          "TPU, which computes in bfloat16 in hardware") if r["xla_upcasts"] else "",
+            id="03.policy_lowers_step_peak")
+    else:  # no peak to read here: not measurable, never a pass
+        peak_claim = report.Claim(*peak_text, "—", None, note="this runtime reports no peak memory",
+                                  id="03.policy_lowers_step_peak")
+
+    out = [
+        report.Claim("Under a mixed policy layers compute in 16 bits and keep float32 variables",
+                     "Keras mixed precision guide; §1", "compute bfloat16, variables float32",
+                     f"hidden layers: compute {hidden[0][0]}, variables {hidden[0][1]}",
+                     all(c == "bfloat16" and v == "float32" for c, v in hidden), id="03.mixed_policy_dtypes"),
+        report.Claim("A bfloat16 probability of exactly 1.0 does not make Keras' loss or gradient 0 (it clips to "
+                     "[1e-7, 1 − 1e-7] and renormalises); a gradient vanishes only where the float32 loss is < 1e-6",
+                     "Keras 3 nn.py sparse_categorical_crossentropy; §2",
+                     "rows with p₀ = 1.0: loss > 0, < 1% with zero gradient; those rows' float32 loss < 1e-6",
+                     f"p₀ = 1.0 in {bf['ones']:.1%} of rows; smallest loss {r['loss_at_one_min']:.1e}; "
+                     f"zero gradient: {r['zero_rows']} rows ({r['zero_at_one']:.2%}), "
+                     f"float32 loss ≤ {r['zero_ref_loss']:.1e}",
+                     bool(bf["ones"] > 0 and r["loss_at_one_min"] > 0 and r["zero_at_one"] < 0.01
+                          and r["zero_ref_loss"] < 1e-6), id="03.saturated_probability_harmless"),
+        report.Claim("A bfloat16 softmax's probabilities are coarse: few distinct confidences above 0.99, rows off 1 "
+                     "by up to ~1%", "bfloat16 format (steps of 2⁻⁸ below 1); §2",
+                     "≤ 4 distinct values; |sum − 1| > 0.1%",
+                     f"{bf['distinct']} distinct (float32 softmax: {f32_out['distinct']}); |sum − 1| up to "
+                     f"{bf['sum_err']:.4f}", bf["distinct"] <= 4 < f32_out["distinct"] and bf["sum_err"] > 1e-3,
+                     id="03.bfloat16_softmax_coarse"),
+        report.Claim("Keras' loss uses a float32 softmax output's logits (= from_logits=True); a cast bfloat16 output "
+                     "goes through clip-and-log", "Keras 3 nn.py _get_logits; §2",
+                     "equal losses (table and model, eager/graph/XLA); bfloat16 softmax's largest error > 5× the "
+                     "other's", f"equal: {equal_losses}; largest loss error {bf['loss_max']:.0%} vs "
+                     f"{f32_out['loss_max']:.0%}", equal_losses and bf["loss_max"] > 5 * f32_out["loss_max"],
+                     id="03.loss_uses_logits"),
+        report.Claim("The typical loss error comes from the bfloat16 logits: a float32 softmax does not lower it much",
+                     "§2", "median error with float32 softmax ≥ 0.5 × with bfloat16 softmax",
+                     f"median {f32_out['loss_med']:.2%} vs {bf['loss_med']:.2%}",
+                     f32_out["loss_med"] >= 0.5 * bf["loss_med"], id="03.loss_error_from_bfloat16_logits"),
+        report.Claim("compile wraps the optimizer in a LossScaleOptimizer only for a model constructed under the "
+                     "global mixed_float16 policy — not for mixed_float16 set per layer or a clone made under "
+                     "float32 — and never wraps one twice", "Keras 3 Trainer.compile; §3",
+                     "mixed_float16: LossScaleOptimizer(Adam), given one: the same; every other case: Adam",
+                     ", ".join(f"{p}: {o}" for p, o in wrapped.items()),
+                     wrapped == {"float32": "Adam", "mixed_bfloat16": "Adam",
+                                 "mixed_float16": "LossScaleOptimizer(Adam)",
+                                 COMPILE_CASES[0]: "Adam", COMPILE_CASES[1]: "Adam",
+                                 COMPILE_CASES[2]: "LossScaleOptimizer(Adam)"},
+                     id="03.compile_wraps_loss_scale_optimizer"),
+        report.Claim("Small float16 gradients underflow to 0 without loss scaling; scaled, they match float32", "§3",
+                     "100% zeros → 0% zeros, error < 5%",
+                     f"{r['zero_unscaled']:.0%} zeros → {r['zero_scaled']:.0%} zeros, error {r['scaled_err']:.2%}",
+                     r["zero_unscaled"] == 1.0 and r["zero_scaled"] == 0.0 and r["scaled_err"] < 0.05,
+                     id="03.float16_gradients_underflow"),
+        report.Claim("Without loss scaling the float16 gradient at the layer output underflows to 0", "§3",
+                     "100% zeros", f"{r['upstream_zero']:.0%} zeros (float32 median |g| {r['up32_median']:.0e})",
+                     r["upstream_zero"] == 1.0, id="03.underflow_at_layer_output"),
+        report.Claim("apply_gradients still exists in Keras 3, and on a LossScaleOptimizer it unscales like apply",
+                     "Keras 3 base_optimizer.py; §3", "both updates 0.5",
+                     ", ".join(f"{k}: {v:g}" for k, v in updates.items()),
+                     updates["apply"] == updates["apply_gradients"] == 0.5, id="03.apply_gradients_in_keras3"),
+        report.Claim(f"{mixed_policy} halves the activation bytes and leaves weights, gradients and Adam state "
+                     "unchanged", "Keras mixed precision guide; §4 (counted)",
+                     "activations ≈ 0.5× (< 0.6×); state equal",
+                     f"activations {r['act_ratio']:.2f}×; state {'equal' if r['state_equal'] else 'differs'}",
+                     r["act_ratio"] < 0.6 and r["state_equal"], id="03.policy_halves_activations"),
+        peak_claim,
+        report.Claim.from_samples(
+            f"{mixed_policy} trains faster than float32 on a GPU with 16-bit tensor cores (a TPU: from halved memory "
+            "traffic); slower on a CPU without bf16 instructions",
+            "Cloud TPU bfloat16 / NVIDIA mixed-precision docs; §4",
+            "GPU (Ampere+): > 1×, often 1.5–3×; TPU: ≥ 1×; CPU without bf16: < 1×", r["speedup"], ">", 1.0,
+            note=f"{speed_xla}; batch {r['time_batch']}; bf16 instructions: {r['cpu_bf16']}",
+            differs_here=speed_differs, id="03.policy_faster_on_accelerator"),
+        report.Claim("mixed_float16 on a CPU is much slower than float32", "TensorFlow CPU kernels (oneDNN): no fast "
+                     "float16 convolution gradients; §4", "many times slower",
+                     "not run on purpose", None, "not measured here (authors' 2-core CPU: ~40×)",
+                     id="03.mixed_float16_slow_on_cpu"),
+    ]
+    return report.placed(out, "03", MEASURED_BY)

@@ -1,0 +1,4 @@
+"""Lesson 01 · TPU initialization (``notebooks/01_tpu_initialization.ipynb``): ``experiments`` (what the notebook
+measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+
+from . import experiments, exercises

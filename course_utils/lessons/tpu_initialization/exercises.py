@@ -1,0 +1,505 @@
+"""Exercise bank "tpu_initialization" (lesson 01: TPU initialization and distribution strategies)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...exercises import (Exercise, ExerciseBank, Incorrect, call_learner, describe, error, require_callable,
+                          require_int)
+
+# ----------------------------------------------------------------------------------------------
+# Bank "tpu_initialization" (lesson: TPU initialization and distribution strategies)
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_replicas_on_v5e(answer: Any) -> str:
+    n = require_int(answer, "an int (a number of replicas)")
+    if n == 8:
+        raise Incorrect(
+            "8 is what the retired v2-8 runtime reported (4 chips × 2 TensorCores = 8 replicas); "
+            "v5e-1 is one chip with one TensorCore, and TPUStrategy makes one replica per TensorCore."
+        )
+    if n != 1:
+        raise Incorrect(
+            f"{n} is not it: v5e-1 has a single chip with a single TensorCore, and TPUStrategy makes one "
+            "replica per TensorCore. (If your current runtime reports a different number: "
+            "the question is about v5e-1.)"
+        )
+    return (
+        "v5e-1 is one chip with one TensorCore, so `strategy.num_replicas_in_sync == 1`. "
+        "Code that reads it instead of assuming 8 runs unchanged on any TPU, GPU or CPU."
+    )
+
+
+class _FakeExtended:
+    """``strategy.extended`` of the fake strategy: one worker device per replica, like a real strategy."""
+
+    def __init__(self, n: int):
+        self.worker_devices = tuple(f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(n))
+
+    def __getattr__(self, item: str):
+        raise AttributeError(
+            f"the test strategy's `extended` only has `worker_devices` (you asked for `{item}`); "
+            "`strategy.num_replicas_in_sync` is all the global batch size needs"
+        )
+
+
+class _FakeStrategy:
+    """Stands in for a strategy with ``n`` replicas when checking ``global_batch_size``."""
+
+    def __init__(self, n: int):
+        self.num_replicas_in_sync = n
+        self.extended = _FakeExtended(n)
+
+    def __getattr__(self, item: str):
+        raise AttributeError(
+            f"the test strategy only has `num_replicas_in_sync` (you asked for `{item}`); "
+            "the global batch size needs nothing else"
+        )
+
+    def __repr__(self) -> str:
+        return f"<strategy with {self.num_replicas_in_sync} replicas>"
+
+
+# (per-replica batch, replicas): the first case is the one quoted in messages.
+_BATCH_CASES = ((64, 4), (128, 8), (64, 1), (128, 1), (128, 4), (64, 8))
+
+
+def _check_global_batch_size(answer: Any) -> str:
+    fn = require_callable(answer, "global_batch_size(per_replica_batch, strategy)", arity=2)
+    got = {}
+    for per, n in _BATCH_CASES:
+        got[per, n] = call_learner(
+            fn,
+            per,
+            _FakeStrategy(n),
+            shown_as=f"global_batch_size({per}, <strategy with {n} replicas>)",
+            on_error="Check that you read `strategy.num_replicas_in_sync` (an attribute, not a method call).",
+        )
+    import numbers
+
+    def is_number(v):  # a plain number that arithmetic below cannot overflow on
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            return False
+        if isinstance(v, numbers.Integral):
+            return int(v).bit_length() <= 63
+        return isinstance(v, float) and math.isfinite(v)
+
+    def show(v):  # small ints and floats as themselves, anything else described (never repr: it may fail)
+        if is_number(v) and isinstance(v, int):
+            return int.__repr__(v)
+        if is_number(v) and isinstance(v, float):
+            return float.__repr__(v)
+        return describe(v)
+
+    wrong = [(per, n, v) for (per, n), v in got.items() if not (is_number(v) and v == per * n)]
+    per0, n0, value0 = wrong[0] if wrong else (0, 0, None)
+    quote = (
+        f"for {n0} replicas and per-replica batch {per0} you returned {show(value0)}, expected {per0 * n0}"
+    )
+
+    values = got.values()
+    if wrong and all(is_number(v) for v in values):
+        if all(v == per for (per, n), v in got.items()):
+            raise Incorrect(
+                f"your function ignores the number of replicas: {quote}. Each replica gets its own "
+                "per-replica batch, so multiply by the `strategy` argument's `num_replicas_in_sync`."
+            )
+        if all(v == per * 8 for (per, n), v in got.items()):
+            raise Incorrect(
+                f"your function assumes 8 replicas (the retired v2-8): {quote}. "
+                "Use `strategy.num_replicas_in_sync`; on Colab's v5e-1 it is 1."
+            )
+        if all(v in (per // n, per / n) for (per, n), v in got.items()):
+            raise Incorrect(
+                f"you divided: {quote}. Each replica processes a full per-replica batch, "
+                "so per-replica × replicas = global."
+            )
+        factors = {v / per for (per, n), v in got.items()}
+        if len(factors) == 1:
+            raise Incorrect(
+                f"your function always multiplies by {factors.pop():g}: {quote}. Use the `strategy` "
+                "argument's `num_replicas_in_sync`, not a fixed number or the notebook's own `strategy`."
+            )
+    for (per, n), value in got.items():
+        if require_int(value, "an int (the global batch size)") != per * n:
+            raise Incorrect(
+                f"for {n} replicas and per-replica batch {per} you returned {show(value)}, "
+                f"expected {per * n}. Global batch = per-replica batch × `strategy.num_replicas_in_sync`."
+            )
+    return (
+        "global batch = per-replica batch × `strategy.num_replicas_in_sync`. "
+        "This global size is what you pass to `dataset.batch()` before `experimental_distribute_dataset`."
+    )
+
+
+def _check_build_in_scope(answer: Any, strategy: Any) -> str:
+    if not (hasattr(strategy, "scope") and hasattr(strategy, "extended")):
+        raise error(
+            f"`strategy=` must be the tf.distribute strategy from the setup cell, got {describe(strategy)}. "
+            "Call it as `ex.build_in_scope.check(make_model, strategy=strategy)`."
+        )
+    import keras
+    import tensorflow as tf
+
+    if isinstance(answer, keras.Model):
+        raise Incorrect(
+            "you passed a model, not the function: pass `make_model` itself, "
+            "check calls `make_model(strategy)` so it can see where the model is built."
+        )
+    fn = require_callable(answer, "make_model(strategy)", arity=1)
+    if not tf.distribute.has_strategy() and strategy is tf.distribute.get_strategy():
+        # The default strategy owns every variable, so "built outside the scope" could not be seen with it:
+        # check with a real one-device strategy instead (the learner's code must use the one it is given).
+        strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    model = call_learner(
+        fn,
+        strategy,
+        shown_as="make_model(strategy)",
+        on_error="Check the model definition and that `compile()` gets an optimizer and a loss.",
+    )
+    if not isinstance(model, keras.Model):
+        raise Incorrect(
+            f"Expected `make_model` to return a keras.Model, got {describe(model)}; "
+            "`return model` at the end."
+        )
+    weights = list(model.weights)
+    if not weights:
+        raise Incorrect(
+            "your model has no weights yet, so nothing was created in the scope; give it an input shape "
+            "(start with `keras.Input(shape=(32, 32, 3))`) so its weights are created inside "
+            "`strategy.scope()`."
+        )
+    optimizer = getattr(model, "optimizer", None)  # Keras 3: no attribute at all before compile()
+    if optimizer is None:
+        raise Incorrect(
+            "the model is not compiled: call `model.compile(optimizer='adam', loss=...)` "
+            "inside the `with strategy.scope():` block, before returning the model."
+        )
+    if getattr(model, "loss", None) is None:
+        raise Incorrect(
+            "the model was compiled without a loss, so `fit` cannot train it: pass one to `compile()`, e.g. "
+            "`loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)`."
+        )
+    _check_shapes(model)
+    outside = [w for w in weights if not strategy.extended.variable_created_in_scope(getattr(w, "value", w))]
+    if outside:
+        raise Incorrect(
+            f"the model was built outside `strategy.scope()`: {len(outside)} of {len(weights)} weights "
+            f"(e.g. `{outside[0].path}`) do not belong to this strategy: with one replica the model silently "
+            "ignores the strategy, with several `fit` fails. Create the model inside `with strategy.scope():`, "
+            "using the `strategy` passed to `make_model`."
+        )
+    if not _optimizer_in_scope(optimizer, strategy):
+        raise Incorrect(
+            "the optimizer was created outside the scope (an optimizer object made before the `with` block, "
+            "or `compile()` called after it); once it creates its state (Adam's moments, momentum) `fit` fails "
+            "with 'Mixing different tf.distribute.Strategy objects'. Create it inside the scope, or pass a "
+            "string like `optimizer='adam'` to `compile()` "
+            "inside the scope."
+        )
+    return (
+        "every weight and the optimizer were created inside `strategy.scope()`, "
+        "so `fit` can mirror the variables and update them on every replica."
+    )
+
+
+def _check_shapes(model: Any) -> None:
+    """The model must take 32×32×3 images and give one output per class (at least two)."""
+    import keras
+
+    try:
+        inputs = list(model.inputs)  # Sequential/functional models; a subclassed model has no `inputs`
+        input_shape = tuple(inputs[0].shape) if len(inputs) == 1 else None
+    except Exception:  # noqa: BLE001
+        input_shape = None
+    fits = input_shape is not None and len(input_shape) == 4 and all(
+        d is None or d == want for d, want in zip(input_shape[1:], (32, 32, 3))
+    )  # `keras.Input(shape=(None, None, 3))` takes 32×32×3 images too
+    if input_shape is not None and not fits:
+        raise Incorrect(
+            f"your model takes inputs of shape {_shape_text(input_shape[1:])}, but the course's images are "
+            "32×32×3: start the model with `keras.Input(shape=(32, 32, 3))`."
+        )
+    try:  # symbolic: no computation, nothing placed on a device
+        output = model.compute_output_spec(keras.KerasTensor((2, 32, 32, 3)))
+        output_shape = tuple(output.shape)
+    except Exception:  # noqa: BLE001 - cannot tell symbolically: fit would tell them
+        if input_shape is None:
+            return
+        raise Incorrect(
+            "your model cannot take a batch of 32×32×3 images; start it with `keras.Input(shape=(32, 32, 3))` "
+            "and check its layers."
+        ) from None
+    units = output_shape[-1] if len(output_shape) == 2 else None
+    if units is None or units < 2:
+        raise Incorrect(
+            f"your model's output has shape {_shape_text(output_shape)} for a batch of 2 images; a classifier "
+            "needs one output per class for each image (10 for CIFAR-10): end it with `keras.layers.Dense(10)`."
+        )
+
+
+def _shape_text(shape: Any) -> str:
+    return "(" + ", ".join("None" if d is None else str(int(d)) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _optimizer_in_scope(optimizer: Any, strategy: Any) -> bool:
+    """Whether the optimizer (and a wrapped inner one, e.g. LossScaleOptimizer) belongs to ``strategy``.
+
+    Keras 3's TensorFlow optimizer records ``tf.distribute.get_strategy()`` at construction in
+    ``_distribution_strategy`` (keras/src/backend/tensorflow/optimizer.py); ``fit`` later raises
+    "Mixing different tf.distribute.Strategy objects" if that is not the model's strategy. If a
+    future Keras renames it, fall back to where its step counter variable was created.
+    """
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if opt is None:
+            continue
+        owner = getattr(opt, "_distribution_strategy", None)
+        if owner is not None:
+            if owner is not strategy:
+                return False
+        elif getattr(opt, "iterations", None) is not None:
+            step = getattr(opt.iterations, "value", opt.iterations)
+            if not strategy.extended.variable_created_in_scope(step):
+                return False
+    return True
+
+
+# References and typical wrong answers (tests use them; notebooks never see them).
+
+
+def _global_batch_size_reference(per_replica_batch, strategy):
+    return per_replica_batch * strategy.num_replicas_in_sync
+
+
+def _small_model():
+    import keras
+
+    return keras.Sequential(
+        [keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)]
+    )
+
+
+def _compile(model, optimizer="adam"):
+    import keras
+
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _make_model_reference(strategy):
+    with strategy.scope():
+        return _compile(_small_model())
+
+
+def _make_model_built_outside(strategy):
+    model = _small_model()
+    with strategy.scope():
+        return _compile(model)
+
+
+def _make_model_optimizer_outside(strategy):
+    import keras
+
+    optimizer = keras.optimizers.Adam(1e-3)
+    with strategy.scope():
+        return _compile(_small_model(), optimizer)
+
+
+def _make_model_compiled_after_scope(strategy):
+    with strategy.scope():
+        model = _small_model()
+    return _compile(model)
+
+
+def _make_model_not_compiled(strategy):
+    with strategy.scope():
+        return _small_model()
+
+
+def _make_model_no_input_shape(strategy):
+    import keras
+
+    with strategy.scope():
+        return _compile(keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10)]))
+
+
+def _make_model_no_loss(strategy):
+    with strategy.scope():
+        model = _small_model()
+        model.compile(optimizer="adam")
+    return model
+
+
+def _make_model_mnist_input(strategy):
+    import keras
+
+    with strategy.scope():
+        return _compile(keras.Sequential([keras.Input(shape=(28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]))
+
+
+def _make_model_one_output(strategy):
+    import keras
+
+    with strategy.scope():
+        return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(1)]))
+
+
+def _model_in_default_strategy():
+    import tensorflow as tf
+
+    return _make_model_reference(tf.distribute.get_strategy())
+
+
+def _make_model_returns_layer(strategy):
+    import keras
+
+    with strategy.scope():
+        return keras.layers.Dense(10)
+
+
+EXERCISES = ExerciseBank(
+    "tpu_initialization",
+    [
+        Exercise(
+            name="replicas_on_v5e",
+            question=(
+                "How many replicas does `strategy.num_replicas_in_sync` report on Colab's free TPU "
+                "runtime (v5e-1)?"
+            ),
+            checker=_check_replicas_on_v5e,
+            answer_name="answer",
+            hints=(
+                "TPUStrategy makes one replica per TensorCore. How many chips does a v5e-1 have?",
+                "The old v2-8 had 4 chips × 2 TensorCores = 8 replicas. A v5e chip has one TensorCore.",
+            ),
+            solution_code=(
+                "answer = 1  # v5e-1: 1 chip × 1 TensorCore = 1 replica (the retired v2-8 had 8)\n"
+            ),
+            stub="answer = ...  # an int\n",
+            reference=lambda: 1,
+            wrong_examples=(
+                ("v2-8 count", lambda: 8, "v2-8"),
+                ("string", lambda: "1", "Expected an int (a number of replicas), got str '1'"),
+                ("bool", lambda: True, "got bool True"),
+                ("float", lambda: 1.0, "got float 1.0"),
+                ("other int", lambda: 4, "v5e-1 has a single chip"),
+            ),
+        ),
+        Exercise(
+            name="global_batch_size",
+            question=(
+                "Write `global_batch_size(per_replica_batch, strategy)`: examples per step "
+                "across all replicas."
+            ),
+            checker=_check_global_batch_size,
+            answer_name="global_batch_size",
+            hints=(
+                "Every replica processes its own per-replica batch in each step. "
+                "How many replicas are there? Ask the strategy.",
+                "`strategy.num_replicas_in_sync` is a plain int; the answer is one multiplication.",
+            ),
+            solution_code='''\
+def global_batch_size(per_replica_batch, strategy):
+    """Examples one training step consumes across all replicas."""
+    return per_replica_batch * strategy.num_replicas_in_sync
+''',
+            stub='''\
+def global_batch_size(per_replica_batch, strategy):
+    """Return how many examples one training step consumes across all replicas."""
+    ...  # your code here
+''',
+            reference=lambda: _global_batch_size_reference,
+            wrong_examples=(
+                (
+                    "ignores replicas",
+                    lambda: (lambda per, s: per),
+                    "ignores the number of replicas: for 4 replicas and per-replica batch 64 "
+                    "you returned 64, expected 256",
+                ),
+                ("hard-codes 8", lambda: (lambda per, s: per * 8), "assumes 8 replicas (the retired v2-8)"),
+                ("divides", lambda: (lambda per, s: per // s.num_replicas_in_sync), "you divided"),
+                ("true division", lambda: (lambda per, s: per / s.num_replicas_in_sync), "you divided"),
+                (
+                    "float result",
+                    lambda: (lambda per, s: float(per * s.num_replicas_in_sync)),
+                    "Expected an int (the global batch size), got float",
+                ),
+                ("string result", lambda: (lambda per, s: str(per * 4)), "got str '256'"),
+                (
+                    "fixed factor",
+                    lambda: (lambda per, s: per * 4),
+                    "always multiplies by 4: for 8 replicas and per-replica batch 128 you returned 512, "
+                    "expected 1024",
+                ),
+                ("adds", lambda: (lambda per, s: per + s.num_replicas_in_sync), "expected 256"),
+                ("result, not function", lambda: 256, "Pass the function itself"),
+                ("wrong arity", lambda: (lambda per: per), "define it with exactly 2 parameters"),
+            ),
+        ),
+        Exercise(
+            name="build_in_scope",
+            question=(
+                "Write `make_model(strategy)`: build AND compile a small classifier for 32×32×3 images "
+                "inside `strategy.scope()`."
+            ),
+            checker=_check_build_in_scope,
+            answer_name="make_model",
+            needs=("strategy",),
+            hints=(
+                "Everything that creates variables must run inside `with strategy.scope():` — "
+                "the layers (via `keras.Input`, which builds them) and the optimizer.",
+                "Inside the `with` block: `keras.Sequential([keras.Input(shape=(32, 32, 3)), ...])`, then "
+                "`model.compile(optimizer='adam', loss=...)`; return the model after the block.",
+            ),
+            solution_code='''\
+import keras
+
+def make_model(strategy):
+    with strategy.scope():  # weights AND optimizer must be created in here
+        model = keras.Sequential([
+            keras.Input(shape=(32, 32, 3)),  # an input shape builds the weights now, in the scope
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ])
+        model.compile(
+            optimizer="adam",  # a string: the optimizer is created inside the scope
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    return model
+''',
+            stub='''\
+def make_model(strategy):
+    """Build AND compile a small classifier for 32x32x3 images so it can train under `strategy`."""
+    ...  # your code here: build the model, compile it, return it
+''',
+            reference=lambda: _make_model_reference,
+            wrong_examples=(
+                ("outside scope", lambda: _make_model_built_outside, "built outside `strategy.scope()`"),
+                (
+                    "optimizer object outside",
+                    lambda: _make_model_optimizer_outside,
+                    "Mixing different tf.distribute.Strategy objects",
+                ),
+                (
+                    "compiled after the scope",
+                    lambda: _make_model_compiled_after_scope,
+                    "optimizer was created outside the scope",
+                ),
+                ("not compiled", lambda: _make_model_not_compiled, "not compiled"),
+                ("no input shape", lambda: _make_model_no_input_shape, "input shape"),
+                ("no loss", lambda: _make_model_no_loss, "compiled without a loss"),
+                ("28x28x1 input", lambda: _make_model_mnist_input, "inputs of shape (28, 28, 1)"),
+                ("one output unit", lambda: _make_model_one_output, "one output per class"),
+                (
+                    "returns a layer",
+                    lambda: _make_model_returns_layer,
+                    "Expected `make_model` to return a keras.Model, got an object of type Dense",
+                ),
+                ("model, not function", _model_in_default_strategy, "you passed a model, not the function"),
+            ),
+        ),
+    ],
+)

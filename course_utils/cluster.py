@@ -23,7 +23,6 @@ Exit codes of the command: 0 all tasks succeeded, 1 a task failed or the cluster
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import json
 import math
@@ -38,7 +37,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from . import forkserver
+from . import commandline, forkserver, processes
 
 __all__ = ["ClusterError", "ClusterResult", "free_ports", "launch", "main", "run_cluster", "tf_config"]
 
@@ -46,64 +45,6 @@ TASK_TYPES = ("chief", "worker", "ps")
 MAX_TASKS = 16  # each task starts TensorFlow (~0.5 GB): more than this would only thrash one machine
 MAX_LOG_LINES = 2000  # per task, the last lines kept (a task that prints hundreds of MB must not fill the memory)
 MAX_LINE_CHARS = 4000  # a longer line (or output with no newline) is kept in pieces of this size
-
-# One per cluster: the launcher writes each task's pid (= its process group) to it and "done" when every task is
-# stopped. If its input ends without "done", the launcher died (SIGKILL, a kernel restart): it stops every group.
-_SENTINEL = (
-    "import os, signal, sys, time\n"
-    "for name in ('SIGINT', 'SIGHUP', 'SIGTERM'):\n"
-    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
-    "groups = []\n"
-    "for line in sys.stdin:\n"
-    "    if line.strip() == 'done':\n"
-    "        sys.exit(0)\n"
-    "    if line.strip().isdigit():\n"
-    "        groups.append(int(line))\n"
-    "for sig in (signal.SIGTERM, signal.SIGKILL):\n"
-    "    for group in groups:\n"
-    "        try:\n"
-    "            os.killpg(group, sig)\n"
-    "        except OSError:\n"
-    "            pass\n"
-    "    time.sleep(1)\n"
-)
-
-
-class _Sentinel:
-    """Stops the tasks' process groups when the launcher dies without stopping them (see ``_SENTINEL``)."""
-
-    def __init__(self):
-        self.proc = None
-        if not hasattr(os, "killpg"):
-            return
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-S", "-c", _SENTINEL], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                                         start_new_session=True)  # a closed terminal or Ctrl-C does not stop it
-        except OSError:
-            self.proc = None
-
-    def tell(self, line: str) -> None:
-        if self.proc is not None:
-            try:
-                self.proc.stdin.write(line + "\n")
-                self.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass
-
-    def close(self) -> None:
-        """Every task is stopped: the sentinel ends without doing anything."""
-        if self.proc is None:
-            return
-        self.tell("done")
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            self.proc.kill()
 
 
 class ClusterError(RuntimeError):
@@ -115,14 +56,6 @@ class ClusterError(RuntimeError):
     def __init__(self, message: str, result: "ClusterResult | None" = None):
         super().__init__(message)
         self.result = result
-
-
-class _Stopped(BaseException):
-    """SIGTERM or SIGHUP reached the command line launcher (raised by its handler; every task is then stopped)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 _GIVEN_PORTS: dict[int, float] = {}  # port -> when this process last handed it to a cluster
@@ -222,58 +155,6 @@ class ClusterResult:
         return all(self.returncodes[name] == 0 for name in (self.awaited or self.returncodes))
 
 
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
-
-
-def _stop_all(procs: dict, grace_s: float = 3.0) -> None:
-    """SIGTERM every task's process group, then SIGKILL what is left after ``grace_s``; reap them all.
-
-    A second Ctrl-C while it waits cuts the grace period short: the SIGKILL still goes out, then the
-    interrupt is raised again."""
-    interrupted = None
-    for proc in procs.values():
-        if proc.poll() is None:
-            _kill_group(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    try:
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    except KeyboardInterrupt as exc:
-        interrupted = exc
-    for proc in procs.values():
-        _kill_group(proc, signal.SIGKILL)  # the group: children of the task too, even if the task itself exited
-    for proc in procs.values():
-        while True:
-            try:
-                proc.wait(timeout=10)
-                break
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
-                break
-            except KeyboardInterrupt as exc:  # keep reaping: SIGKILL has been sent, this is quick
-                interrupted = exc
-    deadline = time.monotonic() + 5.0  # SIGKILL is asynchronous: wait (briefly) until each group is empty
-    for proc in procs.values():
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(proc.pid, 0)
-            except (ProcessLookupError, PermissionError, OSError):
-                break
-            try:
-                time.sleep(0.02)
-            except KeyboardInterrupt as exc:
-                interrupted = exc
-                break
-    if interrupted is not None:
-        raise interrupted
-
-
 def _whole(value, message: str) -> int:
     """``value`` as an int when it is a whole number (an int or numpy integer, not a bool, float or str)."""
     if not isinstance(value, bool):
@@ -310,53 +191,10 @@ def _checked_ports(ports, n: int) -> list[int]:
     return out
 
 
-@contextlib.contextmanager
-def _signals_held():
-    """Hold SIGINT, SIGTERM and SIGHUP (main thread only) while a task starts: a Ctrl-C between the start of a
-    process and its entry in the task list would leave that task running. Delivered when the block ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    old = {}
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is None:
-            continue
-        try:
-            old[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
-        except (ValueError, OSError):  # not settable here
-            pass
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        if caught:
-            handler = old.get(caught[0])
-            if callable(handler):
-                handler(caught[0], None)  # Python's SIGINT handler raises KeyboardInterrupt; main()'s, _Stopped
-            elif handler != signal.SIG_IGN:
-                signal.raise_signal(caught[0])  # the default action, now that the task is on the list
-
-
 def _tail(lines: list[str], n: int = 6) -> str:
     """The last ``n`` lines a task printed, without TensorFlow's start-up chatter."""
     lines = [line for line in list(lines) if not TF_NOISE.match(line)]  # list(): a reader may still append
     return "\n".join("    " + line for line in lines[-n:]) or "    (no output)"
-
-
-MIN_INTEROP_THREADS = 2
-
-
-def interop_threads() -> int:
-    """Inter-op threads for a cluster task: TensorFlow's default (one per core this process may use), but at least
-    :data:`MIN_INTEROP_THREADS`. With one core TensorFlow starts one inter-op thread, and a distributed task that
-    blocks it (waiting for a peer's tensor or a scheduled function) has none left to serve its peers: a
-    parameter-server cluster under ``taskset -c 0`` never finished (measured; with 2 threads it runs in seconds)."""
-    from .runtime import usable_cores
-
-    return max(MIN_INTEROP_THREADS, usable_cores())
 
 
 def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bool = False,
@@ -403,14 +241,15 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
         raise ValueError(f"wait_for must name task types of this cluster ({', '.join(sorted({k for k, _ in tasks}))}),"
                          f" got {wait_for!r}")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
-    if ports is None:  # ours to pick: a port another program took in the meantime is picked again
-        for _attempt in range(3):
+    if ports is None:  # ours to pick: a port another program took in the meantime (or was testing, as free_ports
+        for _attempt in range(5):  # does in another process: the same range) is picked again
             ports = free_ports(len(tasks))
-            if not any(_port_in_use(p) for p in ports):
+            taken = [p for p in ports if _port_in_use(p)]
+            if not taken:
                 break
     else:
         ports = _checked_ports(ports, len(tasks))
-    taken = [p for p in ports if _port_in_use(p)]
+        taken = [p for p in ports if _port_in_use(p)]
     if taken:
         raise ClusterError(f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use by another program; "
                            "choose other ports (or none: the launcher then picks free ones)")
@@ -420,13 +259,13 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
 
     base_env = dict(os.environ if env is None else env)
     base_env.setdefault("PYTHONUNBUFFERED", "1")
-    base_env.setdefault("TF_NUM_INTEROP_THREADS", str(interop_threads()))
+    base_env.setdefault("TF_NUM_INTEROP_THREADS", str(processes.interop_threads()))
     procs: dict[str, subprocess.Popen] = {}
     logs: dict[str, collections.deque] = {}
     readers = []
     start = time.monotonic()
     fork = fork and len(command) > 2 and command[0] == sys.executable and command[1] == "-m" and forkserver.available()
-    sentinel = _Sentinel()
+    sentinel = processes.Sentinel()
 
     def read(name: str, stream) -> None:
         show = log
@@ -449,7 +288,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                 task_vars.update({k: str(v) for k, v in task_env(task_type, index).items()})
             logs[name] = collections.deque(maxlen=MAX_LOG_LINES)
             try:
-                with _signals_held():  # started and on the list, or neither
+                with processes.signals_held():  # started and on the list, or neither
                     if fork:  # python -m MODULE ...: forked from a process that has imported TensorFlow
                         procs[name] = forkserver.spawn(command[2], list(command[3:]), task_vars, cwd)
                     else:
@@ -480,7 +319,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                 break
             if time.monotonic() - start > timeout:
                 running = [name for name, code in codes.items() if code is None]
-                _stop_all(procs)
+                processes.stop_all(procs)
                 raise ClusterError(f"the cluster did not finish in {timeout:g} s ({', '.join(running)} still "
                                    "running; all stopped). A task waiting for a peer that never came, or a "
                                    "limit too short? Last output of " + running[0] + ":\n" + _tail(logs[running[0]]))
@@ -489,7 +328,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             failures = [name for name in failures if wait_for is None or name.split()[0] in wait_for]
         if failures:
             failures.sort(key=lambda name: ended[name])
-            _stop_all(procs)
+            processes.stop_all(procs)
             for reader in readers:
                 reader.join(timeout=2)
 
@@ -513,12 +352,12 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             raise ClusterError(message, result)
     except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind
         try:
-            _stop_all(procs)
+            processes.stop_all(procs)
         finally:
             sentinel.close()
         raise
     try:
-        _stop_all(procs)  # reaps; stops the tasks not waited for and anything a task left running in its group
+        processes.stop_all(procs)  # reaps; stops the tasks not waited for and anything a task left running in its group
     finally:
         sentinel.close()
     for reader in readers:  # the pipes close once every process in the group is gone
@@ -608,26 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("error: give the program after --, e.g. `-- python train.py`, or --module MODULE", file=sys.stderr)
         return 2
-    def stop(signum, frame):  # a closed terminal (SIGHUP) or `kill` (SIGTERM): stop the tasks, then end
-        raise _Stopped(signum)
 
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), stop)
-    try:
+    def body() -> int:  # a closed terminal (SIGHUP), `kill` (SIGTERM) or Ctrl-C: every task is stopped, then it ends
         result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout,
                              wait_for=args.wait_for)
-    except ValueError as err:  # a bad option (too many tasks, a timeout <= 0 or nan, a bad port)
-        print(f"cluster: {err}", file=sys.stderr)
-        return 2
-    except ClusterError as err:
-        print(f"cluster: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("cluster: interrupted; every task was stopped", file=sys.stderr)
-        return 130  # as every command of the course (and a shell) reports Ctrl-C
-    except _Stopped as stopped:
-        print(f"cluster: {signal.Signals(stopped.signum).name}; every task was stopped", file=sys.stderr)
-        return 128 + stopped.signum
-    print(f"cluster: {len(result.returncodes)} task(s) finished in {result.seconds:.1f} s")
-    return 0
+        print(f"cluster: {len(result.returncodes)} task(s) finished in {result.seconds:.1f} s")
+        return 0
+
+    # ValueError: a bad option (too many tasks, a timeout <= 0 or nan, a bad port)
+    return commandline.run("cluster", body, usage=(ValueError,), failures=(ClusterError,),
+                           stopped=lambda what: f"{what}; every task was stopped")

@@ -1,4 +1,4 @@
-"""Safe files and clean stops for the command line tools (``prove``, ``site``): small helpers, one-line errors.
+"""Safe files for the command line tools (``prove``, ``site``): small helpers, one-line errors.
 
 Files
     :func:`write_text` / :func:`write_json` / :func:`write_bytes` replace a file atomically: the data goes to a new
@@ -13,13 +13,7 @@ Locks
     :func:`folder_lock` holds an exclusive ``flock`` on ``FOLDER/.lock`` for as long as a command writes there; a
     second command gets :class:`FolderBusy` at once ("another prove is writing to DIR (pid N)").
 
-Processes
-    :func:`process_group` runs a command in its own process group for a ``with`` block and stops the group (SIGTERM,
-    then SIGKILL) when the block ends, however it ends; a sentinel process stops it if this process dies without
-    getting there (even by ``SIGKILL``). It reuses :mod:`course_utils.cluster`'s group stopping. :func:`stop_on_signals`
-    turns SIGTERM and SIGHUP into a :class:`Stopped` exception in the main thread, so the ``finally`` and ``except``
-    blocks that stop those groups run, and the command can exit ``128 + signal``. :func:`die_with_parent` (Linux)
-    asks the kernel to kill this process when its parent dies.
+Child processes and stop signals are :mod:`course_utils.processes`'s.
 """
 
 from __future__ import annotations
@@ -29,16 +23,11 @@ import errno
 import json
 import os
 import pathlib
-import signal
 import stat
-import subprocess
-import sys
-import threading
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Iterator, Union
 
-__all__ = ["UnsafePath", "NotRegular", "FolderBusy", "Stopped", "write_bytes", "write_text", "write_json",
-           "read_regular", "folder_problem", "folder_lock", "process_group", "stop_on_signals",
-           "die_with_parent", "make_folder"]
+__all__ = ["UnsafePath", "NotRegular", "FolderBusy", "write_bytes", "write_text", "write_json",
+           "read_regular", "folder_problem", "folder_lock", "make_folder"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -53,19 +42,6 @@ class NotRegular(ValueError):
 
 class FolderBusy(RuntimeError):
     """Another process holds the folder's lock (the message names it and its pid)."""
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP arrived (raised in the main thread by :func:`stop_on_signals`); ``signum`` says which.
-    A BaseException, like KeyboardInterrupt, so that ``except Exception`` does not swallow it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,117 +213,6 @@ def folder_lock(folder: PathLike, what: str = "prove") -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------
 # Processes
 # ----------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def process_group(argv: Sequence[str], *, grace_s: float = 2.0, fork: bool = False,
-                  **kwargs: Any) -> Iterator[subprocess.Popen]:
-    """``subprocess.Popen(argv, **kwargs)`` in a new session (its own process group) for the ``with`` block; when
-    the block ends, however it ends (done, an exception, Ctrl-C, :class:`Stopped`), the group is stopped: SIGTERM
-    if the process still runs, SIGKILL to the whole group after ``grace_s`` (also when the process itself has
-    ended: what it started goes too), and reaped — ``course_utils.cluster``'s ``_stop_all``. If this process dies
-    without getting there (SIGKILL included), a sentinel process (``cluster``'s) sends the group SIGTERM, then
-    SIGKILL. SIGINT/SIGTERM/SIGHUP are held while it starts and delivered inside the block's guard, so no signal
-    can leave a started process unwatched::
-
-        with fileguard.process_group([sys.executable, "-m", "tool"], stdout=subprocess.PIPE) as proc:
-            code = proc.wait(timeout=60)   # TimeoutExpired: the group is stopped on the way out
-
-    ``fork``: ``argv`` is ``[sys.executable, "-m", MODULE, ...]`` with an ``env`` and ``stdout=PIPE,
-    stderr=STDOUT, text=True``; on Linux the process is forked from one that has imported TensorFlow
-    (:mod:`course_utils.forkserver`) and dies with it, so it must not check that its parent is this process.
-    """
-    from .cluster import _Sentinel, _signals_held, _stop_all
-
-    sentinel = proc = None
-    try:
-        sentinel = _Sentinel()
-        with _signals_held():
-            if fork and _forkable(argv, kwargs):
-                from . import forkserver
-
-                proc = forkserver.spawn(argv[2], list(argv[3:]), kwargs["env"], kwargs.get("cwd"))
-            else:
-                proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
-            sentinel.tell(str(proc.pid))
-        yield proc
-    finally:
-        try:
-            if proc is not None:
-                _stop_all({"": proc}, grace_s=grace_s)
-        finally:
-            if sentinel is not None:
-                sentinel.close()  # every process of the group is gone: it ends without doing anything
-
-
-def _forkable(argv: Sequence[str], kwargs: dict) -> bool:
-    """Whether :func:`process_group` can fork ``argv`` (ValueError if ``fork=True`` was given what it cannot)."""
-    from . import forkserver
-
-    merged = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
-    if list(argv[:2]) != [sys.executable, "-m"] or "env" not in kwargs or set(kwargs) - {"env", "cwd", "errors",
-                                                                                          *merged}:
-        raise ValueError("fork=True runs `python -m MODULE ...` with an env, its output on one text pipe")
-    if any(kwargs.get(k) != v for k, v in merged.items()):
-        raise ValueError("fork=True needs stdout=PIPE, stderr=STDOUT, text=True")
-    return forkserver.available()
-
-
-@contextlib.contextmanager
-def stop_on_signals(names: Sequence[str] = ("SIGTERM", "SIGHUP")) -> Iterator[None]:
-    """Within the block, the first of these signals raises :class:`Stopped` in the main thread; later ones are
-    ignored, so the cleanup it starts (stopping process groups, writing what finished) is not cut short. The
-    old handlers come back when the block ends. Outside the main thread it does nothing. Typical use::
-
-        with fileguard.stop_on_signals():
-            try:
-                return run()
-            except fileguard.Stopped as stop:
-                print(f"tool: {stop.name}; stopped", file=sys.stderr)
-                return 128 + stop.signum
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired: list[int] = []
-
-    def handler(signum, frame):
-        if not fired:
-            fired.append(signum)
-            raise Stopped(signum)
-
-    old = {}
-    for name in names:
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            old[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
-
-
-def die_with_parent(parent_pid: int | None = None, sig: int = 9) -> bool:
-    """Linux: have the kernel send ``sig`` (9 = SIGKILL) to this process when its parent ends, however it ends
-    (``prctl(PR_SET_PDEATHSIG)``). If ``parent_pid`` is given and the parent is already gone (it died before this
-    call), the signal is sent now. True when armed; False elsewhere (macOS, Windows) or if prctl failed.
-
-    The kernel fires it when the *thread* that started this process ends: start such processes from a thread
-    that lives as long as it should (the main thread, or the thread that waits for them)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, int(sig), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
-            return False
-    except (OSError, AttributeError):
-        return False
-    if parent_pid is not None and os.getppid() != int(parent_pid):
-        os.kill(os.getpid(), sig)
-    return True
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ forking is not available it returns a ``subprocess.Popen`` of the same command.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,9 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any, Iterator, Sequence
+
+from . import processes
 
 __all__ = ["Process", "available", "run", "spawn", "stop"]
 
@@ -315,9 +319,7 @@ def _serve(fd: int) -> None:
     import tensorflow  # noqa: F401 - the point: once, for every child
     import keras  # noqa: F401
 
-    from .memory import tensorflow_has_run_an_op
-
-    if tensorflow_has_run_an_op():  # pragma: no cover - an import ran an op: its children would not start clean
+    if processes.tensorflow_has_run_an_op():  # pragma: no cover - an import ran an op: its children would not start clean
         sock.send(json.dumps({"error": "importing TensorFlow ran an op here"}).encode())
         return
     import select
@@ -372,9 +374,7 @@ def _child(request: dict, fds: list, sock: socket.socket, server_pid: int) -> No
     code = 1
     try:
         sock.close()
-        from .fileguard import die_with_parent
-
-        die_with_parent(server_pid)  # the server ends with its launcher (its socket closes): so does the task
+        processes.die_with_parent(server_pid)  # the server ends with its launcher (its socket closes): so does the task
         os.setsid()
         for name in ("SIGINT", "SIGHUP", "SIGTERM", "SIGCHLD"):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
@@ -424,3 +424,51 @@ def _child(request: dict, fds: list, sock: socket.socket, server_pid: int) -> No
             except BaseException:  # noqa: BLE001
                 pass
         os._exit(code)
+
+
+@contextlib.contextmanager
+def process_group(argv: Sequence[str], *, grace_s: float = 2.0, fork: bool = False,
+                  **kwargs: Any) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(argv, **kwargs)`` in a new session (its own process group) for the ``with`` block; when
+    the block ends, however it ends (done, an exception, Ctrl-C, :class:`processes.Stopped`), the group is stopped: SIGTERM
+    if the process still runs, SIGKILL to the whole group after ``grace_s`` (also when the process itself has
+    ended: what it started goes too), and reaped — :func:`processes.stop_all`. If this process dies
+    without getting there (SIGKILL included), a :class:`processes.Sentinel` sends the group SIGTERM, then
+    SIGKILL. SIGINT/SIGTERM/SIGHUP are held while it starts and delivered inside the block's guard, so no signal
+    can leave a started process unwatched::
+
+        with forkserver.process_group([sys.executable, "-m", "tool"], stdout=subprocess.PIPE) as proc:
+            code = proc.wait(timeout=60)   # TimeoutExpired: the group is stopped on the way out
+
+    ``fork``: ``argv`` is ``[sys.executable, "-m", MODULE, ...]`` with an ``env`` and ``stdout=PIPE,
+    stderr=STDOUT, text=True``; on Linux the process is forked from one that has imported TensorFlow
+    (this module's server) and dies with it, so it must not check that its parent is this process.
+    """
+    sentinel = proc = None
+    try:
+        sentinel = processes.Sentinel()
+        with processes.signals_held():
+            if fork and _forkable(argv, kwargs):
+                proc = spawn(argv[2], list(argv[3:]), kwargs["env"], kwargs.get("cwd"))
+            else:
+                proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
+            sentinel.tell(str(proc.pid))
+        yield proc
+    finally:
+        try:
+            if proc is not None:
+                processes.stop_all({"": proc}, grace_s=grace_s)
+        finally:
+            if sentinel is not None:
+                sentinel.close()  # every process of the group is gone: it ends without doing anything
+
+
+def _forkable(argv: Sequence[str], kwargs: dict) -> bool:
+    """Whether :func:`process_group` can fork ``argv`` (ValueError if ``fork=True`` was given what it cannot)."""
+    merged = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    if list(argv[:2]) != [sys.executable, "-m"] or "env" not in kwargs or set(kwargs) - {"env", "cwd", "errors",
+                                                                                          *merged}:
+        raise ValueError("fork=True runs `python -m MODULE ...` with an env, its output on one text pipe")
+    if any(kwargs.get(k) != v for k, v in merged.items()):
+        raise ValueError("fork=True needs stdout=PIPE, stderr=STDOUT, text=True")
+    return available()

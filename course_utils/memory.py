@@ -20,12 +20,7 @@ Three helpers, each saying exactly what it counts (CONTRIBUTING.md §6):
   :func:`stop_measuring_process` ends it). :func:`measure_isolated` also times the steps against a
   baseline in those same processes, so each step is compiled once for both figures.
 
-Two hardware helpers for choosing and interpreting mixed precision:
-
-- :func:`recommended_policy` — the mixed policy that suits a runtime (TPU, GPU by compute capability, CPU),
-  with the reason.
-- :func:`cpu_bf16_support` — whether this CPU advertises native bfloat16 instructions (``avx512_bf16``,
-  ``amx_bf16``) in ``/proc/cpuinfo``.
+Which mixed policy suits the hardware is :mod:`course_utils.policy`'s.
 """
 
 from __future__ import annotations
@@ -41,13 +36,13 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from . import processes
+
 __all__ = [
     "IsolatedMeasurements",
     "MemoryEstimate",
     "PeakMemory",
     "VariableBytes",
-    "cpu_bf16_support",
-    "detect_gpu_compute_capability",
     "estimate_training_memory",
     "format_bytes",
     "measure_isolated",
@@ -56,7 +51,6 @@ __all__ = [
     "measure_peaks_isolated",
     "stop_measuring_process",
     "optimizer_slots_per_variable",
-    "recommended_policy",
     "variable_bytes",
 ]
 
@@ -610,7 +604,7 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
     import tensorflow  # noqa: F401 - what every child would import: once, here
 
     importlib.import_module(module)
-    if tensorflow_has_run_an_op():  # a module ran an op at import: threads exist now
+    if processes.tensorflow_has_run_an_op():  # a module ran an op at import: threads exist now
         raise RuntimeError(f"importing {module} ran a TensorFlow op; its children could not start clean")
 
     children: dict[str, tuple[int, Any, Any]] = {}  # label -> (pid, command pipe, reply pipe)
@@ -622,7 +616,7 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
         pid = os.fork()
         if pid == 0:  # the child: ends here, whatever happens (never returns into the parent's code)
             try:
-                from .fileguard import die_with_parent
+                from .processes import die_with_parent
 
                 die_with_parent(parent)  # the forking process killed (its parent died): this one goes too
                 os.close(cmd_w)
@@ -703,21 +697,6 @@ _DONE = '{"done": true}'
 _LAST = '{"done": true, "exiting": true}'  # the forking process exits after this answer
 
 
-def tensorflow_has_run_an_op() -> bool:
-    """Whether this process has started TensorFlow's eager runtime (run an op, listed devices): its thread pools
-    then exist, and a process forked from it would not start clean. Reads the private
-    ``context.context()._initialized`` (no public API tells); raises, naming the TensorFlow version, if a release
-    renames it — so the fork-based measurements stop loudly instead of forking a process that may hang."""
-    import tensorflow as tf
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    if not isinstance(getattr(ctx, "_initialized", None), bool):
-        raise RuntimeError(f"TensorFlow {tf.__version__}'s eager context has no boolean '_initialized' any more: "
-                           "course_utils.memory.tensorflow_has_run_an_op needs updating for this release")
-    return ctx._initialized
-
-
 def _serve() -> None:
     """The forking process (Linux): import TensorFlow once, then run each request read from stdin with
     :func:`_measure_jobs` (``fork=True``) and end its answer with a ``{"done": true}`` line. It never runs a
@@ -729,16 +708,10 @@ def _serve() -> None:
             _measure_jobs(*json.loads(line))
         except BaseException:  # noqa: BLE001 - answered, then the next request
             print("\n" + _error_line(None), flush=True)
-        if tensorflow_has_run_an_op():  # a module ran an op at import: not clean any more
+        if processes.tensorflow_has_run_an_op():  # a module ran an op at import: not clean any more
             print("\n" + _LAST, flush=True)
             break
         print("\n" + _DONE, flush=True)
-
-
-def _interop_threads() -> int:
-    from .cluster import interop_threads
-
-    return interop_threads()
 
 
 class _Forker:
@@ -751,8 +724,8 @@ class _Forker:
         self.stderr = tempfile.TemporaryFile()
         # it dies with this process, however that ends (a timeout's SIGKILL, Ctrl-C, os._exit: no atexit runs):
         # the kernel's parent-death signal (Linux), armed before TensorFlow's import (seconds)
-        code = ("from course_utils import fileguard, memory\n"
-                f"fileguard.die_with_parent({os.getpid()})\n"
+        code = ("from course_utils import memory, processes\n"
+                f"processes.die_with_parent({os.getpid()})\n"
                 "memory._serve()\n"
                 "import os; os._exit(0)  # skip TensorFlow's teardown\n")
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
@@ -936,7 +909,7 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
     # An explicit inter-op pool: on one core (taskset -c 0) TensorFlow's default made the executor's op order differ
     # between processes, and lesson 07's recomputed step peaked at 4-11% below plain's in 3 of 5 processes and 35-40%
     # in the others; with the pool set (1 or 2 threads), 20-41% in all 15 readings, as on two cores.
-    env.setdefault("TF_NUM_INTEROP_THREADS", str(_interop_threads()))
+    env.setdefault("TF_NUM_INTEROP_THREADS", str(processes.interop_threads()))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p and os.path.isdir(p))
     results: dict[str, dict] = {}
     timed: dict = {}
@@ -1101,117 +1074,3 @@ def measure_peak_isolated(make_step: Callable[..., Callable[[], Any]], repeats: 
     """:func:`measure_peaks_isolated` for one step: ``make_step(**kwargs)`` measured in a fresh process."""
     return measure_peaks_isolated(make_step, {"step": kwargs}, repeats=repeats, reserve_mib=reserve_mib,
                                   fresh_process=fresh_process, timeout=timeout, fork=fork)["step"]
-
-
-# ----------------------------------------------------------------------------------------------
-# Which mixed policy suits this hardware
-# ----------------------------------------------------------------------------------------------
-
-# bfloat16 Tensor Cores arrived with NVIDIA Ampere (compute capability 8.0: A100; 8.6/8.9: RTX 30xx, L4; 9.0: H100).
-BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
-
-
-def detect_gpu_compute_capability(gpu: Any = None) -> tuple[int, int] | None:
-    """The first (or the given) GPU's compute capability, e.g. ``(7, 5)`` for a T4; ``None`` if unknown.
-
-    Reads ``tf.config.experimental.get_device_details(gpu)["compute_capability"]``.
-    """
-    import tensorflow as tf
-
-    try:
-        if gpu is None:
-            gpus = tf.config.list_physical_devices("GPU")
-            if not gpus:
-                return None
-            gpu = gpus[0]
-        cc = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-    except Exception:  # no details on this build / device
-        return None
-    return (int(cc[0]), int(cc[1])) if cc else None
-
-
-def recommended_policy(runtime_or_kind: Any, gpu_compute_capability: Any = None) -> tuple[str, str]:
-    """``(policy, why)``: the mixed-precision policy that suits the hardware.
-
-    ``runtime_or_kind``: a runtime from ``course_utils.setup()`` (its ``.kind``) or a kind string
-    (``"TPU"``, ``"GPU"``, ``"multi-GPU"``, ``"CPU"``). For GPUs pass ``gpu_compute_capability`` as
-    ``(major, minor)``; when it is ``None`` the first visible GPU is asked
-    (:func:`detect_gpu_compute_capability`).
-
-    - TPU → ``mixed_bfloat16`` (the MXU multiplies bfloat16 natively; no loss scaling).
-    - GPU with compute capability ≥ 8.0 (A100, L4, H100, RTX 30xx and newer) → ``mixed_bfloat16``:
-      as fast as float16 there, float32's range, no loss scaling.
-    - GPU below 8.0 (T4 — Colab's free GPU —, V100) → ``mixed_float16`` + loss scaling: their Tensor
-      Cores have no bfloat16.
-    - GPU of unknown capability → ``mixed_float16`` (safe everywhere), with a note.
-    - CPU → ``mixed_bfloat16`` (never float16 on a CPU); measure: without native bf16 it is often slower.
-    """
-    kind = getattr(runtime_or_kind, "kind", runtime_or_kind)
-    kind = str(kind)
-    if kind == "TPU":
-        return "mixed_bfloat16", "TPU: the MXU computes in bfloat16 natively; no loss scaling needed"
-    if kind in ("GPU", "multi-GPU"):
-        cc = gpu_compute_capability if gpu_compute_capability is not None else detect_gpu_compute_capability()
-        if cc is None:
-            return "mixed_float16", (
-                "GPU of unknown compute capability: mixed_float16 + loss scaling works on every NVIDIA GPU "
-                "with Tensor Cores; if it is Ampere or newer (compute capability ≥ 8.0) mixed_bfloat16 is as fast "
-                "and needs no loss scaling"
-            )
-        cc = (int(cc[0]), int(cc[1]))
-        if cc >= BF16_MIN_COMPUTE_CAPABILITY:
-            return "mixed_bfloat16", (
-                f"GPU with compute capability {cc[0]}.{cc[1]} (≥ 8.0, Ampere or newer): bfloat16 Tensor Cores, "
-                "as fast as float16, no loss scaling"
-            )
-        return "mixed_float16", (
-            f"GPU with compute capability {cc[0]}.{cc[1]} (< 8.0, e.g. T4, V100): Tensor Cores have float16 "
-            "but no bfloat16; use loss scaling"
-        )
-    if kind == "CPU":
-        return "mixed_bfloat16", (
-            "CPU: bfloat16 if any 16-bit type (float16 kernels are very slow on CPUs); without native bf16 "
-            "instructions (avx512_bf16/AMX) expect it to be slower than float32 — measure"
-        )
-    raise ValueError(f"unknown runtime kind {kind!r}; expected 'TPU', 'GPU', 'multi-GPU' or 'CPU'")
-
-
-_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) below its first bfloat16 one, AVX512_CORE_BF16: under them oneDNN
-# has no bfloat16 kernels, and TensorFlow still routes bfloat16 ops to it by the CPU's own flags ("could not create a
-# primitive descriptor", TF 2.20)
-_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-
-
-def onednn_bf16_capped(environ: Any = None) -> str | None:
-    """``ONEDNN_MAX_CPU_ISA``'s value when it caps oneDNN below bfloat16 (e.g. ``AVX2``, a laptop's CPU emulated on a
-    server), else None. TensorFlow then fails bfloat16 ops on a CPU that has bfloat16 instructions."""
-    environ = os.environ if environ is None else environ
-    cap = str(environ.get("ONEDNN_MAX_CPU_ISA", "")).strip().upper()
-    return cap if cap in _ONEDNN_ISAS_WITHOUT_BF16 else None
-
-
-def cpu_bf16_support(cpuinfo_text: str | None = None) -> tuple[bool | None, list[str]]:
-    """``(supported, flags_found)``: does this CPU advertise native bfloat16 instructions?
-
-    Looks for ``avx512_bf16`` (AVX-512 bfloat16 dot products) or ``amx_bf16`` (AMX, Intel's matrix
-    units in Sapphire Rapids and newer) in the ``flags`` lines of ``/proc/cpuinfo`` (or of
-    ``cpuinfo_text``). ``supported`` is ``None`` when the flags cannot be read (not Linux).
-    """
-    if cpuinfo_text is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo_text = f.read()
-        except OSError:
-            return None, []
-    flags: set[str] = set()
-    seen_flags_line = False
-    for line in cpuinfo_text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            seen_flags_line = True
-            flags.update(value.split())
-    if not seen_flags_line:
-        return None, []
-    found = [f for f in _CPU_BF16_FLAGS if f in flags]
-    return bool(found), found

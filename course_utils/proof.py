@@ -46,8 +46,8 @@ import time
 from typing import Any, Callable
 
 from . import config as _config
-from . import fileguard, forkserver, report
-from .lessons import BY_ID
+from . import commandline, fileguard, forkserver, processes, report
+from .lessons import BY_ID, Lesson
 
 FORMAT_VERSION = 2  # 2: every claim has an id ("05.accumulated_peak"); 1 had none
 CLAIMS, REPORT = "claims.json", "report.md"
@@ -298,14 +298,14 @@ def _echo(proc: subprocess.Popen, tail, prefix: str):
 def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple[int | None, list[str]]:
     """Run ``python -m course_utils.proof ARGV`` in its own process group, echoing its progress lines with
     ``prefix``; (exit code or None on timeout, the last lines). However it ends — the child's exit, the timeout,
-    Ctrl-C, SIGTERM — the group is stopped before this returns or raises (:func:`fileguard.process_group`): the
+    Ctrl-C, SIGTERM — the group is stopped before this returns or raises (:func:`forkserver.process_group`): the
     lesson's process and whatever it started. If this process is killed instead, the group's sentinel stops it,
     and on Linux the kernel kills the child at once (``PARENT_VARIABLE``; a forked child: with its fork server)."""
     import collections
 
     tail: collections.deque = collections.deque(maxlen=12)
     code = None
-    with fileguard.process_group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
+    with forkserver.process_group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, errors="replace", fork=True) as proc:
 
         reader = _echo(proc, tail, prefix)
@@ -567,22 +567,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prove: {e}", file=sys.stderr)
         return 2
     kept = f"{args.out / CLAIMS} keeps the lessons that finished (run the same command again to go on)"
-    try:
-        with fileguard.stop_on_signals(), fileguard.folder_lock(args.out, "prove"):
-            return _prove(args)
-    except KeyboardInterrupt:
-        print(f"\nprove: interrupted; the lesson running was stopped; {kept}", file=sys.stderr)
-        return 130
-    except fileguard.Stopped as stop:
-        print(f"\nprove: {stop.name}; the lesson running was stopped; {kept}", file=sys.stderr)
-        return 128 + stop.signum
-    except (UsageError, fileguard.UnsafePath, fileguard.NotRegular, fileguard.FolderBusy) as e:
-        print(f"prove: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing half-written (fileguard)
-        print(f"prove: cannot write {e.filename or args.out}: {e.strerror or e}; the files in {args.out} are as they "
-              "were before this write (fix that, then run the same command again)", file=sys.stderr)
-        return 2
+
+    def body() -> int:
+        try:
+            with fileguard.folder_lock(args.out, "prove"):
+                return _prove(args)
+        except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing half-written (fileguard)
+            raise UsageError(f"cannot write {e.filename or args.out}: {e.strerror or e}; the files in {args.out} are "
+                             "as they were before this write (fix that, then run the same command again)") from None
+
+    return commandline.run("prove", body, usage=(UsageError, fileguard.UnsafePath, fileguard.NotRegular,
+                                                 fileguard.FolderBusy),
+                           stopped=lambda what: f"{what}; the lesson running was stopped; {kept}")
 
 
 def _prove(args: argparse.Namespace) -> int:
@@ -593,9 +589,8 @@ def _prove(args: argparse.Namespace) -> int:
 
 def _save(args: argparse.Namespace, data: dict) -> None:
     """claims.json, then report.md, each whole or not at all; SIGINT/SIGTERM/SIGHUP wait until both are written."""
-    from .cluster import _signals_held
 
-    with _signals_held():
+    with processes.signals_held():
         fileguard.write_json(args.out / CLAIMS, data, inside=args.out)
         fileguard.write_text(args.out / REPORT, report_card(data), inside=args.out)
 
@@ -711,7 +706,7 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
                 run = {"slot": slot, "result_file": result_file, "t0": time.perf_counter(),
                        "stack": contextlib.ExitStack(), "tail": collections.deque(maxlen=12)}
                 running[lesson_id] = run
-                proc = run["proc"] = run["stack"].enter_context(fileguard.process_group(
+                proc = run["proc"] = run["stack"].enter_context(forkserver.process_group(
                     [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)], env=env,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", fork=True))
                 run["reader"] = _echo(proc, run["tail"], f"[{lesson_id}]")
@@ -748,7 +743,7 @@ def exit_status(data: dict, lessons: list[str]) -> tuple[int, str]:
 def _child_main(argv: list[str]) -> int:
     if argv[:1] in (["_lesson"], ["_describe"]):  # a driver's child: dies with the driver, however that ends
         parent = os.environ.pop(PARENT_VARIABLE, "")
-        fileguard.die_with_parent(int(parent) if parent.isdigit() else None)
+        processes.die_with_parent(int(parent) if parent.isdigit() else None)
         cpus = os.environ.pop(CPUS_VARIABLE, "")
         if cpus:  # --jobs: this lesson's cores, before TensorFlow sizes its thread pools (its children inherit them)
             os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})

@@ -29,15 +29,9 @@ import sys
 from typing import Any, Callable
 
 from . import config as _config
+from .processes import usable_cores  # noqa: F401 - the toolkit's name for it: runtime.usable_cores()
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on: what ``taskset``, a container or ``prove --jobs`` left it (all of
-    them where the OS cannot say: macOS, Windows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 # TPU PCI ids, as JAX's hardware_utils lists them (vendor 0x1ae0 = Google).
 GOOGLE_PCI_VENDOR = "0x1ae0"

@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from course_utils import _repo
 from course_utils import config as _config
-from course_utils import fileguard, report
+from course_utils import commandline, fileguard, processes, report
 from course_utils.proof import code_fingerprint
 
 LESSON_DIR = "lessons"
@@ -271,7 +271,7 @@ def _client_class():
     """nbclient's NotebookClient, changed in two ways. A stop signal (SIGINT, SIGTERM, SIGHUP) while a kernel runs
     stops the kernel at once and ends the execution (nbclient's own handlers shut the kernel down and let the
     execution carry on, so the notebook would be marked failed with a ZMQ error and the build would go on); the
-    caller raises KeyboardInterrupt or :class:`fileguard.Stopped` after it. And each cell reports its progress."""
+    caller raises KeyboardInterrupt or :class:`processes.Stopped` after it. And each cell reports its progress."""
     from jupyter_core.utils import run_sync
     from nbclient import NotebookClient
 
@@ -391,7 +391,7 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
     ``cache_dir`` made from the same notebook, code and settings), one ``progress`` line per cell. The copy is
     written inside ``inside`` only. Returns the executed notebook and ``{"status", "seconds", "failure",
     "executed_at"}``; a stop signal stops the kernel and raises KeyboardInterrupt (SIGINT) or
-    :class:`fileguard.Stopped`, with no copy written."""
+    :class:`processes.Stopped`, with no copy written."""
     import nbformat
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -437,7 +437,7 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
         failure = f"cell {index + 1} of {len(nb.cells)}: {error}" if index >= 0 else "a cell failed"
     except KeyboardInterrupt:  # before our handlers were in, or after
         client.course_stop = client.course_stop or signal.SIGINT
-    except fileguard.Stopped as stop:
+    except processes.Stopped as stop:
         client.course_stop = client.course_stop or stop.signum
     except asyncio.CancelledError:
         failure = "" if client.course_stop else "could not run (the execution was cancelled)"
@@ -454,7 +454,7 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
     if client.course_stop is not None:
         if client.course_stop == signal.SIGINT:
             raise KeyboardInterrupt
-        raise fileguard.Stopped(client.course_stop)
+        raise processes.Stopped(client.course_stop)
     info = {"key": key, "seconds": round(time.perf_counter() - start, 1), "failure": shown(failure),
             "executed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "mode": "smoke" if env.get("COURSE_SMOKE") == "1" else "full"}
@@ -1026,7 +1026,7 @@ def build(out: str | os.PathLike, *, root: pathlib.Path, mode: str = "smoke", da
           timeout: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = _say) -> list[Lesson]:
     """Execute (or reuse) and render every lesson, then the index and the report cards. Returns the lessons with
     their status. Everything given is checked, and ``out`` locked, before anything runs (:class:`SiteError`,
-    one line); a stop signal stops the kernel and the build (KeyboardInterrupt or :class:`fileguard.Stopped`
+    one line); a stop signal stops the kernel and the build (KeyboardInterrupt or :class:`processes.Stopped`
     propagates) after the index is rewritten to match the pages there."""
     course = curriculum(root)
     if lessons:
@@ -1115,7 +1115,7 @@ def _build(out: pathlib.Path, *, root: pathlib.Path, course: list[Lesson], mode:
                          "settings unchanged)")
             else:
                 progress(f"[site] {notebook.stem}: executed in {lesson.seconds:.0f} s → {lesson.page}")
-    except (KeyboardInterrupt, fileguard.Stopped):
+    except (KeyboardInterrupt, processes.Stopped):
         with _signals_ignored():  # a second Ctrl-C must not leave the index half done
             try:
                 _after_a_stop(out, course, rendered, template_dir, mode, repo, ref, loaded, cards_page, write,
@@ -1193,32 +1193,24 @@ def main(argv: list[str] | None = None) -> int:
     from course_utils._repo import __file__ as repo_file
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    with fileguard.stop_on_signals():  # SIGTERM, SIGHUP: Stopped, like Ctrl-C's KeyboardInterrupt
-        try:
-            args = _parse(argv)
-            root = pathlib.Path(args.root) if args.root else pathlib.Path(repo_file).resolve().parent.parent
-            start = time.perf_counter()
-            course = build(args.out, root=root, mode=args.mode, data=args.data, cards=args.cards,
-                           lessons=args.lessons, timeout=args.timeout, progress=_say)
-        except SiteError as err:
-            print(f"site: {err}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("\nsite: interrupted: the kernel is stopped; the pages built so far are kept, the index matches "
-                  "them, and the next build reuses the notebooks already executed", file=sys.stderr)
-            return 130
-        except fileguard.Stopped as stop:
-            print(f"site: stopped by {stop.name}: the kernel is stopped; the pages built so far are kept, the index "
-                  "matches them, and the next build reuses the notebooks already executed", file=sys.stderr)
-            return 128 + stop.signum
-    failed = [lesson for lesson in course if lesson.status == "failed"]
-    index = pathlib.Path(args.out).expanduser() / "index.html"
-    print(f"[site] done in {time.perf_counter() - start:.0f} s: open {index}", flush=True)
-    for lesson in failed:
-        print(f"site: lesson {lesson.id} ({lesson.notebook}) failed at {lesson.failure}; the rest of the site is "
-              "built", file=sys.stderr)
-    return 1 if failed else 0
 
+    def body() -> int:
+        args = _parse(argv)
+        root = pathlib.Path(args.root) if args.root else pathlib.Path(repo_file).resolve().parent.parent
+        start = time.perf_counter()
+        course = build(args.out, root=root, mode=args.mode, data=args.data, cards=args.cards, lessons=args.lessons,
+                       timeout=args.timeout, progress=_say)
+        failed = [lesson for lesson in course if lesson.status == "failed"]
+        index = pathlib.Path(args.out).expanduser() / "index.html"
+        print(f"[site] done in {time.perf_counter() - start:.0f} s: open {index}", flush=True)
+        for lesson in failed:
+            print(f"site: lesson {lesson.id} ({lesson.notebook}) failed at {lesson.failure}; the rest of the site is "
+                  "built", file=sys.stderr)
+        return 1 if failed else 0
+
+    kept = ("the kernel is stopped; the pages built so far are kept, the index matches them, and the next build "
+            "reuses the notebooks already executed")
+    return commandline.run("site", body, usage=(SiteError,), stopped=lambda what: f"{what}: {kept}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from course_utils import capstone, data
+from course_utils import capstone, data, hardware
 
 ENV = dict(os.environ, COURSE_SMOKE="1", COURSE_CPU_REPLICAS="1", COURSE_DATA="synthetic")
 ENV.pop("COURSE_JIT", None)
@@ -315,7 +315,7 @@ def test_python_api_result_and_predictions(tmp_path, capsys):
 
 
 def test_options_defaults_and_lr_rule():
-    course, base = capstone.Options().resolved(), capstone.Options(recipe="baseline").resolved()
+    course, base = capstone.resolved(capstone.Options()), capstone.resolved(capstone.Options(recipe="baseline"))
     assert (course.augment, course.tta, course.label_smoothing, course.schedule) == (True, True, 0.2, "onecycle")
     assert (base.augment, base.tta, base.label_smoothing, base.schedule, base.batch_size) == (
         False, False, 0.0, "constant", 64)
@@ -340,7 +340,7 @@ def test_tensorboard_missing_is_a_clear_options_error(monkeypatch, tmp_path):
 
 
 def test_schedule_warms_up_then_decays_to_zero():
-    schedule = capstone._schedule_class()(0.4, "onecycle")
+    schedule = capstone.schedule_class()(0.4, "onecycle")
     schedule.set_plan(10, 100)
     values = [schedule.value(s) for s in range(100)]
     assert values[0] < 0.05 and max(values) == pytest.approx(0.4) and int(np.argmax(values)) == 9
@@ -417,10 +417,10 @@ def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_
     """At 600 s on the 2-core AMX CPU width 48 was predicted at 27.5 s/epoch and measured at 12.6 s, and the run kept
     width 48 where width 64 fitted too. Here the chosen width's warm-up reports 20x faster than it ran (a GPU-like
     machine, where a wider net takes no longer): the width is chosen again from the two widths timed."""
-    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
-    monkeypatch.setattr(capstone, "AUTO_WIDTH", dict(capstone.AUTO_WIDTH, widths=(4, 8, 64), start=4, target_epochs=5))
+    monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1.0)
+    monkeypatch.setattr(capstone.trainer, "AUTO_WIDTH", dict(capstone.AUTO_WIDTH, widths=(4, 8, 64), start=4, target_epochs=5))
     calls = []
-    real = capstone._warm_up
+    real = capstone.trainer._warm_up
 
     def warm_up(model, *args, **kwargs):
         got = real(model, *args, **kwargs)
@@ -430,7 +430,7 @@ def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_
                                                          "eval_epoch_s")})
         return got
 
-    monkeypatch.setattr(capstone, "_warm_up", warm_up)
+    monkeypatch.setattr(capstone.trainer, "_warm_up", warm_up)
     opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0,
                             **_ONE_REPLICA_NO_XLA)
@@ -479,8 +479,8 @@ def test_the_course_network_whitens_with_a_fixed_first_convolution_and_the_ablat
     plain = capstone.train(dataclasses.replace(opts, whiten=False, out=str(tmp_path / "plain"))).model
     assert "whiten" not in [lay.name for lay in plain.layers]
     assert plain.count_params() < result.model.count_params()
-    baseline = capstone.Options(recipe="baseline").resolved()
-    assert baseline.whiten is False and capstone.Options().resolved().whiten is True
+    baseline = capstone.resolved(capstone.Options(recipe="baseline"))
+    assert baseline.whiten is False and capstone.resolved(capstone.Options()).whiten is True
     assert capstone.parse_args(["--no-whiten", "--epochs", "1", "--out", str(tmp_path / "cli")]).whiten is False
 
 
@@ -507,10 +507,10 @@ def test_tta_averages_each_image_its_mirror_and_their_one_pixel_shifts():
         return e / e.sum(1, keepdims=True)
 
     expected = np.mean([softmax(Stub().predict(v, 0, 0)) for v in views], axis=0)
-    got = capstone._predict_probs(Stub(), x.astype(np.uint8), True, 64)
+    got = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), True, 64)
     assert np.allclose(got, expected, atol=1e-5) and not np.allclose(got, softmax(Stub().predict(x, 0, 0)), atol=1e-3)
-    plain = capstone._predict_probs(Stub(), x.astype(np.uint8), False, 64)
-    assert np.allclose(capstone._predict_probs(Stub(), x.astype(np.uint8), True, 64, plain=plain), expected, atol=1e-5)
+    plain = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), False, 64)
+    assert np.allclose(capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), True, 64, plain=plain), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("width", [4, 8, 16])
@@ -543,7 +543,7 @@ def test_warm_up_estimate_with_one_test_batch_excludes_compiling():
     # then planned 1 epoch where 3 fitted).
     model, train, test = _tiny_model_and_data(test_batch=64)  # one test batch
     before = [v.numpy() for v in model.variables]
-    est = capstone._warm_up(model, train, test, 1, 8, 1)
+    est = capstone.trainer._warm_up(model, train, test, 1, 8, 1)
     start = time.perf_counter()
     model.evaluate(test, verbose=0)
     compiled = time.perf_counter() - start
@@ -556,13 +556,13 @@ def test_warm_up_stops_after_the_compiling_step_when_told_the_budget_is_spent():
     model, train, test = _tiny_model_and_data(test_batch=32)  # two test batches
     before = [v.numpy() for v in model.variables]
     asked = []
-    est = capstone._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: asked.append(1) or True)
+    est = capstone.trainer._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: asked.append(1) or True)
     assert asked == [1]  # asked once, after the first (compiling) call
     assert est["compile_s"] > 0 and est["train_step_s"] is None and est["eval_epoch_s"] is None, est
     assert model.test_function is None  # no evaluation was run to time
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))  # weights put back
     # not told: it times steps and an evaluation
-    est = capstone._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: False)
+    est = capstone.trainer._warm_up(model, train, test, 1, 8, 2, one_epoch_only=lambda: False)
     assert est["train_step_s"] > 0 and est["eval_step_s"] > 0 and model.test_function is not None
     # predict is left to the final evaluation (it cost 0.35 s of a 60 s budget's planning on one core); its compile
     # is estimated from the evaluation's first call, which traced and compiled the same forward pass
@@ -574,23 +574,23 @@ def test_the_warm_up_times_short_steps_for_a_while_but_never_past_an_epoch(monke
     # 6 steps of the baseline's 12.5 ms timed 30% slower than its epochs ran: short steps are timed for
     # WARM_UP_MIN_S, up to an epoch's steps; long ones stop at WARM_UP_STEPS
     model, train, test = _tiny_model_and_data(test_batch=32)
-    monkeypatch.setattr(capstone, "WARM_UP_MIN_S", 0.0)
-    assert capstone._warm_up(model, train, test, 1, 40, 2)["timed_steps"] == capstone.WARM_UP_STEPS
-    monkeypatch.setattr(capstone, "WARM_UP_MIN_S", 1e9)
-    assert capstone._warm_up(model, train, test, 1, 40, 2)["timed_steps"] == 40  # one epoch, not forever
-    monkeypatch.setattr(capstone, "WARM_UP_MIN_S", 0.3)
-    est = capstone._warm_up(model, train, test, 1, 10_000, 2)
+    monkeypatch.setattr(capstone.trainer, "WARM_UP_MIN_S", 0.0)
+    assert capstone.trainer._warm_up(model, train, test, 1, 40, 2)["timed_steps"] == capstone.WARM_UP_STEPS
+    monkeypatch.setattr(capstone.trainer, "WARM_UP_MIN_S", 1e9)
+    assert capstone.trainer._warm_up(model, train, test, 1, 40, 2)["timed_steps"] == 40  # one epoch, not forever
+    monkeypatch.setattr(capstone.trainer, "WARM_UP_MIN_S", 0.3)
+    est = capstone.trainer._warm_up(model, train, test, 1, 10_000, 2)
     assert capstone.WARM_UP_STEPS < est["timed_steps"] < 10_000 and est["timed_steps"] * est["train_step_s"] >= 0.3
 
 
 def test_the_warm_up_times_a_whole_evaluation_batch_when_the_last_is_partial():
     # 407 validation images: 256 + 151. The second call ran 151 images in 0.3 s: a whole batch takes 256/151 of it
     # (timed per step, the dev images' final evaluation was estimated 40% short)
-    assert capstone._whole_batch_s([(0, 1.0), (1, 1.3)], [256, 151]) == pytest.approx(0.3 * 256 / 151)
-    assert capstone._whole_batch_s([(0, 1.0), (2, 1.6)], [256, 256, 100]) == pytest.approx(0.6 * 256 / 356)
-    assert capstone._whole_batch_s([(0, 1.0), (2, 1.6)], None) == pytest.approx(0.3)  # sizes unknown: per step
+    assert capstone.whole_batch_s([(0, 1.0), (1, 1.3)], [256, 151]) == pytest.approx(0.3 * 256 / 151)
+    assert capstone.whole_batch_s([(0, 1.0), (2, 1.6)], [256, 256, 100]) == pytest.approx(0.6 * 256 / 356)
+    assert capstone.whole_batch_s([(0, 1.0), (2, 1.6)], None) == pytest.approx(0.3)  # sizes unknown: per step
     # steps_per_execution 4: each end is a call's last step; the first call's 4 steps are left out
-    assert capstone._whole_batch_s([(3, 1.0), (7, 1.4)], [10] * 8) == pytest.approx(0.1)
+    assert capstone.whole_batch_s([(3, 1.0), (7, 1.4)], [10] * 8) == pytest.approx(0.1)
 
 
 def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys):
@@ -610,7 +610,7 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     """With --time-budget 60 the width trials once used the whole budget and the run took 1.9x it, without a word:
     once the first warm-up has used more than PLANNING_SHARE of the budget, no other width is tried, and it says so.
     (The share is made tiny here so that any machine's warm-up passes it.)"""
-    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1e-6)
+    monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1e-6)
     opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "short"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0)  # no --width: the trainer may try widths
     result = capstone.train(opts)
@@ -635,14 +635,14 @@ def _course_params(width: int) -> int:
 
 def _counting_warm_up(monkeypatch, extra_compile_s: float = 0.0):
     calls = []
-    real = capstone._warm_up
+    real = capstone.trainer._warm_up
 
     def counted(model, *args, **kwargs):
         got = real(model, *args, **kwargs)
         calls.append(model.count_params())
         return dict(got, compile_s=got["compile_s"] + extra_compile_s) if got["train_step_s"] else got
 
-    monkeypatch.setattr(capstone, "_warm_up", counted)
+    monkeypatch.setattr(capstone.trainer, "_warm_up", counted)
     return calls
 
 
@@ -652,7 +652,7 @@ def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the
     PLANNING_SHARE of the budget, the chosen width trains untimed, on the predicted epoch time (its first epoch
     compiles it). Here the start width's compile is reported 30 s longer than it was, so another warm-up cannot fit
     (and the share is made whole, so that a short test budget is not "short for this machine")."""
-    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
+    monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1.0)
     calls = _counting_warm_up(monkeypatch, extra_compile_s=30.0)
     opts = capstone.Options(data="synthetic", time_budget=8.0, out=str(tmp_path / "r"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0,
@@ -672,7 +672,7 @@ def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the
 
 @pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_auto_width_times_the_chosen_width_when_planning_has_room(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
+    monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1.0)
     calls = _counting_warm_up(monkeypatch)
     opts = capstone.Options(data="synthetic", time_budget=10.0, out=str(tmp_path / "r"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0,
@@ -694,10 +694,10 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
     """Width 16 is chosen from width 8's warm-up, timed, and measures far slower than predicted (reported 400× its
     real time here, as width 48 once measured half its prediction the other way): the width is chosen again from the
     line through both timed widths, and width 8, compiled and timed already, trains (its model, not a new one)."""
-    monkeypatch.setattr(capstone, "PLANNING_SHARE", 1.0)
+    monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1.0)
     monkeypatch.setitem(capstone.AUTO_WIDTH, "widths", (8, 16))
     monkeypatch.setitem(capstone.AUTO_WIDTH, "target_epochs", 2)  # a 10 s test budget: 2 epochs at width 16 fit
-    real, params, built = capstone._warm_up, _course_params(16), []
+    real, params, built = capstone.trainer._warm_up, _course_params(16), []
 
     def warm_up(model, *args, **kwargs):
         got = real(model, *args, **kwargs)
@@ -706,7 +706,7 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
         return dict(got, **{k: slow * 1e-3 * (10 if "epoch" in k else 1)
                             for k in ("train_step_s", "eval_step_s", "train_epoch_s", "eval_epoch_s")})
 
-    monkeypatch.setattr(capstone, "_warm_up", warm_up)
+    monkeypatch.setattr(capstone.trainer, "_warm_up", warm_up)
     opts = capstone.Options(data="synthetic", time_budget=10.0, out=str(tmp_path / "r"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0,
                             **_ONE_REPLICA_NO_XLA)
@@ -804,7 +804,7 @@ def test_sigterm_as_a_preempted_vm_gets_it_stops_at_once_and_keeps_a_resumable_s
     last = stderr.strip().splitlines()[-1]
     assert "Traceback" not in stderr and last.startswith("capstone: stopped by SIGTERM (how a preempted VM is warned")
     assert "epochs 1" in last and last.endswith("run the same command with --resume to continue")
-    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.parse_args([*args, "--resume"]).resolved())
+    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.resolved(capstone.parse_args([*args, "--resume"])))
     assert state.backup_epoch >= 1 and len(state.history) >= 1
 
 
@@ -813,7 +813,7 @@ def test_ctrl_c_is_one_line_and_keeps_a_resumable_state_and_another_runs_backup_
     assert code == 130, stderr[-2000:]
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("capstone: interrupted: epochs 1")
     assert stderr.strip().splitlines()[-1].endswith("run the same command with --resume to continue")
-    saved = capstone._backup_epoch(str(out / "backup"))
+    saved = capstone.backup_epoch(str(out / "backup"))
     assert saved >= 1
 
     # That backup (width 4) in a copy of the reference run (width 8): refused in one line, nothing changed
@@ -833,7 +833,7 @@ def test_ctrl_c_is_one_line_and_keeps_a_resumable_state_and_another_runs_backup_
     assert _tree(other) == before
 
     # what --resume reads is intact (resuming itself runs in lesson 06, after SIGKILL)
-    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.parse_args([*args, "--resume"]).resolved())
+    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.resolved(capstone.parse_args([*args, "--resume"])))
     assert state.backup_epoch == saved and [h["epoch"] for h in state.history] == list(range(1, saved + 1))
     assert state.spent_s > 0 and state.plan.epochs == 4
 
@@ -887,12 +887,12 @@ def test_resume_refuses_state_the_trainer_did_not_write_and_changes_nothing(refe
 def test_resume_refuses_a_plan_from_before_an_option_existed():
     """A run started before the whitening layer has a model without it: resumed, its backup would not load. Its
     plan lacks the option, and the refusal says so (not "was started with --whiten None")."""
-    o = capstone.Options(out="runs/old", time_budget=60.0).resolved()
+    o = capstone.resolved(capstone.Options(out="runs/old", time_budget=60.0))
     stored = {k: v for k, v in dataclasses.asdict(o).items() if k != "whiten"}
     with pytest.raises(capstone.OptionsError, match=r"started by an earlier version of the trainer \(its plan has no "
                                                     r"'whiten'\); nothing was changed"):
-        capstone._check_same_run(stored, o)
-    capstone._check_same_run(dataclasses.asdict(o), o)  # the same options: resumable
+        capstone.run_folder._check_same_run(stored, o)
+    capstone.run_folder._check_same_run(dataclasses.asdict(o), o)  # the same options: resumable
 
 
 def test_validation_split_is_held_out_and_the_same_for_every_run():
@@ -930,6 +930,31 @@ def _plan(**kw):
     base = dict(options={}, steps_per_epoch=10, policy="float32", width=8, epochs=10, initial_epochs=10,
                 warmup_steps=20, budget_s=100.0, epoch_estimate_s=8.0, final_eval_estimate_s=2.0)
     return capstone.BudgetPlan(**{**base, **kw})
+
+
+def test_the_budget_arithmetic_runs_without_tensorflow():
+    """capstone.plan is pure arithmetic: choosing a width and the epochs that fit, and refitting them as epochs are
+    measured, import neither TensorFlow nor Keras (a fresh process: this one has them loaded)."""
+    code = textwrap.dedent("""
+        import json, sys
+        from course_utils.capstone import plan
+        p = plan.BudgetPlan(options={}, steps_per_epoch=10, policy="float32", width=8, epochs=10, initial_epochs=10,
+                            warmup_steps=20, budget_s=100.0, epoch_estimate_s=8.0, final_eval_estimate_s=2.0)
+        out = {"replan": p.replan(4, 40.0, [9.0, 14.0, 14.0, 14.0], cap=20), "width": plan.choose_width(1.0, 8, 60.0),
+               "tf": [m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras")]}
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["tf"] == [] and out["replan"] == [10, 8, 58.0, 14.0], out
+    assert out["width"][0] in plan_widths(), out
+
+
+def plan_widths():
+    from course_utils.capstone import plan
+
+    return plan.AUTO_WIDTH["widths"]
 
 
 def test_budget_plan_refits_the_rest_with_hysteresis():
@@ -1023,10 +1048,8 @@ def test_course_policy_on_a_cpu_follows_bf16_instructions_and_onednn(monkeypatch
     than float32 on an AVX512-BF16 CPU (a 10 s budget then bought one epoch): the trainer chooses float32 there."""
     import types
 
-    from course_utils import memory
-
     cpu, course = types.SimpleNamespace(kind="CPU"), capstone.RECIPES["course"]
-    monkeypatch.setattr(memory, "cpu_bf16_support", lambda: (True, ["avx512_bf16"]))
+    monkeypatch.setattr(hardware, "cpu_bf16_support", lambda: (True, ["avx512_bf16"]))
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # (the suite may run under an AVX2 cap)
     assert course.choose_policy(cpu)[0] == "mixed_bfloat16"
@@ -1034,7 +1057,7 @@ def test_course_policy_on_a_cpu_follows_bf16_instructions_and_onednn(monkeypatch
     assert course.choose_policy(cpu) == ("float32", "CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own "
                                          "kernels run bfloat16 several times slower than float32")
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
-    monkeypatch.setattr(memory, "cpu_bf16_support", lambda: (False, []))
+    monkeypatch.setattr(hardware, "cpu_bf16_support", lambda: (False, []))
     assert course.choose_policy(cpu)[0] == "float32"
 
 
@@ -1044,12 +1067,10 @@ def test_a_cpu_capped_below_bfloat16_trains_in_float32(monkeypatch):
     course recipe trains in float32 there, and says why."""
     import types
 
-    from course_utils import memory
-
-    assert memory.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "avx2"}) == "AVX2"
-    assert memory.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) is None  # it has bfloat16 kernels
-    assert memory.onednn_bf16_capped({}) is None
-    monkeypatch.setattr(memory, "recommended_policy", lambda rt: ("mixed_bfloat16", "CPU"))
+    assert hardware.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "avx2"}) == "AVX2"
+    assert hardware.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) is None  # it has bfloat16 kernels
+    assert hardware.onednn_bf16_capped({}) is None
+    monkeypatch.setattr(hardware, "recommended_policy", lambda rt: ("mixed_bfloat16", "CPU"))
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)  # (the suite may run with oneDNN off)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     policy, why = capstone.RECIPES["course"].choose_policy(types.SimpleNamespace(kind="CPU"))
@@ -1063,8 +1084,8 @@ def test_a_cpu_capped_below_bfloat16_trains_in_float32(monkeypatch):
 
 def test_course_batch_is_per_replica_and_the_learning_rate_follows_the_global_batch():
     course, base = capstone.RECIPES["course"], capstone.RECIPES["baseline"]
-    assert capstone.Options().resolved().batch_size is None  # the replicas decide: train() fills it
-    assert capstone.Options(recipe="baseline").resolved().batch_size == 64
+    assert capstone.resolved(capstone.Options()).batch_size is None  # the replicas decide: train() fills it
+    assert capstone.resolved(capstone.Options(recipe="baseline")).batch_size == 64
     for replicas, expected in ((1, 128), (2, 256), (4, 512), (8, 1024)):  # 1 024 on a v5e-8 (lesson 08 §6)
         batch, why = course.global_batch(None, replicas, 1, 45_000)
         assert batch == expected and why.startswith(f"128 per replica × {replicas} replica"), (replicas, why)
@@ -1099,10 +1120,10 @@ def test_a_run_on_two_replicas_doubles_the_global_batch_and_the_learning_rate(tm
 
 def test_resume_on_other_replicas_is_refused_with_the_batch_to_give(tmp_path):
     o = capstone.Options(epochs=1, out=str(tmp_path), batch_size=256)
-    capstone._check_same_batch({"batch_size": 256}, o, "128 per replica × 2 replicas")
+    capstone.check_same_batch({"batch_size": 256}, o, "128 per replica × 2 replicas")
     with pytest.raises(capstone.OptionsError, match=r"global batch of 512, and here it would be 256 \(128 per "
                                                     r"replica × 2 replicas\): resume with --batch-size 512"):
-        capstone._check_same_batch({"batch_size": 512}, o, "128 per replica × 2 replicas")
+        capstone.check_same_batch({"batch_size": 512}, o, "128 per replica × 2 replicas")
 
 
 @pytest.mark.parametrize("asked,kind,replicas,steps,expected", [
@@ -1144,8 +1165,8 @@ def test_training_pipeline_augments_whole_batches_with_augment_batch(monkeypatch
 
     monkeypatch.setattr(data, "augment_batch", spy)
     monkeypatch.setattr(data, "augment", per_image)
-    o = capstone.Options(epochs=1, batch_size=64).resolved()
-    train_ds, val_ds = capstone._pipelines(o, _splits(same_image=True))
+    o = capstone.resolved(capstone.Options(epochs=1, batch_size=64))
+    train_ds, val_ds = capstone.trainer._pipelines(o, _splits(same_image=True))
     assert calls == [4], calls  # traced once, on a batch (rank 4), not on an image
     assert train_ds.element_spec[0].shape.as_list() == [64, 32, 32, 3] and train_ds.element_spec[0].dtype == tf.float32
     assert train_ds.element_spec[1].shape.as_list() == [64, 10] and train_ds.element_spec[1].dtype == tf.float32
@@ -1155,7 +1176,7 @@ def test_training_pipeline_augments_whole_batches_with_augment_batch(monkeypatch
     assert val_ds.element_spec[0].dtype == tf.float32
 
     calls.clear()  # --no-augment: the images as they are, no augmentation traced
-    plain = capstone._pipelines(capstone.Options(epochs=1, batch_size=64, augment=False).resolved(), _splits())[0]
+    plain = capstone.trainer._pipelines(capstone.resolved(capstone.Options(epochs=1, batch_size=64, augment=False)), _splits())[0]
     assert calls == [] and plain.element_spec[0].shape.as_list() == [64, 32, 32, 3]
 
 
@@ -1215,7 +1236,7 @@ def test_float16_on_several_replicas_trains_through_accumulating_model_so_an_ove
         o = capstone.Options(recipe="course", epochs=1, out="unused", batch_size=256)
         splits = types.SimpleNamespace(train=(np.random.rand(16, 32, 32, 3).astype("float32"),))
         for policy in ("mixed_float16", "mixed_bfloat16"):
-            _, model, *_ = capstone._compiled_model(o, capstone.RECIPES["course"], policy, False, strategy, 8, splits)
+            _, model, *_ = capstone.trainer._compiled_model(o, capstone.RECIPES["course"], policy, False, strategy, 8, splits)
             print(policy, type(model).__name__, type(model.optimizer).__name__)
     """)
     proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
@@ -1232,11 +1253,11 @@ from course_utils import capstone, data, runtime
 fixed = sys.argv[1] == "trainer"
 (x, y), _ = data.synthetic_cifar(4096, 64, seed=0)
 splits = capstone.Splits((x, y), (x[:256], y[:256]), (x[:64], y[:64]), "synthetic")
-o = capstone.Options(recipe="baseline", epochs=3, batch_size=64, steps_per_execution=1).resolved()
+o = capstone.resolved(capstone.Options(recipe="baseline", epochs=3, batch_size=64, steps_per_execution=1))
 rt = runtime.detect()
-strategy = capstone._fit_strategy(rt) if fixed else rt.strategy
-train_ds, val_ds = capstone._pipelines(o, splits, 1, autotune=strategy is rt.strategy)
-_, model, *_ = capstone._compiled_model(o, capstone.RECIPES["baseline"], "float32", False, strategy, 8, splits)
+strategy = capstone.trainer._fit_strategy(rt) if fixed else rt.strategy
+train_ds, val_ds = capstone.trainer._pipelines(o, splits, 1, autotune=strategy is rt.strategy)
+_, model, *_ = capstone.trainer._compiled_model(o, capstone.RECIPES["baseline"], "float32", False, strategy, 8, splits)
 waits, epochs = [], []
 
 class Spy(keras.callbacks.Callback):
@@ -1266,7 +1287,7 @@ print(json.dumps({"waits": waits, "epochs": epochs, "after_fit": after, "strateg
 def test_an_epoch_starts_without_waiting_for_the_last_epochs_iterator():
     """At every epoch's start Keras drops the previous epoch's iterator, and TensorFlow destroys it only once its
     tf.data autotuning thread wakes — on one core that idled the process for up to an epoch at each epoch's start and
-    after the last one (the budget claim of lesson 06 failed on it). The trainer's setup (capstone._fit_strategy: the
+    after the last one (the budget claim of lesson 06 failed on it). The trainer's setup (capstone.trainer._fit_strategy: the
     default strategy on one device, its pipelines without autotuning) starts each epoch at once; the runtime's
     OneDeviceStrategy with autotuning is run beside it, for the record of what the test guards against."""
     cpu = min(os.sched_getaffinity(0))

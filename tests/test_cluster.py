@@ -242,7 +242,7 @@ def test_every_task_and_its_children_end_when_the_launcher_ends(tmp_path, sig):
     assert all(_gone(pid, within_s=10) for pid in pids), [p for p in pids if not _gone(p, 0)]
     if sig != "SIGKILL":
         assert launcher.returncode == 128 + getattr(signal, sig), err
-        assert f"cluster: {sig}; every task was stopped" in err and "Traceback" not in err
+        assert f"cluster: stopped by {sig}; every task was stopped" in err and "Traceback" not in err
 
 
 def test_ctrl_c_while_tasks_start_leaves_none_behind(tmp_path):

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from course_utils import memory
+from course_utils import hardware, memory
 
 
 pytestmark = pytest.mark.usefixtures("float32_policy")  # conftest.py
@@ -211,7 +211,7 @@ def test_format_bytes():
     ],
 )
 def test_recommended_policy(kind, cc, policy):
-    chosen, why = memory.recommended_policy(kind, gpu_compute_capability=cc)
+    chosen, why = hardware.recommended_policy(kind, gpu_compute_capability=cc)
     assert chosen == policy and why
     if cc is not None:
         assert f"{cc[0]}.{cc[1]}" in why
@@ -220,21 +220,21 @@ def test_recommended_policy(kind, cc, policy):
 def test_recommended_policy_unknown_gpu_and_runtime_objects(monkeypatch):
     import types
 
-    monkeypatch.setattr(memory, "detect_gpu_compute_capability", lambda gpu=None: None)
-    chosen, why = memory.recommended_policy("GPU")
+    monkeypatch.setattr(hardware, "detect_gpu_compute_capability", lambda gpu=None: None)
+    chosen, why = hardware.recommended_policy("GPU")
     assert chosen == "mixed_float16" and "unknown" in why
-    monkeypatch.setattr(memory, "detect_gpu_compute_capability", lambda gpu=None: (8, 6))
-    assert memory.recommended_policy(types.SimpleNamespace(kind="GPU"))[0] == "mixed_bfloat16"
-    assert memory.recommended_policy(types.SimpleNamespace(kind="TPU"))[0] == "mixed_bfloat16"
+    monkeypatch.setattr(hardware, "detect_gpu_compute_capability", lambda gpu=None: (8, 6))
+    assert hardware.recommended_policy(types.SimpleNamespace(kind="GPU"))[0] == "mixed_bfloat16"
+    assert hardware.recommended_policy(types.SimpleNamespace(kind="TPU"))[0] == "mixed_bfloat16"
     with pytest.raises(ValueError, match="unknown runtime kind"):
-        memory.recommended_policy("IPU")
+        hardware.recommended_policy("IPU")
 
 
 def test_detect_gpu_compute_capability_is_none_without_gpu():
     import tensorflow as tf
 
     if not tf.config.list_physical_devices("GPU"):
-        assert memory.detect_gpu_compute_capability() is None
+        assert hardware.detect_gpu_compute_capability() is None
 
 
 _CPUINFO = """processor\t: 0
@@ -248,14 +248,14 @@ flags\t\t: fpu vme sse sse2 avx avx2 avx512f {extra}
 
 
 def test_cpu_bf16_support_from_fake_cpuinfo():
-    assert memory.cpu_bf16_support(_CPUINFO.format(extra="")) == (False, [])
-    assert memory.cpu_bf16_support(_CPUINFO.format(extra="avx512_bf16")) == (True, ["avx512_bf16"])
-    assert memory.cpu_bf16_support(_CPUINFO.format(extra="amx_tile amx_bf16 avx512_bf16")) == (
+    assert hardware.cpu_bf16_support(_CPUINFO.format(extra="")) == (False, [])
+    assert hardware.cpu_bf16_support(_CPUINFO.format(extra="avx512_bf16")) == (True, ["avx512_bf16"])
+    assert hardware.cpu_bf16_support(_CPUINFO.format(extra="amx_tile amx_bf16 avx512_bf16")) == (
         True,
         ["avx512_bf16", "amx_bf16"],
     )
-    assert memory.cpu_bf16_support("no flags here") == (None, [])
-    supported, found = memory.cpu_bf16_support()  # this machine: any answer, consistent
+    assert hardware.cpu_bf16_support("no flags here") == (None, [])
+    supported, found = hardware.cpu_bf16_support()  # this machine: any answer, consistent
     assert supported in (True, False, None) and (supported is True) == bool(found)
 
 
@@ -468,10 +468,10 @@ def test_a_module_that_runs_an_op_at_import_is_refused(tmp_path, monkeypatch):
 
 
 def test_tensorflow_has_run_an_op_reads_the_eager_context_in_a_fresh_process():
-    """The fork-based measurements rely on TensorFlow's private eager-context flag (memory.tensorflow_has_run_an_op):
+    """The fork-based measurements rely on TensorFlow's private eager-context flag (processes.tensorflow_has_run_an_op):
     False after importing TensorFlow, True once an op ran. A release that changes it fails here, loudly."""
-    code = ("import tensorflow as tf\nfrom course_utils import memory\nbefore = memory.tensorflow_has_run_an_op()\n"
-            "tf.constant(1) + 1\nprint(before, memory.tensorflow_has_run_an_op())")
+    code = ("import tensorflow as tf\nfrom course_utils import processes\nbefore = processes.tensorflow_has_run_an_op()\n"
+            "tf.constant(1) + 1\nprint(before, processes.tensorflow_has_run_an_op())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -502,11 +502,11 @@ def interop_checking_step(mib: int, expected: str):
 def test_measuring_processes_get_an_explicit_inter_op_pool(monkeypatch):
     """On one core TensorFlow's default pool let the executor's op order differ between processes (lesson 07's
     recomputed step: 4-11% saved in 3 of 5 processes, 35-40% in the others); an explicit pool made it 20-41% in all."""
-    from course_utils import cluster
+    from course_utils import processes
 
     monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
     memory.stop_measuring_process()  # a helper started before this test has its own environment
-    expected = str(cluster.interop_threads())
+    expected = str(processes.interop_threads())
     got = memory.measure_peaks_isolated(interop_checking_step, {"a": {"mib": 2, "expected": expected}}, repeats=1,
                                         fresh_process=True, timeout=60)
     assert got["a"].peak_bytes > 0

@@ -361,7 +361,7 @@ def measure(lab) -> dict:
     computes the same entries section by section and passes them to :func:`claims`."""
     import functools
 
-    from ... import memory, models, timing
+    from ... import hardware, memory, models, timing
     from ..bfloat16_conversion import experiments as conversion
 
     cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
@@ -380,8 +380,8 @@ def measure(lab) -> dict:
     out["wrapped"] = compile_wraps(build, strategy)
     out.update(_loss_scaling_figures(build, strategy, cfg.seed))
 
-    mixed_policy, _ = memory.recommended_policy(rt)
-    cpu_bf16, _ = memory.cpu_bf16_support()
+    mixed_policy, _ = hardware.recommended_policy(rt)
+    cpu_bf16, _ = hardware.cpu_bf16_support()
     policies = ("float32", mixed_policy)
     mem_batch = 2 * sizes.memory_batch
     step_sizes = dict(width=sizes.model_width, num_classes=sizes.num_classes, jit=lab.jit, seed=cfg.seed)

@@ -1,0 +1,316 @@
+"""The budget arithmetic, without TensorFlow: how wide a network and how many epochs fit a time budget
+(:func:`choose_width`), and :class:`BudgetPlan`, which keeps a run within its budget as epochs are measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, ClassVar
+
+from .options import COURSE, MAX_SCHEDULE_STEPS, is_int
+
+
+# Auto width (the course recipe with a time budget and no --width): the widest base width in `widths` that the
+# budget still trains for `target_epochs` epochs. Measured on real CIFAR-10 images (3,661 training images), 60 s:
+# one core, widths 4 / 6 / 8 / 12 / 16 trained 36 / 25 / 21 / 13 / 9 epochs to 64.0 / 69.1 / 68.6 / 67.3 / 61.6%;
+# 2 cores, widths 8 / 12 / 16: 29 / 19 / 15 epochs, 71.9 / 69.4 / 69.9%. The warm-up times the `start` width only;
+# another width's epoch is predicted (predicted_epoch_s): the convolutions' work grows as the width squared
+# (resnet9_macs), and a share `fixed_share` of the start width's epoch does not grow with it (the input pipeline,
+# each step's calls, the epoch's checkpoints; 0.5–0.7 fitted to the epoch times above).
+# Longer budgets want more epochs as well as a wider net: the target grows as the square root of the budget beyond
+# `target_budget_s` (target_epochs_for). 600 s, 2 cores, fixed widths: 32 / 48 / 64 trained 75 / 44 / 28 epochs to
+# 79.0 / 78.6 / 77.4% (flip TTA); the target of 63 there chooses 32.
+AUTO_WIDTH = dict(widths=(4, 6, 8, 12, 16, 24, 32, 48, 64), start=8, target_epochs=20, target_budget_s=60.0,
+                  target_growth=0.5, fixed_share=0.6)
+
+# When the chosen width is timed too and its epoch is off the prediction by more than this factor (either way), the
+# width is chosen again from the two timed widths (epoch = a + b·MACs through them, width_model), and timed again if
+# planning still has room. The one-width prediction can be far off: on the 2-core AMX CPU width 48 was predicted at
+# 27.5 s/epoch and measured at 12.6 s; on an H200 (Keras on JAX, measurements/2026-11-26-h200-keras-jax) width 64's
+# epoch took 0.81 s where width 8's took 0.68 s
+RECHOOSE_OFF_BY = 1.25
+
+# Test-time augmentation (the course recipe): the mean prediction over each test image and its mirror, each also
+# shifted by one pixel in these directions: 10 views. On the dev images (real CIFAR-10, 1,017 test images) it beat the
+# mirror alone by +0.2 to +2.9 points (median +1.0; five 60 s runs and one 600 s, 2 cores); shifts of 2 pixels scored
+# within a point of one pixel's (+0.6 on average at 60 s, -0.5 at 600 s)
+TTA_SHIFTS = ((1, 1), (1, -1), (-1, 1), (-1, -1))
+
+TTA_VIEWS = 2 * (1 + len(TTA_SHIFTS))
+
+# At most this share of a time budget goes to planning (compiling and timing warm-up steps) before the first epoch:
+# the chosen width is warmed up too only when that fits in it (else its first epoch compiles it, and the plan is
+# corrected after each epoch), and a budget the first warm-up already overran is told so up front
+PLANNING_SHARE = 0.10
+
+PLANNING_MARGIN = 1.25  # another width's warm-up, estimated from the last one's, must fit with this factor
+
+# Steps the warm-up times after its compiling one (fewer on a TPU, whose calls run steps_per_execution each): 6 cost
+# 0.4 s of a 60 s budget on one core at width 8; the plan is corrected after each epoch anyway
+WARM_UP_STEPS = 6
+
+# … and for at least this long, up to an epoch: 6 short steps (the baseline's 12.5 ms on 2 cores) timed 30% slower
+# than its epochs then ran (53 epochs planned, 77 trained at 60 s)
+WARM_UP_MIN_S = 0.5
+
+# The validation split: held out of the training images, the same ones for every run on the same data (its own
+# seed), the usual 45,000 / 5,000 on CIFAR-10's 50,000
+VALIDATION_FRACTION = 0.1
+
+MAX_VALIDATION = 5_000
+
+VALIDATION_SEED = 20_240_101
+
+def resnet9_macs(width: int) -> int:
+    """Multiply-accumulates of :func:`resnet9`'s convolutions per 32×32 image: 9·(3·1024·w + 10,240·w²) (width 8:
+    6.1 M, 16: 24 M, 64: 380 M); the whitening convolution adds about 9·9·1024·w + 0.15 M (width 8: +0.8 M), left
+    out: the width choice needs the growth, not the count."""
+    return 9 * (3 * 1024 * width + 10_240 * width * width)
+
+def predicted_epoch_s(epoch_s: float, width: int, at: int, fixed_share: float = AUTO_WIDTH["fixed_share"]) -> float:
+    """An epoch's seconds at ``width``, from ``epoch_s`` measured at width ``at``: a ``fixed_share`` of it stays, the
+    rest scales with :func:`resnet9_macs`."""
+    return epoch_s * (fixed_share + (1 - fixed_share) * resnet9_macs(width) / resnet9_macs(at))
+
+def width_model(timed: dict[int, float], fixed_share: float = AUTO_WIDTH["fixed_share"]) -> Callable[[int], float]:
+    """Epoch seconds at any width, from the epochs timed at some widths (``{width: seconds}``): a timed width's own;
+    with one timed width :func:`predicted_epoch_s`; with two or more the line ``a + b·resnet9_macs(width)`` through
+    the narrowest and the widest of them, with ``a, b ≥ 0`` (on a GPU a wider net may take no longer: ``b = 0``; work
+    growing faster than the MACs: the line through zero and the widest)."""
+    timed = dict(timed)
+    if len(timed) == 1:
+        ((at, epoch_s),) = timed.items()
+        return lambda width: timed.get(width, predicted_epoch_s(epoch_s, width, at, fixed_share))
+    lo, hi = min(timed), max(timed)
+    slope = max((timed[hi] - timed[lo]) / (resnet9_macs(hi) - resnet9_macs(lo)), 0.0)
+    base = timed[lo] - slope * resnet9_macs(lo)
+    if base < 0:
+        base, slope = 0.0, timed[hi] / resnet9_macs(hi)
+    return lambda width: timed.get(width, base + slope * resnet9_macs(width))
+
+def target_epochs_for(budget_s: float | None, rule: dict = AUTO_WIDTH) -> int:
+    """The epochs auto width aims at for a budget: ``rule["target_epochs"]`` up to ``rule["target_budget_s"]``, then
+    growing as ``(budget / target_budget_s) ** target_growth`` (20, 28 at 120 s, 63 at 600 s, 155 at an hour)."""
+    if budget_s is None:
+        return rule["target_epochs"]
+    return round(rule["target_epochs"] * max(1.0, budget_s / rule["target_budget_s"]) ** rule["target_growth"])
+
+def choose_width(epoch_s: float, at: int, left_s: float, rule: dict = AUTO_WIDTH,
+                 timed: dict[int, float] | None = None, budget_s: float | None = None) -> tuple[int, float, int]:
+    """Auto width: ``(width, predicted epoch seconds, epochs)`` — the widest of ``rule["widths"]`` whose predicted
+    epochs in ``left_s`` seconds reach the target (:func:`target_epochs_for` the whole ``budget_s``); the narrowest
+    when none does. ``epoch_s`` is the epoch the warm-up measured at width ``at``; ``timed``: other widths' measured
+    epochs (:func:`width_model`)."""
+    widths = sorted(rule["widths"])
+    predict = width_model({**(timed or {}), at: epoch_s}, rule["fixed_share"])
+    target = target_epochs_for(budget_s, rule)
+    best = None
+    for width in widths:
+        e = predict(width)
+        n = BudgetPlan.epochs_in(left_s, e)
+        if best is None or n >= target:
+            best = (width, e, n)
+    return best
+
+def validation_size(n_train_images: int, requested: int | None = None) -> int:
+    """How many of ``n_train_images`` the validation split holds: as requested, else :data:`VALIDATION_FRACTION`
+    (at least 1, at most :data:`MAX_VALIDATION`)."""
+    if requested is not None:
+        return int(requested)
+    return max(1, min(MAX_VALIDATION, round(VALIDATION_FRACTION * n_train_images)))
+
+@dataclasses.dataclass
+class BudgetPlan:
+    """How many epochs the run trains, the learning-rate schedule's length, and — with a time budget — every
+    estimate and margin that chose them. Saved as ``plan.json`` (a resumed run keeps it).
+
+    With a budget: the warm-up's step times give an epoch's time (training + validation + :attr:`EPOCH_MIN_S`) and
+    the final evaluation's (the test split, :data:`TTA_VIEWS` times with TTA, each × :attr:`FINAL_EVAL_SAFETY` +
+    :attr:`FINAL_EVAL_VIEW_S`, + :attr:`FINAL_EVAL_MIN_S`); the epochs are the whole ones that fit in what is left.
+    After the first epoch the final evaluation's time is measured (:meth:`final_eval_from_view`), and after every
+    epoch :meth:`replan` refits the rest at the epoch time measured since."""
+
+    # Margins (seconds or epochs), each with its reason
+    # The final evaluation predicts each view of the test split once, cold: per image it took 1.0-2.3× the warm-up's
+    # evaluation step (median 1.5; widths 6, 8, 16 on one core, 2 cores and AVX2, dev images, 10 views)
+    FINAL_EVAL_SAFETY: ClassVar[float] = 1.6
+    FINAL_EVAL_MIN_S: ClassVar[float] = 0.5  # + fixed costs of predict (softmax, copying to NumPy; compiling it is
+    # estimated on its own: predict_compile_estimate_s)
+    FINAL_EVAL_VIEW_S: ClassVar[float] = 0.05  # + each view's own predict call (setting it up, shifting and padding)
+    # After the first epoch the final evaluation's estimate is measured instead: predict is compiled (the final
+    # evaluation reuses it) and a view of the test split timed twice, and once more half-way; the fastest counts
+    # (:meth:`final_eval_from_view`)
+    VIEW_SAFETY: ClassVar[float] = 1.25  # the final evaluation's views took 0.77-1.46× the fastest of two each
+    # (median 1.0; 60, 120 and 600 s runs, 2 cores, one core, AVX2, dev images)
+    VIEW_MIN_S: ClassVar[float] = 0.1  # + making the shifted views, averaging them
+    EPOCH_MIN_S: ClassVar[float] = 0.3  # an epoch's costs beyond its timed steps (callbacks, saving the backup)
+    # An epoch may start if it ends at most a quarter epoch past the budget: what is left of an epoch is the margin
+    # for what no estimate foresees (a shared machine stalls for seconds now and then; measured: 2-core VMs, 2026).
+    LATE_TOLERANCE: ClassVar[float] = 0.25
+    ROUND_UP: ClassVar[float] = 0.25  # a quarter epoch over still counts as fitting ("within one epoch")
+    # grow only when more than this many epochs' time would go unused (a run ends within one epoch of its budget, on
+    # the early side too: lesson 06's budget claim) …
+    GROW_AFTER: ClassVar[float] = 0.75  # (less than an epoch: the estimates' errors need room within it)
+    GROW_FRACTION: ClassVar[float] = 0.1  # … and more than this share of the time left
+    # … and shrink only when it would end more than this share of the time left late (and a quarter epoch): far from
+    # the end the mean epoch jitters by a few per cent, which over 40 short epochs is more than one epoch (the
+    # baseline, 0.7 s epochs on 2 cores: re-planned 79 → 77 → 74 → 72 → 77 → 76 … in one run)
+    SHRINK_FRACTION: ClassVar[float] = 0.05
+    NO_GROW_LAST: ClassVar[int] = 2  # never grow in the last epochs: the LR has (almost) decayed to zero
+    RECENT_EPOCHS: ClassVar[int] = 5  # replan at the mean of the last few epochs (the first left out) …
+    # … and of more while those took less than this: the baseline's 0.7-0.9 s epochs (2 cores) moved the mean of five
+    # by ±10%, and its plan by 10 epochs each way, several times in a run
+    RECENT_S: ClassVar[float] = 10.0
+
+    options: dict
+    steps_per_epoch: int
+    policy: str
+    width: int | None
+    epochs: int
+    initial_epochs: int
+    warmup_steps: int
+    budget_s: float | None = None
+    epoch_estimate_s: float = 0.0
+    final_eval_estimate_s: float = 0.0
+    warm_up_epoch_s: float | None = None  # the warm-up's estimate: a vote in replan until 3 epochs are measured
+    planning_elapsed_s: float | None = None
+    warm_up: dict | None = None  # the warm-up's figures (train_step_s, eval_step_s, compile_s, …)
+    width_trials: list | None = None  # [width, epoch_s, epochs] per width the warm-up tried
+    final_view_s: float | None = None  # one view of the test split, timed after the first epoch (None: not yet)
+
+    @staticmethod
+    def warmup_for(epochs: int, steps_per_epoch: int) -> int:
+        return round(COURSE["warmup_fraction"] * epochs * steps_per_epoch)
+
+    @classmethod
+    def no_time_to_time_steps(cls, budget_s: float, elapsed_s: float) -> bool:
+        """After the first (compiling) step: less left than a final evaluation and two epochs at their least?
+        Then the plan is one epoch, whatever the steps take."""
+        return budget_s - elapsed_s < cls.FINAL_EVAL_MIN_S + 2 * cls.EPOCH_MIN_S
+
+    @classmethod
+    def estimates(cls, warm: dict, val_steps: int, test_steps: int, tta: bool) -> tuple[float, float]:
+        """``(epoch_s, final_eval_s)`` from the warm-up's step times (the final evaluation's includes compiling
+        predict, which the warm-up leaves to it: ``predict_compile_estimate_s``)."""
+        epoch_s = warm["train_epoch_s"] + warm["eval_step_s"] * val_steps + cls.EPOCH_MIN_S
+        views = TTA_VIEWS if tta else 1
+        final_s = ((warm["eval_step_s"] * test_steps * cls.FINAL_EVAL_SAFETY + cls.FINAL_EVAL_VIEW_S) * views
+                   + cls.FINAL_EVAL_MIN_S + warm.get("predict_compile_estimate_s", 0.0))
+        return epoch_s, final_s
+
+    @classmethod
+    def final_eval_from_view(cls, view_s: float, tta: bool) -> float:
+        """The final evaluation's seconds from one view of the test split timed with predict compiled: each of its
+        views (:data:`TTA_VIEWS` with TTA) × :attr:`VIEW_SAFETY`, + :attr:`VIEW_MIN_S`."""
+        return view_s * (TTA_VIEWS if tta else 1) * cls.VIEW_SAFETY + cls.VIEW_MIN_S
+
+    def view_to_time(self, epochs_here: int, views_timed: int, done: int) -> str | None:
+        """At the end of epoch ``done`` (the ``epochs_here``-th of this process), whether to time a view of the test
+        split for the final evaluation's estimate: ``"first"`` (compile predict, time two) after this process's first
+        epoch, ``"halfway"`` (one more) once half the plan is done — two timed right after compiling read 30% slow now
+        and then (2 cores, 120 s: 0.33 s, the final evaluation's 0.26 s per view) — and None otherwise, without a
+        budget, or when the plan ends before it could use the figure."""
+        if self.budget_s is None:
+            return None
+        if epochs_here == 1 and done < self.epochs:
+            return "first"
+        if views_timed == 2 and 2 * done >= self.epochs and done < self.epochs - 1:
+            return "halfway"
+        return None
+
+    @staticmethod
+    def epochs_in(left_s: float, epoch_s: float) -> int:
+        """Whole epochs in ``left_s`` seconds; at least one (a run always finishes an epoch)."""
+        return max(1, int(left_s // epoch_s)) if epoch_s > 0 else 1
+
+    def schedule_steps(self) -> tuple[int, int]:
+        """``(warm-up steps, total steps)`` for the learning-rate schedule."""
+        return self.warmup_steps, self.epochs * self.steps_per_epoch
+
+    def fits_another(self, done: int, elapsed_s: float) -> bool:
+        """Whether one more epoch (and the final evaluation) ends within the budget, up to :attr:`LATE_TOLERANCE`
+        of an epoch late. The first epoch always fits."""
+        if self.budget_s is None or done == 0:
+            return True
+        est = self.epoch_estimate_s
+        return elapsed_s + est + self.final_eval_estimate_s <= self.budget_s + self.LATE_TOLERANCE * est
+
+    def replan(self, done: int, elapsed_s: float, epoch_times: list[float], cap: int) -> tuple | None:
+        """Fit the rest of the plan to the budget left at the epoch time measured in this process: the mean of the
+        last :attr:`RECENT_EPOCHS`, more while they took less than :attr:`RECENT_S` together (``epoch_times``: wall
+        time from one epoch's end to the next, so what happens between epochs counts too; the first epoch, which
+        fills the cache and compiles the evaluation, only while it is all there is; the warm-up's estimate votes until
+        3 are measured), leaving out the slowest of them (a stall is not yet a trend). The mean, not the median: what is left costs the *sum* of the epochs to come, and on a
+        shared machine epochs do not scatter around one time — on a 2-core VM they alternated between 3.2 and 5.1 s
+        (and now and then 10 s), and the median of three jumped from one to the other, re-planning 35 → 24 → 31 → 24
+        → 30 → 25 epochs in one run and ending another 20 s early.
+        Returns ``(old epochs, new epochs, seconds left, epoch seconds)`` when the plan changed, else None.
+
+        Hysteresis: change only when the plan would end more than :attr:`LATE_TOLERANCE` of an epoch (and
+        :attr:`SHRINK_FRACTION` of the time left) late, or leave
+        more than :attr:`GROW_AFTER` epochs (and :attr:`GROW_FRACTION` of the time left) unused: short epochs
+        jitter by ±30% on a shared machine, and re-planning for every jitter would only churn the schedule."""
+        if self.budget_s is None or done >= cap or not epoch_times:
+            return None
+        measured = epoch_times[1:] or epoch_times
+        recent = measured[-self.RECENT_EPOCHS:]
+        while len(recent) < len(measured) and sum(recent) < self.RECENT_S:
+            recent = measured[-len(recent) - 1:]
+        if len(recent) < 3 and self.warm_up_epoch_s:
+            recent = recent + [self.warm_up_epoch_s]
+        recent = sorted(recent)[:-1] or recent  # the slowest left out: one stall is not yet a trend
+        epoch_s = sum(recent) / len(recent)
+        self.epoch_estimate_s = epoch_s
+        left = self.budget_s - elapsed_s - self.final_eval_estimate_s
+        fits = done + max(0, int(left / epoch_s + self.ROUND_UP))
+        fits = max(done, min(fits, cap))
+        slack = left - (self.epochs - done) * epoch_s
+        if (-max(self.LATE_TOLERANCE * epoch_s, self.SHRINK_FRACTION * left) <= slack
+                <= max(self.GROW_AFTER * epoch_s, self.GROW_FRACTION * left)):
+            return None
+        if fits > self.epochs and self.epochs - done < self.NO_GROW_LAST:
+            return None
+        if fits == self.epochs:
+            return None
+        old, self.epochs = self.epochs, fits
+        step = done * self.steps_per_epoch
+        if step < self.warmup_steps:  # still warming up: the warm-up keeps its share of the new plan
+            self.warmup_steps = min(max(step, self.warmup_for(fits, self.steps_per_epoch)), fits * self.steps_per_epoch)
+        return old, fits, left, epoch_s
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "BudgetPlan":
+        """The plan in ``d`` (plan.json); ValueError with the reason when it is not one this trainer wrote."""
+        if not isinstance(d, dict):
+            raise ValueError(f"it holds {type(d).__name__}, not a plan")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(n for n in ("options", "steps_per_epoch", "epochs", "initial_epochs", "warmup_steps")
+                         if n not in d)
+        if missing:
+            raise ValueError(f"it lacks {', '.join(missing)}")
+        plan = cls(**{k: v for k, v in d.items() if k in names and k != "policy"}, policy=d.get("policy", ""))
+        if not isinstance(plan.options, dict):
+            raise ValueError("its options are not a mapping")
+        for name in ("steps_per_epoch", "epochs", "initial_epochs"):
+            value = getattr(plan, name)
+            if not is_int(value) or not 1 <= value <= MAX_SCHEDULE_STEPS:
+                raise ValueError(f"{name} is {value!r}, not a whole number from 1")
+        if not is_int(plan.warmup_steps) or not 0 <= plan.warmup_steps <= plan.epochs * plan.steps_per_epoch:
+            raise ValueError(f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
+                             f"{plan.epochs * plan.steps_per_epoch} steps")
+        for name in ("epoch_estimate_s", "final_eval_estimate_s"):
+            value = getattr(plan, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} is {value!r}, not a number of seconds")
+        return plan
+
+def whole_batch_s(ends: list[tuple[int, float]], sizes: list[int] | None) -> float:
+    """A whole (the first) batch's seconds from ``ends``, ``(last step index, time)`` at the end of each call: the
+    time after the first call, per image of the batches it ran (``sizes``: each batch's images; None: all alike)."""
+    (first, t_first), (last, t_last) = ends[0], ends[-1]
+    sizes = list(sizes) if sizes else [1] * (last + 1)
+    images = sum(sizes[first + 1:last + 1]) or (last - first) * sizes[0]
+    return (t_last - t_first) / max(images, 1) * sizes[0]

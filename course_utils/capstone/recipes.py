@@ -1,0 +1,233 @@
+"""The two recipes, one object each (:class:`Recipe`: the course's and the popular tutorial's), and the choices that
+follow from the hardware (``steps_per_execution``, XLA, the learning rate for a global batch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .. import hardware
+from .models import resnet9, tutorial_cnn
+from .options import BASELINE, COURSE, Options, OptionsError
+
+
+# steps_per_execution on a TPU (lesson 04 §7: each call into the compiled function costs a host round trip, which a
+# TPU's short steps feel most; 32 or more is common there), at most the steps of an epoch. Elsewhere 1: off a TPU a
+# step of this ResNet is long next to the call, and under MirroredStrategy Keras refuses more (keras#19246).
+TPU_STEPS_PER_EXECUTION = 32
+
+# Goyal et al. 2017 scaled linearly to 8k on ImageNet with a 5-epoch warm-up; CIFAR-10 under a minutes budget has
+# too few steps for that warm-up, so the course warns from ~1k examples per update
+MAX_LR_SCALING_BATCH = 1024
+
+RECIPE_TABLE = [
+    {"choice": "ResNet-9-style network (conv-BN-ReLU prep, 2 residual blocks, global max pooling)", "lesson": "capstone",
+     "source": "D. Page, 'How to train your ResNet' (DAWNBench 2018); airbench (K. Jordan 2024)"},
+    {"choice": "with a time budget, the widest network width that still trains 20 epochs (more for budgets over a "
+               "minute; timed at width 8, the others predicted, chosen again if the chosen width's timing is off)",
+     "lesson": "capstone", "source": "capstone.choose_width; lesson 06 §2"},
+    {"choice": "a fixed first convolution that whitens 2×2 patches (its filters computed once from the training "
+               "images; learning starts faster)", "lesson": "capstone",
+     "source": "airbench (K. Jordan 2024); capstone.whitening_kernel"},
+    {"choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
+     "lesson": "03", "source": "hardware.recommended_policy"},
+    {"choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
+               "not per image)", "lesson": "04", "source": "data.build_pipeline(batch_augment_fn=data.augment_batch)"},
+    {"choice": "random crop (pad 4) + horizontal flip, each image its own; per-channel normalization", "lesson": "04",
+     "source": "data.augment_batch; Page"},
+    {"choice": "a batch of 128 per replica: the global batch is 128 × replicas", "lesson": "08",
+     "source": "lesson 08 §6; capstone.Recipe.global_batch"},
+    {"choice": "SGD, Nesterov momentum 0.9, decoupled weight decay", "lesson": "capstone",
+     "source": "Page; Loshchilov & Hutter 2019 (decoupled weight decay)"},
+    {"choice": "label smoothing 0.2", "lesson": "capstone", "source": "Szegedy et al. 2016; airbench"},
+    {"choice": "warm-up then linear decay to zero, stretched to end at the budget", "lesson": "capstone",
+     "source": "Page (one-cycle); budgeted training (Li et al. 2020)"},
+    {"choice": "peak LR linear in the global batch (0.2 per 256; warned above ~1k)", "lesson": "capstone, 08",
+     "source": "Goyal et al. 2017; capstone.peak_learning_rate"},
+    {"choice": "test-time augmentation: the mean over each image and its mirror, each also shifted one pixel "
+               "diagonally (10 views)", "lesson": "capstone", "source": "Page; airbench; capstone.tta_views"},
+    {"choice": "optional EMA of the weights (SGD use_ema)", "lesson": "capstone", "source": "Page; Keras optimizers"},
+    {"choice": "optional gradient accumulation (--accumulate K)", "lesson": "05", "source": "accumulation.AccumulatingModel"},
+    {"choice": f"steps_per_execution: {TPU_STEPS_PER_EXECUTION} steps per call on a TPU, 1 elsewhere", "lesson": "04",
+     "source": "Keras compile(); capstone.choose_steps_per_execution"},
+    {"choice": "BackupAndRestore + best checkpoint; --resume", "lesson": "capstone", "source": "Keras callbacks"},
+]
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One recipe: its defaults for the options left at None, its precision policy, model and optimizer."""
+
+    name: str
+    batch_size: int  # per replica when per_replica_batch, else global
+    per_replica_batch: bool  # the global batch grows with the replicas (course) or stays as written (baseline)
+    augment: bool
+    label_smoothing: float
+    schedule: str
+    tta: bool
+    whiten: bool  # a fixed 2×2 patch-whitening first convolution (course)
+    sized_by_width: bool  # --width applies (and auto width with a budget)
+
+    def fill_defaults(self, o: Options) -> Options:
+        o = dataclasses.replace(o)
+        for name in ("augment", "label_smoothing", "schedule", "tta", "whiten"):
+            if getattr(o, name) is None:
+                setattr(o, name, getattr(self, name))
+        if o.batch_size is None and not self.per_replica_batch:
+            o.batch_size = self.batch_size
+        if o.ema is None:
+            o.ema = False
+        return o
+
+    def global_batch(self, asked: int | None, replicas: int, accumulate: int = 1,
+                     train_images: int | None = None) -> tuple[int, str]:
+        """``(global batch per update, why)``. ``asked`` (``--batch-size``) is the global batch as given. Else the
+        baseline keeps its global batch (the tutorial's, on any number of replicas), and the course recipe gives
+        each replica :attr:`batch_size` (128) — so the global batch, and with it the peak learning rate
+        (:func:`peak_learning_rate`), grows with the replicas: 128 on one, 1,024 on a v5e-8 (lesson 08 §6). Only
+        where that global batch is larger than ``train_images`` (an epoch would have no whole step) is the
+        per-replica batch halved until one step fits, and the reason says so."""
+        if asked is not None:
+            return asked, "--batch-size"
+        if not self.per_replica_batch:
+            return self.batch_size, f"the {self.name} recipe's, on any number of replicas"
+        per = self.batch_size
+        while (train_images is not None and per * replicas > train_images and per % 2 == 0
+               and (per // 2) % accumulate == 0):
+            per //= 2
+        why = f"{per} per replica × {replicas} replica{'s' if replicas != 1 else ''}"
+        if per != self.batch_size:
+            why += (f" ({self.batch_size} per replica would make one step larger than the {train_images} training "
+                    "images)")
+        return per * replicas, why
+
+    def choose_policy(self, rt) -> tuple[str, str]:  # pragma: no cover - each recipe says
+        raise NotImplementedError
+
+    def peak_learning_rate(self, global_batch: int) -> float:  # pragma: no cover
+        raise NotImplementedError
+
+    def learning_rate_rule(self) -> str:  # pragma: no cover - how peak_learning_rate scales, in words
+        raise NotImplementedError
+
+    def model(self, width: int, mean, variance, whiten=None):  # pragma: no cover - whiten: a whitening_kernel
+        raise NotImplementedError
+
+    def optimizer(self, schedule, ema: bool):  # pragma: no cover
+        raise NotImplementedError
+
+class _Course(Recipe):
+    def choose_policy(self, rt) -> tuple[str, str]:
+        policy, why = hardware.recommended_policy(rt)
+        if rt.kind == "CPU" and policy == "mixed_bfloat16":
+            if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("0", "false"):
+                # measured on a 2-core AVX512-BF16 CPU: 207 ms a step under mixed_bfloat16, 38 ms under float32
+                return "float32", ("CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own kernels run "
+                                   "bfloat16 several times slower than float32")
+            cap = hardware.onednn_bf16_capped()
+            if cap:
+                return "float32", (f"CPU with oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA): no bfloat16 kernels there, "
+                                   "as on a laptop's CPU")
+            supported, flags = hardware.cpu_bf16_support()
+            if supported is False:
+                return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"
+            if supported:
+                why = f"CPU with native bfloat16 ({', '.join(flags)}): mixed_bfloat16"
+        return policy, why
+
+    def peak_learning_rate(self, global_batch: int) -> float:
+        return peak_learning_rate(global_batch)
+
+    def learning_rate_rule(self) -> str:
+        return f"the linear rule: {COURSE['lr_per_256']:g} per 256 examples per update"
+
+    def model(self, width, mean, variance, whiten=None):
+        return resnet9(width, mean=mean, variance=variance, whiten=whiten)
+
+    def optimizer(self, schedule, ema):
+        import keras
+
+        return keras.optimizers.SGD(schedule, momentum=COURSE["momentum"], nesterov=True,
+                                    weight_decay=COURSE["weight_decay"], use_ema=ema)
+
+class _Baseline(Recipe):
+    def choose_policy(self, rt) -> tuple[str, str]:
+        return "float32", "baseline: float32, as the tutorial"
+
+    def peak_learning_rate(self, global_batch: int) -> float:
+        return BASELINE["learning_rate"] * global_batch / BASELINE["batch_size"]
+
+    def learning_rate_rule(self) -> str:
+        return f"Adam's {BASELINE['learning_rate']:g} at the tutorial's {BASELINE['batch_size']}, linear in the batch"
+
+    def model(self, width, mean, variance, whiten=None):
+        return tutorial_cnn()
+
+    def optimizer(self, schedule, ema):
+        import keras
+
+        return keras.optimizers.Adam(schedule, use_ema=ema)
+
+RECIPES: dict[str, Recipe] = {
+    "course": _Course("course", batch_size=COURSE["batch_size"], per_replica_batch=True, augment=True,
+                      label_smoothing=COURSE["label_smoothing"], schedule="onecycle", tta=True, whiten=True,
+                      sized_by_width=True),
+    "baseline": _Baseline("baseline", batch_size=BASELINE["batch_size"], per_replica_batch=False, augment=False,
+                          label_smoothing=0.0, schedule="constant", tta=False, whiten=False,
+                          sized_by_width=False),
+}
+
+def resolved(o: Options) -> Options:
+    """A copy of ``o`` with every recipe default filled in that the hardware does not decide. Left None until
+    :func:`train` knows the replicas and the data: the course recipe's ``batch_size`` (per replica: see
+    :meth:`Recipe.global_batch`) and ``steps_per_execution`` (:func:`choose_steps_per_execution`)."""
+    return RECIPES[o.recipe].fill_defaults(o)
+
+def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, steps_per_epoch: int) -> tuple[int, str]:
+    """``(steps_per_execution, why)``: ``asked`` (``--steps-per-execution``) as given; on a TPU
+    :data:`TPU_STEPS_PER_EXECUTION`, at most an epoch's steps (lesson 04 §7: a call into the compiled function costs
+    a host round trip, and a TPU's steps are short); elsewhere 1 — a CPU or GPU step of this ResNet is long next to
+    the call, and under MirroredStrategy with several replicas Keras refuses more (keras-team/keras#19246)."""
+    if asked is not None:
+        return asked, "--steps-per-execution"
+    if kind == "TPU":
+        n = max(1, min(TPU_STEPS_PER_EXECUTION, steps_per_epoch))
+        bound = f", bounded by the {steps_per_epoch} steps of an epoch" if n < TPU_STEPS_PER_EXECUTION else ""
+        return n, f"TPU: {n} steps per call into the compiled function, one host round trip for them all{bound}"
+    if replicas > 1:
+        return 1, f"{replicas} replicas under MirroredStrategy: Keras refuses more than 1 there, keras-team/keras#19246"
+    return 1, f"{kind}: a step of this ResNet is long next to a call, so several per call pay off only on a TPU"
+
+def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
+    """``(jit_compile, compiled, why)``: what to pass Keras' ``compile(jit_compile=...)``, whether the step really
+    runs under XLA, and why. Keras resolves ``jit_compile="auto"`` to False whenever the model was built under a
+    tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute") — as the trainer's is on
+    several replicas and a TPU, not on one device (:func:`_fit_strategy`) — and on a machine without an accelerator,
+    so the choice is made here, explicitly, the same wherever the trainer runs:
+
+    - ``--jit`` / ``--no-jit`` (``Options.jit``): as asked;
+    - TPU: TPUStrategy compiles every step with XLA whatever Keras is told (nothing to choose);
+    - ``COURSE_JIT=1``: on, as every lesson's measured steps;
+    - GPU: on — XLA fuses the step's elementwise ops (BN, ReLU, casts) into the convolutions' neighbours;
+    - CPU: off — a small ResNet on a CPU is bound by its convolutions, which XLA hands to the same kernels
+      (lesson 06 §5 measures it)."""
+    from ..runtime import MULTI_REPLICA_XLA, fit_jit_compile, whole_step_compiles
+
+    if o.jit and not whole_step_compiles(kind, replicas):
+        raise OptionsError(f"--jit fails on {replicas} replicas: {MULTI_REPLICA_XLA}; leave --jit out (fit then runs "
+                           "without XLA) or train on one replica (--cpu-replicas 1)")
+    if o.jit is not None:
+        return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
+    jit, compiled, why = fit_jit_compile(kind, course_jit, replicas)  # the rule every lesson's fit follows
+    if not compiled and replicas <= 1:  # a CPU: lesson 06 measured it for this model
+        why = "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
+    return jit, compiled, why
+
+def peak_learning_rate(global_batch: int, lr_per_256: float = COURSE["lr_per_256"]) -> float:
+    """The linear scaling rule: the peak LR grows in proportion to the global batch (per update).
+
+    Twice the batch averages the gradient over twice the examples, halving its noise; taking twice the step
+    keeps the distance travelled per epoch the same (Goyal et al. 2017). It holds while the step is small
+    next to the curvature: beyond roughly 1k examples per update (and without warm-up) it breaks down,
+    so the trainer warns above :data:`MAX_LR_SCALING_BATCH`. Accumulation counts: the batch here is the
+    batch per *update* (micro-batch × K × replicas)."""
+    return lr_per_256 * global_batch / 256

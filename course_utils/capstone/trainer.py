@@ -1,0 +1,795 @@
+"""Training under a time budget: :func:`train` (the notebook and the command line call it) and what it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+from .. import fileguard
+from .checks import validate
+from .models import schedule_class, whitening_kernel
+from .options import COURSE, MAX_SCHEDULE_STEPS, Options, OptionsError
+from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_SHIFTS, TTA_VIEWS,
+                   VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
+                   validation_size)
+from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
+from .run_folder import (RunFolder, backup_epoch, check_backup_fits, check_same_batch, read_resume_state,
+                         repair_backup)
+
+
+def progress_bar_wanted(stream: Any = None) -> bool:
+    """Whether a progress bar that redraws its line suits ``stream`` (default stdout): a terminal or a notebook."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or not a file
+        tty = False
+    if tty:
+        return True
+    ipython = sys.modules.get("IPython")  # a notebook's kernel (Jupyter, Colab) draws the bar in the cell's output
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+    except Exception:  # noqa: BLE001 - an odd IPython: no bar
+        return False
+    return shell is not None and hasattr(shell, "kernel")
+
+SYNTHETIC_NOTE = ("These accuracies are on synthetic images (generated offline to be easy to learn), not CIFAR-10: "
+                  "they show the trainer works, not how well it learns real images (--data tfds or npz:PATH).")
+
+@dataclasses.dataclass
+class Predictions:
+    """Test-set predictions: ``images`` uint8 [N,32,32,3], ``labels`` and ``predicted`` int [N], ``probs`` [N,10]."""
+
+    images: Any
+    labels: Any
+    predicted: Any
+    probs: Any
+    tta: bool
+
+    @property
+    def accuracy(self) -> float:
+        return float((self.predicted == self.labels).mean()) if len(self.labels) else float("nan")
+
+@dataclasses.dataclass
+class Result:
+    """What :func:`train` returns: ``summary`` (= summary.json), ``history`` (= metrics.json), ``model``."""
+
+    summary: dict
+    history: list
+    model: Any
+    options: Options
+    _test: Any = dataclasses.field(default=None, repr=False)
+    _predictions: Any = dataclasses.field(default=None, repr=False)
+
+    def predict_test(self, tta: bool | None = None) -> Predictions:
+        """The trained model's predictions on the test split (with TTA if the recipe used it, or as asked)."""
+        tta = self.options.tta if tta is None else tta
+        if self._predictions is not None and self._predictions.tta == tta:
+            return self._predictions
+        x, y = self._test
+        probs = _predict_probs(self.model, x, tta, self.options.batch_size)
+        return Predictions(x, y, probs.argmax(1), probs, tta)
+
+def tta_views(x):
+    """Test-time augmentation's views of images ``x`` [N,32,32,3]: each image and its mirror, each of the two also
+    shifted by one pixel in the four diagonal directions (the gap filled with zeros, as the training crops pad):
+    :data:`TTA_VIEWS` arrays, the unshifted image first."""
+    import numpy as np
+
+    padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    h, w = x.shape[1:3]
+    views = []
+    for image, frame in ((x, padded), (x[:, :, ::-1], padded[:, :, ::-1])):
+        views.append(image)
+        views += [frame[:, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy, dx in TTA_SHIFTS]
+    return views
+
+def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
+    """Class probabilities; with tta, the mean over :func:`tta_views`. `plain`: the unshifted images' probabilities
+    if already computed. The images are padded to whole batches: one batch shape, so one compiled predict function
+    (under XLA a last, smaller batch would compile another)."""
+    import numpy as np
+    import tensorflow as tf
+
+    batch = max(batch_size, 256)
+
+    def probs_of(images):
+        n = len(images)
+        padded = np.concatenate([images, np.zeros((-n % batch, *images.shape[1:]), images.dtype)]) if n % batch else images
+        logits = model.predict(padded, batch_size=batch, verbose=0)[:n]
+        return tf.nn.softmax(tf.cast(logits, tf.float32)).numpy()
+
+    xf = x.astype(np.float32)
+    p = plain if plain is not None else probs_of(xf)
+    if tta:
+        p = (p + sum(probs_of(np.ascontiguousarray(view)) for view in tta_views(xf)[1:])) / TTA_VIEWS
+    return p
+
+def _arrays(ds, batch: int = 4096):
+    import numpy as np
+
+    xs, ys = [], []
+    for x, y in ds.batch(batch).as_numpy_iterator():
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        return np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)
+    return np.concatenate(xs).astype(np.uint8), np.concatenate(ys).astype(np.int64)
+
+@dataclasses.dataclass
+class Splits:
+    """The three splits as uint8 images and int64 labels: ``train`` trains, ``validation`` (held out of the
+    training images) is evaluated after every epoch and chooses the best checkpoint, ``test`` is evaluated once."""
+
+    train: tuple
+    validation: tuple
+    test: tuple
+    source: str
+
+def split_validation(x, y, size: int):
+    """``(x_train, y_train), (x_val, y_val)``: ``size`` images held out, chosen with :data:`VALIDATION_SEED` (not the
+    run's seed: runs on the same data are compared on the same validation images)."""
+    import numpy as np
+
+    order = np.random.default_rng(VALIDATION_SEED).permutation(len(x))
+    held, kept = np.sort(order[:size]), np.sort(order[size:])
+    return (x[kept], y[kept]), (x[held], y[held])
+
+def _load_splits(o: Options, cfg, say) -> Splits:
+    from .. import data as _data
+
+    source = o.data if o.data is not None else cfg.data
+    synthetic = source == "synthetic"
+    n_train = o.train_examples if o.train_examples is not None else (None if synthetic else -1)
+    n_test = o.test_examples if o.test_examples is not None else (None if synthetic else -1)
+    d = _data.load_cifar10(source, n_train=n_train, n_test=n_test, seed=o.seed, verbose=o.verbose >= 0)
+    x, y = _arrays(d.train)
+    size = validation_size(len(x), o.validation_examples)
+    if size >= len(x):
+        raise OptionsError(f"--validation-examples {size} leaves no training images of the {len(x)} loaded; use fewer")
+    train, validation = split_validation(x, y, size)
+    return Splits(train, validation, _arrays(d.test), d.source)
+
+class _Clock:
+    """Wall time of the whole run, across restarts: time before this process + time in it."""
+
+    def __init__(self, t0: float, before: float = 0.0):
+        self.t0, self.before = t0, before
+
+    def __call__(self) -> float:
+        return self.before + time.perf_counter() - self.t0
+
+def _fit_strategy(rt):
+    """The strategy the trainer builds and fits under: the runtime's where it has several replicas or is a TPU; on one
+    CPU or GPU device :meth:`runtime.Runtime.one_device_strategy` (TensorFlow's default strategy, same device), with
+    :func:`_pipelines` built without autotuning — both are needed, each alone measured the same waits.
+
+    Why: at every epoch's start Keras drops the iterator of the epoch before, and TensorFlow (2.20 and 2.21) destroys
+    it by waiting for that iterator's tf.data autotuning thread. On one core the wait was an epoch's length: a small
+    CNN on 20,000 images, ``taskset -c 0``: 5.5 s of training per epoch, 10–20 s per epoch in all; after the last
+    epoch ``fit`` returned 4–15 s late, which made a budgeted run end past its budget."""
+    if rt.strategy.num_replicas_in_sync == 1 and rt.kind in ("CPU", "GPU"):
+        return rt.one_device_strategy()
+    return rt.strategy
+
+def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = True):
+    """The trainer's pipelines (lesson 04's order, with its faster augmentation): training images uint8-cached,
+    shuffled every epoch, batched with the global batch, then augmented a whole batch per call
+    (:func:`data.augment_batch`: each image its own flip and crop; lesson 04 measured this order faster than
+    :func:`data.augment` per image before ``batch``); validation in batches of at least 256, the last one partial.
+    ``autotune=False``: tf.data's autotuning off (:func:`data.without_autotune`), so that no iterator waits for an
+    autotuning thread when it is destroyed (:func:`_fit_strategy`)."""
+    import tensorflow as tf
+
+    from .. import data as _data
+
+    def one_hot(x, y):
+        return x, tf.one_hot(y, 10)
+
+    (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
+    train_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_train, y_train)), o.batch_size,
+                                    training=True, augment_fn=None,
+                                    batch_augment_fn=_data.augment_batch if o.augment else None,
+                                    shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
+    train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o, len(x_val), replicas),
+                                  training=False, drop_remainder=False, prefetch=False)
+    val_ds = val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
+    if not autotune:
+        train_ds, val_ds = _data.without_autotune(train_ds), _data.without_autotune(val_ds)
+    return train_ds, val_ds
+
+def _eval_batch(o: Options, n: int, replicas: int = 1) -> int:
+    """The evaluation batch for ``n`` images: at least 256. Smaller splits are one batch of a multiple of the
+    replicas: under a strategy Keras builds the model from the first evaluation batch averaged across replicas
+    (keras/src/backend/tensorflow/trainer.py, ``_maybe_symbolic_build``: ``strategy.reduce("MEAN", batch)``), which
+    fails when that batch splits unevenly (102 images on 4 replicas: 26, 26, 26, 24)."""
+    batch = -(-max(o.batch_size, 256) // replicas) * replicas  # whole batches split evenly too
+    if n < batch:
+        batch = max(n - n % replicas, min(n, replicas))
+    return batch
+
+def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits):
+    """``(net, model, schedule, peak_lr)``: the recipe's network, the model fit trains (wrapped for --accumulate)
+    compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``."""
+    import keras
+    import tensorflow as tf
+
+    x_train = splits.train[0]
+    mean, var = x_train.reshape(-1, 3).mean(0), x_train.reshape(-1, 3).var(0)
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        with strategy.scope():
+            net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None)
+            peak = recipe.peak_learning_rate(o.batch_size)
+            schedule = schedule_class()(peak, o.schedule)
+            model = net
+            # float16 on several replicas: Keras' LossScaleOptimizer decides to skip an overflowing step from the
+            # first replica's gradients only (lesson 05 §6), so another replica's overflow would reach every
+            # replica's weights; AccumulatingModel (even with one micro-batch) skips it on all of them
+            if o.accumulate > 1 or (policy == "mixed_float16" and strategy.num_replicas_in_sync > 1):
+                from .. import accumulation
+
+                model = accumulation.AccumulatingModel(net, steps=o.accumulate)
+                model(tf.zeros((1, 32, 32, 3)))
+            model.compile(optimizer=recipe.optimizer(schedule, o.ema),
+                          loss=keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                                    label_smoothing=o.label_smoothing),
+                          metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+                          steps_per_execution=o.steps_per_execution, jit_compile=jit_compile)
+            model.optimizer.build(model.trainable_variables)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+    return net, model, schedule, peak
+
+def train(options: Options, *, _t0: float | None = None) -> Result:
+    """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``.
+
+    Raises :class:`OptionsError` for a bad option (or an output folder / resume state to refuse) and
+    :class:`course_utils.data.DataSourceError` when the data cannot be loaded (never a silent switch to synthetic
+    data). Nothing in ``out`` changes before the options, the resume state and the data have been checked."""
+    t0 = time.perf_counter() if _t0 is None else _t0
+    validate(options)
+    o = resolved(options)
+    recipe = RECIPES[o.recipe]
+    say = print if o.verbose >= 0 else (lambda *a, **k: None)
+    run = RunFolder(o.out)
+    state = read_resume_state(run, o) if o.resume else None
+    clock = _Clock(t0, state.spent_s if state else 0.0)
+
+    from .. import config as _config
+    from .. import memory as _memory
+    from .. import runtime as _runtime
+
+    # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
+    # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
+    rt = _runtime.detect(cpu_replicas=o.cpu_replicas)
+    cfg = _config.get()
+    splits = _load_splits(o, cfg, say)
+
+    import keras
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    strategy, replicas = _fit_strategy(rt), rt.strategy.num_replicas_in_sync
+    # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here)
+    o.batch_size, batch_why = recipe.global_batch(options.batch_size, replicas, o.accumulate,
+                                                  len(splits.train[0]))
+    if state is not None:
+        check_same_batch(state.plan.options, o, batch_why)
+    if o.batch_size % (replicas * o.accumulate):
+        raise OptionsError(f"--batch-size {o.batch_size} is not divisible by replicas × accumulate = "
+                           f"{replicas} × {o.accumulate} on this {rt.kind}; use a multiple of {replicas * o.accumulate}")
+    if o.steps_per_execution is not None and o.steps_per_execution > 1 and rt.strategy_name == "MirroredStrategy":
+        raise OptionsError(
+            f"--steps-per-execution {o.steps_per_execution} fails under MirroredStrategy ({replicas} replicas) in "
+            f"Keras {keras.__version__} (keras-team/keras#19246: 'You must feed a value for placeholder tensor'); "
+            "use --steps-per-execution 1 here (it pays on TPUs, which use TPUStrategy)")
+    if len(splits.validation[0]) % replicas:
+        # every evaluation batch must split evenly over the replicas (a replica left with no image fails in the
+        # model, and Keras' first-batch build averages the replicas' images: _eval_batch): leave out the last
+        # few (fewer than the replicas) validation images
+        keep = len(splits.validation[0]) - len(splits.validation[0]) % replicas
+        splits = dataclasses.replace(splits, validation=tuple(a[:keep] for a in splits.validation))
+    (x_train, _), (x_val, _), (x_test, y_test) = splits.train, splits.validation, splits.test
+    steps_per_epoch = len(x_train) // o.batch_size
+    if steps_per_epoch < 1:
+        raise OptionsError(f"--batch-size {o.batch_size} is larger than the {len(x_train)} training images")
+    if o.epochs is not None and o.epochs * steps_per_epoch > MAX_SCHEDULE_STEPS:
+        raise OptionsError(f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
+                           "the float32 schedule counts exactly; use fewer epochs")
+    policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
+    jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit, replicas)
+    o.steps_per_execution, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas,
+                                                                steps_per_epoch)
+    peak_lr = recipe.peak_learning_rate(o.batch_size)
+    lr_why = recipe.learning_rate_rule()
+    if state is None:
+        run.start_afresh()  # only now: every input has been checked
+    keras.utils.set_random_seed(o.seed)
+    runtime_line = rt.summary().splitlines()[0]
+    if strategy is not rt.strategy:  # the runtime line names the runtime's strategy: say which one fit runs under
+        runtime_line += ("; the trainer fits under TensorFlow's default strategy on this one device (lesson 06 §2: no "
+                         "wait for the last epoch's iterator)")
+    say(runtime_line)
+    micro = o.batch_size // replicas // o.accumulate
+    say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why})")
+    say(f"Global batch {o.batch_size} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
+        f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {o.steps_per_execution} "
+        f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
+    train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy)
+    val_batch = _eval_batch(o, len(x_val), replicas)
+    val_sizes = [min(val_batch, len(x_val) - i) for i in range(0, len(x_val), val_batch)]  # the last may be partial
+    val_steps, test_steps = len(val_sizes), math.ceil(len(x_test) / _eval_batch(o, len(x_test), replicas))
+
+    def build(width: int):
+        return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits)
+
+    # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
+    # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
+    auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
+    start = AUTO_WIDTH["start"] if auto_width else COURSE["width"]
+    width = state.plan.width if state else (o.width or min(start, cfg.sizes.model_width))
+    net, model, schedule, peak = build(width)
+    if o.batch_size > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
+        say(f"Note: global batch {o.batch_size} > {MAX_LR_SCALING_BATCH}: the linear LR rule gets unreliable here")
+
+    # Reset the allocator's peak so the figure is this run's (CPU with the BFC allocator, GPU, TPU).
+    mem_device = _memory.default_device()
+    try:
+        tf.config.experimental.reset_memory_stats(mem_device)
+        allocator_stats = True
+    except Exception:  # noqa: BLE001 - this allocator keeps no statistics
+        allocator_stats = False
+
+    if state is None:
+        plan, (net, model, schedule, peak) = _new_plan(
+            o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_sizes, test_steps, auto_width,
+            build, (net, model, schedule, peak))
+        width = plan.width
+        fileguard.write_json(run.plan, plan.to_dict())
+    else:
+        plan = state.plan
+    schedule.set_plan(*plan.schedule_steps())
+
+    # Resume: BackupAndRestore reloads weights + optimizer state; metrics.json continues after that epoch.
+    done, history = 0, []
+    if state is not None:
+        repaired = repair_backup(run.backup)
+        if repaired:
+            say(repaired)
+        done = backup_epoch(run.backup)
+        check_backup_fits(run, model)
+        history = [h for h in state.history if h["epoch"] <= done]
+        if done > len(history):
+            say(f"metrics.json lists {len(history)} of the {done} epochs in the backup: the records of the others "
+                "were lost with the kill (their training was not)")
+        say(f"Resuming after epoch {done} of {plan.epochs}; {clock():.1f} s already spent"
+            + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
+    fileguard.write_json(run.metrics, history)
+
+    def time_view(compile: bool) -> list[float]:
+        """Seconds of a view of the test split as the final evaluation predicts it. ``compile``: first compile
+        predict on one (padded) batch, the final evaluation's shape, so that it reuses it, and time two views (one
+        view's time doubled now and then: 2 cores, 0.34 s where others took 0.18)."""
+        if compile:
+            _predict_probs(net, x_test[:1], False, o.batch_size)
+        times = []
+        for _ in range(2 if compile else 1):
+            started = time.perf_counter()
+            _predict_probs(net, x_test, False, o.batch_size)
+            times.append(time.perf_counter() - started)
+        return times
+
+    progress = _Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view)
+    # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
+    # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
+    callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
+                                                 save_weights_only=True),
+                 keras.callbacks.BackupAndRestore(run.backup, double_checkpoint=True)]
+    if o.tensorboard:
+        calls = math.ceil(steps_per_epoch / o.steps_per_execution)  # the callback counts calls, not steps
+        first = min(3, calls)
+        callbacks.append(keras.callbacks.TensorBoard(
+            o.tensorboard, profile_batch=(first, min(first + 4, calls)), write_graph=False))
+    callbacks.append(progress)
+    if o.ema:
+        # Evaluate with the averaged weights (swapped in for each evaluation and back), train and back up the raw
+        # ones (+ the averages, which are optimizer variables); fit's end assigns the averages to the model.
+        # (swap_on_epoch=True would leave the averages in the model across a kill/--resume, and with fit's
+        # epoch cap above the plan its last-epoch fix-up would not run.)
+        callbacks.insert(0, keras.callbacks.SwapEMAWeights(swap_on_epoch=False))
+    # Keras' progress bar redraws its line with \r and \b (it assumes a terminal wherever "posix" is imported): in a
+    # log file or a pipe that is noise, so there only the line per epoch is written
+    bar = progress.bar = o.verbose >= 1 and progress_bar_wanted()
+    if bar:
+        callbacks.append(_plan_progbar(plan))
+
+    if done < plan.epochs and plan.fits_another(done, clock()):
+        # With a budget the plan may still grow (the warm-up over-estimated) or shrink (the machine got
+        # slower): fit may run up to `cap` epochs and the progress callback stops it at the plan.
+        cap = plan.epochs if o.time_budget is None else max(2 * plan.epochs, plan.epochs + 5)
+        model.fit(train_ds, epochs=cap, validation_data=val_ds, callbacks=callbacks,
+                  verbose=1 if bar else 0)
+    else:  # nothing left to train: load the last backup
+        if os.path.exists(os.path.join(run.backup, "latest.weights.h5")):
+            model.load_weights(os.path.join(run.backup, "latest.weights.h5"))
+        shutil.rmtree(run.backup, ignore_errors=True)
+
+    # The test split, once, with the last epoch's weights (counted in the wall time): plain and with TTA.
+    t_final = time.perf_counter()
+    probs_plain = _predict_probs(net, x_test, False, o.batch_size)
+    probs = _predict_probs(net, x_test, True, o.batch_size, plain=probs_plain) if o.tta else probs_plain
+    acc_plain = float((probs_plain.argmax(1) == y_test).mean())
+    acc = float((probs.argmax(1) == y_test).mean())
+    final_eval_s = time.perf_counter() - t_final
+    wall = clock()
+    trained_s = wall - final_eval_s  # the clock when training (and fit's teardown) had ended
+    peak_bytes, peak_method = _peak_memory(mem_device if allocator_stats else None)
+
+    history = progress.history
+    # Throughput: the median epoch's, leaving out the first (it traces, compiles and fills the cache).
+    steady = [h["images_per_s"] for h in (history[1:] if len(history) > 1 else history) if h["images_per_s"]]
+    ips = statistics.median(steady) if steady else None  # of two epochs their mean, not the faster one
+    best = max(history, key=lambda h: h["val_accuracy"], default=None)
+    summary = {
+        "recipe": o.recipe,
+        "test_accuracy": acc,
+        "test_accuracy_no_tta": acc_plain,
+        "tta": o.tta,
+        "validation_accuracy": history[-1]["val_accuracy"] if history else None,
+        "best_validation_epoch": best["epoch"] if best else None,
+        "best_validation_accuracy": best["val_accuracy"] if best else None,
+        "epochs": len(history),
+        "planned_epochs": plan.epochs,
+        "initially_planned_epochs": plan.initial_epochs,
+        "wall_time_s": wall,
+        "budget_s": o.time_budget,
+        "budget_used_s": wall if o.time_budget else None,
+        "budget_used_fraction": wall / o.time_budget if o.time_budget else None,
+        "time_before_first_epoch_s": history[0]["elapsed_s"] - history[0]["epoch_time_s"] if history else None,
+        "trained_s": trained_s,
+        "final_eval_s": final_eval_s,
+        "resumed": bool(o.resume and done > 0),
+        "resumed_after_epoch": done if o.resume else None,  # the backup's last epoch: 0 = it started over
+        "images_per_s": ips,
+        "images_per_s_per_replica": ips / replicas if ips else None,
+        "replicas": replicas,
+        "global_batch": o.batch_size,
+        "per_replica_batch": o.batch_size // replicas,
+        "micro_batch_per_replica": o.batch_size // replicas // o.accumulate,
+        "global_batch_why": batch_why,
+        "steps_per_epoch": steps_per_epoch,
+        "steps_per_execution": o.steps_per_execution,
+        "steps_per_execution_why": spe_why,
+        "peak_learning_rate": peak,
+        "peak_learning_rate_why": lr_why,
+        "policy": policy,
+        "policy_why": policy_why,
+        "jit_compile": jit_compile,
+        "xla": xla,
+        "xla_why": jit_why,
+        "xla_chosen_by": "option" if o.jit is not None else ("COURSE_JIT" if cfg.jit and rt.kind != "TPU" else "trainer"),
+        "width": width if recipe.sized_by_width else None,
+        "width_trials": plan.width_trials,
+        "parameters": int(net.count_params()),
+        "peak_memory_bytes": peak_bytes,
+        "peak_memory_method": peak_method,
+        "data": splits.source,
+        "train_examples": len(x_train),
+        "validation_examples": len(x_val),
+        "test_examples": len(x_test),
+        "options": dataclasses.asdict(o),
+        "hardware": dict(rt.as_dict(), cpu_count=os.cpu_count()),
+        "tf_version": tf.__version__,
+        "keras_version": keras.__version__,
+        "python_version": sys.version.split()[0],
+    }
+    fileguard.write_json(run.summary, summary)
+    fileguard.write_json(run.clock, {"elapsed_s": wall, "finished": True})
+    say(f"Final test accuracy {100 * acc:.2f}%" + (f" with TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
+        + f" (validation {100 * summary['validation_accuracy']:.2f}% after the last epoch)" * bool(history)
+        + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
+        + (f"\n{SYNTHETIC_NOTE}" if splits.source == "synthetic" else ""))
+    if o.time_budget and wall > 1.1 * o.time_budget:
+        say(f"Over the budget by {wall - o.time_budget:.1f} s ({wall / o.time_budget:.2f}×): planning took "
+            f"{plan.planning_elapsed_s or 0:.1f} s, training {max(0.0, trained_s - (plan.planning_elapsed_s or 0)):.1f} s,"
+            f" the test evaluation {final_eval_s:.1f} s")
+    preds = Predictions(x_test, y_test, probs.argmax(1), probs, o.tta)
+    return Result(summary, history, net, o, (x_test, y_test), preds)
+
+def _peak_memory(device: str | None) -> tuple[int, str]:
+    """``(bytes, method)``: the allocator's peak on ``device`` since its reset, or where it keeps no statistics
+    (``device`` None, or a failed reading) the process's peak RSS — with the method that measured it."""
+    import tensorflow as tf
+
+    from .. import memory as _memory
+
+    if device is not None:
+        try:
+            peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+            if peak:
+                return peak, f"{_memory.MEMORY_INFO}({device!r})['peak'] over this process's training"
+        except Exception:  # noqa: BLE001 - no statistics after all
+            pass
+    return _memory.maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
+
+def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
+              val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple
+              ) -> tuple[BudgetPlan, tuple]:
+    """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
+    width: the widths it tried, and the model of the one chosen)."""
+    plan = BudgetPlan(options=dataclasses.asdict(o), steps_per_epoch=steps_per_epoch, policy=policy, width=width,
+                      epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
+    if o.time_budget is not None:
+        budget = o.time_budget
+        val_steps = len(val_sizes)
+        warm_started = clock()
+
+        def warm_up(model):
+            return _warm_up(model, *datasets, o.steps_per_execution, steps_per_epoch, val_steps,
+                            one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(budget, clock()),
+                            eval_sizes=val_sizes)
+
+        warm = warm_up(built[1])
+        warm_took, warms = clock() - warm_started, {width: warm}
+        if warm["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to choose
+            epoch_s, final_s, epochs = 0.0, BudgetPlan.FINAL_EVAL_MIN_S, 1
+            tried = [[width, None, epochs]]
+        else:
+            epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+            epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
+            tried = [[width, round(epoch_s, 2), epochs]]
+            if auto_width and clock() > PLANNING_SHARE * budget:  # (a fixed network has no width to choose)
+                say(f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
+                    f"{clock():.1f} s ({clock() / budget:.0%} of it) → no other width is tried")
+            elif auto_width:
+                timed, models = {width: epoch_s}, {width: built}
+                while True:
+                    # another width compiles again (about as long as this one did)
+                    left = budget - clock() - final_s - warm["compile_s"]
+                    new_width, new_epoch_s, new_epochs = choose_width(epoch_s, width, left, AUTO_WIDTH, timed=timed,
+                                                                      budget_s=budget)
+                    if new_width in timed:  # the current width (or one timed before, compiled already)
+                        if new_width != width:
+                            say(f"Budget {budget:g} s: back to width {new_width} (timed ~{new_epoch_s:.1f} s/epoch)")
+                            built, width, warm = models[new_width], new_width, warms[new_width]
+                            epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                            epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
+                            tried.append([width, round(epoch_s, 2), epochs])
+                        break
+                    scale = new_epoch_s / epoch_s
+                    how = (f"predicted ~{new_epoch_s:.1f} s/epoch" if len(timed) == 1 else
+                           f"~{new_epoch_s:.1f} s/epoch on the line through widths {min(timed)} and {max(timed)}")
+                    why = (f"Budget {budget:g} s: ~{epoch_s:.1f} s/epoch at width {width} → width {new_width} "
+                           f"({how}, {new_epochs} epochs: the widest that trains "
+                           f"{target_epochs_for(budget, AUTO_WIDTH)}; lesson 06 §2)")
+                    built = models[new_width] = build(new_width)
+                    timing = (warm_took - warm["compile_s"]) * scale  # the timed steps, at the new width
+                    # a quarter more than the last width's compile and steps: estimated from another width, it ran
+                    # over (one core, 60 s: width 6 timed after width 8, the first epoch started at 6.0–6.05 s)
+                    if clock() + PLANNING_MARGIN * (warm["compile_s"] + timing) <= PLANNING_SHARE * budget:
+                        say(why + "; timing it too")
+                        warm_started = clock()
+                        warm = warms[new_width] = warm_up(built[1])
+                        warm_took = clock() - warm_started
+                        epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                        epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
+                        tried.append([new_width, round(epoch_s, 2), epochs])
+                        width, timed[new_width] = new_width, epoch_s
+                        off = epoch_s / new_epoch_s
+                        if len(timed) < 3 and max(off, 1 / off) > RECHOOSE_OFF_BY:
+                            say(f"Budget {budget:g} s: width {width} measured ~{epoch_s:.1f} s/epoch, not the "
+                                f"~{new_epoch_s:.1f} s predicted → choosing again from the two widths timed")
+                            continue
+                    else:
+                        # not timed: its first epoch compiles training and evaluation (the start width's times)
+                        say(why + "; not timed (planning stays within "
+                            f"{PLANNING_SHARE:.0%} of the budget): the plan is corrected after each epoch")
+                        warm = dict(warm, predicted_from_width=width, train_step_s=warm["train_step_s"] * scale,
+                                    eval_step_s=warm["eval_step_s"] * scale,
+                                    train_epoch_s=warm["train_epoch_s"] * scale,
+                                    eval_epoch_s=warm["eval_epoch_s"] * scale)
+                        epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                        epochs = BudgetPlan.epochs_in(budget - clock() - final_s - warm["compile_s"], epoch_s)
+                        tried.append([new_width, round(epoch_s, 2), epochs])
+                        width = new_width
+                    break
+        plan.width, plan.width_trials, plan.warm_up = width, tried, warm
+        plan.epoch_estimate_s, plan.final_eval_estimate_s, plan.planning_elapsed_s = epoch_s, final_s, clock()
+        plan.warm_up_epoch_s = epoch_s or None
+        plan.epochs = plan.initial_epochs = epochs
+        if warm["train_step_s"] is None:
+            say(f"Budget {budget:g} s: the first step compiled in {warm['compile_s']:.1f} s; "
+                f"{clock():.1f} s used so far → 1 epoch (no time left to time steps)")
+        else:
+            measured = "predicted" if "predicted_from_width" in warm else "warm-up measured"
+            say(f"Budget {budget:g} s: {measured} {warm['train_step_s'] * 1e3:.1f} ms/step "
+                f"(compile excluded: {warm['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with validation; "
+                f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
+    plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
+    return plan, built
+
+def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
+             one_epoch_only: Callable[[], bool] = lambda: False, eval_sizes: list[int] | None = None) -> dict:
+    """Time a few real steps (:data:`WARM_UP_STEPS`, and :data:`WARM_UP_MIN_S` at least, up to an epoch; the first
+    call, which traces and compiles, is timed separately), then put the weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
+    budget is spent), stop there: only ``compile_s`` is measured, every other figure is None.
+    ``eval_sizes``: the images in each of ``test_ds``'s batches. ``eval_step_s`` is a whole (the first) batch's time,
+    from the time per image of the batches timed: a last, partial batch is quicker (on the dev images the 151 images
+    after 256 made a step look 40% shorter).
+    Predict is not compiled here (it ran 0.35 s of a 60 s budget's planning on one core, and only the final
+    evaluation uses it): ``predict_compile_estimate_s``, the evaluation's first call less a compiled step (the same
+    forward pass, traced and compiled), is reserved for it in the final evaluation's estimate."""
+    import keras
+
+    class Times(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.train, self.test = [], []
+            self.stopped = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.train.append((batch, time.perf_counter()))
+            if len(self.train) == 1 and one_epoch_only():
+                self.model.stop_training = self.stopped = True
+            elif len(self.train) >= calls and self.train[-1][1] - self.train[0][1] >= WARM_UP_MIN_S:
+                self.model.stop_training = True
+
+        def on_test_batch_end(self, batch, logs=None):
+            self.test.append((batch, time.perf_counter()))
+
+    snapshot = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables]
+    calls = max(4, math.ceil(min(WARM_UP_STEPS, steps_per_epoch) / spe)) + 1
+    most = max(calls, math.ceil(steps_per_epoch / spe) + 1)  # timing WARM_UP_MIN_S: at most an epoch's calls
+    t = Times()
+    start = time.perf_counter()
+    model.fit(train_ds.repeat().take(most * spe), epochs=1, verbose=0, callbacks=[t])
+    first_train = t.train[0][1] - start
+
+    def restore():
+        for v, value in zip(list(model.variables) + list(model.optimizer.variables), snapshot):
+            v.assign(value)
+
+    if t.stopped:
+        restore()
+        return {"train_step_s": None, "eval_step_s": None, "compile_s": first_train,
+                "train_epoch_s": None, "eval_epoch_s": None}
+    train_step = (t.train[-1][1] - t.train[0][1]) / (t.train[-1][0] - t.train[0][0])
+    eval_calls = min(test_steps, 3)
+    start = time.perf_counter()
+    model.evaluate(test_ds.take(eval_calls), verbose=0, callbacks=[t])
+    first_eval = t.test[0][1] - start
+    if len(t.test) > 1:
+        eval_step = whole_batch_s(t.test, eval_sizes)
+    else:  # one test batch: its first call traced and compiled; time a compiled one (fit's evaluations reuse it)
+        start = time.perf_counter()
+        model.evaluate(test_ds.take(1), verbose=0)
+        eval_step = time.perf_counter() - start
+    restore()
+    return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval,
+            "timed_steps": t.train[-1][0] - t.train[0][0],
+            "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
+            "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
+
+def _plan_progbar(plan: BudgetPlan):
+    """Keras' progress bar, showing the current plan's epoch count ("Epoch 3/17") rather than fit's cap."""
+    import keras
+
+    class PlanProgbar(keras.callbacks.ProgbarLogger):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epochs = plan.epochs
+            super().on_epoch_begin(epoch, logs)
+
+    return PlanProgbar()
+
+class _Progress:  # replaced by a keras Callback subclass at construction (keras imported lazily)
+    def __new__(cls, *args, **kwargs):
+        import keras
+
+        class Progress(keras.callbacks.Callback):
+            """One line per epoch, metrics.json after every epoch, clock.json every few seconds, the plan refitted to
+            the budget after every epoch (:meth:`BudgetPlan.replan`)."""
+
+            def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
+                         steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None):
+                super().__init__()
+                self.o, self.plan, self.run, self.clock, self.history = o, plan, run, clock, list(history)
+                self.schedule, self.steps_per_epoch, self.say = schedule, steps_per_epoch, say
+                self.time_view, self.view_times = time_view, []
+                self.last_tick = 0.0
+                self.pending: list[str] = []
+                self.epoch_times: list[float] = []
+
+            def _flush(self):
+                for line in self.pending:
+                    self.say(line, flush=True)
+                self.pending = []
+
+            def on_train_end(self, logs=None):
+                self._flush()
+
+            def on_epoch_begin(self, epoch, logs=None):
+                self._flush()
+                self.t_epoch = time.perf_counter()
+                self.t_test = None
+
+            def on_test_begin(self, logs=None):
+                self.t_test = time.perf_counter()
+
+            def on_train_batch_end(self, batch, logs=None):
+                now = time.perf_counter()
+                if now - self.last_tick > 2.0:
+                    self.last_tick = now
+                    fileguard.write_json(self.run.clock, {"elapsed_s": self.clock()})
+
+            def on_epoch_end(self, epoch, logs=None):
+                logs = logs or {}
+                view_line = None
+                due = (self.plan.view_to_time(len(self.epoch_times) + 1, len(self.view_times), epoch + 1)
+                       if self.time_view is not None else None)
+                if due:
+                    # measure the final evaluation rather than estimate it; counted in this epoch's time (the first
+                    # compiles anyway; the plan leaves out the first epoch once others are measured, and the slowest)
+                    self.view_times += self.time_view(compile=due == "first")
+                    before = self.plan.final_eval_estimate_s
+                    view_s = self.plan.final_view_s = min(self.view_times)
+                    self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, self.o.tta)
+                    view_line = (f"  (final evaluation: a view of the test split took {view_s:.2f} s "
+                                 f"(the fastest of {len(self.view_times)}) → {self.plan.final_eval_estimate_s:.1f} s "
+                                 f"kept for it, was {before:.1f} s)")
+                now = time.perf_counter()
+                train_s = (self.t_test or now) - self.t_epoch
+                images = self.steps_per_epoch * self.o.batch_size
+                step = int(self.model.optimizer.iterations.numpy())
+                entry = {
+                    "epoch": epoch + 1,
+                    "elapsed_s": self.clock(),
+                    "epoch_time_s": now - self.t_epoch,
+                    "train_time_s": train_s,
+                    "images": images,
+                    "train_loss": float(logs.get("loss", float("nan"))),
+                    "train_accuracy": float(logs.get("accuracy", float("nan"))),
+                    "val_loss": float(logs.get("val_loss", float("nan"))),
+                    "val_accuracy": float(logs.get("val_accuracy", float("nan"))),
+                    "images_per_s": images / train_s if train_s > 0 else None,
+                    "lr": self.schedule.value(max(step - 1, 0)),
+                    "planned_epochs": self.plan.epochs,
+                }
+                # For the plan: wall time since the previous epoch's end in this process (what happens between
+                # epochs costs budget too); an epoch's own time for the first one here.
+                previous = self.history[-1]["elapsed_s"] if self.epoch_times else None
+                self.history.append(entry)
+                self.epoch_times.append(entry["elapsed_s"] - previous if previous is not None
+                                        else entry["epoch_time_s"])
+                fileguard.write_json(self.run.metrics, self.history)
+                fileguard.write_json(self.run.clock, {"elapsed_s": entry["elapsed_s"]})
+                # Printed at the next epoch's start / the end: Keras' progress bar finishes its line after us.
+                self.pending.append(
+                    f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
+                    f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
+                    f"{entry['images_per_s']:.0f} images/s")
+                if view_line:
+                    self.pending.append(view_line)
+                if self.o.verbose < 1 or not getattr(self, "bar", False):  # no bar to finish its line first
+                    self._flush()
+                cap = self.params.get("epochs") or self.plan.epochs
+                changed = self.plan.replan(epoch + 1, self.clock(), self.epoch_times, cap)
+                if changed:
+                    old, new, left, epoch_s = changed
+                    self.schedule.set_plan(*self.plan.schedule_steps())
+                    fileguard.write_json(self.run.plan, self.plan.to_dict())
+                    decay = "; the LR decay now ends there" if self.o.schedule == "onecycle" else ""
+                    self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
+                                        f"{new} epochs{decay})")
+                if epoch + 1 >= self.plan.epochs:
+                    self.model.stop_training = True
+
+        return Progress(*args, **kwargs)

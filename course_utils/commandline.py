@@ -1,0 +1,49 @@
+"""How every command of the course ends (``prove``, ``capstone``, ``cluster``, ``site``): one helper, so each one
+says a problem in one line, never a traceback, and exits the same way:
+
+- 0 done; 1 it ran and something failed (a claim, a task, the data: the command's ``failures``);
+- 2 bad usage (an option, a folder it must not touch: the command's ``usage`` errors), said as ``prog: message``;
+- 130 Ctrl-C, and 128 + N when signal N (SIGTERM, SIGHUP) stopped it — after the command's own cleanup, with one
+  line saying what was kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from . import processes
+
+USAGE, FAILED, INTERRUPTED = 2, 1, 130
+
+
+class UsageError(Exception):
+    """Bad usage, said in one line (the message after ``prog: ``): exit 2."""
+
+
+class Failed(Exception):
+    """The command ran and failed, said in one line: exit 1."""
+
+
+def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseException], ...] = (),
+        failures: tuple[type[BaseException], ...] = (), stopped: Callable[[str], str] = lambda what: what) -> int:
+    """``body()``'s exit status, run under :func:`processes.stop_on_signals` (SIGTERM and SIGHUP raise
+    :class:`processes.Stopped`, as Ctrl-C raises ``KeyboardInterrupt``). An exception of ``usage`` becomes
+    ``prog: message`` and 2; a :class:`Failed` or one of ``failures``, the same and 1; Ctrl-C, ``prog: `` + ``stopped("interrupted")`` and 130;
+    a signal, ``prog: `` + ``stopped("stopped by SIGTERM")`` and 128 + its number. ``stopped`` adds what was kept
+    (``lambda what: f"{what}: the pages built so far are kept"``)."""
+    try:
+        with processes.stop_on_signals():
+            return int(body() or 0)
+    except KeyboardInterrupt:
+        print(f"\n{prog}: {stopped('interrupted')}", file=sys.stderr)
+        return INTERRUPTED
+    except processes.Stopped as stop:
+        print(f"\n{prog}: {stopped(f'stopped by {stop.name}')}", file=sys.stderr)
+        return 128 + stop.signum
+    except (UsageError, *usage) as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return USAGE
+    except (Failed, *failures) as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return FAILED

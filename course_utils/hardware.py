@@ -1,0 +1,119 @@
+"""Which mixed-precision policy suits this hardware, and why: :func:`recommended_policy` (TPU, GPU by compute
+capability, CPU), with what it reads — :func:`detect_gpu_compute_capability`, :func:`cpu_bf16_support` (native
+bfloat16 instructions in ``/proc/cpuinfo``: ``avx512_bf16``, ``amx_bf16``) and :func:`onednn_bf16_capped`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["cpu_bf16_support", "detect_gpu_compute_capability", "onednn_bf16_capped", "recommended_policy"]
+
+# bfloat16 Tensor Cores arrived with NVIDIA Ampere (compute capability 8.0: A100; 8.6/8.9: RTX 30xx, L4; 9.0: H100).
+BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def detect_gpu_compute_capability(gpu: Any = None) -> tuple[int, int] | None:
+    """The first (or the given) GPU's compute capability, e.g. ``(7, 5)`` for a T4; ``None`` if unknown.
+
+    Reads ``tf.config.experimental.get_device_details(gpu)["compute_capability"]``.
+    """
+    import tensorflow as tf
+
+    try:
+        if gpu is None:
+            gpus = tf.config.list_physical_devices("GPU")
+            if not gpus:
+                return None
+            gpu = gpus[0]
+        cc = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+    except Exception:  # no details on this build / device
+        return None
+    return (int(cc[0]), int(cc[1])) if cc else None
+
+
+def recommended_policy(runtime_or_kind: Any, gpu_compute_capability: Any = None) -> tuple[str, str]:
+    """``(policy, why)``: the mixed-precision policy that suits the hardware.
+
+    ``runtime_or_kind``: a runtime from ``course_utils.setup()`` (its ``.kind``) or a kind string
+    (``"TPU"``, ``"GPU"``, ``"multi-GPU"``, ``"CPU"``). For GPUs pass ``gpu_compute_capability`` as
+    ``(major, minor)``; when it is ``None`` the first visible GPU is asked
+    (:func:`detect_gpu_compute_capability`).
+
+    - TPU → ``mixed_bfloat16`` (the MXU multiplies bfloat16 natively; no loss scaling).
+    - GPU with compute capability ≥ 8.0 (A100, L4, H100, RTX 30xx and newer) → ``mixed_bfloat16``:
+      as fast as float16 there, float32's range, no loss scaling.
+    - GPU below 8.0 (T4 — Colab's free GPU —, V100) → ``mixed_float16`` + loss scaling: their Tensor
+      Cores have no bfloat16.
+    - GPU of unknown capability → ``mixed_float16`` (safe everywhere), with a note.
+    - CPU → ``mixed_bfloat16`` (never float16 on a CPU); measure: without native bf16 it is often slower.
+    """
+    kind = getattr(runtime_or_kind, "kind", runtime_or_kind)
+    kind = str(kind)
+    if kind == "TPU":
+        return "mixed_bfloat16", "TPU: the MXU computes in bfloat16 natively; no loss scaling needed"
+    if kind in ("GPU", "multi-GPU"):
+        cc = gpu_compute_capability if gpu_compute_capability is not None else detect_gpu_compute_capability()
+        if cc is None:
+            return "mixed_float16", (
+                "GPU of unknown compute capability: mixed_float16 + loss scaling works on every NVIDIA GPU "
+                "with Tensor Cores; if it is Ampere or newer (compute capability ≥ 8.0) mixed_bfloat16 is as fast "
+                "and needs no loss scaling"
+            )
+        cc = (int(cc[0]), int(cc[1]))
+        if cc >= BF16_MIN_COMPUTE_CAPABILITY:
+            return "mixed_bfloat16", (
+                f"GPU with compute capability {cc[0]}.{cc[1]} (≥ 8.0, Ampere or newer): bfloat16 Tensor Cores, "
+                "as fast as float16, no loss scaling"
+            )
+        return "mixed_float16", (
+            f"GPU with compute capability {cc[0]}.{cc[1]} (< 8.0, e.g. T4, V100): Tensor Cores have float16 "
+            "but no bfloat16; use loss scaling"
+        )
+    if kind == "CPU":
+        return "mixed_bfloat16", (
+            "CPU: bfloat16 if any 16-bit type (float16 kernels are very slow on CPUs); without native bf16 "
+            "instructions (avx512_bf16/AMX) expect it to be slower than float32 — measure"
+        )
+    raise ValueError(f"unknown runtime kind {kind!r}; expected 'TPU', 'GPU', 'multi-GPU' or 'CPU'")
+
+
+_CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) below its first bfloat16 one, AVX512_CORE_BF16: under them oneDNN
+# has no bfloat16 kernels, and TensorFlow still routes bfloat16 ops to it by the CPU's own flags ("could not create a
+# primitive descriptor", TF 2.20)
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def onednn_bf16_capped(environ: Any = None) -> str | None:
+    """``ONEDNN_MAX_CPU_ISA``'s value when it caps oneDNN below bfloat16 (e.g. ``AVX2``, a laptop's CPU emulated on a
+    server), else None. TensorFlow then fails bfloat16 ops on a CPU that has bfloat16 instructions."""
+    environ = os.environ if environ is None else environ
+    cap = str(environ.get("ONEDNN_MAX_CPU_ISA", "")).strip().upper()
+    return cap if cap in _ONEDNN_ISAS_WITHOUT_BF16 else None
+
+
+def cpu_bf16_support(cpuinfo_text: str | None = None) -> tuple[bool | None, list[str]]:
+    """``(supported, flags_found)``: does this CPU advertise native bfloat16 instructions?
+
+    Looks for ``avx512_bf16`` (AVX-512 bfloat16 dot products) or ``amx_bf16`` (AMX, Intel's matrix
+    units in Sapphire Rapids and newer) in the ``flags`` lines of ``/proc/cpuinfo`` (or of
+    ``cpuinfo_text``). ``supported`` is ``None`` when the flags cannot be read (not Linux).
+    """
+    if cpuinfo_text is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo_text = f.read()
+        except OSError:
+            return None, []
+    flags: set[str] = set()
+    seen_flags_line = False
+    for line in cpuinfo_text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            seen_flags_line = True
+            flags.update(value.split())
+    if not seen_flags_line:
+        return None, []
+    found = [f for f in _CPU_BF16_FLAGS if f in flags]
+    return bool(found), found

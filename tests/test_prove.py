@@ -637,3 +637,33 @@ def test_a_signal_stops_every_lesson_running_at_once(tmp_path):
     assert driver.returncode == 128 + signal.SIGTERM, err
     assert "Traceback" not in err and "the lesson running was stopped" in err, err
     assert _all_gone(below, 1.0) == []
+
+
+def test_compare_verdicts_matches_by_id_takes_ids_for_an_old_card_by_wording_and_refuses_bad_input(tmp_path):
+    """.ci/compare-verdicts: 0 when every claim reads the same, 1 (naming the id) when one differs, 2 in one line for
+    an odd number of files or a file that is not a claims.json; a format-1 card (no ids) is matched by wording."""
+    def card(name, claims, ids=True):
+        entries = [dict(report.Claim(text, "§1", "x", "y", holds, id=cid).to_dict(), lesson="05") for cid, text, holds
+                   in claims]
+        for entry in entries:
+            if not ids:
+                entry.pop("id")
+        path = tmp_path / name
+        path.write_text(json.dumps({"format": 2 if ids else 1, "lessons": {"05": {"claims": entries}}}))
+        return str(path)
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(ROOT / ".ci" / "compare-verdicts"), *args], capture_output=True,
+                              text=True, timeout=60)
+
+    old = card("old.json", [("05.a", "claim a", True), ("05.b", "claim b", True)], ids=False)
+    same = card("same.json", [("05.a", "claim a", True), ("05.b", "claim b reworded", True)])
+    other = card("other.json", [("05.a", "claim a", False), ("05.b", "claim b", True)])
+    proc = run(old, other)
+    assert proc.returncode == 1 and "1 claim(s) read the same verdict, 1 differ" in proc.stdout, proc.stdout
+    assert "05.a: holds → does not hold" in proc.stdout, proc.stdout
+    assert run(same, same).returncode == 0
+    for bad in ([old], [old, str(tmp_path / "missing.json")], [old, str(tmp_path)]):
+        proc = run(*bad)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (bad, proc.stderr)
+        assert "Traceback" not in proc.stderr

@@ -19,6 +19,8 @@
    it), and a cell that wrote a claim whose verdict is "does not hold" fails, with the claims named. No
    printed output is read. Where smoke sizes cannot show a claim, its verdict must be "not measurable
    here" with the reason. (Full mode and XLA: ``python -m course_utils prove``.)
+4. A notebook whose kernel dies (a C++ abort, the out-of-memory killer) fails its cell at once, saying so: nbval
+   itself would wait for the dead kernel's reply for ``--nbval-cell-timeout`` (2,000 s) per cell.
 """
 
 from __future__ import annotations
@@ -94,8 +96,50 @@ def _enforced() -> bool:
     return _smoke() and (_truthy("CI") or _truthy("COURSE_ENFORCE_BUDGETS"))
 
 
+KERNEL_POLL_S = 2.0  # how often a wait for a notebook kernel's reply checks that the kernel still lives
+
+
+class KernelDied(RuntimeError):
+    pass
+
+
+def _fail_fast_on_a_dead_kernel() -> None:
+    """Wrap nbval's wait for a kernel message: wait in slices of KERNEL_POLL_S, and between them raise KernelDied
+    (one line, with the exit code) once the kernel process has ended."""
+    try:
+        from nbval.kernel import RunningKernel
+    except ImportError:  # nbval not installed: no notebooks run
+        return
+    if getattr(RunningKernel.get_message, "_course_wrapped", False):
+        return
+    wait = RunningKernel.get_message
+    from queue import Empty
+
+    def get_message(self, stream, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise Empty
+            try:
+                return wait(self, stream, timeout=KERNEL_POLL_S if left is None else min(left, KERNEL_POLL_S))
+            except Empty:
+                if left is not None and left <= KERNEL_POLL_S:
+                    raise
+                km = getattr(self, "km", None)
+                if km is not None and not km.is_alive():
+                    code = getattr(getattr(km, "provisioner", None), "exit_code", None)
+                    raise KernelDied(f"the notebook's kernel died{f' (exit code {code})' if code is not None else ''} "
+                                     "while this cell ran: a crash in native code (its last words are in the "
+                                     "kernel's stderr above) or the out-of-memory killer") from None
+
+    get_message._course_wrapped = True
+    RunningKernel.get_message = get_message
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _CLAIMS_DIR
+    _fail_fast_on_a_dead_kernel()
     _budget("COURSE_NOTEBOOK_BUDGET_S", _DEFAULT_NOTEBOOK_BUDGET_S)  # fail early on a typo
     _budget("COURSE_TOTAL_BUDGET_S", _DEFAULT_TOTAL_BUDGET_S)
     worker = getattr(config, "workerinput", {}).get("workerid")

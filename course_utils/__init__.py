@@ -24,6 +24,21 @@ _os.environ.setdefault(
 # (memory.measure_peak then falls back to sampling the process's resident memory, and says so).
 if "tensorflow" not in _sys.modules:
     _os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+# ONEDNN_MAX_CPU_ISA=AVX2 (a laptop's CPU, emulated on a server with AVX-512) would abort the process on the first
+# bfloat16 op: TensorFlow sends it to oneDNN by the CPU's own flags, and the capped oneDNN has no kernel for it
+# (hardware.onednn_bf16_aborts). A real AVX2 CPU runs bfloat16 on TensorFlow's own kernels; turning oneDNN's custom
+# ops off does the same here. Also read when TensorFlow starts, so only before it is imported; an explicit
+# TF_ENABLE_ONEDNN_OPTS is kept.
+_ONEDNN_NOTE = None
+if "tensorflow" not in _sys.modules and "TF_ENABLE_ONEDNN_OPTS" not in _os.environ:
+    from .hardware import onednn_bf16_aborts as _onednn_bf16_aborts
+
+    _cap = _onednn_bf16_aborts()
+    if _cap:
+        _os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
+        _ONEDNN_NOTE = (f"ONEDNN_MAX_CPU_ISA={_cap} on a CPU with AVX-512: oneDNN's custom ops are off "
+                        "(TF_ENABLE_ONEDNN_OPTS=0), so bfloat16 runs on TensorFlow's own kernels as on an AVX2 CPU "
+                        "instead of aborting the process")
 # The course runs Keras 3 on TensorFlow. Colab may preset another backend (e.g. JAX on TPU
 # runtimes); the backend is fixed when keras is first imported, so set it before that happens.
 _PREVIOUS_KERAS_BACKEND = _os.environ.get("KERAS_BACKEND")
@@ -54,6 +69,15 @@ def setup(cpu_replicas: int | None = None, device: str | None = None, verbose: b
         note = f"KERAS_BACKEND was {_PREVIOUS_KERAS_BACKEND!r}; set to 'tensorflow' for this course"
         if note not in rt.notes:
             rt.notes.append(note)
+    from .hardware import onednn_bf16_aborts
+
+    note = _ONEDNN_NOTE
+    if note is None and onednn_bf16_aborts():  # TensorFlow came first: too late to turn oneDNN off
+        note = (f"ONEDNN_MAX_CPU_ISA={onednn_bf16_aborts()} on a CPU with AVX-512: the first bfloat16 op will abort "
+                "this process (TensorFlow was imported before course_utils); restart, and import course_utils first or "
+                "set TF_ENABLE_ONEDNN_OPTS=0")
+    if note and note not in rt.notes:
+        rt.notes.append(note)
     if verbose:
         print(rt.summary())
         print(f"Config: {config.get().describe()}")

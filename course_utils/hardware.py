@@ -1,13 +1,15 @@
 """Which mixed-precision policy suits this hardware, and why: :func:`recommended_policy` (TPU, GPU by compute
 capability, CPU), with what it reads — :func:`detect_gpu_compute_capability`, :func:`cpu_bf16_support` (native
-bfloat16 instructions in ``/proc/cpuinfo``: ``avx512_bf16``, ``amx_bf16``) and :func:`onednn_bf16_capped`."""
+bfloat16 instructions in ``/proc/cpuinfo``: ``avx512_bf16``, ``amx_bf16``) and :func:`onednn_bf16_capped`; and
+:func:`onednn_bf16_aborts`, the one setting where a bfloat16 op kills the process."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-__all__ = ["cpu_bf16_support", "detect_gpu_compute_capability", "onednn_bf16_capped", "recommended_policy"]
+__all__ = ["cpu_bf16_support", "detect_gpu_compute_capability", "onednn_bf16_aborts", "onednn_bf16_capped",
+           "recommended_policy"]
 
 # bfloat16 Tensor Cores arrived with NVIDIA Ampere (compute capability 8.0: A100; 8.6/8.9: RTX 30xx, L4; 9.0: H100).
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -79,18 +81,63 @@ def recommended_policy(runtime_or_kind: Any, gpu_compute_capability: Any = None)
 
 
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) below its first bfloat16 one, AVX512_CORE_BF16: under them oneDNN
-# has no bfloat16 kernels, and TensorFlow still routes bfloat16 ops to it by the CPU's own flags ("could not create a
-# primitive descriptor", TF 2.20)
-_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) without AVX-512: oneDNN has no bfloat16 kernel at all under them.
+_ONEDNN_ISAS_BELOW_AVX512 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2")
+# ... and those below its first native bfloat16 one, AVX512_CORE_BF16 (under AVX512_CORE* oneDNN emulates bfloat16,
+# slowly; measured on TF 2.20, an AMD EPYC with avx512_bf16)
+_ONEDNN_ISAS_WITHOUT_BF16 = _ONEDNN_ISAS_BELOW_AVX512 + ("AVX512_CORE", "AVX512_CORE_VNNI")
+# TensorFlow sends bfloat16 ops to oneDNN when the CPU has one of these (IsBF16SupportedByOneDNNOnThisCPU, TF 2.20:
+# AVX512F or AVX_NE_CONVERT), whatever ONEDNN_MAX_CPU_ISA says; elsewhere (a laptop's AVX2 CPU) to its own kernels
+_TF_BF16_TO_ONEDNN_FLAGS = ("avx512f", "avx_ne_convert")
+
+
+def _onednn_cap(environ: Any = None) -> str:
+    environ = os.environ if environ is None else environ
+    return str(environ.get("ONEDNN_MAX_CPU_ISA", "")).strip().upper()
 
 
 def onednn_bf16_capped(environ: Any = None) -> str | None:
-    """``ONEDNN_MAX_CPU_ISA``'s value when it caps oneDNN below bfloat16 (e.g. ``AVX2``, a laptop's CPU emulated on a
-    server), else None. TensorFlow then fails bfloat16 ops on a CPU that has bfloat16 instructions."""
-    environ = os.environ if environ is None else environ
-    cap = str(environ.get("ONEDNN_MAX_CPU_ISA", "")).strip().upper()
+    """``ONEDNN_MAX_CPU_ISA``'s value when it caps oneDNN below native bfloat16 (e.g. ``AVX2``, a laptop's CPU emulated
+    on a server), else None: bfloat16 is slower than float32 there, or (see :func:`onednn_bf16_aborts`) fatal."""
+    cap = _onednn_cap(environ)
     return cap if cap in _ONEDNN_ISAS_WITHOUT_BF16 else None
+
+
+def onednn_bf16_aborts(environ: Any = None, cpuinfo_text: str | None = None) -> str | None:
+    """``ONEDNN_MAX_CPU_ISA``'s value when the first bfloat16 matmul would abort the process, else None.
+
+    That is a cap without AVX-512 (``AVX2``: a laptop emulated on a server) on a CPU whose own flags make TensorFlow
+    send bfloat16 ops to oneDNN (``avx512f``), with oneDNN's custom ops on: the capped oneDNN has no kernel for them
+    ("could not create a primitive descriptor", a C++ abort no ``try`` catches; tensorflow#62011). A real AVX2 CPU
+    runs them on TensorFlow's own kernels, and so does a process with ``TF_ENABLE_ONEDNN_OPTS=0``."""
+    environ = os.environ if environ is None else environ
+    cap = _onednn_cap(environ)
+    if cap not in _ONEDNN_ISAS_BELOW_AVX512:
+        return None
+    if str(environ.get("TF_ENABLE_ONEDNN_OPTS", "")).strip().lower() in ("0", "false"):
+        return None
+    flags = _cpu_flags(cpuinfo_text)
+    if flags is None or not any(f in flags for f in _TF_BF16_TO_ONEDNN_FLAGS):
+        return None
+    return cap
+
+
+def _cpu_flags(cpuinfo_text: str | None = None) -> set[str] | None:
+    """The ``flags`` (x86) or ``Features`` (Arm) of ``/proc/cpuinfo`` (or ``cpuinfo_text``); None if unreadable."""
+    if cpuinfo_text is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo_text = f.read()
+        except OSError:
+            return None
+    flags: set[str] = set()
+    seen_flags_line = False
+    for line in cpuinfo_text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            seen_flags_line = True
+            flags.update(value.split())
+    return flags if seen_flags_line else None
 
 
 def cpu_bf16_support(cpuinfo_text: str | None = None) -> tuple[bool | None, list[str]]:
@@ -100,20 +147,8 @@ def cpu_bf16_support(cpuinfo_text: str | None = None) -> tuple[bool | None, list
     units in Sapphire Rapids and newer) in the ``flags`` lines of ``/proc/cpuinfo`` (or of
     ``cpuinfo_text``). ``supported`` is ``None`` when the flags cannot be read (not Linux).
     """
-    if cpuinfo_text is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo_text = f.read()
-        except OSError:
-            return None, []
-    flags: set[str] = set()
-    seen_flags_line = False
-    for line in cpuinfo_text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            seen_flags_line = True
-            flags.update(value.split())
-    if not seen_flags_line:
+    flags = _cpu_flags(cpuinfo_text)
+    if flags is None:
         return None, []
     found = [f for f in _CPU_BF16_FLAGS if f in flags]
     return bool(found), found

@@ -1075,6 +1075,46 @@ def test_a_cpu_capped_below_bfloat16_trains_in_float32(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     policy, why = capstone.RECIPES["course"].choose_policy(types.SimpleNamespace(kind="CPU"))
     assert policy == "float32" and "oneDNN capped at AVX2" in why
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # what course_utils sets under this cap: the cap is the reason
+    policy, why = capstone.RECIPES["course"].choose_policy(types.SimpleNamespace(kind="CPU"))
+    assert policy == "float32" and "oneDNN capped at AVX2" in why
+
+
+def test_a_bfloat16_abort_is_foreseen_only_where_tensorflow_sends_bfloat16_to_a_capped_onednn():
+    """TF 2.20 sends bfloat16 ops to oneDNN when the CPU has avx512f, whatever ONEDNN_MAX_CPU_ISA says; under a cap
+    without AVX-512 oneDNN has no kernel and the process aborts. Measured here: AVX2, AVX2_VNNI, AVX2_VNNI_2 and AVX
+    abort; AVX512_CORE and AVX512_CORE_VNNI run bfloat16 (emulated); a real AVX2 CPU runs it on Eigen."""
+    server = "processor : 0\nflags : fpu sse2 avx2 avx512f avx512_bf16\n"
+    laptop = "processor : 0\nflags : fpu sse2 avx2 fma\n"
+    for cap in ("AVX2", "avx2", "AVX", "AVX2_VNNI", "AVX2_VNNI_2", "SSE41"):
+        assert hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": cap}, server) == cap.upper()
+    for cap in ("AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "", "ALL"):
+        assert hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": cap}, server) is None
+    assert hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": "AVX2"}, laptop) is None
+    assert hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "no flags here") is None
+    for off in ("0", "false", " False "):
+        assert hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": "AVX2", "TF_ENABLE_ONEDNN_OPTS": off}, server) is None
+    assert hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": "AVX2", "TF_ENABLE_ONEDNN_OPTS": "1"}, server) == "AVX2"
+    assert hardware.onednn_bf16_capped({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == "AVX512_CORE"  # slow, not fatal
+
+
+def test_importing_course_utils_first_keeps_a_bfloat16_matmul_alive_under_an_avx2_cap():
+    """In a fresh process, as a notebook starts: course_utils, then TensorFlow, then a bfloat16 matmul under
+    ONEDNN_MAX_CPU_ISA=AVX2. On a CPU with avx512f it aborted (the kernel died; nbval waited). setup() says why
+    oneDNN is off; an explicit TF_ENABLE_ONEDNN_OPTS is left alone."""
+    code = ("import os, course_utils; rt = course_utils.setup(verbose=False); import tensorflow as tf; "
+            "x = tf.ones((32, 32), tf.bfloat16); s = float(tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32))); "
+            "print(s, os.environ.get('TF_ENABLE_ONEDNN_OPTS'), any('ONEDNN_MAX_CPU_ISA=AVX2' in n for n in rt.notes))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env.update(ONEDNN_MAX_CPU_ISA="AVX2", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    total, opts, noted = out.stdout.split()
+    assert float(total) == 32 * 32 * 32
+    if hardware.onednn_bf16_aborts(env) is not None:  # this CPU would have aborted
+        assert (opts, noted) == ("0", "True")
+    else:
+        assert (opts, noted) == ("None", "False")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -50,3 +50,21 @@ def test_over_budget_fails_where_budgets_are_enforced(slow_notebook, switch) -> 
     done = _pytest(slow_notebook, **switch)
     assert done.returncode == 1, done.stdout[-2000:]
     assert "NOTEBOOK TIME BUDGET EXCEEDED: slow.ipynb took" in done.stdout
+
+
+def test_a_notebook_whose_kernel_dies_fails_at_once_not_after_nbvals_timeout(tmp_path) -> None:
+    """A C++ abort in a notebook (a capped oneDNN given a bfloat16 matmul did it) used to leave nbval waiting for the
+    dead kernel's reply (--nbval-cell-timeout, 2,000 s a cell): CI hung. With conftest.py the cell fails in seconds,
+    saying the kernel died."""
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('alive')"),
+                                         nbformat.v4.new_code_cell("import os\nos.abort()")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "dies.ipynb")
+    environ = dict(os.environ, COURSE_SMOKE="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                           "--nbval-current-env", "--nbval-cell-timeout=120", "dies.ipynb"], cwd=tmp_path,
+                          env=environ, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "1 failed, 1 passed" in done.stdout
+    assert "the notebook's kernel died" in done.stdout

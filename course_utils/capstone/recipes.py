@@ -119,14 +119,14 @@ class _Course(Recipe):
     def choose_policy(self, rt) -> tuple[str, str]:
         policy, why = hardware.recommended_policy(rt)
         if rt.kind == "CPU" and policy == "mixed_bfloat16":
+            cap = hardware.onednn_bf16_capped()  # first: course_utils may have turned oneDNN off under this cap
+            if cap:
+                return "float32", (f"CPU with oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA): no bfloat16 kernels there, "
+                                   "as on a laptop's CPU")
             if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("0", "false"):
                 # measured on a 2-core AVX512-BF16 CPU: 207 ms a step under mixed_bfloat16, 38 ms under float32
                 return "float32", ("CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own kernels run "
                                    "bfloat16 several times slower than float32")
-            cap = hardware.onednn_bf16_capped()
-            if cap:
-                return "float32", (f"CPU with oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA): no bfloat16 kernels there, "
-                                   "as on a laptop's CPU")
             supported, flags = hardware.cpu_bf16_support()
             if supported is False:
                 return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"

@@ -132,8 +132,8 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
 # images, 407 of them held out for validation; 1,017 test), by setting, recipe and budget (seconds). The machine: a
 # 2-core cloud VM, Intel Xeon with AMX (bfloat16 units), TensorFlow 2.20, November 2026, the trainer of course_utils
 # 2026.11 with auto width, 10-view TTA and the whitening layer (the 600 s runs: before the whitening layer); "one
-# core": pinned with taskset -c 0 or 1; "AVX2": oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, float32), a laptop's
-# instruction set.
+# core": pinned with taskset -c 0 or 1; "AVX2": oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, float32, oneDNN's custom ops
+# on: TF_ENABLE_ONEDNN_OPTS=1 today, see hardware.onednn_bf16_aborts), a laptop's instruction set.
 DEV_SWEEP = {
     "2 cores": {"baseline": {60: [53.6, 54.9, 54.9], 120: [54.0], 600: [52.9]},
                 "course": {60: [70.5, 71.4, 71.4], 120: [77.1], 600: [80.3]}},

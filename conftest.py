@@ -248,7 +248,7 @@ def _new_claims() -> list[dict]:
         try:
             claims = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            new.append({"claim": f"{path.name} could not be read ({e})", "verdict": "does not hold",
+            new.append({"id": path.name, "claim": f"{path.name} could not be read ({e})", "verdict": "does not hold",
                         "expected": "", "measured": "", "reason": ""})
             continue
         new += [c for c in claims if isinstance(c, dict)]
@@ -261,17 +261,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     rep = outcome.get_result()
     if call.when != "call" or not str(item.nodeid).split("::", 1)[0].endswith(".ipynb"):
         return
-    from course_utils.report import FAILS, WORDS
+    from course_utils.report import Verdict
 
     claims = _new_claims()  # always read, so a table saved by a failing cell is not blamed on the next one
     if not rep.passed or not _smoke():
         return
-    failed = [c for c in claims if c.get("verdict") == WORDS[FAILS]]
+    failed = []
+    for c in claims:
+        try:
+            verdict = Verdict.read(c.get("verdict"))
+        except ValueError as e:  # an unknown word is a failure too, not a pass
+            failed.append(f"- {c.get('id') or c.get('claim', '?')}: {e}")
+            continue
+        if verdict is Verdict.FAILS:
+            failed.append(f"- {c.get('id') or '(no id) ' + str(c.get('claim', ''))}: expected {c.get('expected', '')}, "
+                          f"measured {c.get('measured', '')} ({c.get('reason', '')})"[:400])
     if failed:
         rep.outcome = "failed"
-        rep.longrepr = ("this cell's claims table has a claim that does not hold in smoke mode:\n"
-                        + "\n".join(f"- {c.get('lesson', '')} {c['claim']}: expected {c.get('expected', '')}, "
-                                     f"measured {c.get('measured', '')} ({c.get('reason', '')})"[:400] for c in failed)
+        rep.longrepr = ("this cell's claims table has a claim that does not hold in smoke mode:\n" + "\n".join(failed)
                         + "\nwhere smoke sizes cannot show a claim, make its verdict 'not measurable here' with the "
                           "reason (holds=None and a note)")
 

@@ -675,9 +675,9 @@ def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | No
         print(f"[{lesson_id}] {len(entry['claims'])} claims in {entry['seconds']:.0f} s: "
               + ", ".join(f"{n} {v}" for v, n in counts.items()), flush=True)
         for c in entry["claims"]:
-            if c["verdict"] == report.WORDS[report.FAILS]:
-                print(f"[{lesson_id}]   ❌ {c['claim']} — expected {c['expected']}, measured {c['measured']}",
-                      flush=True)
+            if c["verdict"] == report.Verdict.FAILS:
+                print(f"[{lesson_id}]   ❌ {c.get('id') or c['claim']}: {c['claim']} — expected {c['expected']}, "
+                      f"measured {c['measured']}", flush=True)
     entry["written"] = written
     data["lessons"][lesson_id] = entry
     data["written"] = written

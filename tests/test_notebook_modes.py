@@ -56,8 +56,8 @@ def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: p
     claims = [c for path in saved for c in json.loads(path.read_text(encoding="utf-8"))]
     if not claims:
         errors.append("the notebook saved no claims table (report.ClaimsTable)")
-    failed = [f"{c['claim']}: expected {c['expected']}, measured {c['measured']} ({c['reason']})"
-              for c in claims if c["verdict"] == report.WORDS[report.FAILS]]
+    failed = [f"{c.get('id') or c['claim']}: expected {c['expected']}, measured {c['measured']} ({c['reason']})"
+              for c in claims if report.Verdict.read(c["verdict"]) is report.Verdict.FAILS]
     return errors, failed
 
 

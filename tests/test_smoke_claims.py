@@ -29,8 +29,9 @@ def _run_nbval(tmp_path: pathlib.Path, *cells: str) -> subprocess.CompletedProce
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _table(holds: str, lesson: str = "05") -> str:
-    return f'report.ClaimsTable([report.Claim("A claim", "§1", "> 1", "0.5", {holds}, "a reason", lesson="{lesson}")])'
+def _table(holds: str, lesson: str = "05", id: str = "05.a_claim") -> str:
+    return (f'report.ClaimsTable([report.Claim("A claim", "§1", "> 1", "0.5", {holds}, "a reason", lesson="{lesson}", '
+            f'id="{id}")])')
 
 
 def test_a_claim_that_does_not_hold_fails_its_cell_in_smoke_mode(tmp_path):
@@ -38,7 +39,7 @@ def test_a_claim_that_does_not_hold_fails_its_cell_in_smoke_mode(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "1 failed, 2 passed" in proc.stdout, proc.stdout[-3000:]  # the table's cell, not the one after it
     assert "does not hold in smoke mode" in proc.stdout
-    assert "- 05 A claim: expected > 1, measured 0.5 (a reason)" in proc.stdout, proc.stdout[-3000:]
+    assert "- 05.a_claim: expected > 1, measured 0.5 (a reason)" in proc.stdout, proc.stdout[-3000:]  # by its id
     assert (tmp_path / "claims" / "claims-05.json").is_file()
 
 
@@ -49,6 +50,16 @@ def test_the_verdict_is_read_from_the_saved_claims_not_the_output(tmp_path):
     assert (tmp_path / "claims" / "claims-notebook.json").is_file()
     proc = _run_nbval(tmp_path, f'print("A claim | ❌ does not hold here")\n{_table("True")}')
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_a_saved_claim_with_an_unknown_verdict_fails_its_cell_naming_it(tmp_path):
+    """A verdict word conftest does not know (a typo, a newer card format) is not taken as a pass."""
+    write = ("import json, os\n"
+             "json.dump([{'id': '05.odd', 'claim': 'odd', 'verdict': 'mostly holds'}], "
+             "open(os.path.join(os.environ['COURSE_CLAIMS_DIR'], 'claims-05.json'), 'w'))")
+    proc = _run_nbval(tmp_path, "import os; os.makedirs(os.environ['COURSE_CLAIMS_DIR'], exist_ok=True)", write)
+    assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-3000:]
+    assert "- 05.odd: unknown verdict 'mostly holds'" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_a_claim_not_measurable_here_passes(tmp_path):

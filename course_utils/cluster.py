@@ -292,10 +292,9 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
                     if fork:  # python -m MODULE ...: forked from a process that has imported TensorFlow
                         procs[name] = forkserver.spawn(command[2], list(command[3:]), task_vars, cwd)
                     else:
-                        procs[name] = subprocess.Popen(
-                            list(command), env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace",
-                            start_new_session=True)  # own process group: stopped as a whole
+                        procs[name] = processes.start(  # own process group: stopped as a whole
+                            command, env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
                     sentinel.tell(str(procs[name].pid))
             except OSError as err:
                 raise ClusterError(f"could not start {name} with {list(command)[:3]}: {err.strerror or err}; "

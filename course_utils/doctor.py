@@ -26,6 +26,7 @@ import sys
 from typing import Callable
 
 from . import config as _config
+from . import processes
 from .runtime import TPU_INSTALL_FIX, describe_import_failure, in_colab, tpu_hints
 
 PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (CONTRIBUTING.md §2)
@@ -127,9 +128,8 @@ def _import_exit_status(module: str = "tensorflow", timeout: float = IMPORT_PROB
     except (ValueError, ImportError):
         pass
     try:
-        proc = subprocess.run([sys.executable, "-c", f"import {module}"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
+        proc = processes.run([sys.executable, "-c", f"import {module}"], timeout=timeout)
+    except (OSError, subprocess.SubprocessError, processes.TimedOut):
         return None
     return proc.returncode
 

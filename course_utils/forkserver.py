@@ -121,9 +121,9 @@ class _Server:
         self.sock = ours
         self.stderr = tempfile.TemporaryFile()
         server_env = dict(self.key, PATH=env.get("PATH", os.environ.get("PATH", "")), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(theirs.fileno())], env=server_env,
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self.stderr, start_new_session=True)
+        self.proc = processes.start([sys.executable, "-c", _SERVER, str(theirs.fileno())], env=server_env,
+                                    pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=self.stderr)
         theirs.close()
         self.lock = threading.Lock()  # one request at a time
         self.ended = threading.Condition()
@@ -160,10 +160,7 @@ class _Server:
             self.alive = False
             for child in self.children.values():
                 if child.returncode is None:
-                    try:
-                        os.killpg(child.pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                    processes.kill_group(child, signal.SIGKILL)
                     child.returncode = -signal.SIGKILL
             self.ended.notify_all()
 
@@ -275,10 +272,9 @@ def spawn(module: str | None, args: list, env: dict, cwd: str | None = None, cod
         raise ValueError("give a module or code, not both")
     if not available():
         argv = [sys.executable, *(["-m", module] if module else ["-c", code]), *map(str, args)]
-        return subprocess.Popen(argv, env=env, cwd=cwd, text=True, errors="replace",
-                                stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
-                                stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT,
-                                start_new_session=True)
+        return processes.start(argv, env=env, cwd=cwd, text=True, errors="replace",
+                               stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
+                               stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT)
     return _server_for(env).spawn({"module": module} if module else {"code": code}, list(args), env, cwd, separate_stderr,
                         discard_stdout)
 
@@ -292,10 +288,7 @@ def run(module: str | None, args: list, env: dict, cwd: str | None = None, timeo
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        processes.kill_group(proc, signal.SIGKILL)
         proc.wait()  # its readers see the pipes close and end by themselves
         raise
     argv = [sys.executable, *(["-m", module] if module else ["-c", code]), *map(str, args)]
@@ -451,7 +444,7 @@ def process_group(argv: Sequence[str], *, grace_s: float = 2.0, fork: bool = Fal
             if fork and _forkable(argv, kwargs):
                 proc = spawn(argv[2], list(argv[3:]), kwargs["env"], kwargs.get("cwd"))
             else:
-                proc = subprocess.Popen(list(argv), start_new_session=True, **kwargs)
+                proc = processes.start(argv, **kwargs)
             sentinel.tell(str(proc.pid))
         yield proc
     finally:

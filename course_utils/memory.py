@@ -29,6 +29,7 @@ import atexit
 import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -728,8 +729,8 @@ class _Forker:
                 f"processes.die_with_parent({os.getpid()})\n"
                 "memory._serve()\n"
                 "import os; os._exit(0)  # skip TensorFlow's teardown\n")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, start_new_session=True)
+        self.proc = processes.start([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=self.stderr)
         self.buffer = b""
         self.exiting = False
 
@@ -766,15 +767,10 @@ class _Forker:
     def stderr_tail(self, n: int = 5) -> str:
         self.stderr.seek(0, os.SEEK_END)
         self.stderr.seek(max(0, self.stderr.tell() - 8192))
-        return "\n".join(self.stderr.read().decode(errors="replace").strip().splitlines()[-n:])
+        return processes.tail(self.stderr.read(), n)
 
     def stop(self) -> None:
-        import signal
-
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # it and whatever it forked
-        except OSError:
-            pass
+        processes.kill_group(self.proc, signal.SIGKILL)  # it and whatever it forked
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.stderr):
             f.close()
@@ -968,7 +964,7 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
         running: list[tuple[str, subprocess.Popen, float]] = []
 
         def stop(proc: subprocess.Popen) -> None:
-            proc.kill()
+            processes.kill_group(proc, signal.SIGKILL)  # it and whatever it started
             proc.communicate()
 
         try:
@@ -977,8 +973,8 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
                     label, kwargs = pending.pop(0)
                     args = json.dumps([module, name, [[label, kwargs]], int(repeats), int(reserve_mib), "CPU:0", 1,
                                        False, None])
-                    running.append((label, subprocess.Popen([sys.executable, "-c", code, args], env=env, text=True,
-                                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE),
+                    running.append((label, processes.start([sys.executable, "-c", code, args], env=env, text=True,
+                                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE),
                                     time.monotonic() + timeout))
                 label, proc, deadline = running.pop(0)
                 try:
@@ -986,8 +982,7 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
                 except subprocess.TimeoutExpired:
                     stop(proc)
                     raise too_long([label]) from None
-                read(stdout.splitlines(), [label], lambda: "\n".join(stderr.strip().splitlines()[-5:]),
-                     proc.returncode)
+                read(stdout.splitlines(), [label], lambda: processes.tail(stderr), proc.returncode)
         finally:
             for _, proc, _ in running:  # after an error: stop the processes still running
                 stop(proc)

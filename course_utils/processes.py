@@ -3,6 +3,8 @@
 - :func:`stop_on_signals` turns SIGTERM and SIGHUP into :class:`Stopped` in the main thread, so the cleanup that
   stops child processes runs and a command can exit ``128 + signal``; :func:`signals_held` holds SIGINT, SIGTERM and
   SIGHUP while a child starts, so none can leave a started process unwatched;
+- :func:`start` starts a child in its own session (process group), :func:`run` also waits for it (a timeout kills
+  the group and becomes one line, :class:`TimedOut`), :func:`tail` keeps the last lines of what it said;
 - :func:`stop_all` stops process groups (SIGTERM, then SIGKILL after a grace period) and reaps them; a
   :class:`Sentinel` process does it when this process dies without getting there (even by SIGKILL);
   :func:`die_with_parent` (Linux) has the kernel kill this process when its parent ends;
@@ -23,8 +25,9 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-__all__ = ["MIN_INTEROP_THREADS", "Sentinel", "Stopped", "die_with_parent", "interop_threads", "kill_group",
-           "signals_held", "stop_all", "stop_on_signals", "tensorflow_has_run_an_op", "usable_cores"]
+__all__ = ["MIN_INTEROP_THREADS", "Sentinel", "Stopped", "TimedOut", "die_with_parent", "interop_threads",
+           "kill_group", "run", "signals_held", "start", "stop_all", "stop_on_signals", "tail",
+           "tensorflow_has_run_an_op", "usable_cores"]
 
 
 class Stopped(BaseException):
@@ -180,11 +183,56 @@ class Sentinel:
         except subprocess.TimeoutExpired:  # pragma: no cover
             self.proc.kill()
 
-def kill_group(proc: subprocess.Popen, sig: int) -> None:
+def kill_group(proc, sig: int) -> None:
+    """Send ``sig`` to the process group that ``proc`` (anything with a ``pid``: a ``Popen``, a forked
+    :class:`course_utils.forkserver.Process`) leads; nothing if it is gone."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError, OSError):
         pass
+
+
+def start(argv: Sequence[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **kwargs)`` in a new session (its own process group: :func:`kill_group` stops it and
+    all it started), with SIGINT, SIGTERM and SIGHUP held while it starts."""
+    with signals_held():
+        return subprocess.Popen(list(argv), start_new_session=True, **kwargs)
+
+
+class TimedOut(RuntimeError):
+    """A child ran past its time and was stopped; the message is one line (what, how long, its last words)."""
+
+
+def tail(text: str | bytes | None, lines: int = 5) -> str:
+    """The last ``lines`` non-empty lines of a child's output."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return "\n".join((text or "").strip().splitlines()[-lines:])
+
+
+def run(argv: Sequence[str], *, timeout: float | None = None, what: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """:func:`start` ``argv``, its stdout and stderr captured as text (stdin ``/dev/null`` unless given), and wait.
+    Past ``timeout`` seconds, or on any exception while waiting (Ctrl-C), its whole group is killed and reaped; a
+    timeout raises :class:`TimedOut`, one line naming ``what`` (default: the command) and its last output line."""
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("errors", "replace")
+    proc = start(argv, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc, signal.SIGKILL)
+        out, err = proc.communicate()
+        last = tail(err, 1) or tail(out, 1)
+        raise TimedOut(f"{what or ' '.join(map(str, argv))[:120]} ran past {timeout:g} s and was stopped"
+                       + (f" (its last line: {last[:200]})" if last else "")) from None
+    except BaseException:
+        kill_group(proc, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 def stop_all(procs: dict, grace_s: float = 3.0) -> None:
     """SIGTERM every task's process group, then SIGKILL what is left after ``grace_s``; reap them all.

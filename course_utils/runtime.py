@@ -24,11 +24,11 @@ import dataclasses
 import glob
 import json
 import os
-import subprocess
 import sys
 from typing import Any, Callable
 
 from . import config as _config
+from . import processes
 from .processes import usable_cores  # noqa: F401 - the toolkit's name for it: runtime.usable_cores()
 
 
@@ -177,7 +177,7 @@ def libtpu_check(version: Callable[[str], str | None] | None = None,
 
 def _pip_install(args: tuple[str, ...]) -> tuple[int, str]:
     """``python -m pip install -q ARGS``: returns (exit code, last line pip printed)."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], capture_output=True, text=True)
+    proc = processes.run([sys.executable, "-m", "pip", "install", "-q", *args])  # Ctrl-C stops pip and its builds
     lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
     return proc.returncode, (lines[-1] if lines else "(pip printed nothing)")
 

@@ -357,10 +357,7 @@ def _kill_kernel_left(km: Any) -> None:
     process = getattr(getattr(km, "provisioner", None), "process", None)
     if process is None or process.poll() is not None:
         return
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # jupyter_client starts each kernel in its own session
-    except OSError:
-        process.kill()
+    processes.kill_group(process, signal.SIGKILL)  # jupyter_client starts each kernel in its own session
     try:
         process.wait(10)
     except Exception:  # noqa: BLE001 - reaped or not, it was sent SIGKILL

@@ -251,3 +251,37 @@ def test_die_with_parent_ends_a_process_whose_parent_was_killed():
     parent.kill()
     parent.wait()
     assert _gone_within(child, 1)
+
+
+def test_run_captures_a_child_and_a_timeout_kills_its_whole_group_in_one_line():
+    """processes.run: output captured as text, stdin closed; past its timeout the child and what it started are
+    killed (the grandchild's pid no longer exists) and the error is one line naming what ran and its last words."""
+    done = processes.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); "
+                          "print(sys.stdin.read() == '')"])
+    assert (done.returncode, done.stdout.split(), done.stderr.strip()) == (0, ["out", "True"], "err")
+    grandchild = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+                  "time.sleep(60)']); print(p.pid, flush=True); print('waiting for ever', file=sys.stderr, flush=True); "
+                  "time.sleep(60)")
+    started = time.monotonic()
+    with pytest.raises(processes.TimedOut) as caught:
+        processes.run([sys.executable, "-c", grandchild], timeout=3, what="the sleeper")
+    assert time.monotonic() - started < 20
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("the sleeper ran past 3 s and was stopped")
+    assert "waiting for ever" in message
+    # the grandchild was in the same group: gone (reaped by init) within a moment
+    import re
+    pid = None
+    for _ in range(50):
+        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        pid = re.search(r"^\s*(\d+) \S*python\S* -c import time; time.sleep\(60\)$", out, re.M)
+        if pid is None:
+            break
+        time.sleep(0.1)
+    assert pid is None, "the grandchild outlived the timeout"
+
+
+def test_tail_keeps_the_last_lines_of_text_or_bytes():
+    assert processes.tail("a\nb\nc\n\n", 2) == "b\nc"
+    assert processes.tail(b"x\ny", 1) == "y"
+    assert processes.tail(None) == ""

@@ -1,5 +1,5 @@
-"""How every command of the course ends (``prove``, ``capstone``, ``cluster``, ``site``): one helper, so each one
-says a problem in one line, never a traceback, and exits the same way:
+"""How every command of the course ends (``doctor``, ``lint``, ``set-repo``, ``prove``, ``capstone``, ``cluster``,
+``site``): one helper, so each one says a problem in one line, never a traceback, and exits the same way:
 
 - 0 done; 1 it ran and something failed (a claim, a task, the data: the command's ``failures``);
 - 2 bad usage (an option, a folder it must not touch: the command's ``usage`` errors), said as ``prog: message``;

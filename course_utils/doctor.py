@@ -25,8 +25,8 @@ import subprocess
 import sys
 from typing import Callable
 
+from . import commandline, processes
 from . import config as _config
-from . import processes
 from .runtime import TPU_INSTALL_FIX, describe_import_failure, in_colab, tpu_hints
 
 PINNED_TF = "2.20"  # the newest TensorFlow with a TPU build (CONTRIBUTING.md §2)
@@ -363,14 +363,18 @@ def _can_print(text: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(argv or [])
+    """``python -m course_utils doctor [--offline]``: 0 the course can run, 1 it cannot yet, 2 bad usage, 130 Ctrl-C
+    (:func:`course_utils.commandline.run`)."""
+    return commandline.run("doctor", lambda: _main(list(argv or [])))
+
+
+def _main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(HELP)
         return 0
     unknown = [a for a in argv if a not in ("--offline",)]
     if unknown:
-        print(f"doctor: unknown option(s) {' '.join(unknown)}; {USAGE}", file=sys.stderr)
-        return 2
+        raise commandline.UsageError(f"unknown option(s) {' '.join(unknown)}; {USAGE}")
     ascii_only = not _can_print("✔✘—→·…×≥")
     if ascii_only:  # e.g. a cp1252 or ASCII terminal: replace what it cannot show instead of crashing
         try:

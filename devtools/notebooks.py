@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+from course_utils import commandline
 from course_utils._repo import REF, REPO
 
 # ----------------------------------------------------------------------------------------------
@@ -680,6 +681,11 @@ def lessons_problems(root: str | os.PathLike = ROOT) -> list[str]:
 
 
 def lint_main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils lint``: 0 clean, 1 problems found, 2 bad usage, 130 Ctrl-C (commandline.run)."""
+    return commandline.run("lint", lambda: _lint(argv))
+
+
+def _lint(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils lint",
         description="Check notebooks against the course skeleton (CONTRIBUTING.md §4).",
@@ -807,6 +813,12 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
 
 
 def set_repo_main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils set-repo OWNER/NAME``: 0 done, 1 still inconsistent, 2 bad usage (a bad name, an
+    unreadable file), 130 Ctrl-C (commandline.run)."""
+    return commandline.run("set-repo", lambda: _set_repo(argv))
+
+
+def _set_repo(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils set-repo",
         description="Point every badge, setup cell and README link at another GitHub repository (a fork).",
@@ -820,8 +832,7 @@ def set_repo_main(argv: list[str] | None = None) -> int:
         ref = args.ref if args.ref is not None else read_repo_settings(root)[1]
         changed = set_repo(args.repo, ref, root)
     except (ValueError, OSError, RuntimeError) as err:
-        print(f"set-repo: {err}", file=sys.stderr)
-        return 2
+        raise commandline.UsageError(err) from None
     if changed:
         for line in changed:
             print(f"changed {line}")

@@ -99,3 +99,21 @@ def test_a_maintainers_command_outside_a_checkout_says_so_in_one_line(command: s
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"{command}: a maintainer's command; it runs from a checkout of the course's "
                                    "repository (in its root folder, beside course_utils/ and devtools/)")
+
+
+@pytest.mark.parametrize("command, target, argv", [
+    ("doctor", "course_utils.doctor:run_checks", ["--offline"]),
+    ("lint", "devtools.notebooks:list_notebooks", []),
+    ("set-repo", "devtools.notebooks:set_repo", ["someone/fork"]),
+])
+def test_ctrl_c_ends_every_command_with_one_line_and_130(command, target, argv, monkeypatch, capsys) -> None:
+    """doctor, lint and set-repo end like prove, capstone, cluster and site (course_utils.commandline.run): Ctrl-C is
+    `COMMAND: interrupted` and exit 130, not a traceback and 1."""
+    module_name, name = target.split(":")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module_name), name, interrupted)
+    assert cli.main([command, *argv]) == 130
+    assert capsys.readouterr().err.strip() == f"{command}: interrupted"

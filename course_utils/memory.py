@@ -38,6 +38,8 @@ import time
 from typing import Any, Callable, Mapping
 
 from . import processes
+from .report import Samples, Table
+from .timing import time_fn
 
 __all__ = [
     "IsolatedMeasurements",
@@ -226,8 +228,6 @@ class MemoryEstimate:
         ]
 
     def table(self):
-        from .report import Table
-
         return Table(self.rows(), columns=("part", "bytes", "size", "counts"))
 
     def _repr_markdown_(self) -> str:
@@ -592,8 +592,6 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
     """
     import importlib
 
-    from .timing import time_fn
-
     if not fork:
         (label, kwargs), = jobs
         try:
@@ -847,9 +845,6 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
     values must be JSON-able; ``make_step``'s module must not run TensorFlow ops when it is imported.
     """
     import importlib
-
-    from .report import Samples
-    from .timing import time_fn
 
     if not callable(make_step) or "<" in getattr(make_step, "__qualname__", "<"):
         raise TypeError(f"make_step must be a module-level function, got {make_step!r}")

@@ -48,6 +48,8 @@ from typing import Any, Callable
 from . import config as _config
 from . import commandline, fileguard, forkserver, processes, report
 from .lessons import BY_ID, Lesson
+from .runtime import usable_cores
+import course_utils
 
 FORMAT_VERSION = 2  # 2: every claim has an id ("05.accumulated_peak"); 1 had none
 CLAIMS, REPORT = "claims.json", "report.md"
@@ -143,8 +145,6 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
     import tensorflow as tf
     import keras
 
-    from .runtime import usable_cores
-
     names = []
     for kind in ("TPU", "GPU"):
         for device in tf.config.list_physical_devices(kind):
@@ -205,7 +205,6 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     """The child process: measure one lesson here and write ``{lesson, title, claims, seconds}`` to out_path."""
     lesson = BY_ID[lesson_id]
     start = time.perf_counter()
-    import course_utils
 
     cfg = _config.get()
     # the driver set COURSE_CPU_REPLICAS for this lesson (its own replicas, or --shape's): read it, never override it
@@ -246,8 +245,6 @@ def core_slots(jobs: int) -> list[list[int]]:
 
 
 def _describe_here(out_path: str, cpu_replicas: int) -> int:
-    import course_utils
-
     cfg = _config.get()
     machine = describe_machine(course_utils.detect(cpu_replicas=cpu_replicas), cfg)
     fileguard.write_json(out_path, machine, indent=None)

@@ -32,6 +32,8 @@ import re
 import statistics
 from typing import Iterable
 
+from . import fileguard
+
 HOLDS, FAILS, DIFFERS, NOISE, UNMEASURABLE = (
     "✅ holds", "❌ does not hold here", "⚠️ differs on this hardware", "〰️ inconclusive here (noise)",
     "➖ not measurable here")
@@ -287,7 +289,6 @@ class ClaimsTable(Table):
         lessons = sorted({c.lesson for c in self.claims if c.lesson}) or ["notebook"]
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"claims-{'-'.join(lessons)}.json")
-        from . import fileguard
 
         fileguard.write_json(path, [c.to_dict() for c in self.claims])
         return path

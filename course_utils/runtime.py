@@ -30,6 +30,7 @@ from typing import Any, Callable
 from . import config as _config
 from . import processes
 from .processes import usable_cores  # noqa: F401 - the toolkit's name for it: runtime.usable_cores()
+from . import forkserver
 
 
 
@@ -633,8 +634,6 @@ def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     cannot become a 4-replica machine — but a fresh process can. Inside ``code``,
     ``course_utils.detect().strategy`` is a ``MirroredStrategy`` over ``replicas`` CPU devices.
     """
-    from . import forkserver
-
     env = dict(os.environ, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="2")
     # forked from a process that has imported TensorFlow and run nothing (course_utils.forkserver; Linux):
     # a new process and TensorFlow runtime all the same, started seconds sooner

@@ -7,6 +7,9 @@ import statistics
 import time
 from typing import Any, Callable
 
+from . import config
+from .report import Samples
+
 
 @dataclasses.dataclass
 class Timing:
@@ -64,8 +67,6 @@ class MatmulRate:
     @property
     def samples(self):
         """TFLOP/s of every timed call, as :class:`course_utils.report.Samples` (median and spread)."""
-        from .report import Samples
-
         return Samples([self.flops_per_call / t / 1e12 for t in self.timing.times_s])
 
     @property
@@ -121,8 +122,6 @@ def matmul_tflops(n: int, dtype: str = "float32", repeats: int = 10, device: str
     One untimed warm-up call (tracing, compilation) comes first; then ``repeats`` timed calls.
     """
     import tensorflow as tf
-
-    from . import config
 
     jit = config.get().jit if jit is None else bool(jit)
     x_np, b_np = matmul_operands(n, dtype, seed)
@@ -182,8 +181,6 @@ def speedup_samples(slow: Callable[[], Any], fast: Callable[[], Any], rounds: in
     process, thermal limits) out of the ratio. Returns :class:`course_utils.report.Samples`: feed it
     to ``report.Claim.from_samples`` so a verdict comes from the spread, not from one run.
     """
-    from .report import Samples
-
     if rounds < 1:
         raise ValueError("rounds must be at least 1")
     ratios = []

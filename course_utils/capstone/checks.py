@@ -11,6 +11,8 @@ from .options import (MAX_BATCH, MAX_BUDGET_S, MAX_EPOCHS, MAX_SEED, MAX_STEPS_P
                       is_int, out_problem, tensorboard_installed)
 from .recipes import RECIPES
 from .run_folder import earlier_run
+from .. import config as _config
+from ..data import MAX_NPZ_IMAGES
 
 
 def validate(o: Options) -> None:
@@ -54,7 +56,6 @@ def validate(o: Options) -> None:
         if is_int(o.width) and o.width < 1:
             raise OptionsError(f"--width must be at least 1, got {o.width}")
         bounded("width", o.width, 1, MAX_WIDTH, " (widths w…8w: 8 × 512 filters is far beyond any memory here)")
-    from ..data import MAX_NPZ_IMAGES
 
     for name in ("train_examples", "test_examples"):
         n = getattr(o, name)
@@ -65,7 +66,6 @@ def validate(o: Options) -> None:
                                               1 <= o.validation_examples <= MAX_NPZ_IMAGES):
         raise OptionsError(f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
                            f" got {o.validation_examples!r}")
-    from .. import config as _config
 
     if o.cpu_replicas is not None and not is_int(o.cpu_replicas):
         raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")

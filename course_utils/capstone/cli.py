@@ -14,6 +14,8 @@ from .plan import MAX_VALIDATION, VALIDATION_FRACTION
 from .recipes import TPU_STEPS_PER_EXECUTION
 from .run_folder import backup_epoch
 from .trainer import train
+from .. import data as _data
+from ..data import DataSourceError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     except OptionsError as exc:
         print(f"{PROG}: error: {exc} (see --help)", file=sys.stderr)
         return 2
-    from ..data import DataSourceError
 
     def body() -> int:
         try:
@@ -136,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
 def in_cli_words(message: str) -> str:
     """A data error as the command line says it: ``--data synthetic``, not the notebooks' ``COURSE_DATA=synthetic``
     set before a setup cell the command line does not have."""
-    from .. import data as _data
-
     message = message.replace(_data.NO_INTERNET_FIX, (
         "Use --data npz:/path/cifar10.npz (a copy of CIFAR-10) or --data synthetic (generated CIFAR-shaped data, no "
         "download). To get CIFAR-10 for this machine: on a connected one run load_cifar10(\"tfds\", n_train=-1, "

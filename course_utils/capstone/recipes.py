@@ -9,6 +9,7 @@ import os
 from .. import hardware
 from .models import resnet9, tutorial_cnn
 from .options import BASELINE, COURSE, Options, OptionsError
+from ..runtime import MULTI_REPLICA_XLA, fit_jit_compile, whole_step_compiles
 
 
 # steps_per_execution on a TPU (lesson 04 §7: each call into the compiled function costs a host round trip, which a
@@ -210,8 +211,6 @@ def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 
     - GPU: on — XLA fuses the step's elementwise ops (BN, ReLU, casts) into the convolutions' neighbours;
     - CPU: off — a small ResNet on a CPU is bound by its convolutions, which XLA hands to the same kernels
       (lesson 06 §5 measures it)."""
-    from ..runtime import MULTI_REPLICA_XLA, fit_jit_compile, whole_step_compiles
-
     if o.jit and not whole_step_compiles(kind, replicas):
         raise OptionsError(f"--jit fails on {replicas} replicas: {MULTI_REPLICA_XLA}; leave --jit out (fit then runs "
                            "without XLA) or train on one replica (--cpu-replicas 1)")

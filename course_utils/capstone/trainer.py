@@ -21,6 +21,10 @@ from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECH
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
 from .run_folder import (RunFolder, backup_epoch, check_backup_fits, check_same_batch, read_resume_state,
                          repair_backup)
+from .. import config as _config
+from .. import data as _data
+from .. import memory as _memory
+from .. import runtime as _runtime
 
 
 def progress_bar_wanted(stream: Any = None) -> bool:
@@ -142,8 +146,6 @@ def split_validation(x, y, size: int):
     return (x[kept], y[kept]), (x[held], y[held])
 
 def _load_splits(o: Options, cfg, say) -> Splits:
-    from .. import data as _data
-
     source = o.data if o.data is not None else cfg.data
     synthetic = source == "synthetic"
     n_train = o.train_examples if o.train_examples is not None else (None if synthetic else -1)
@@ -186,8 +188,6 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = T
     ``autotune=False``: tf.data's autotuning off (:func:`data.without_autotune`), so that no iterator waits for an
     autotuning thread when it is destroyed (:func:`_fit_strategy`)."""
     import tensorflow as tf
-
-    from .. import data as _data
 
     def one_hot(x, y):
         return x, tf.one_hot(y, 10)
@@ -263,10 +263,6 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     run = RunFolder(o.out)
     state = read_resume_state(run, o) if o.resume else None
     clock = _Clock(t0, state.spent_s if state else 0.0)
-
-    from .. import config as _config
-    from .. import memory as _memory
-    from .. import runtime as _runtime
 
     # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
     # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
@@ -509,8 +505,6 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
     """``(bytes, method)``: the allocator's peak on ``device`` since its reset, or where it keeps no statistics
     (``device`` None, or a failed reading) the process's peak RSS — with the method that measured it."""
     import tensorflow as tf
-
-    from .. import memory as _memory
 
     if device is not None:
         try:

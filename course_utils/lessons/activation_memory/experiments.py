@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ... import activation_memory as am
+from ... import data, profiler, report
+
 #: the block net's technique switches, as the lesson names them
 REMAT_MODES = ("none", "blocks", "activations", "keras_blocks", "full", "larger_than")
 ACTIVATIONS = ("exact", "few_bit", "output_saving")
@@ -32,8 +35,6 @@ def _gelu_exact(t):
 def _activation_layer(activation: str, bits: int, name: str):
     import keras
 
-    from ... import activation_memory as am
-
     if activation == "few_bit":
         return am.FewBitGELU(bits, name=name)
     if activation == "output_saving":
@@ -43,8 +44,6 @@ def _activation_layer(activation: str, bits: int, name: str):
 
 def _norm_layer(norm: str, name: str):
     import keras
-
-    from ... import activation_memory as am
 
     if norm == "output_saving":
         return am.OutputSavingLayerNormalization(name=name)
@@ -81,8 +80,6 @@ def block_net(width: int = 64, depth: int = 4, tokens: int = 64, expansion: int 
     import contextlib
 
     import keras
-
-    from ... import activation_memory as am
 
     if remat not in REMAT_MODES:
         raise ValueError(f"remat must be one of {REMAT_MODES}, got {remat!r}")
@@ -183,15 +180,11 @@ def _without_and_with_xla(step):
 
 def make_layer_norm_stack_steps(**kwargs):
     """:func:`course_utils.activation_memory.make_layer_norm_stack_step` without and with XLA on one model."""
-    from ... import activation_memory as am
-
     return _without_and_with_xla(am.make_layer_norm_stack_step(jit=False, **kwargs))
 
 
 def make_cross_entropy_steps(chunks: int = 0, **kwargs):
     """:func:`course_utils.activation_memory.make_cross_entropy_step` without and with XLA on the same tensors."""
-    from ... import activation_memory as am
-
     return _without_and_with_xla(am.make_cross_entropy_step(chunks=chunks, jit=False, **kwargs))
 
 
@@ -277,8 +270,6 @@ def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs
     """
     import keras
     import tensorflow as tf
-
-    from ... import data
 
     n = data._count(train)
     steps = max(1, n // batch)
@@ -437,8 +428,6 @@ def profile_step_memory(log_dir: str, **step_kwargs):
 
     import tensorflow as tf
 
-    from ... import profiler
-
     step = make_block_net_step(**step_kwargs)
     step()  # trace (and compile): the profile shows a step as it runs from then on
     shutil.rmtree(log_dir, ignore_errors=True)
@@ -473,8 +462,6 @@ def few_bit_fidelity(bits=(1, 2, 3, 4), n: int = 200_000) -> dict:
     import keras
     import tensorflow as tf
 
-    from ... import activation_memory as am
-
     x = tf.random.normal([n], seed=3)
     dy = tf.random.normal([n], seed=4)
 
@@ -495,8 +482,6 @@ def few_bit_fidelity(bits=(1, 2, 3, 4), n: int = 200_000) -> dict:
 def chunked_loss_difference(rows: int, classes: int, chunks: int = 4, dim: int = 64) -> float:
     """§5: max |Δ| over loss and both gradients, whole logits against :func:`chunked_dense_cross_entropy`."""
     import tensorflow as tf
-
-    from ... import activation_memory as am
 
     g = tf.random.Generator.from_seed(0)
     hidden, kernel = g.normal([rows, dim]), tf.Variable(g.normal([dim, classes]) * 0.1)
@@ -592,8 +577,6 @@ def gelu_claim(seeds, final: dict, last: int, acc_exact: float, acc_fewbit: floa
     inconclusive otherwise. Not "as well as exact": on the real-image dev file (4 seeds, 15 epochs) the course's
     runs measured mean gaps of −1.8 points (seeds from +0.3 to −3.7, exact GELU alone 4.5 points apart) and, on TF
     2.20, −0.9 (−0.3 to −2.6), so a yes/no on "≥ exact − 2" over 2 seeds fails often with nothing wrong."""
-    from ... import report
-
     gaps = [(final[("few_bit", s)] - final[("exact", s)]) * 100 for s in seeds]
     claim = report.Claim.from_samples(
         f"2-bit GELU trains to within {GELU_GAP_POINTS:g} points of exact GELU (same epochs, each seed)", "§3",
@@ -628,8 +611,6 @@ MEASURED_BY = {
 
 def claims(r: dict) -> list:
     """Lesson 07's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
-    from ... import report
-
     peaks, estimates, batch = r["peaks"], r["estimates"], r["batch"]
     time_ratios = {jit: {name: r["time_ratios"][name + ("|xla" if jit else "")] for name in TECHNIQUES}
                    for jit in (False, True)}

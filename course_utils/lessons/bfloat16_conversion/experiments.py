@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from ... import data, memory, models, report
+
 
 def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: int = 10, jit: bool = False,
                  seed: int = 0, device: str | None = None):
@@ -20,8 +22,6 @@ def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: in
     itself, but on a TPU only when told (``tf.device`` or TPUStrategy) — unplaced, the step would run on the host CPU
     while its peak is read from ``TPU:0``."""
     import tensorflow as tf
-
-    from ... import data, memory, models
 
     device = device or memory.default_device()
     with tf.device(device):
@@ -56,8 +56,6 @@ def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int 
     (``compiler_ir.maybe_get_device_name``): unplaced on a TPU VM that is the host CPU, whose answer is ``f32``.
     The answer's ``device`` is that device, read the same way."""
     import tensorflow as tf
-
-    from ... import data, memory, models
 
     device = device or memory.default_device()
     with tf.device(device):
@@ -208,8 +206,6 @@ def measure(lab) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from ... import data, memory, models
-
     sizes, strategy, seed = lab.sizes, lab.runtime.strategy, lab.cfg.seed
     out: dict = {"jit": lab.jit, **format_facts()}
     out["dtype_at_construction"] = {(c, b): dense_dtype(c, b) for c, b in (("float32", "bfloat16"),
@@ -300,8 +296,6 @@ MEASURED_BY = {
 def claims(r: dict) -> list:
     """Lesson 02's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
     import math
-
-    from ... import report
 
     values, as16, asbf = ([float(v) for v in r[key]] for key in ("values", "as16", "asbf"))  # arrays or lists
     at_one = {name: float(v) for name, v in r["at_one"].items()}

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from ...exercises import Exercise, Incorrect, call_learner, describe, ExerciseBank, require_callable, require_number
+from ... import capstone
 
 # -- 1. scaled_learning_rate ------------------------------------------------------------------
 
@@ -124,8 +125,6 @@ def target_accuracy(reference_accuracy: float) -> float:
 
 def start_options(time_budget: float, out: str, **overrides):
     """The exercise's deliberately poor start: the tutorial's recipe with 1024 examples per update."""
-    from ... import capstone
-
     return capstone.Options(recipe="baseline", time_budget=time_budget, batch_size=1024, out=out, **overrides)
 
 
@@ -156,8 +155,6 @@ def _training_time(context: dict) -> float:
 
 
 def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
-    from ... import capstone
-
     if not isinstance(start, capstone.Options):
         raise Incorrect(f"`start` should be the capstone.Options from the cell, got {describe(start)}.")
     target = require_number(target, "the target accuracy (a number between 0 and 1)")

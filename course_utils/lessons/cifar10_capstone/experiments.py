@@ -9,6 +9,11 @@ import dataclasses
 import json
 import os
 
+from ... import capstone, forkserver, memory, report
+from ... import config as _config
+from ...capstone import BudgetPlan, TTA_VIEWS
+from ...runtime import whole_step_compiles
+
 RECIPES = ("baseline", "course")  # §2, in the notebook's order
 CLI = "course_utils.capstone"  # the trainer's command line: `python -m course_utils.capstone`, each run a new process
 # forked from one that has imported TensorFlow and run nothing (course_utils.forkserver: seconds sooner, on Linux)
@@ -31,13 +36,10 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
     import sys
     import time
 
-    from ... import forkserver
-
     args = ["--data", source, "--epochs", str(epochs), "--out", out, "--quiet", "--train-examples", str(examples),
             "--test-examples", str(examples)]
     cli = [sys.executable, "-m", CLI, *args]
     first_args = args + ["--overwrite"]  # the demo starts afresh (a notebook run again replaces its own run)
-    from ... import capstone
 
     problem = capstone.out_problem(out)  # the run starts afresh there, deleting only an earlier run's own files
     if problem:
@@ -93,9 +95,6 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
     finished run there is read back when it trained on the same data (``data``, else ``COURSE_DATA``), an unfinished
     one resumed after its last finished epoch (an interrupted sweep loses at most one epoch: run the cell again); a
     run there on other data, or one that cannot be resumed, is trained again, and the line says why."""
-    from ... import capstone
-    from ... import config as _config
-
     rows: dict[str, dict[float, dict]] = {recipe: dict((done or {}).get(recipe, {})) for recipe in RECIPES}
     for budget in sorted(float(b) for b in budgets):
         for recipe in RECIPES:
@@ -189,8 +188,6 @@ def precision_variants(course_summary: dict, kind: str) -> dict:
     with the trainer's XLA default for this hardware, and the chosen policy with XLA the other way round — except on
     a TPU, which compiles every step whatever it is told, and on several replicas elsewhere, where fit cannot be
     compiled (keras-team/keras#19005: ``runtime.fit_jit_compile``)."""
-    from ...runtime import whole_step_compiles
-
     chosen, jit = course_summary["policy"], bool(course_summary["jit_compile"])
     variants = {label: {"policy": p, "jit": jit} for label, p in (("float32", "float32"), (chosen, chosen))}
     if kind != "TPU" and whole_step_compiles(kind, int(course_summary.get("replicas", 1))):
@@ -220,8 +217,6 @@ def precision_runs(source: str, variants: dict, repeats: int, examples: int, out
 
 
 def _precision_runs(source, variants, repeats, examples, out, tensorboard, progress, timeout, runs, started) -> None:
-    from ... import forkserver
-
     for i in range(int(repeats)):
         started.clear()
         for n, (label, v) in enumerate(variants.items()):
@@ -244,8 +239,6 @@ def _precision_runs(source, variants, repeats, examples, out, tensorboard, progr
 
 
 def _finish(label: str, folder: str, proc, runs: dict, timeout: float) -> None:
-    from ... import capstone
-
     import subprocess
 
     try:
@@ -267,8 +260,6 @@ def _finish(label: str, folder: str, proc, runs: dict, timeout: float) -> None:
 
 def precision_table(runs: dict) -> list[dict]:
     """One row per variant: images/s per replica and peak memory, median and spread over its fresh processes."""
-    from ... import memory, report
-
     rows = []
     for label, summaries in runs.items():
         ips = report.Samples([s["images_per_s_per_replica"] for s in summaries])
@@ -304,8 +295,6 @@ def measure(lab) -> dict:
     temporary folder, removed at the end. The notebook passes its own runs to :func:`claims` under the same keys."""
     import shutil
     import tempfile
-
-    from ... import capstone
 
     sizes, budget = lab.sizes, lab.sizes.capstone_budget_s
     out_dir = tempfile.mkdtemp(prefix="course-06-")
@@ -361,8 +350,6 @@ def _early_margin(summary: dict) -> float:
     factor over the evaluation steps, a fixed cost, and one per test-time view): time a run may leave unused on purpose,
     besides the part of an epoch that no longer fits. Where an epoch takes less than a second (a TPU) it is larger
     than the epoch."""
-    from ...capstone import TTA_VIEWS, BudgetPlan
-
     views = TTA_VIEWS if summary.get("tta") else 1
     return (BudgetPlan.FINAL_EVAL_MIN_S + BudgetPlan.FINAL_EVAL_VIEW_S * views
             + (BudgetPlan.FINAL_EVAL_SAFETY - 1) * float(summary.get("final_eval_s") or 0.0))

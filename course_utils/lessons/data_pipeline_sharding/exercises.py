@@ -20,6 +20,7 @@ from ...exercises import (
     require_callable,
     require_int,
 )
+from course_utils import data
 
 # ----------------------------------------------------------------------------------------------
 # 1. The batch size to hand to experimental_distribute_dataset
@@ -206,8 +207,6 @@ _N, _BATCH = 32, 8
 def _pipeline_reference(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.cache()  # the decoded uint8 images: 4× smaller than float32 ...
     ds = ds.shuffle(1000)  # ... then a fresh order every epoch ...
     ds = ds.map(data.to_float, num_parallel_calls=tf.data.AUTOTUNE)
@@ -218,16 +217,12 @@ def _pipeline_reference(ds, batch_size):
 def _pipeline_augment_before_cache(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.map(data.to_float).map(data.augment).cache().shuffle(1000)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_shuffle_before_cache(ds, batch_size):
     import tensorflow as tf
-
-    from course_utils import data
 
     ds = ds.shuffle(1000).cache().map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -236,16 +231,12 @@ def _pipeline_shuffle_before_cache(ds, batch_size):
 def _pipeline_no_reshuffle(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.cache().shuffle(1000, reshuffle_each_iteration=False).map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_no_cache(ds, batch_size):
     import tensorflow as tf
-
-    from course_utils import data
 
     ds = ds.shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -254,8 +245,6 @@ def _pipeline_no_cache(ds, batch_size):
 def _pipeline_float_cache(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.map(data.to_float).cache().shuffle(1000).map(data.augment)  # caches float32: 4× the uint8 bytes
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
@@ -263,23 +252,17 @@ def _pipeline_float_cache(ds, batch_size):
 def _pipeline_ragged(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_no_prefetch(ds, batch_size):
-    from course_utils import data
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True)
 
 
 def _pipeline_no_to_float(ds, batch_size):
     import tensorflow as tf
-
-    from course_utils import data
 
     ds = ds.cache().shuffle(1000).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -288,16 +271,12 @@ def _pipeline_no_to_float(ds, batch_size):
 def _pipeline_fixed_batch(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(64, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_one_hot(ds, batch_size):
     import tensorflow as tf
-
-    from course_utils import data
 
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment).map(lambda x, y: (x, tf.one_hot(y, 10)))
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -306,16 +285,12 @@ def _pipeline_one_hot(ds, batch_size):
 def _pipeline_dict_features(ds, batch_size):
     import tensorflow as tf
 
-    from course_utils import data
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment).map(lambda x, y: ({"image": x}, y))
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_tiny_shuffle(ds, batch_size):
     import tensorflow as tf
-
-    from course_utils import data
 
     ds = ds.cache().shuffle(2).map(data.to_float).map(data.augment)  # a buffer of 2: neighbours swap, nothing more
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
@@ -366,8 +341,6 @@ def _same_order_message(ds: Any) -> str:
 
 def _pipeline_shuffle_batches(ds, batch_size):
     import tensorflow as tf
-
-    from course_utils import data
 
     ds = ds.cache().map(data.to_float).map(data.augment).batch(batch_size, drop_remainder=True)
     return ds.shuffle(1000).prefetch(tf.data.AUTOTUNE)  # shuffles batches: each holds the same examples every epoch

@@ -26,6 +26,10 @@ from ...data import APIS, distribute, tfrecord_dataset
 from ...profiler import INPUT_BOUND_ABOVE
 from ...report import Samples
 from ...runtime import usable_cores
+from ... import data, models, profiler, report
+from ...data import augment, augment_batch, parse_record, to_float
+from ...runtime import run_with_replicas
+from ...timing import time_fn
 
 # ----------------------------------------------------------------------------------------------
 # Replicas: every example exactly once, and who gets the ragged last step
@@ -195,8 +199,6 @@ def upstream_order_cases(pattern: str, num_workers: int, seed: int = 7, cases=UP
     Returns ``{"case", "per_worker" (ids), "count", "duplicated", "missing"}`` per case."""
     import tensorflow as tf
 
-    from ...data import parse_record
-
     def pipeline(case: str):
         options = tf.data.Options()
         if case.startswith("DATA"):
@@ -354,8 +356,6 @@ def shuffle_buffer_memory(encoded, n: int, seed: int = 0) -> dict:
     there the buffer holds references to the cache's tensors, not copies."""
     import tensorflow as tf
 
-    from ... import data
-
     decoded = encoded.take(n).map(data.decode_png)
     cached = decoded.cache()
     drain(cached)  # fill the cache first: its memory is not the buffer's
@@ -495,8 +495,6 @@ class BottleneckReport:
 def input_bound_check(model, ds, steps: int = 10, repeats: int = 5) -> BottleneckReport:
     """Measure the pipeline alone (``steps`` batches, after one warm-up batch) and the compiled model's
     training step alone (on one batch already in memory, median of ``repeats``); say which is slower."""
-    from ...timing import time_fn
-
     it = iter(ds.repeat())
     x, y = next(it)  # warm-up: starts the pipeline's threads and fills buffers
     batch_size = int(x.shape[0])
@@ -576,8 +574,6 @@ def with_io_threads(ds, threads: int = IO_THREADS):
 def _records_to_batches(records, batch_size: int):
     import tensorflow as tf
 
-    from ...data import parse_record
-
     batches = records.map(parse_record, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size)
     return with_io_threads(batches.prefetch(tf.data.AUTOTUNE))
 
@@ -648,8 +644,6 @@ def map_placement_pipelines(images, batch_size: int) -> dict[str, Any]:
     (:func:`data.augment`, then ``batch``) or per batch (``batch``, then :func:`data.augment_batch`), both
     ``num_parallel_calls=AUTOTUNE`` and prefetched."""
     import tensorflow as tf
-
-    from ...data import augment, augment_batch, to_float
 
     auto = tf.data.AUTOTUNE
     return {
@@ -777,8 +771,6 @@ def profiled_input_share(model, ds, log_dir: str, steps: int = PROFILED_STEPS,
 
     import keras
 
-    from ... import profiler
-
     model.fit(ds.take(1), epochs=1, verbose=0)  # build and compile the train function; this iterator is dropped
     result = None
     for attempt in range(1, max(tries, 1) + 1):
@@ -830,8 +822,6 @@ def cache_order_rows(train, per_replica_batch: int) -> list[dict]:
     ``cache()`` (wrong), and ``cache()`` first (right, :func:`course_utils.data.build_pipeline`): whether each read
     the same order and the same pixels in both epochs."""
     import numpy as np
-
-    from ... import data
 
     def epoch(ds):  # one pass: the ids in arrival order, and the images sorted by id
         xs, ys = zip(*ds.as_numpy_iterator())
@@ -894,8 +884,6 @@ def fit_epochs(steps_per_execution: int, pipeline, on_strategy, *, seed: int, ji
     ``on_train_batch_end`` was called with, in order."""
     import keras
 
-    from ... import models
-
     class BatchLog(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
@@ -924,7 +912,6 @@ def measure(lab) -> dict:
     import tensorflow as tf
 
     from ... import data, models
-    from ...runtime import run_with_replicas
 
     cfg, sizes, runtime = lab.cfg, lab.sizes, lab.runtime
     strategy = runtime.strategy
@@ -1113,8 +1100,6 @@ def _samples(values) -> Samples:
 def _upstream_claim(rows: list[dict]):
     """§5: auto-sharding after a random order — DATA overlaps unless the shuffle is seeded; FILE does not (the rewrite
     shards the file list before list_files' shuffle)."""
-    from ... import report
-
     by = {row["case"]: row for row in rows}
     clean = [by[c] for c in UPSTREAM_CASES[1:]]
     unseeded = by[UPSTREAM_CASES[0]]
@@ -1129,8 +1114,6 @@ def _upstream_claim(rows: list[dict]):
 
 def _shuffle_mixing_claim(rows: list[dict]):
     """§2: a small buffer leaves a class-sorted set nearly sorted; a buffer of the whole set shuffles it."""
-    from ... import report
-
     small, full = rows[0], rows[-1]
     return report.Claim(
         "A shuffle buffer smaller than the dataset mixes only nearby elements (a class-sorted set stays nearly "
@@ -1148,8 +1131,6 @@ def _shuffle_mixing_claim(rows: list[dict]):
 
 def _buffer_memory_claim(memory: dict):
     """§2: a full buffer holds buffer × example bytes (float32 4× uint8); over a filled cache, references only."""
-    from ... import report
-
     text = ("A shuffle buffer holds buffer × example bytes — 4× as much in float32 as in uint8; over a filled "
             "in-memory cache() it holds references, not copies", "tf.data shuffle; §2 (CPU allocator)",
             "uint8 and float32 within 10% of counted, float32 ≈ 4× uint8; from cache < 10% of counted")
@@ -1200,8 +1181,6 @@ MEASURED_BY = {
 def claims(r: dict) -> list:
     """Lesson 04's claims from :func:`measure`'s results (or the notebook's, under the same keys). Speed-ups are
     per-round ratios (a :class:`Samples` or a list); ``summary`` maps each auto-shard policy to its ``"all"`` row."""
-    from ... import report
-
     replicas, per_replica_batch, global_batch = r["replicas"], r["per_replica_batch"], r["global_batch"]
     real_global, n_examples, N = r["real_global"], r["n_examples"], r["N"]
     checks, split, summary, kind, xla_label = r["checks"], r["split"], r["summary"], r["kind"], r["xla_label"]

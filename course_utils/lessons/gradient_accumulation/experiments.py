@@ -6,11 +6,11 @@ The tools themselves are in :mod:`course_utils.accumulation`."""
 from __future__ import annotations
 
 from ...accumulation import GradientAccumulator, distributed_train_step
+from ... import accumulation, data, memory, models, report
+from ... import runtime as _runtime
 
 
 def _accumulating_model():
-    from ... import accumulation
-
     return accumulation.AccumulatingModel
 
 
@@ -319,8 +319,6 @@ def training_step(batch: int, accumulate: int = 0, width: int = 16, num_classes:
     import keras
     import tensorflow as tf
 
-    from ... import data, memory, models
-
     device = device or memory.default_device()
     (x, y), _ = data.synthetic_cifar(batch, 8, seed=seed, num_classes=num_classes)
     with tf.device(device):
@@ -442,8 +440,6 @@ def equivalence_runs(strategy, steps: int = 4, updates: int = 2) -> list[dict]:
     or in a 4-CPU process when this strategy has fewer). ``[{"where", "policy", "result", "within_tolerance"}]``."""
     import tensorflow as tf
 
-    from ... import runtime as _runtime
-
     runs = [("1 replica", "float32", compare_with_big_batch(tf.distribute.get_strategy(), steps, updates=updates,
                                                            policy="float32"))]
     for policy in ("float32", "mixed_bfloat16"):
@@ -466,8 +462,6 @@ def four_replica_loss_scaling(strategy, steps: int = 4, micro_batch: int = 8, se
     import keras
     import numpy as np
     import tensorflow as tf
-
-    from ...accumulation import GradientAccumulator, distributed_train_step
 
     replicas = strategy.num_replicas_in_sync
     global_micro = micro_batch * replicas
@@ -680,8 +674,6 @@ def measure(lab) -> dict:
     entries section by section and passes them to :func:`claims`."""
     import tensorflow as tf
 
-    from ... import runtime as _runtime
-
     sizes, strategy = lab.sizes, lab.runtime.strategy
     one_device = tf.distribute.get_strategy()
     out: dict = {"k": K, "jit": lab.jit, "replicas": strategy.num_replicas_in_sync, "kind": lab.runtime.kind}
@@ -729,8 +721,6 @@ MEASURED_BY = {
 
 def claims(r: dict) -> list:
     """Lesson 05's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
-    from ... import report
-
     k, peaks = r["k"], r["peaks"]
     xla = "with XLA" if r["jit"] else "without XLA"
     four_note = "" if r["replicas"] >= 4 else "measured in a 4-CPU process: this runtime has fewer replicas"
@@ -844,8 +834,6 @@ def claims(r: dict) -> list:
 
 def _keras_scaling_claim(scaling: dict, four_note: str):
     """§6: Keras' own LossScaleOptimizer misses an overflow on a replica other than the first (custom loop and fit)."""
-    from ... import report
-
     text = ("Keras' own LossScaleOptimizer under MirroredStrategy checks only the first replica's gradients: an "
             "overflow on another replica reaches every replica's weights and the scale stays (custom loop and fit)",
             "keras/src/optimizers/loss_scale_optimizer.py _tf_apply; §6",

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import accumulation, data, memory, models, report, runtime
+from ..bfloat16_conversion import experiments as conversion
+
 
 def confident_logits(rows: int = 4096, num_classes: int = 10, boost: float = 8.0, sigma: float = 3.0, seed: int = 0):
     """``(logits, labels)`` shaped like a confident classifier's output: normal logits (σ = ``sigma``) plus
@@ -77,8 +80,6 @@ def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: i
 
     import keras
     import tensorflow as tf
-
-    from ... import accumulation, data, models, runtime
 
     strategy = strategy or tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
@@ -152,8 +153,6 @@ def training_step_peaks(strategy, policies, repeats: int = 3, batch: int = 256, 
     process on one device on a CPU; in this process on a TPU or GPU (which belongs to this process), under
     ``strategy``, whose global batch is then ``batch`` × its replicas, so that replica 0's device, the one measured,
     holds ``batch``. ``kwargs``: the step's other sizes."""
-    from ... import memory
-
     fresh = memory.default_device() == "CPU:0"
     where = {} if fresh else {"strategy": strategy, "batch": batch * strategy.num_replicas_in_sync}
     variants = {p: {**kwargs, "policy": p, "batch": batch, **where} for p in policies}
@@ -362,7 +361,6 @@ def measure(lab) -> dict:
     import functools
 
     from ... import hardware, memory, models, timing
-    from ..bfloat16_conversion import experiments as conversion
 
     cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
     strategy = rt.strategy
@@ -424,8 +422,6 @@ MEASURED_BY = {
 
 def claims(r: dict) -> list:
     """Lesson 03's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
-    from ... import report
-
     mixed_policy, peaks = r["mixed_policy"], r["peaks"]
     bf, f32_out = r["stats"]["bfloat16 softmax"], r["stats"]["bfloat16 logits, float32 softmax"]
     xla = "with XLA" if r["jit"] else "without XLA"

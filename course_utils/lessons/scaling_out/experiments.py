@@ -15,6 +15,8 @@ import re
 
 import numpy as np
 
+from ... import cluster, gce, report
+
 # the worker programs (python -m ...), by name: importing them here would import them twice under `python -m`
 MW, PS, MP = (f"{__package__}.{name}" for name in ("multiworker", "parameter_server", "model_parallel"))
 PREEMPTED_EXIT = 42  # multiworker.PREEMPTED_EXIT (importing it here would load the worker program's module)
@@ -30,7 +32,6 @@ def measure(lab) -> dict:
     The notebook computes the same entries section by section and passes them to :func:`claims`."""
     import tempfile
 
-    from ... import cluster, gce
     from . import multiworker
 
     sizes = lab.sizes
@@ -291,8 +292,6 @@ def _platform_id(row: str, notice: str) -> str:
 def _platform_claims(rows: list[dict]) -> list:
     """§3: a claim per row of the platform matrix (a row not run: not measurable here), and the GCE TPU row, which
     cannot run here. No rows: the matrix was not run, no claims."""
-    from ... import report
-
     if not rows:
         return []
     out = []
@@ -447,8 +446,6 @@ def communication_share(timings: dict, scaling_workers) -> tuple[list[int], list
 def _stall_claim(stall: dict):
     """§3: without a timeout worker 0's step after the stall lasts the whole stall; with one it raises
     DeadlineExceededError about the timeout later (before the stall ends), and the program exits with its code."""
-    from ... import report
-
     none, timed = stall["no timeout"], stall["timeout"]
     after, t, w = timed["stall_after"], timed["timeout_s"], timed["stall_s"]
     waited_none = none["step_s"][after] if none["error"] is None and len(none["step_s"]) > after else None
@@ -473,8 +470,6 @@ CAS = "tensorflow/python/distribute/collective_all_reduce_strategy.py"  # Tensor
 def _heartbeat_claims(stall: dict) -> list:
     """§3: a dead worker is found by the coordination service's heartbeats (no Python health check runs), a hung one
     is not — it is alive and sends them. No ``"dead"`` run (results from before it existed): no claims."""
-    from ... import report
-
     if "dead" not in stall:
         return []
     dead, hung = stall["dead"], stall["no timeout"]
@@ -522,8 +517,6 @@ def visit_counts(visits: list) -> str:
 
 def _evaluation_claims(ev: dict) -> list:
     """§4: evaluation scheduled on the workers — one batch per step is exact; a per-worker dataset is not."""
-    from ... import report
-
     per_worker, by_batch, n = ev["per-worker dataset"], ev["one batch per step"], ev["examples"]
     exact = all(v == 1 for v in by_batch["visits"]) and by_batch["correct"] == ev["coordinator_correct"]
     one_worker_did_all = all(v == 1 for v in per_worker["visits"])  # every iterator starts at batch 1
@@ -544,8 +537,6 @@ def _evaluation_claims(ev: dict) -> list:
 def _batch_cost_claim(ev: dict) -> list:
     """§4: batch k by ``skip(k).take(1)`` costs more the larger k; sliced by index it does not. Results from before
     the measurement existed: no claim."""
-    from ... import report
-
     cost = ev.get("batch_cost")
     if not cost:
         return []
@@ -563,8 +554,6 @@ def _batch_cost_claim(ev: dict) -> list:
 def _worker_failure_claim(ps: dict) -> list:
     """§4: a worker SIGKILLed mid-schedule — every scheduled step returns, the steps after the kill run on the others,
     a closure that failed on it was put back; the step ran at least once per step. No such run: no claim."""
-    from ... import report
-
     lost = ps.get("worker_failure")
     if not lost:
         return []
@@ -611,8 +600,6 @@ MEASURED_BY = {  # the worker programs by name, as MW, PS and MP
 
 def claims(r: dict) -> list:
     """Lesson 08's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
-    from ... import report
-
     steps = list(range(1, r["cluster_steps"] + 1))
     global_examples = r["cluster_steps"] * r["global_batch"]
     fit_failed = any("model.fit failed: ValueError" in line for line in r["fit_log"])

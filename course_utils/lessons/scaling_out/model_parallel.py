@@ -32,6 +32,7 @@ import numpy as np
 from ... import fileguard
 from ...runtime import usable_cores
 from .multiworker import cluster_problem, positive_int, serve_until_stopped
+from ...timing import time_fn
 
 DEVICE = "/job:worker/replica:0/task:{}/device:CPU:0"
 
@@ -132,8 +133,6 @@ def measure(width: int, layers: int, batch: int, micro_batches: list[int], round
             repeats: int = 3) -> dict:
     """Run on the chief of a chief + 2 workers cluster (already connected): every variant, timed."""
     import tensorflow as tf
-
-    from ...timing import time_fn
 
     d0, d1 = DEVICE.format(0), DEVICE.format(1)
     arrays = init_weights(width, layers)

@@ -14,6 +14,7 @@ import statistics
 from ... import runtime
 from ...report import Claim, Samples
 from ...timing import MatmulRate, Timing, matmul_chain, matmul_operands, time_fn
+from ... import data, models, report
 
 
 def resolver_recipes() -> list[dict]:
@@ -188,8 +189,6 @@ def measure(lab) -> dict:
     import keras
     import tensorflow as tf
 
-    from ... import data, models
-
     cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
     strategy = rt.strategy
     out: dict = {"kind": rt.kind, "strategy_name": rt.strategy_name, "replicas": rt.num_replicas,
@@ -248,8 +247,6 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from ... import runtime
-
     replicas = strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
     x, y = rng.random((steps * batch, 8), dtype=np.float32), rng.random((steps * batch, 2), dtype=np.float32)
@@ -289,13 +286,13 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
         grads = runtime.replica_gradients(gradients, jit)  # XLA per replica; all-reduce and update outside it
 
         @tf.function
-        def step(data):
+        def step(batch_xy):
             def replica(xb, yb):
                 model.optimizer.apply_gradients(zip(grads(xb, yb), model.trainable_variables))
-            strategy.run(replica, args=data)
+            strategy.run(replica, args=batch_xy)
 
-        for data in strategy.experimental_distribute_dataset(ds):
-            step(data)
+        for batch_xy in strategy.experimental_distribute_dataset(ds):
+            step(batch_xy)
         return [v.numpy() for v in model.trainable_variables]
 
     plain, with_xla = custom_loop(False), custom_loop(True)
@@ -323,8 +320,6 @@ MEASURED_BY = {
 
 def claims(r: dict) -> list:
     """Lesson 01's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
-    from ... import report
-
     on_tpu = r["kind"] == "TPU"
     recipes, split, matmul = r["recipes"], r["split"], r["matmul"]
     per_replica_batch = r["per_replica_batch"]
@@ -411,8 +406,6 @@ def claims(r: dict) -> list:
 def xla_on_replicas_claim(x: dict | None):
     """fit with jit_compile=True fails on several MirroredStrategy replicas; the course's rule trains; a custom loop
     compiled per replica matches the same loop without XLA."""
-    from ... import report
-
     text = ("On several replicas, fit(jit_compile=True) fails (keras#19005); the course's rule trains, and a custom "
             "loop compiles each replica's step")
     if not x:

@@ -86,6 +86,8 @@ def test_every_claim_id_of_every_lesson_names_the_function_that_measures_it():
             assert any(w == key or w.startswith(key) for w in written), f"{key}: no claim has this id"
             if fn is None:
                 continue
+            assert not report.function_name(fn).endswith(":measure"), (
+                f"{key}: names the whole measure(); give the measurement a function the notebook calls too")
             module, _, name = report.function_name(fn).partition(":")
             target = importlib.import_module(module)
             for part in name.split("."):

@@ -898,15 +898,42 @@ def fit_epochs(steps_per_execution: int, pipeline, on_strategy, *, seed: int, ji
     return log.batches
 
 
+def simulated_download_error() -> str:
+    """§1: what ``data.load_cifar10("tfds")`` raises when the hosts answer but the download fails (simulated with
+    ``mock``: no network needed); "no error" if it loads."""
+    from unittest import mock
+
+    no_route = ConnectionError("simulated: no route to storage.googleapis.com")
+    with mock.patch.object(data, "_probe_hosts", return_value=(True, "simulated")), \
+            mock.patch.object(data, "_tfds_load", side_effect=no_route):
+        try:
+            data.load_cifar10("tfds")
+            return "no error"
+        except data.DataSourceError as e:
+            return str(e)
+
+
+def steps_per_execution_auto() -> str:
+    """§7: ``compile(steps_per_execution="auto")`` (tf.keras 2 style) on a tiny model, then ``fit``: "fit ran", or
+    the name of the error Keras 3 raises."""
+    import keras
+
+    try:
+        tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        tiny.compile(optimizer="sgd", loss="mse", steps_per_execution="auto")
+        tiny.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
+        return "fit ran"
+    except Exception as e:  # noqa: BLE001 - the claim is about which error
+        return type(e).__name__
+
+
 def measure(lab) -> dict:
     """Everything lesson 04's claims need, measured the way the notebook measures it (``lab``: a
     :class:`course_utils.proof.Lab` — config, runtime and progress lines), section by section with the notebook's
-    sizes and calls. The notebook computes the same entries in its cells and passes them to :func:`claims`; the
-    inline teaching code of its cells (the epoch comparison of §2, the trace counter of §4, the callback log and
-    model builders of §7) is reproduced here as it stands there."""
+    sizes and calls. The notebook computes the same entries in its cells, calling the same functions of this module,
+    and passes them to :func:`claims`."""
     import statistics
     import tempfile
-    from unittest import mock
 
     import keras
     import tensorflow as tf
@@ -929,14 +956,7 @@ def measure(lab) -> dict:
     npz_path = data.write_npz(f"{npz_dir}/cifar10_small.npz", train_arrays, test_arrays)
     from_npz = data.load_cifar10(f"npz:{npz_path}")
     out["same_spec"] = from_npz.element_spec == cifar.element_spec
-    no_route = ConnectionError("simulated: no route to storage.googleapis.com")
-    with mock.patch.object(data, "_probe_hosts", return_value=(True, "simulated")), \
-            mock.patch.object(data, "_tfds_load", side_effect=no_route):
-        try:
-            data.load_cifar10("tfds")
-            out["download_error"] = "no error"
-        except data.DataSourceError as e:
-            out["download_error"] = str(e)
+    out["download_error"] = simulated_download_error()
 
     # §2: naive vs tuned pipeline on PNG-encoded images, interleaved rounds; the order of cache and shuffle
     per_replica_batch = sizes.per_replica_batch
@@ -1062,13 +1082,7 @@ def measure(lab) -> dict:
                                    "N": lambda: m_n.fit(epoch_data, verbose=0)}, rounds=rounds)
         out["spe_speedups"][name] = ratio_samples(times, "1", "N").values
 
-    try:  # the "auto" cell of §7
-        tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        tiny.compile(optimizer="sgd", loss="mse", steps_per_execution="auto")
-        tiny.fit(np.zeros((8, 4)), np.zeros((8, 1)), verbose=0)
-        out["spe_auto"] = "fit ran"
-    except Exception as e:  # noqa: BLE001 - the claim is about which error
-        out["spe_auto"] = type(e).__name__
+    out["spe_auto"] = steps_per_execution_auto()
     try:  # steps_per_execution > 1 on this runtime's strategy (several replicas: MirroredStrategy)
         fit_epochs(N, train_pipeline, strategy, epochs=1, tiny=True, **same_seed_and_xla)
         out["mirrored_spe_ran"] = True
@@ -1148,7 +1162,7 @@ def _buffer_memory_claim(memory: dict):
 
 # Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
 MEASURED_BY = {
-    "04.sources_agree": measure,
+    "04.sources_agree": simulated_download_error,
     "04.tuned_pipeline_faster": interleaved_times,
     "04.augment_before_cache_frozen": cache_order_rows,
     "04.small_shuffle_buffer": shuffle_mixing,
@@ -1167,7 +1181,7 @@ MEASURED_BY = {
     "04.unseeded_shuffle_before_shard": shuffle_shard_cases,
     "04.data_shard_after_unseeded_shuffle": upstream_order_cases,
     "04.spe_callbacks_every_n": fit_epochs,
-    "04.spe_auto_fails": measure,
+    "04.spe_auto_fails": steps_per_execution_auto,
     "04.spe_fails_on_mirrored": fit_epochs,
     "04.spe_faster_tiny_model": compiled,
     "04.spe_faster_small_cnn": compiled,

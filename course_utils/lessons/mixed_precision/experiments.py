@@ -405,7 +405,7 @@ def measure(lab) -> dict:
 # Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
 MEASURED_BY = {
     "03.policy_lowers_step_peak": training_step_peaks,
-    "03.mixed_policy_dtypes": measure,
+    "03.mixed_policy_dtypes": "course_utils.models:build_under_policy",  # the layers' dtypes, set as it builds
     "03.saturated_probability_harmless": _softmax_figures,
     "03.bfloat16_softmax_coarse": _softmax_figures,
     "03.loss_uses_logits": model_losses,

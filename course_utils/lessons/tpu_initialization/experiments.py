@@ -161,6 +161,27 @@ except Exception as e:
 """
 
 
+def fit_in_scope(strategy, sizes, train_ds, jit_compile, callbacks=(), verbose=0):
+    """§5: small_cnn and its optimizer created inside ``strategy.scope()``, then trained with ``fit`` (which may run
+    outside the scope: the model remembers its strategy). Returns ``(model, history)``."""
+    import keras
+
+    with strategy.scope():
+        model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
+        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"], jit_compile=jit_compile)
+    history = model.fit(train_ds, epochs=sizes.epochs, callbacks=list(callbacks), verbose=verbose)
+    return model, history
+
+
+def model_built_outside_scope(strategy, sizes):
+    """§7, pitfall 2: small_cnn built OUTSIDE ``strategy.scope()`` and compiled inside it."""
+    model_c = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)  # built OUTSIDE the scope
+    with strategy.scope():
+        model_c.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model_c
+
+
 def optimizer_outside_scope(strategy, make_optimizer, global_batch: int) -> str:
     """§7, pitfall 1 on a fresh tiny model: an optimizer from ``make_optimizer()`` created outside
     ``strategy.scope()``, the model built and compiled inside it, one ``fit`` on one global batch. Returns
@@ -187,7 +208,6 @@ def measure(lab) -> dict:
     """Everything lesson 01's claims need, measured the way the notebook measures it (the notebook computes
     the same entries section by section and passes them to :func:`claims`)."""
     import keras
-    import tensorflow as tf
 
     cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
     strategy = rt.strategy
@@ -213,11 +233,7 @@ def measure(lab) -> dict:
     test_ds = batches(x_test, y_test, global_batch, shuffle=False, seed=cfg.seed)
     keras.utils.set_random_seed(cfg.seed)
     jit_compile, compiled, _why = lab.runtime.fit_jit_compile()  # Keras' "auto" is off under any strategy
-    with strategy.scope():
-        model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"], jit_compile=jit_compile)
-    model.fit(train_ds, epochs=sizes.epochs, verbose=0)
+    model, _ = fit_in_scope(strategy, sizes, train_ds, jit_compile)
     out["test_acc"] = float(model.evaluate(test_ds, verbose=0)[1])
     out["fit_xla"] = "with XLA" if compiled else "without XLA"
 
@@ -226,10 +242,7 @@ def measure(lab) -> dict:
     out["split"] = runtime.run_with_replicas(4, strategy, split_one_batch, per_replica_batch=per_replica_batch)
     out["adam_outside"] = optimizer_outside_scope(strategy, keras.optimizers.Adam, global_batch)
     out["sgd_outside"] = optimizer_outside_scope(strategy, keras.optimizers.SGD, global_batch)
-    model_c = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)  # built OUTSIDE the scope
-    with strategy.scope():
-        model_c.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    out["model_c_uses_strategy"] = model_c.distribute_strategy is strategy
+    out["model_c_uses_strategy"] = model_built_outside_scope(strategy, sizes).distribute_strategy is strategy
     out["outside_scope_on_4"] = runtime.run_on_cpu_replicas(4, OUTSIDE_SCOPE_ON_4).strip()
     lab.progress("§5: fit under XLA on 2 replicas (a 2-CPU process)")
     out["xla_replicas"] = runtime.run_with_replicas(2, strategy, fit_xla_on_replicas)
@@ -308,9 +321,9 @@ MEASURED_BY = {
     "01.local_resolver_recipe": runtime.detect,
     "01.detection_never_raises": runtime.detect,
     "01.global_batch_split": split_one_batch,
-    "01.fit_in_scope_trains": measure,
+    "01.fit_in_scope_trains": fit_in_scope,
     "01.optimizer_outside_scope": optimizer_outside_scope,
-    "01.model_outside_scope": measure,
+    "01.model_outside_scope": model_built_outside_scope,
     "01.fit_xla_on_replicas": fit_xla_on_replicas,
     "01.tpu_faster_than_cpu": compare_matmul_dtypes,
     "01.bfloat16_matmul_speed": compare_matmul_dtypes,

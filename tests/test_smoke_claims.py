@@ -101,7 +101,7 @@ def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_
     """The README's pytest runs on every usable core (pytest-xdist, ``-n auto``): every notebook on one worker, in
     order, and each worker reads the claims its own kernels saved (a claims folder per worker)."""
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
-    for name, cells in {"a.ipynb": ["x = 1", _table("True")], "b.ipynb": ["y = 2", _table("False", lesson="07")]}.items():
+    for name, cells in {"a.ipynb": ["x = 1", _table("True")], "b.ipynb": ["y = 2", _table("False", lesson="07", id="07.a_claim")]}.items():
         nb = nbformat.v4.new_notebook()
         nb.cells = [nbformat.v4.new_code_cell("from course_utils import report")]
         nb.cells += [nbformat.v4.new_code_cell(source) for source in cells]
@@ -121,4 +121,4 @@ def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_
     notebooks = workers.get("a", set()) | workers.get("b", set())
     assert len(notebooks) == 1, workers  # every cell of both notebooks on one worker
     assert re.search(r"FAILED b(\.|::)ipynb::Cell 2", proc.stdout) and "1 failed" in proc.stdout, proc.stdout[-3000:]
-    assert "- 07 A claim: expected > 1, measured 0.5 (a reason)" in proc.stdout, proc.stdout[-3000:]
+    assert "- 07.a_claim: expected > 1, measured 0.5 (a reason)" in proc.stdout, proc.stdout[-3000:]

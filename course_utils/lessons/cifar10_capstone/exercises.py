@@ -130,12 +130,13 @@ def start_options(time_budget: float, out: str, **overrides):
 
 def example_start():
     """The start the course's own tests use: synthetic data, small splits, a 10 s budget (enough epochs for the
-    tutorial's CNN to learn even on a busy machine)."""
+    tutorial's CNN to learn even on a busy machine). Its folder is this process's own: two test processes checking
+    at once (pytest-xdist) wrote the same weights file, and HDF5's lock stopped one of them."""
     import os
     import tempfile
 
-    return start_options(10.0, out=os.path.join(tempfile.gettempdir(), "course_capstone_exercise"), data="synthetic",
-                         train_examples=512, test_examples=256)
+    return start_options(10.0, out=os.path.join(tempfile.gettempdir(), f"course_capstone_exercise-{os.getpid()}"),
+                         data="synthetic", train_examples=512, test_examples=256)
 
 
 EXAMPLE_TARGET = 0.25  # for example_start(): chance is 0.10

@@ -30,7 +30,8 @@ if "tensorflow" not in _sys.modules:
 # ops off does the same here. Also read when TensorFlow starts, so only before it is imported; an explicit
 # TF_ENABLE_ONEDNN_OPTS is kept.
 _ONEDNN_NOTE = None
-if "tensorflow" not in _sys.modules and "TF_ENABLE_ONEDNN_OPTS" not in _os.environ:
+_ONEDNN_OPTS_GIVEN = "TF_ENABLE_ONEDNN_OPTS" in _os.environ
+if "tensorflow" not in _sys.modules and not _ONEDNN_OPTS_GIVEN:
     from .hardware import onednn_bf16_aborts as _onednn_bf16_aborts
 
     _cap = _onednn_bf16_aborts()
@@ -71,11 +72,12 @@ def setup(cpu_replicas: int | None = None, device: str | None = None, verbose: b
             rt.notes.append(note)
     from .hardware import onednn_bf16_aborts
 
-    note = _ONEDNN_NOTE
-    if note is None and onednn_bf16_aborts():  # TensorFlow came first: too late to turn oneDNN off
-        note = (f"ONEDNN_MAX_CPU_ISA={onednn_bf16_aborts()} on a CPU with AVX-512: the first bfloat16 op will abort "
-                "this process (TensorFlow was imported before course_utils); restart, and import course_utils first or "
-                "set TF_ENABLE_ONEDNN_OPTS=0")
+    note, cap = _ONEDNN_NOTE, onednn_bf16_aborts()
+    if note is None and cap:  # oneDNN is on under the cap: asked for, or TensorFlow came first (too late to change)
+        why = ("TF_ENABLE_ONEDNN_OPTS is set, and kept" if _ONEDNN_OPTS_GIVEN
+               else "TensorFlow was imported before course_utils; restart, and import course_utils first")
+        note = (f"ONEDNN_MAX_CPU_ISA={cap} on a CPU with AVX-512: the first bfloat16 op will abort this process ({why}"
+                "; TF_ENABLE_ONEDNN_OPTS=0 avoids it)")
     if note and note not in rt.notes:
         rt.notes.append(note)
     if verbose:

@@ -28,10 +28,8 @@ import sys
 from typing import Any, Callable
 
 from . import config as _config
-from . import processes
+from . import forkserver, processes
 from .processes import usable_cores  # noqa: F401 - the toolkit's name for it: runtime.usable_cores()
-from . import forkserver
-
 
 
 # TPU PCI ids, as JAX's hardware_utils lists them (vendor 0x1ae0 = Google).

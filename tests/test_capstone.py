@@ -1117,6 +1117,28 @@ def test_importing_course_utils_first_keeps_a_bfloat16_matmul_alive_under_an_avx
         assert (opts, noted) == ("None", "False")
 
 
+
+@pytest.mark.parametrize("first, opts, says", [
+    ("import tensorflow, course_utils", None, "TensorFlow was imported before course_utils"),
+    ("import course_utils", "1", "TF_ENABLE_ONEDNN_OPTS is set, and kept"),
+])
+def test_where_oneDNN_stays_on_under_an_avx2_cap_setup_says_the_first_bfloat16_op_will_abort(first, opts, says):
+    """Too late to turn oneDNN off (TensorFlow imported first), or kept on by the learner: no bfloat16 op runs here
+    (it would abort); setup() names the risk and the way out, with the reason that applies."""
+    if hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": "AVX2"}) is None:
+        pytest.skip("this CPU has no avx512f: TensorFlow runs bfloat16 on its own kernels under the cap")
+    code = (f"{first}; import os; rt = course_utils.setup(verbose=False); "
+            "print([n for n in rt.notes if 'ONEDNN_MAX_CPU_ISA' in n]); print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env.update(ONEDNN_MAX_CPU_ISA="AVX2", CUDA_VISIBLE_DEVICES="", **({"TF_ENABLE_ONEDNN_OPTS": opts} if opts else {}))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    notes, seen_opts = out.stdout.strip().splitlines()[-2:]
+    assert "the first bfloat16 op will abort this process" in notes and says in notes, notes
+    assert "TF_ENABLE_ONEDNN_OPTS=0 avoids it" in notes
+    assert seen_opts == str(opts)  # left as it was: None (unset) or the learner's "1"
+
+
 # ----------------------------------------------------------------------------------------------
 # Adapting to the hardware: the batch per replica with the linear LR rule, steps_per_execution, batch augmentation
 # ----------------------------------------------------------------------------------------------

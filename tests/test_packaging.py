@@ -348,3 +348,14 @@ def test_badges_and_setup_cells_point_at_this_versions_release_tag():
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert _repo.REF == f"v{version}", f"_repo.REF is {_repo.REF!r}: run set-repo --ref v{version} (CONTRIBUTING)"
     assert f"## {version} (" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+def test_the_lessons_prove_and_the_lint_import_without_tensorflow():
+    """`import course_utils.lessons` (every lesson's experiments and exercises), prove, the capstone's plan and the
+    notebook lint stay free of TensorFlow and Keras at import: the lint and prove's parent process must start in a
+    fraction of a second, and a learner's setup cell sets TensorFlow's environment before TensorFlow starts."""
+    code = ("import sys, course_utils, course_utils.lessons, course_utils.proof, course_utils.capstone.plan, "
+            "devtools.notebooks; print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -54,7 +54,10 @@ batch only for models without such layers.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
+
+import keras
+import tensorflow as tf
 
 __all__ = [
     "AccumulatingModel",
@@ -66,151 +69,137 @@ __all__ = [
 # course_utils.lessons.gradient_accumulation.experiments.
 
 
-def _tf():
-    import tensorflow as tf
-
-    return tf
-
-
 # ----------------------------------------------------------------------------------------------
 # For model.fit
 # ----------------------------------------------------------------------------------------------
 
 
-def _build_accumulating_model_class():
-    """The class is built on first use (``accumulation.AccumulatingModel``), so that importing this
-    module does not import TensorFlow and Keras."""
-    import keras
-    import tensorflow as tf
+class AccumulatingModel(keras.Model):
+    """Wraps ``model`` so that ``fit`` accumulates gradients over ``steps`` micro-batches.
 
-    class AccumulatingModel(keras.Model):
-        """Wraps ``model`` so that ``fit`` accumulates gradients over ``steps`` micro-batches.
+    Create and ``compile`` it inside ``strategy.scope()``::
 
-        Create and ``compile`` it inside ``strategy.scope()``::
+        with strategy.scope():
+            model = make_model()
+            acc = AccumulatingModel(model, steps=4)
+            acc.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+        acc.fit(ds_batched_at_4_times_the_micro_batch, ...)
 
-            with strategy.scope():
-                model = make_model()
-                acc = AccumulatingModel(model, steps=4)
-                acc.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
-            acc.fit(ds_batched_at_4_times_the_micro_batch, ...)
+    ``fit``'s batch is the effective batch: each replica's share must be divisible by ``steps``.
+    One fit step = one optimizer update (``optimizer.iterations`` counts updates). The wrapped
+    model's weights are the wrapper's weights (``acc.get_weights() == model.get_weights()``).
+    """
 
-        ``fit``'s batch is the effective batch: each replica's share must be divisible by ``steps``.
-        One fit step = one optimizer update (``optimizer.iterations`` counts updates). The wrapped
-        model's weights are the wrapper's weights (``acc.get_weights() == model.get_weights()``).
-        """
+    def __init__(self, model, steps: int, **kwargs):
+        super().__init__(**kwargs)
+        if int(steps) < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.model = model
+        self.accumulation_steps = int(steps)
 
-        def __init__(self, model, steps: int, **kwargs):
-            super().__init__(**kwargs)
-            if int(steps) < 1:
-                raise ValueError(f"steps must be >= 1, got {steps}")
-            self.model = model
-            self.accumulation_steps = int(steps)
+    def call(self, inputs, training=None):
+        return self.model(inputs, training=training)
 
-        def call(self, inputs, training=None):
-            return self.model(inputs, training=training)
+    def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        """``keras.Model.fit``, after checking that every batch splits into ``steps`` micro-batches
+        on every replica — before training, not after an epoch's worth of updates.
 
-        def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
-            """``keras.Model.fit``, after checking that every batch splits into ``steps`` micro-batches
-            on every replica — before training, not after an epoch's worth of updates.
+        Arrays: ``batch_size`` must be a multiple of replicas × steps; an incomplete last batch is
+        dropped with a warning (its mean would be over a different number of examples). A
+        ``tf.data.Dataset`` must be batched with ``drop_remainder=True`` (a static batch size) that is
+        a multiple of replicas × steps."""
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        k = self.accumulation_steps
+        unit = replicas * k
+        if isinstance(x, tf.data.Dataset):
+            first = tf.nest.flatten(x.element_spec)[0]
+            size = first.shape[0] if first.shape.rank else None
+            if size is None:
+                raise ValueError(
+                    f"AccumulatingModel(steps={k}) needs a fixed batch size: batch the dataset with "
+                    "drop_remainder=True (a ragged last batch cannot split into equal micro-batches)")
+            if size % unit:
+                raise ValueError(
+                    f"AccumulatingModel(steps={k}) on {replicas} replica(s): the batch size {size} must be a "
+                    f"multiple of replicas × steps = {unit}")
+        elif x is not None and hasattr(x, "__len__") and not isinstance(x, (dict, list, tuple)):
+            batch = 32 if batch_size is None else int(batch_size)
+            if batch % unit:
+                raise ValueError(
+                    f"AccumulatingModel(steps={k}) on {replicas} replica(s): batch_size={batch} must be a "
+                    f"multiple of replicas × steps = {unit}")
+            n = len(x)
+            keep = n - n % batch
+            if keep != n:
+                import warnings
 
-            Arrays: ``batch_size`` must be a multiple of replicas × steps; an incomplete last batch is
-            dropped with a warning (its mean would be over a different number of examples). A
-            ``tf.data.Dataset`` must be batched with ``drop_remainder=True`` (a static batch size) that is
-            a multiple of replicas × steps."""
-            replicas = self.distribute_strategy.num_replicas_in_sync
-            k = self.accumulation_steps
-            unit = replicas * k
-            if isinstance(x, tf.data.Dataset):
-                first = tf.nest.flatten(x.element_spec)[0]
-                size = first.shape[0] if first.shape.rank else None
-                if size is None:
-                    raise ValueError(
-                        f"AccumulatingModel(steps={k}) needs a fixed batch size: batch the dataset with "
-                        "drop_remainder=True (a ragged last batch cannot split into equal micro-batches)")
-                if size % unit:
-                    raise ValueError(
-                        f"AccumulatingModel(steps={k}) on {replicas} replica(s): the batch size {size} must be a "
-                        f"multiple of replicas × steps = {unit}")
-            elif x is not None and hasattr(x, "__len__") and not isinstance(x, (dict, list, tuple)):
-                batch = 32 if batch_size is None else int(batch_size)
-                if batch % unit:
-                    raise ValueError(
-                        f"AccumulatingModel(steps={k}) on {replicas} replica(s): batch_size={batch} must be a "
-                        f"multiple of replicas × steps = {unit}")
-                n = len(x)
-                keep = n - n % batch
-                if keep != n:
-                    import warnings
+                warnings.warn(
+                    f"AccumulatingModel: dropping the last {n - keep} of {n} examples (an incomplete batch "
+                    f"of {batch} cannot split into {k} equal micro-batches per replica)", stacklevel=2)
+                x = x[:keep]
+                y = None if y is None else y[:keep]
+                if kwargs.get("sample_weight") is not None:
+                    kwargs["sample_weight"] = kwargs["sample_weight"][:keep]
+        return super().fit(x, y, batch_size, *args, **kwargs)
 
-                    warnings.warn(
-                        f"AccumulatingModel: dropping the last {n - keep} of {n} examples (an incomplete batch "
-                        f"of {batch} cannot split into {k} equal micro-batches per replica)", stacklevel=2)
-                    x = x[:keep]
-                    y = None if y is None else y[:keep]
-                    if kwargs.get("sample_weight") is not None:
-                        kwargs["sample_weight"] = kwargs["sample_weight"][:keep]
-            return super().fit(x, y, batch_size, *args, **kwargs)
+    @tf.autograph.experimental.do_not_convert  # the loop below is an explicit tf.while_loop
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        k = self.accumulation_steps
+        leaves = [t for t in tf.nest.flatten((x, y, sample_weight)) if t is not None]
+        n = tf.shape(leaves[0])[0]
+        tf.debugging.assert_equal(
+            n % k, 0, message=f"AccumulatingModel(steps={k}): each replica's batch must be divisible "
+            f"by {k}; drop the ragged last batch (dataset.batch(..., drop_remainder=True))")
+        micro = n // k
 
-        @tf.autograph.experimental.do_not_convert  # the loop below is an explicit tf.while_loop
-        def train_step(self, data):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            k = self.accumulation_steps
-            leaves = [t for t in tf.nest.flatten((x, y, sample_weight)) if t is not None]
-            n = tf.shape(leaves[0])[0]
-            tf.debugging.assert_equal(
-                n % k, 0, message=f"AccumulatingModel(steps={k}): each replica's batch must be divisible "
-                f"by {k}; drop the ragged last batch (dataset.batch(..., drop_remainder=True))")
-            micro = n // k
+        def split(structure):  # leaf [k*m, ...] -> [k, m, ...]; micro-batch i is [i]
+            if structure is None:
+                return None
+            return tf.nest.map_structure(
+                lambda t: tf.reshape(t, tf.concat([[k, micro], tf.shape(t)[1:]], 0)), structure)
 
-            def split(structure):  # leaf [k*m, ...] -> [k, m, ...]; micro-batch i is [i]
-                if structure is None:
-                    return None
-                return tf.nest.map_structure(
-                    lambda t: tf.reshape(t, tf.concat([[k, micro], tf.shape(t)[1:]], 0)), structure)
+        xs, ys, ws = split(x), split(y), split(sample_weight)
+        variables = self.trainable_weights
 
-            xs, ys, ws = split(x), split(y), split(sample_weight)
-            variables = self.trainable_weights
+        def pick(structure, i):
+            if structure is None:
+                return None
+            return tf.nest.map_structure(lambda t: tf.gather(t, i), structure)
 
-            def pick(structure, i):
-                if structure is None:
-                    return None
-                return tf.nest.map_structure(lambda t: tf.gather(t, i), structure)
+        def body(i, acc):
+            xb, yb, wb = pick(xs, i), pick(ys, i), pick(ws, i)
+            with tf.GradientTape() as tape:
+                y_pred = self(xb, training=True)
+                loss = self.compute_loss(x=xb, y=yb, y_pred=y_pred, sample_weight=wb, training=True)
+                self._loss_tracker.update_state(_unscale(loss), sample_weight=micro)
+                scaled = self.optimizer.scale_loss(loss) if self.optimizer is not None else loss
+            grads = tape.gradient(scaled, variables)
+            grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
+            self.compute_metrics(xb, yb, y_pred, sample_weight=wb)
+            return i + 1, [a + tf.cast(g, a.dtype) for a, g in zip(acc, grads)]
 
-            def body(i, acc):
-                xb, yb, wb = pick(xs, i), pick(ys, i), pick(ws, i)
-                with tf.GradientTape() as tape:
-                    y_pred = self(xb, training=True)
-                    loss = self.compute_loss(x=xb, y=yb, y_pred=y_pred, sample_weight=wb, training=True)
-                    self._loss_tracker.update_state(_unscale(loss), sample_weight=micro)
-                    scaled = self.optimizer.scale_loss(loss) if self.optimizer is not None else loss
-                grads = tape.gradient(scaled, variables)
-                grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
-                self.compute_metrics(xb, yb, y_pred, sample_weight=wb)
-                return i + 1, [a + tf.cast(g, a.dtype) for a, g in zip(acc, grads)]
+        # One micro-batch per iteration of a real loop: its forward and backward run, their
+        # activations are freed, and only the gradient sums are carried to the next iteration.
+        # A Python loop (unrolled) would rely on control dependencies that XLA is free to
+        # reorder — under jit_compile (every TPU step) its peak grew to that of the big batch.
+        zeros = [tf.zeros(v.shape, dtype=v.dtype) for v in variables]
+        _, acc = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), zeros),
+                               parallel_iterations=1, maximum_iterations=k)
+        mean = [a / tf.cast(k, a.dtype) for a in acc]
+        mean = _overflow_everywhere(self.optimizer, mean)  # LossScaleOptimizer: skip on all replicas or none
+        self.optimizer.apply_gradients(zip(mean, variables))  # all-reduces (SUM) across replicas
+        return self.get_metrics_result()
 
-            # One micro-batch per iteration of a real loop: its forward and backward run, their
-            # activations are freed, and only the gradient sums are carried to the next iteration.
-            # A Python loop (unrolled) would rely on control dependencies that XLA is free to
-            # reorder — under jit_compile (every TPU step) its peak grew to that of the big batch.
-            zeros = [tf.zeros(v.shape, dtype=v.dtype) for v in variables]
-            _, acc = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), zeros),
-                                   parallel_iterations=1, maximum_iterations=k)
-            mean = [a / tf.cast(k, a.dtype) for a in acc]
-            mean = _overflow_everywhere(self.optimizer, mean)  # LossScaleOptimizer: skip on all replicas or none
-            self.optimizer.apply_gradients(zip(mean, variables))  # all-reduces (SUM) across replicas
-            return self.get_metrics_result()
+    def get_config(self):
+        return {"model": keras.saving.serialize_keras_object(self.model),
+                "steps": self.accumulation_steps, "name": self.name}
 
-        def get_config(self):
-            return {"model": keras.saving.serialize_keras_object(self.model),
-                    "steps": self.accumulation_steps, "name": self.name}
-
-        @classmethod
-        def from_config(cls, config):
-            config = dict(config)
-            config["model"] = keras.saving.deserialize_keras_object(config["model"])
-            return cls(**config)
-
-    return AccumulatingModel
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["model"] = keras.saving.deserialize_keras_object(config["model"])
+        return cls(**config)
 
 
 def _overflow_everywhere(optimizer, grads):
@@ -219,7 +208,6 @@ def _overflow_everywhere(optimizer, grads):
     scale. Keras decides from the *first* replica's gradients only (``LossScaleOptimizer._tf_apply``, in cross-replica
     context via ``merge_call``; the gradients are all-reduced later, inside the inner optimizer), so an overflow on
     another replica would be summed into every replica's weights. One scalar all-reduce per update."""
-    tf = _tf()
     context = tf.distribute.get_replica_context()
     if not _is_loss_scale_optimizer(optimizer) or context is None or context.num_replicas_in_sync < 2:
         return grads
@@ -232,21 +220,8 @@ def _overflow_everywhere(optimizer, grads):
 def _unscale(loss):
     """Keras scales each replica's loss by 1/replicas for the SUM all-reduce (its
     ``unscale_loss_for_distribution`` undoes it the same way); undo it for logging."""
-    tf = _tf()
-
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
-
-
-_CLASSES: dict[str, Any] = {}
-
-
-def __getattr__(name: str):
-    if name == "AccumulatingModel":
-        if name not in _CLASSES:
-            _CLASSES[name] = _build_accumulating_model_class()
-        return _CLASSES[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,7 +262,6 @@ class GradientAccumulator:
         element_spec=None,
         metrics=(),
     ):
-        tf = _tf()
         if int(steps) < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.strategy = strategy or tf.distribute.get_strategy()
@@ -318,7 +292,6 @@ class GradientAccumulator:
 
     # -- per replica -------------------------------------------------------------------------
     def _replica_micro_step(self, batch):
-        tf = _tf()
         x, y = batch[0], batch[1]
         weight = batch[2] if len(batch) > 2 else None  # (x, y, sample_weight) batches
         with tf.GradientTape() as tape:
@@ -340,23 +313,19 @@ class GradientAccumulator:
         return loss
 
     def _replica_read(self):
-        tf = _tf()
         return [tf.identity(acc) for acc in self.accumulators]  # this replica's sum (ON_READ: local copy)
 
     def _replica_reset(self):
-        tf = _tf()
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         return tf.constant(0)
 
     # -- across replicas -----------------------------------------------------------------------
     def _distributed_micro_step(self, batch):
-        tf = _tf()
         per_replica = self.strategy.run(self._replica_micro_step, args=(batch,))
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     def _distributed_apply(self):
-        tf = _tf()
         grads = self.strategy.run(self._replica_read)
         applied = apply_per_replica_gradients(self.strategy, self.optimizer, grads, self.model.trainable_weights)
         with tf.control_dependencies([applied]):
@@ -366,7 +335,6 @@ class GradientAccumulator:
     def micro_step(self, batch):
         """Add one distributed micro-batch's gradient. Returns its share of the update's mean loss
         (the sum over ``steps`` micro-steps is the mean loss over the effective batch)."""
-        tf = _tf()
         first = tf.nest.flatten(batch)[0]
         sizes = [t.shape[0] for t in self.strategy.experimental_local_results(first)]
         if all(isinstance(n, int) for n in sizes) and sum(sizes) != self.global_micro_batch:
@@ -407,7 +375,6 @@ class GradientAccumulator:
 
     def reset(self):
         """Forget a partial accumulation."""
-        tf = _tf()
         self.micro_steps_done = 0
 
         def zero():
@@ -425,8 +392,6 @@ def distributed_train_step(strategy, model, optimizer, per_example_loss, global_
     ``per_replica_mean=True`` reproduces the common mistake — ``tf.reduce_mean`` of each replica's
     loss — whose update is ``num_replicas_in_sync`` times too large (for teaching only).
     """
-    tf = _tf()
-
     def replica_grads(batch):
         x, y = batch[0], batch[1]
         with tf.GradientTape() as tape:
@@ -449,8 +414,6 @@ def distributed_train_step(strategy, model, optimizer, per_example_loss, global_
 
 
 def _is_loss_scale_optimizer(optimizer) -> bool:
-    import keras
-
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
@@ -479,7 +442,6 @@ def apply_per_replica_gradients(strategy, optimizer, grads, variables):
     Build the optimizer first (:func:`_build_optimizer`): created inside a traced step on several mirrored
     replicas, its variables make the step fail (the placeholder error of lesson 04 §7).
     """
-    tf = _tf()
     if not _is_loss_scale_optimizer(optimizer):
         def replica_apply(g):
             optimizer.apply_gradients(zip(g, variables))

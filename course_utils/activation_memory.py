@@ -36,7 +36,9 @@ import functools
 import math
 from typing import Any
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 __all__ = [
     "FewBitGELU",
@@ -214,8 +216,6 @@ def packed_code_bytes(num_elements: int, bits: int) -> int:
 
 def _pack(codes, bits: int):
     """uint8 codes (flat) -> packed uint8, ``8 // slot`` codes a byte (zero-padded at the end)."""
-    import tensorflow as tf
-
     slot = _slot_bits(bits)
     per = 8 // slot
     if per == 1:
@@ -229,8 +229,6 @@ def _pack(codes, bits: int):
 
 
 def _unpack(packed, bits: int, n):
-    import tensorflow as tf
-
     slot = _slot_bits(bits)
     per = 8 // slot
     if per == 1:
@@ -248,9 +246,6 @@ def few_bit_gelu(x, bits: int = 2):
     codes (:func:`packed_code_bytes` bytes) and the shape. Works eagerly, in ``tf.function``, and
     under ``jit_compile=True``.
     """
-    import keras
-    import tensorflow as tf
-
     bits = _check_bits(bits)
     pc = optimal_piecewise_constant(bits)
     x = tf.convert_to_tensor(x)
@@ -303,9 +298,6 @@ def output_saving_gelu(x):
     (GELU' = 0) the inverse is ill-conditioned, so the gradient is within ~1e-3 of exact in float32
     (measured max 2e-4 on N(0, 1) inputs), further in bfloat16.
     """
-    import keras
-    import tensorflow as tf
-
     x = tf.convert_to_tensor(x)
     if not x.dtype.is_floating:
         raise TypeError(f"output_saving_gelu needs a float tensor, got {x.dtype.name}")
@@ -336,27 +328,22 @@ def output_saving_gelu(x):
     return _gelu(x)
 
 
-def _few_bit_gelu_class():
-    import keras
+class FewBitGELU(keras.layers.Layer):
+    """Keras layer: ``few_bit_gelu(x, bits)`` in the layer's compute dtype (``mixed_bfloat16`` → bfloat16)."""
 
-    class FewBitGELU(keras.layers.Layer):
-        """Keras layer: ``few_bit_gelu(x, bits)`` in the layer's compute dtype (``mixed_bfloat16`` → bfloat16)."""
+    def __init__(self, bits: int = 2, **kwargs):
+        super().__init__(**kwargs)
+        self.bits = _check_bits(bits)
+        optimal_piecewise_constant(self.bits)  # solve the DP now, not inside a trace
 
-        def __init__(self, bits: int = 2, **kwargs):
-            super().__init__(**kwargs)
-            self.bits = _check_bits(bits)
-            optimal_piecewise_constant(self.bits)  # solve the DP now, not inside a trace
+    def call(self, inputs):
+        return few_bit_gelu(inputs, self.bits)
 
-        def call(self, inputs):
-            return few_bit_gelu(inputs, self.bits)
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
-        def compute_output_shape(self, input_shape):
-            return input_shape
-
-        def get_config(self):
-            return {**super().get_config(), "bits": self.bits}
-
-    return FewBitGELU
+    def get_config(self):
+        return {**super().get_config(), "bits": self.bits}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -374,8 +361,6 @@ def output_saving_layer_norm(x, gamma, beta, epsilon: float = 1e-3):
     Then ``dxhat = dout * gamma`` and ``dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))``.
     Statistics are computed in float32 for float16/bfloat16 inputs, as Keras does.
     """
-    import tensorflow as tf
-
     x = tf.convert_to_tensor(x)
     out_dtype = x.dtype
     calc = tf.float32 if x.dtype in (tf.float16, tf.bfloat16) else x.dtype
@@ -406,31 +391,26 @@ def output_saving_layer_norm(x, gamma, beta, epsilon: float = 1e-3):
     return _ln(x, tf.convert_to_tensor(gamma), tf.convert_to_tensor(beta))
 
 
-def _output_saving_ln_class():
-    import keras
+class OutputSavingLayerNormalization(keras.layers.Layer):
+    """Keras layer: LayerNorm over the last axis (``epsilon=1e-3`` like Keras') with an output-saving backward."""
 
-    class OutputSavingLayerNormalization(keras.layers.Layer):
-        """Keras layer: LayerNorm over the last axis (``epsilon=1e-3`` like Keras') with an output-saving backward."""
+    def __init__(self, epsilon: float = 1e-3, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = float(epsilon)
 
-        def __init__(self, epsilon: float = 1e-3, **kwargs):
-            super().__init__(**kwargs)
-            self.epsilon = float(epsilon)
+    def build(self, input_shape):
+        dim = input_shape[-1]
+        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
+        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
 
-        def build(self, input_shape):
-            dim = input_shape[-1]
-            self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
-            self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
+    def call(self, inputs):
+        return output_saving_layer_norm(inputs, self.gamma, self.beta, self.epsilon)
 
-        def call(self, inputs):
-            return output_saving_layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
-        def compute_output_shape(self, input_shape):
-            return input_shape
-
-        def get_config(self):
-            return {**super().get_config(), "epsilon": self.epsilon}
-
-    return OutputSavingLayerNormalization
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,8 +420,6 @@ def _output_saving_ln_class():
 
 def dense_cross_entropy(hidden, kernel, labels):
     """Mean sparse softmax cross-entropy of ``hidden @ kernel`` (the unchunked reference)."""
-    import tensorflow as tf
-
     logits = tf.matmul(hidden, kernel)
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
@@ -457,8 +435,6 @@ def chunked_dense_cross_entropy(hidden, kernel, labels, chunks: int = 4):
     ``hidden``: ``[N, D]``, ``kernel``: ``[D, V]``, ``labels``: ``[N]`` ints; ``N`` must be known when tracing.
     Blocks have ``ceil(N / chunks)`` rows; the last is padded with rows that carry no loss and get no gradient.
     """
-    import tensorflow as tf
-
     hidden = tf.convert_to_tensor(hidden)
     kernel = tf.convert_to_tensor(kernel)
     labels = tf.convert_to_tensor(labels)
@@ -521,9 +497,6 @@ def make_gelu_stack_step(activation: str = "exact", bits: int = 2, jit: bool = F
     ``jit``: compile with XLA. The step returns the loss and the
     gradients (so nothing is pruned). For :func:`course_utils.memory.measure_peaks_isolated`.
     """
-    import keras
-    import tensorflow as tf
-
     if activation not in ("exact", "few_bit", "output_saving"):
         raise ValueError(f"activation must be 'exact', 'few_bit' or 'output_saving', got {activation!r}")
     keras.utils.set_random_seed(seed)
@@ -531,7 +504,7 @@ def make_gelu_stack_step(activation: str = "exact", bits: int = 2, jit: bool = F
     for _ in range(depth):
         layers.append(keras.layers.Dense(width))
         if activation == "few_bit":
-            layers.append(__getattr__("FewBitGELU")(bits))
+            layers.append(FewBitGELU(bits))
         elif activation == "output_saving":
             layers.append(keras.layers.Activation(output_saving_gelu))
         else:
@@ -541,8 +514,6 @@ def make_gelu_stack_step(activation: str = "exact", bits: int = 2, jit: bool = F
 
 def _square_loss_step(model, x, jit: bool):
     """One forward + backward of mean(model(x)²) in a tf.function (XLA when ``jit``): the measured step."""
-    import tensorflow as tf
-
     @tf.function(jit_compile=bool(jit))
     def step():
         with tf.GradientTape() as tape:
@@ -552,58 +523,37 @@ def _square_loss_step(model, x, jit: bool):
     return step
 
 
-def _recompute_class():
-    import keras
+class Recompute(keras.layers.Layer):
+    """Wraps a layer (or a functional block) so its inside is recomputed in the backward pass.
 
-    class Recompute(keras.layers.Layer):
-        """Wraps a layer (or a functional block) so its inside is recomputed in the backward pass.
+    ``Recompute(block)(x)`` returns ``block(x)``; for the backward pass it keeps only ``x`` (and reads
+    the weights again), and ``tf.recompute_grad`` runs ``block`` a second time to differentiate it.
+    Gradients equal the plain block's; memory drops by what the block keeps inside; time grows by
+    one more forward pass of the block. ``training`` reaches the block through a closure, not as a
+    keyword of the recomputed function (``tf.custom_gradient`` takes keywords only eagerly). Do not
+    wrap layers with random ops (dropout: the recomputation draws a new mask) or state updates
+    (BatchNormalization's moving averages would update twice).
+    """
 
-        ``Recompute(block)(x)`` returns ``block(x)``; for the backward pass it keeps only ``x`` (and reads
-        the weights again), and ``tf.recompute_grad`` runs ``block`` a second time to differentiate it.
-        Gradients equal the plain block's; memory drops by what the block keeps inside; time grows by
-        one more forward pass of the block. ``training`` reaches the block through a closure, not as a
-        keyword of the recomputed function (``tf.custom_gradient`` takes keywords only eagerly). Do not
-        wrap layers with random ops (dropout: the recomputation draws a new mask) or state updates
-        (BatchNormalization's moving averages would update twice).
-        """
+    def __init__(self, layer, **kwargs):
+        if not isinstance(layer, keras.layers.Layer):
+            raise TypeError(f"Recompute wraps a Keras layer or model (e.g. a functional block), got "
+                            f"{type(layer).__name__}; for a plain function use tf.recompute_grad(fn)")
+        super().__init__(**kwargs)
+        self.layer = layer
 
-        def __init__(self, layer, **kwargs):
-            if not isinstance(layer, keras.layers.Layer):
-                raise TypeError(f"Recompute wraps a Keras layer or model (e.g. a functional block), got "
-                                f"{type(layer).__name__}; for a plain function use tf.recompute_grad(fn)")
-            super().__init__(**kwargs)
-            self.layer = layer
+    def build(self, input_shape):
+        if not self.layer.built:
+            self.layer.build(input_shape)
 
-        def build(self, input_shape):
-            if not self.layer.built:
-                self.layer.build(input_shape)
+    def call(self, inputs, training=None):
+        return tf.recompute_grad(lambda x: self.layer(x, training=training))(inputs)
 
-        def call(self, inputs, training=None):
-            import tensorflow as tf
+    def compute_output_shape(self, input_shape):
+        return self.layer.compute_output_shape(input_shape)
 
-            return tf.recompute_grad(lambda x: self.layer(x, training=training))(inputs)
-
-        def compute_output_shape(self, input_shape):
-            return self.layer.compute_output_shape(input_shape)
-
-        def compute_output_spec(self, inputs, training=None):
-            return self.layer.compute_output_spec(inputs)
-
-    return Recompute
-
-
-_LAZY_CLASSES = {"FewBitGELU": _few_bit_gelu_class, "OutputSavingLayerNormalization": _output_saving_ln_class,
-                 "Recompute": _recompute_class}
-
-
-def __getattr__(name: str):
-    """The Keras layer classes are built on first use, so importing this module does not import Keras."""
-    if name in _LAZY_CLASSES:
-        cls = _LAZY_CLASSES[name]()
-        cls.__module__ = __name__
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def compute_output_spec(self, inputs, training=None):
+        return self.layer.compute_output_spec(inputs)
 
 
 def make_cross_entropy_step(chunks: int = 0, jit: bool = False, rows: int = 2048, dim: int = 64,
@@ -614,8 +564,6 @@ def make_cross_entropy_step(chunks: int = 0, jit: bool = False, rows: int = 2048
     :func:`chunked_dense_cross_entropy`. The step returns the loss and both gradients. For
     :func:`course_utils.memory.measure_peaks_isolated`.
     """
-    import tensorflow as tf
-
     g = tf.random.Generator.from_seed(seed)
     hidden = g.normal([rows, dim])
     kernel = tf.Variable(g.normal([dim, classes]) * 0.1)
@@ -641,15 +589,12 @@ def make_layer_norm_stack_step(norm: str = "keras", jit: bool = False, batch: in
     ``norm``: ``"keras"`` (``keras.layers.LayerNormalization``) or ``"output_saving"``
     (:class:`OutputSavingLayerNormalization`). For :func:`course_utils.memory.measure_peaks_isolated`.
     """
-    import keras
-    import tensorflow as tf
-
     if norm not in ("keras", "output_saving"):
         raise ValueError(f"norm must be 'keras' or 'output_saving', got {norm!r}")
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((width,))]
     for _ in range(depth):
         layers.append(keras.layers.Dense(width))
-        layers.append(__getattr__("OutputSavingLayerNormalization")() if norm == "output_saving"
+        layers.append(OutputSavingLayerNormalization() if norm == "output_saving"
                       else keras.layers.LayerNormalization())
     return _square_loss_step(keras.Sequential(layers), tf.random.normal([batch, width], seed=seed), jit)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
 
@@ -23,6 +24,16 @@ class UsageError(Exception):
 
 class Failed(Exception):
     """The command ran and failed, said in one line: exit 1."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser that says a bad option in one line: it raises ``error_class(message)`` (a ``usage`` error
+    of :func:`run`, so exit 2) where argparse prints the whole usage and exits itself."""
+
+    error_class: type[Exception] = UsageError
+
+    def error(self, message):
+        raise self.error_class(message)
 
 
 def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseException], ...] = (),

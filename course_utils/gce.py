@@ -62,41 +62,45 @@ class FakeMetadataServer:
         return 404, "not found"
 
     def __enter__(self) -> "FakeMetadataServer":
-        fake = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _reply(self, status: int, body: str) -> None:
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Metadata-Flavor", "Google")
-                self.send_header("Content-Type", "application/text")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):  # noqa: N802 - http.server's name
-                path = self.path.split("?")[0]
-                fake.requests.append(path)
-                self._reply(*fake._answer(path, self.headers.get("Metadata-Flavor") == "Google"))
-
-            def do_POST(self):  # noqa: N802
-                if self.path != CONTROL_PATH:
-                    return self._reply(404, "not found")
-                length = int(self.headers.get("Content-Length") or 0)
-                fake.maintenance_event = self.rfile.read(length).decode() or TERMINATE
-                self._reply(200, fake.maintenance_event)
-
-            def log_message(self, *args):  # quiet
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
+        self._server.fake = self  # what _Handler answers from
         threading.Thread(target=self._server.serve_forever, daemon=True, name="fake-gce-metadata").start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One request to a :class:`FakeMetadataServer` (``self.server.fake``)."""
+
+    def _reply(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Type", "application/text")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        fake = self.server.fake
+        path = self.path.split("?")[0]
+        fake.requests.append(path)
+        self._reply(*fake._answer(path, self.headers.get("Metadata-Flavor") == "Google"))
+
+    def do_POST(self):  # noqa: N802
+        if self.path != CONTROL_PATH:
+            return self._reply(404, "not found")
+        length = int(self.headers.get("Content-Length") or 0)
+        fake = self.server.fake
+        fake.maintenance_event = self.rfile.read(length).decode() or TERMINATE
+        self._reply(200, fake.maintenance_event)
+
+    def log_message(self, *args):  # quiet
+        pass
 
 
 def send_maintenance_notice(event: str = TERMINATE, address: str | None = None) -> None:

@@ -492,12 +492,12 @@ MODES_HELP = """modes:
   Without --mode: smoke, unless COURSE_SMOKE is set (COURSE_SMOKE=0: full)."""
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):  # one line, exit 2 (argparse would print the usage first)
-            raise UsageError(message)
+class _Parser(commandline.ArgumentParser):
+    error_class = UsageError
 
-    parser = Parser(prog="python -m course_utils prove", description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="python -m course_utils prove", description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", nargs="+", metavar="NN", help="lessons to prove (default: all): 02 05 …")
     parser.add_argument("--mode", choices=("smoke", "full"), default=None,

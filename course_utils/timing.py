@@ -146,32 +146,6 @@ class _null:
         return False
 
 
-def epoch_timer():
-    """A Keras callback that records each epoch's wall time in ``.epoch_s``.
-
-    The first epoch includes tracing and compilation; compare later epochs (``.steady_s``: their median).
-    """
-    import keras
-
-    class EpochTimer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.epoch_s: list[float] = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.epoch_s.append(time.perf_counter() - self._t0)
-
-        @property
-        def steady_s(self) -> float:
-            later = self.epoch_s[1:] or self.epoch_s
-            return statistics.median(later)
-
-    return EpochTimer()
-
-
 def speedup_samples(slow: Callable[[], Any], fast: Callable[[], Any], rounds: int = 5, repeats: int = 3,
                     warmup: int = 1):
     """How many times faster ``fast`` is than ``slow``, measured ``rounds`` times, interleaved.

@@ -1158,12 +1158,12 @@ def _after_a_stop(out, course, rendered, template_dir, mode, repo, ref, loaded, 
         os.rmdir(out / WORK_DIR)
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):  # one line, exit 2
-            raise SiteError(message)
+class _Parser(commandline.ArgumentParser):
+    error_class = SiteError
 
-    parser = Parser(prog="python -m course_utils site", description=__doc__.split("\n\n")[0])
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="python -m course_utils site", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the site (index.html at its top)")
     parser.add_argument("--mode", choices=("smoke", "full"), default="smoke",
                         help="execute the notebooks with tiny sizes (smoke, default) or the lessons' real ones (full)")

@@ -340,7 +340,9 @@ def test_tensorboard_missing_is_a_clear_options_error(monkeypatch, tmp_path):
 
 
 def test_schedule_warms_up_then_decays_to_zero():
-    schedule = capstone.schedule_class()(0.4, "onecycle")
+    from course_utils.capstone.callbacks import BudgetSchedule
+
+    schedule = BudgetSchedule(0.4, "onecycle")
     schedule.set_plan(10, 100)
     values = [schedule.value(s) for s in range(100)]
     assert values[0] < 0.05 and max(values) == pytest.approx(0.4) and int(np.argmax(values)) == 9

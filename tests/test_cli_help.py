@@ -117,3 +117,13 @@ def test_ctrl_c_ends_every_command_with_one_line_and_130(command, target, argv, 
     monkeypatch.setattr(importlib.import_module(module_name), name, interrupted)
     assert cli.main([command, *argv]) == 130
     assert capsys.readouterr().err.strip() == f"{command}: interrupted"
+
+
+@pytest.mark.parametrize("argv", [["prove", "--frobnicate"], ["capstone", "--frobnicate"], ["site", "--out", "x", "--frobnicate"],
+                                  ["prove", "--mode", "quick"]])
+def test_a_bad_option_is_one_line_and_exit_2(argv, capsys) -> None:
+    """prove, capstone and site parse with commandline.ArgumentParser: a bad option is `COMMAND: message`, exit 2,
+    not argparse's usage block followed by the message."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"{argv[0]}: ") and ("--frobnicate" in err or "quick" in err), err

@@ -351,11 +351,32 @@ def test_badges_and_setup_cells_point_at_this_versions_release_tag():
 
 
 def test_the_lessons_prove_and_the_lint_import_without_tensorflow():
-    """`import course_utils.lessons` (every lesson's experiments and exercises), prove, the capstone's plan and the
+    """`import course_utils.lessons` (the lesson list), prove, the capstone (its options, plan and command line) and the
     notebook lint stay free of TensorFlow and Keras at import: the lint and prove's parent process must start in a
-    fraction of a second, and a learner's setup cell sets TensorFlow's environment before TensorFlow starts."""
+    fraction of a second, bad capstone options are refused before TensorFlow starts, and a learner's setup cell sets
+    TensorFlow's environment before TensorFlow starts. A lesson's two parts load TensorFlow, on first use."""
     code = ("import sys, course_utils, course_utils.lessons, course_utils.proof, course_utils.capstone.plan, "
-            "devtools.notebooks; print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+            "course_utils.capstone.cli, devtools.notebooks\n"
+            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
+            "lesson = course_utils.lessons.BY_ID['05']\n"
+            "print(lesson.experiments.__name__, lesson.module.exercises.__name__, 'tensorflow' in sys.modules)\n"
+            "try:\n    lesson.module.measure\nexcept AttributeError as e:\n    print(e)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-1500:]
-    assert done.stdout.strip() == "[]", done.stdout
+    assert done.stdout.splitlines() == [
+        "[]", "course_utils.lessons.gradient_accumulation.experiments course_utils.lessons.gradient_accumulation.exercises"
+        " True", "module 'course_utils.lessons.gradient_accumulation' has no attribute 'measure'"], done.stdout
+
+
+def test_no_class_is_built_inside_a_function():
+    """A class is defined at module level, in a module that imports what it needs (Keras classes live in modules that
+    import Keras at the top): documented, picklable, one class however often it is used."""
+    import ast
+
+    inside = []
+    for path in sorted((ROOT / "course_utils").rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside += [f"{path.relative_to(ROOT)}: {fn.name} defines {c.name}" for c in ast.walk(fn)
+                           if isinstance(c, ast.ClassDef)]
+    assert not inside, inside

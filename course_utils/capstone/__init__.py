@@ -48,7 +48,7 @@ Import this module without TensorFlow loading: bad options are rejected before T
 The package, one module per part, each importing only those listed before it: :mod:`.options` (what a run may be
 asked, and the recipes' constants), :mod:`.models`, :mod:`.recipes`, :mod:`.plan` (the budget arithmetic, without
 TensorFlow), :mod:`.run_folder` (the output folder, resuming), :mod:`.checks` (:func:`validate`), :mod:`.trainer`
-(:func:`train`) and :mod:`.cli`. This module hands on the names a notebook or another module uses.
+(:func:`train`; it loads :mod:`.callbacks`, the Keras schedule and callbacks, when a run starts) and :mod:`.cli`. This module hands on the names a notebook or another module uses.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from .options import (CLASSES, POLICIES, SCHEDULES, PROG, COURSE, BASELINE, MAX_
                       MAX_BUDGET_S, MAX_BATCH, MAX_WIDTH, MAX_STEPS_PER_EXECUTION, MAX_SEED, MARKER, RUN_FILES,
                       RUN_FOLDERS, BACKUP_FILES, tensorboard_installed, OptionsError, RunStateError, Options, is_int,
                       own_name, own_backup_name, folder_problem, out_problem, divisor_below, bounded)
-from .models import (whitening_kernel, resnet9, tutorial_cnn, schedule_class)
+from .models import (whitening_kernel, resnet9, tutorial_cnn)
 from .recipes import (TPU_STEPS_PER_EXECUTION, MAX_LR_SCALING_BATCH, RECIPE_TABLE, Recipe, RECIPES, resolved,
                       choose_steps_per_execution, choose_jit, peak_learning_rate)
 from .plan import (AUTO_WIDTH, RECHOOSE_OFF_BY, TTA_SHIFTS, TTA_VIEWS, PLANNING_SHARE, PLANNING_MARGIN, WARM_UP_STEPS,

@@ -18,9 +18,8 @@ from .. import data as _data
 from ..data import DataSourceError
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse's default prints the whole usage first)
-        raise OptionsError(message)
+class _Parser(commandline.ArgumentParser):
+    error_class = OptionsError
 
 def _positive_float(text: str) -> float:
     try:

@@ -78,38 +78,3 @@ def tutorial_cnn(num_classes: int = 10, name: str = "tutorial_cnn"):
         layers.Dense(64, activation="relu"),
         layers.Dense(num_classes, dtype="float32"),
     ], name=name)
-
-def schedule_class():
-    import keras
-    import tensorflow as tf
-
-    class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
-        """Linear warm-up to ``peak``, then linear decay to zero at ``total_steps`` ("onecycle"), or ``peak``
-        throughout ("constant"). The step counts are variables, so the plan can change after compiling."""
-
-        def __init__(self, peak: float, kind: str = "onecycle"):
-            self.kind = kind
-            self.peak = tf.Variable(float(peak), trainable=False, dtype=tf.float32, name="peak_lr")
-            self.warmup_steps = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="warmup_steps")
-            self.total_steps = tf.Variable(2.0, trainable=False, dtype=tf.float32, name="total_steps")
-
-        def set_plan(self, warmup_steps: float, total_steps: float) -> None:
-            self.total_steps.assign(max(float(total_steps), 1.0))
-            self.warmup_steps.assign(min(max(float(warmup_steps), 1.0), max(float(total_steps) - 1, 1.0)))
-
-        def __call__(self, step):
-            if self.kind == "constant":
-                return tf.identity(self.peak)
-            step = tf.cast(step, tf.float32)
-            up = self.peak * (step + 1.0) / self.warmup_steps
-            down = self.peak * tf.maximum(self.total_steps - step, 0.0) / tf.maximum(
-                self.total_steps - self.warmup_steps, 1.0)
-            return tf.minimum(up, down)
-
-        def value(self, step: int) -> float:
-            return float(self(step))
-
-        def get_config(self):
-            return {"peak": float(self.peak.numpy()), "kind": self.kind}
-
-    return BudgetSchedule

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from .. import fileguard
 from .checks import validate
-from .models import schedule_class, whitening_kernel
+from .models import whitening_kernel
 from .options import COURSE, MAX_SCHEDULE_STEPS, Options, OptionsError
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_SHIFTS, TTA_VIEWS,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
@@ -221,6 +221,8 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
     import keras
     import tensorflow as tf
 
+    from .callbacks import BudgetSchedule
+
     x_train = splits.train[0]
     mean, var = x_train.reshape(-1, 3).mean(0), x_train.reshape(-1, 3).var(0)
     previous_policy = keras.config.dtype_policy()
@@ -229,7 +231,7 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
         with strategy.scope():
             net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None)
             peak = recipe.peak_learning_rate(o.batch_size)
-            schedule = schedule_class()(peak, o.schedule)
+            schedule = BudgetSchedule(peak, o.schedule)
             model = net
             # float16 on several replicas: Keras' LossScaleOptimizer decides to skip an overflowing step from the
             # first replica's gradients only (lesson 05 §6), so another replica's overflow would reach every
@@ -272,6 +274,8 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
 
     import keras
     import tensorflow as tf
+
+    from .callbacks import PlanProgbar, Progress
 
     tf.get_logger().setLevel("ERROR")
     strategy, replicas = _fit_strategy(rt), rt.strategy.num_replicas_in_sync
@@ -384,7 +388,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             times.append(time.perf_counter() - started)
         return times
 
-    progress = _Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view)
+    progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view)
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
     # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
     callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
@@ -406,7 +410,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     # log file or a pipe that is noise, so there only the line per epoch is written
     bar = progress.bar = o.verbose >= 1 and progress_bar_wanted()
     if bar:
-        callbacks.append(_plan_progbar(plan))
+        callbacks.append(PlanProgbar(plan))
 
     if done < plan.epochs and plan.fits_another(done, clock()):
         # With a budget the plan may still grow (the warm-up over-estimated) or shrink (the machine got
@@ -622,28 +626,12 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
     Predict is not compiled here (it ran 0.35 s of a 60 s budget's planning on one core, and only the final
     evaluation uses it): ``predict_compile_estimate_s``, the evaluation's first call less a compiled step (the same
     forward pass, traced and compiled), is reserved for it in the final evaluation's estimate."""
-    import keras
-
-    class Times(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.train, self.test = [], []
-            self.stopped = False
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.train.append((batch, time.perf_counter()))
-            if len(self.train) == 1 and one_epoch_only():
-                self.model.stop_training = self.stopped = True
-            elif len(self.train) >= calls and self.train[-1][1] - self.train[0][1] >= WARM_UP_MIN_S:
-                self.model.stop_training = True
-
-        def on_test_batch_end(self, batch, logs=None):
-            self.test.append((batch, time.perf_counter()))
+    from .callbacks import WarmUpTimes
 
     snapshot = [v.numpy() for v in model.variables] + [v.numpy() for v in model.optimizer.variables]
     calls = max(4, math.ceil(min(WARM_UP_STEPS, steps_per_epoch) / spe)) + 1
     most = max(calls, math.ceil(steps_per_epoch / spe) + 1)  # timing WARM_UP_MIN_S: at most an epoch's calls
-    t = Times()
+    t = WarmUpTimes(calls, WARM_UP_MIN_S, one_epoch_only)
     start = time.perf_counter()
     model.fit(train_ds.repeat().take(most * spe), epochs=1, verbose=0, callbacks=[t])
     first_train = t.train[0][1] - start
@@ -672,118 +660,3 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
             "timed_steps": t.train[-1][0] - t.train[0][0],
             "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
             "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
-
-def _plan_progbar(plan: BudgetPlan):
-    """Keras' progress bar, showing the current plan's epoch count ("Epoch 3/17") rather than fit's cap."""
-    import keras
-
-    class PlanProgbar(keras.callbacks.ProgbarLogger):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epochs = plan.epochs
-            super().on_epoch_begin(epoch, logs)
-
-    return PlanProgbar()
-
-class _Progress:  # replaced by a keras Callback subclass at construction (keras imported lazily)
-    def __new__(cls, *args, **kwargs):
-        import keras
-
-        class Progress(keras.callbacks.Callback):
-            """One line per epoch, metrics.json after every epoch, clock.json every few seconds, the plan refitted to
-            the budget after every epoch (:meth:`BudgetPlan.replan`)."""
-
-            def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
-                         steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None):
-                super().__init__()
-                self.o, self.plan, self.run, self.clock, self.history = o, plan, run, clock, list(history)
-                self.schedule, self.steps_per_epoch, self.say = schedule, steps_per_epoch, say
-                self.time_view, self.view_times = time_view, []
-                self.last_tick = 0.0
-                self.pending: list[str] = []
-                self.epoch_times: list[float] = []
-
-            def _flush(self):
-                for line in self.pending:
-                    self.say(line, flush=True)
-                self.pending = []
-
-            def on_train_end(self, logs=None):
-                self._flush()
-
-            def on_epoch_begin(self, epoch, logs=None):
-                self._flush()
-                self.t_epoch = time.perf_counter()
-                self.t_test = None
-
-            def on_test_begin(self, logs=None):
-                self.t_test = time.perf_counter()
-
-            def on_train_batch_end(self, batch, logs=None):
-                now = time.perf_counter()
-                if now - self.last_tick > 2.0:
-                    self.last_tick = now
-                    fileguard.write_json(self.run.clock, {"elapsed_s": self.clock()})
-
-            def on_epoch_end(self, epoch, logs=None):
-                logs = logs or {}
-                view_line = None
-                due = (self.plan.view_to_time(len(self.epoch_times) + 1, len(self.view_times), epoch + 1)
-                       if self.time_view is not None else None)
-                if due:
-                    # measure the final evaluation rather than estimate it; counted in this epoch's time (the first
-                    # compiles anyway; the plan leaves out the first epoch once others are measured, and the slowest)
-                    self.view_times += self.time_view(compile=due == "first")
-                    before = self.plan.final_eval_estimate_s
-                    view_s = self.plan.final_view_s = min(self.view_times)
-                    self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, self.o.tta)
-                    view_line = (f"  (final evaluation: a view of the test split took {view_s:.2f} s "
-                                 f"(the fastest of {len(self.view_times)}) → {self.plan.final_eval_estimate_s:.1f} s "
-                                 f"kept for it, was {before:.1f} s)")
-                now = time.perf_counter()
-                train_s = (self.t_test or now) - self.t_epoch
-                images = self.steps_per_epoch * self.o.batch_size
-                step = int(self.model.optimizer.iterations.numpy())
-                entry = {
-                    "epoch": epoch + 1,
-                    "elapsed_s": self.clock(),
-                    "epoch_time_s": now - self.t_epoch,
-                    "train_time_s": train_s,
-                    "images": images,
-                    "train_loss": float(logs.get("loss", float("nan"))),
-                    "train_accuracy": float(logs.get("accuracy", float("nan"))),
-                    "val_loss": float(logs.get("val_loss", float("nan"))),
-                    "val_accuracy": float(logs.get("val_accuracy", float("nan"))),
-                    "images_per_s": images / train_s if train_s > 0 else None,
-                    "lr": self.schedule.value(max(step - 1, 0)),
-                    "planned_epochs": self.plan.epochs,
-                }
-                # For the plan: wall time since the previous epoch's end in this process (what happens between
-                # epochs costs budget too); an epoch's own time for the first one here.
-                previous = self.history[-1]["elapsed_s"] if self.epoch_times else None
-                self.history.append(entry)
-                self.epoch_times.append(entry["elapsed_s"] - previous if previous is not None
-                                        else entry["epoch_time_s"])
-                fileguard.write_json(self.run.metrics, self.history)
-                fileguard.write_json(self.run.clock, {"elapsed_s": entry["elapsed_s"]})
-                # Printed at the next epoch's start / the end: Keras' progress bar finishes its line after us.
-                self.pending.append(
-                    f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
-                    f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
-                    f"{entry['images_per_s']:.0f} images/s")
-                if view_line:
-                    self.pending.append(view_line)
-                if self.o.verbose < 1 or not getattr(self, "bar", False):  # no bar to finish its line first
-                    self._flush()
-                cap = self.params.get("epochs") or self.plan.epochs
-                changed = self.plan.replan(epoch + 1, self.clock(), self.epoch_times, cap)
-                if changed:
-                    old, new, left, epoch_s = changed
-                    self.schedule.set_plan(*self.plan.schedule_steps())
-                    fileguard.write_json(self.run.plan, self.plan.to_dict())
-                    decay = "; the LR decay now ends there" if self.o.schedule == "onecycle" else ""
-                    self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
-                                        f"{new} epochs{decay})")
-                if epoch + 1 >= self.plan.epochs:
-                    self.model.stop_training = True
-
-        return Progress(*args, **kwargs)

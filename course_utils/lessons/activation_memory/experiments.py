@@ -15,7 +15,10 @@ import os
 import time
 from typing import Any
 
+import keras
+from keras import layers
 import numpy as np
+import tensorflow as tf
 
 from ... import activation_memory as am
 from ... import data, profiler, report
@@ -27,14 +30,10 @@ NORMS = ("keras", "output_saving")
 
 
 def _gelu_exact(t):
-    import keras
-
     return keras.activations.gelu(t, approximate=False)
 
 
 def _activation_layer(activation: str, bits: int, name: str):
-    import keras
-
     if activation == "few_bit":
         return am.FewBitGELU(bits, name=name)
     if activation == "output_saving":
@@ -43,16 +42,12 @@ def _activation_layer(activation: str, bits: int, name: str):
 
 
 def _norm_layer(norm: str, name: str):
-    import keras
-
     if norm == "output_saving":
         return am.OutputSavingLayerNormalization(name=name)
     return keras.layers.LayerNormalization(epsilon=1e-3, name=name)
 
 
 def _mlp_block(i: int, tokens: int, width: int, expansion: int, activation: str, bits: int, norm: str):
-    import keras
-
     x = keras.Input((tokens, width))
     h = _norm_layer(norm, f"norm{i}")(x)
     h = keras.layers.Dense(expansion * width, name=f"up{i}")(h)
@@ -78,8 +73,6 @@ def block_net(width: int = 64, depth: int = 4, tokens: int = 64, expansion: int 
     ``"output_saving"`` one. Weights depend only on ``seed``, never on the switches.
     """
     import contextlib
-
-    import keras
 
     if remat not in REMAT_MODES:
         raise ValueError(f"remat must be one of {REMAT_MODES}, got {remat!r}")
@@ -112,8 +105,6 @@ class _quiet_retracing:
     helper builds one compiled step per variant on purpose (each is traced once, as intended)."""
 
     def __enter__(self):
-        import tensorflow as tf
-
         self._logger = tf.get_logger()
         self._level = self._logger.level
         self._logger.setLevel("ERROR")
@@ -125,8 +116,6 @@ class _quiet_retracing:
 
 
 def _block_net_batch(batch: int, tokens: int, width: int, classes: int, seed: int):
-    import tensorflow as tf
-
     g = tf.random.Generator.from_seed(seed + 1)
     return g.normal([batch, tokens, width]), g.uniform([batch], 0, classes, dtype=tf.int32)
 
@@ -143,9 +132,6 @@ def make_block_net_step(batch: int = 128, jit: Any = False, optimizer: str = "ad
     ``"none"`` (forward + backward only; the step returns the gradients). ``net_kwargs`` go to
     :func:`block_net`. For :func:`course_utils.memory.measure_peaks_isolated`.
     """
-    import keras
-    import tensorflow as tf
-
     model = block_net(seed=seed, **net_kwargs)
     x, y = _block_net_batch(batch, model.input_shape[1], model.input_shape[2], model.output_shape[-1], seed)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -173,8 +159,6 @@ def make_block_net_step(batch: int = 128, jit: Any = False, optimizer: str = "ad
 
 def _without_and_with_xla(step):
     """``{"": step, "|xla": the same Python function compiled with XLA}``: one model, one set of tensors."""
-    import tensorflow as tf
-
     return {XLA_KEYS[False]: step, XLA_KEYS[True]: tf.function(step.python_function, jit_compile=True)}
 
 
@@ -238,9 +222,6 @@ def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes:
 
     Inputs are pixels 0-255 (rescaled in the model). Weights depend only on ``seed``.
     """
-    import keras
-    from keras import layers
-
     if activation not in ("exact", "few_bit"):
         raise ValueError(f"activation must be 'exact' or 'few_bit', got {activation!r}")
     keras.utils.set_random_seed(seed)
@@ -268,9 +249,6 @@ def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs
     Prints one line per epoch when ``verbose``. Returns ``{"epochs": [...], "test_accuracy": [...],
     "seconds": [...] (cumulative training time), "label": ...}``.
     """
-    import keras
-    import tensorflow as tf
-
     n = data._count(train)
     steps = max(1, n // batch)
     model = gelu_cnn(width, activation, bits, seed=seed)
@@ -311,9 +289,6 @@ def remat_scope_modes() -> list[dict]:
     Returns one row per mode with "runs" or the exception's type and first line. (On Keras 3.15 / TF 2.20
     only ``"activations"`` runs compiled: keras-team/keras#21207.)
     """
-    import keras
-    import tensorflow as tf
-
     def first_line(exc: BaseException) -> str:
         import re
 
@@ -395,8 +370,6 @@ def optimizer_state(**net) -> dict:
     (Shazeer & Stern 2018: for an n×m matrix only n + m second-moment statistics, no first moment; a vector in full).
 
     Returns ``{"parameter_bytes", "factored_bytes", "optimizers": {name: {"bytes", "per_parameter", "keeps"}}}``."""
-    import keras
-
     model = block_net(**net)
     variables = model.trainable_variables
     parameter_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
@@ -425,8 +398,6 @@ def profile_step_memory(log_dir: str, **step_kwargs):
     traced and run once first), in this process; read with :func:`course_utils.profiler.read_memory_profile`. The
     profile's files stay in ``log_dir`` (emptied first) for TensorBoard's Profile tab."""
     import shutil
-
-    import tensorflow as tf
 
     step = make_block_net_step(**step_kwargs)
     step()  # trace (and compile): the profile shows a step as it runs from then on
@@ -459,9 +430,6 @@ def wide_share(profile, width: int, expansion: int = 4) -> float:
 def few_bit_fidelity(bits=(1, 2, 3, 4), n: int = 200_000) -> dict:
     """§3: the cosine between few-bit GELU's input gradient and exact GELU's, per number of bits, on ``n`` normal
     inputs with normal upstream gradients (seeds 3 and 4, as the notebook's cell)."""
-    import keras
-    import tensorflow as tf
-
     x = tf.random.normal([n], seed=3)
     dy = tf.random.normal([n], seed=4)
 
@@ -481,8 +449,6 @@ def few_bit_fidelity(bits=(1, 2, 3, 4), n: int = 200_000) -> dict:
 
 def chunked_loss_difference(rows: int, classes: int, chunks: int = 4, dim: int = 64) -> float:
     """§5: max |Δ| over loss and both gradients, whole logits against :func:`chunked_dense_cross_entropy`."""
-    import tensorflow as tf
-
     g = tf.random.Generator.from_seed(0)
     hidden, kernel = g.normal([rows, dim]), tf.Variable(g.normal([dim, classes]) * 0.1)
     labels = g.uniform([rows], 0, classes, dtype=tf.int32)

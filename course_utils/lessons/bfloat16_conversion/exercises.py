@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
+import numpy as np
+import tensorflow as tf
+
 from ...exercises import (
     Exercise,
     Incorrect,
@@ -65,8 +69,6 @@ def _check_param_bytes(answer: Any) -> str:
 
 def _make_model():
     """Builds a small model under the *current* global dtype policy (given to the learner's function)."""
-    import keras
-
     return keras.Sequential(
         [
             keras.Input((12,)),
@@ -78,9 +80,6 @@ def _make_model():
 
 
 def _check_convert(answer: Any) -> str:
-    import keras
-    import numpy as np
-
     if isinstance(answer, keras.Model):
         raise Incorrect("You passed a model, not the function. Pass the function itself: `check(to_bfloat16)`.")
     fn = require_callable(answer, "to_bfloat16(make_model, model)", arity=2)
@@ -156,9 +155,6 @@ def _layer_list(kinds: list) -> str:
 
 def _output_dtype(model: Any) -> str | None:
     """The dtype of ``model``'s output on a small float32 batch, or None if it cannot be run."""
-    import keras
-    import numpy as np
-
     try:
         output = model(np.zeros((2, 12), np.float32))
         return keras.backend.standardize_dtype(output.dtype)
@@ -182,8 +178,6 @@ def to_bfloat16(make_model, model):
 
 
 def _convert_reference(make_model, model):
-    import keras
-
     keras.config.set_dtype_policy("bfloat16")
     try:
         new_model = make_model()
@@ -194,8 +188,6 @@ def _convert_reference(make_model, model):
 
 
 def _convert_no_weights(make_model, model):
-    import keras
-
     keras.config.set_dtype_policy("bfloat16")
     try:
         return make_model()
@@ -204,8 +196,6 @@ def _convert_no_weights(make_model, model):
 
 
 def _convert_policy_left(make_model, model):
-    import keras
-
     keras.config.set_dtype_policy("bfloat16")
     new_model = make_model()
     new_model.set_weights(model.get_weights())
@@ -213,8 +203,6 @@ def _convert_policy_left(make_model, model):
 
 
 def _convert_mixed(make_model, model):
-    import keras
-
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         new_model = make_model()
@@ -225,8 +213,6 @@ def _convert_mixed(make_model, model):
 
 
 def _convert_policy_after_construct(make_model, model):
-    import keras
-
     new_model = make_model()  # constructed under float32: setting the policy afterwards changes nothing
     keras.config.set_dtype_policy("bfloat16")
     try:
@@ -238,8 +224,6 @@ def _convert_policy_after_construct(make_model, model):
 
 def _convert_by_hand(make_model, model):
     """Rebuilds the layers by hand under 'bfloat16' and forgets the float32 output layer."""
-    import keras
-
     keras.config.set_dtype_policy("bfloat16")
     try:
         new_model = keras.Sequential(
@@ -252,8 +236,6 @@ def _convert_by_hand(make_model, model):
 
 
 def _convert_private_attr(make_model, model):
-    import tensorflow as tf
-
     for layer in model.layers:
         if hasattr(layer, "_kernel"):
             layer._kernel = tf.cast(layer._kernel, tf.bfloat16)
@@ -280,7 +262,6 @@ def _as_float32(value: Any) -> Any:
             return value
     if not module.startswith("tensorflow"):
         return value
-    import tensorflow as tf
 
     try:
         if isinstance(value, tf.Tensor) and value.dtype in (tf.bfloat16, tf.float16):

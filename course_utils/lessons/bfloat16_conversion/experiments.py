@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 
+import keras
+import numpy as np
+import tensorflow as tf
+
 from ... import data, memory, models, report
 
 
@@ -21,8 +25,6 @@ def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: in
     :func:`course_utils.memory.default_device`, the accelerator whose peak is read): TensorFlow puts ops on a GPU by
     itself, but on a TPU only when told (``tf.device`` or TPUStrategy) — unplaced, the step would run on the host CPU
     while its peak is read from ``TPU:0``."""
-    import tensorflow as tf
-
     device = device or memory.default_device()
     with tf.device(device):
         images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes, seed=seed)[0][0])
@@ -55,8 +57,6 @@ def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int 
     compiles ``experimental_get_compiler_ir`` for the device an op would run on in the current scope
     (``compiler_ir.maybe_get_device_name``): unplaced on a TPU VM that is the host CPU, whose answer is ``f32``.
     The answer's ``device`` is that device, read the same way."""
-    import tensorflow as tf
-
     device = device or memory.default_device()
     with tf.device(device):
         images = tf.constant(data.synthetic_cifar(batch, 1, num_classes=num_classes)[0][0])
@@ -81,7 +81,6 @@ def format_facts() -> dict:
     """§1: :data:`FORMAT_VALUES` stored as float32, float16 and bfloat16 (as Python floats), and the spacing just
     above 1.0 in each format."""
     import ml_dtypes
-    import numpy as np
 
     values = np.array(FORMAT_VALUES, dtype=np.float32)
     with np.errstate(over="ignore"):
@@ -95,8 +94,6 @@ def format_facts() -> dict:
 
 def dense_dtype(construct_under: str, build_under: str) -> str:
     """§2: a Dense layer constructed under one global policy and built under another: its kernel's dtype."""
-    import keras
-
     previous = keras.config.dtype_policy()
     try:
         keras.config.set_dtype_policy(construct_under)
@@ -111,8 +108,6 @@ def dense_dtype(construct_under: str, build_under: str) -> str:
 def kernel_setter_error(model) -> str:
     """§3: what ``layer.kernel = tf.cast(...)`` raises on the model's Dense layer before the softmax (its type
     name), or "no error"."""
-    import tensorflow as tf
-
     try:
         model.layers[-2].kernel = tf.cast(model.layers[-2].kernel, tf.bfloat16)
     except Exception as e:  # noqa: BLE001 - the claim is about which error
@@ -125,8 +120,6 @@ def convert_saved_file(path: str, strategy) -> dict:
     bfloat16 policy, what people try first), ``cloned`` (``clone_model`` of it, under the policy too) and
     ``from_file`` (cloned with each layer's config rewritten to bfloat16, the output softmax kept float32, then the
     weights copied)."""
-    import keras
-
     keras.config.set_dtype_policy("bfloat16")  # what people try first
     try:
         loaded = keras.models.load_model(path)
@@ -154,9 +147,6 @@ def private_kernel_trap(victim, x, y) -> dict:
     (what Keras said)."""
     import warnings
 
-    import numpy as np
-    import tensorflow as tf
-
     dense = victim.layers[-2]  # the Dense layer before the softmax
     dense._kernel = tf.cast(dense._kernel, tf.bfloat16)  # "converted"
     before = [w.numpy().copy() for w in victim.trainable_weights]
@@ -171,10 +161,6 @@ def private_kernel_trap(victim, x, y) -> dict:
 def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy) -> tuple[float, float]:
     """§4: one optimizer step on ``convert(model, policy)`` (a copy under ``policy``) over the batch ``x, y``:
     (the fraction of trainable numbers that changed, the fraction of gradients that are exactly zero)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     m = convert(model, policy)
     before = [v.numpy().astype(np.float32) for v in m.trainable_variables]
     with strategy.scope():
@@ -198,9 +184,6 @@ def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy
 
 def weights_equal_cast(model, model_bf16) -> bool:
     """Every weight of the bfloat16 copy is bfloat16 and equals ``tf.cast(float32 weight, bfloat16)``."""
-    import numpy as np
-    import tensorflow as tf
-
     return all(w16.dtype == "bfloat16" and np.array_equal(w16.numpy(), tf.cast(w32, tf.bfloat16).numpy())
                for w32, w16 in zip(model.weights, model_bf16.weights))
 
@@ -208,8 +191,6 @@ def weights_equal_cast(model, model_bf16) -> bool:
 def inference_agreement(model, model_bf16, x_test, y_test) -> dict:
     """The float32 model and its bfloat16 copy on the test images: the copy's accuracy, the share of images where
     both predict the same class, and the largest difference in any predicted probability."""
-    import numpy as np
-
     p32, p16 = model.predict(x_test, verbose=0), model_bf16.predict(x_test, verbose=0)
     return {"bf16_acc": float(np.mean(p16.argmax(1) == y_test)),
             "agreement": float(np.mean(p16.argmax(1) == p32.argmax(1))),
@@ -221,10 +202,6 @@ def measure(lab) -> dict:
     the same entries section by section and passes them to :func:`claims`."""
     import os
     import tempfile
-
-    import keras
-    import numpy as np
-    import tensorflow as tf
 
     sizes, strategy, seed = lab.sizes, lab.runtime.strategy, lab.cfg.seed
     out: dict = {"jit": lab.jit, **format_facts()}

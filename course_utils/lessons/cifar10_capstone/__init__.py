@@ -1,4 +1,6 @@
 """Lesson 06 · CIFAR-10 capstone (``notebooks/06_cifar10_capstone.ipynb``): ``experiments`` (what the notebook measures,
 and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
 
-from . import experiments, exercises
+from .._parts import on_first_use
+
+__getattr__ = on_first_use(__name__)  # experiments, exercises: imported on first use

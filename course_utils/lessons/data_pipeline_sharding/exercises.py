@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from ...exercises import (
     Exercise,
@@ -20,7 +21,7 @@ from ...exercises import (
     require_callable,
     require_int,
 )
-from course_utils import data
+from ... import data
 
 # ----------------------------------------------------------------------------------------------
 # 1. The batch size to hand to experimental_distribute_dataset
@@ -57,8 +58,6 @@ _CONTEXTS = ((2, 4), (1, 4))
 
 
 def _dataset_fn_reference(input_context):
-    import tensorflow as tf
-
     per_replica = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
     ds = tf.data.Dataset.range(1000)
     ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
@@ -69,35 +68,25 @@ GLOBAL_BATCH = _GLOBAL  # the name the learner's function reads (the notebook de
 
 
 def _dataset_fn_no_shard(input_context):
-    import tensorflow as tf
-
     return tf.data.Dataset.range(1000).batch(input_context.get_per_replica_batch_size(64), drop_remainder=True)
 
 
 def _dataset_fn_global_batch(input_context):
-    import tensorflow as tf
-
     ds = tf.data.Dataset.range(1000).shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return ds.batch(64, drop_remainder=True)
 
 
 def _dataset_fn_ragged(input_context):
-    import tensorflow as tf
-
     ds = tf.data.Dataset.range(1000).shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return ds.batch(input_context.get_per_replica_batch_size(64))
 
 
 def _dataset_fn_replica_id(input_context):
-    import tensorflow as tf
-
     ds = tf.data.Dataset.range(1000).shard(input_context.num_replicas_in_sync, input_context.input_pipeline_id)
     return ds.batch(input_context.get_per_replica_batch_size(64), drop_remainder=True)
 
 
 def _dataset_fn_shuffle_before_shard(input_context):
-    import tensorflow as tf
-
     per_replica = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
     ds = tf.data.Dataset.range(1000).shuffle(1000)  # unseeded: every pipeline gets its own order
     ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
@@ -105,22 +94,16 @@ def _dataset_fn_shuffle_before_shard(input_context):
 
 
 def _dataset_fn_range_2000(input_context):
-    import tensorflow as tf
-
     ds = tf.data.Dataset.range(2000).shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return ds.batch(input_context.get_per_replica_batch_size(GLOBAL_BATCH), drop_remainder=True)
 
 
 def _dataset_fn_same_shard(input_context):
-    import tensorflow as tf
-
     ds = tf.data.Dataset.range(1000).shard(input_context.num_input_pipelines, 0)
     return ds.batch(input_context.get_per_replica_batch_size(GLOBAL_BATCH), drop_remainder=True)
 
 
 def _check_dataset_fn(answer: Any) -> str:
-    import tensorflow as tf
-
     fn = require_callable(answer, "dataset_fn(input_context)", arity=1)
     for pipelines, replicas in _CONTEXTS:
         per_replica = _GLOBAL // replicas
@@ -205,8 +188,6 @@ _N, _BATCH = 32, 8
 
 
 def _pipeline_reference(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache()  # the decoded uint8 images: 4× smaller than float32 ...
     ds = ds.shuffle(1000)  # ... then a fresh order every epoch ...
     ds = ds.map(data.to_float, num_parallel_calls=tf.data.AUTOTUNE)
@@ -215,43 +196,31 @@ def _pipeline_reference(ds, batch_size):
 
 
 def _pipeline_augment_before_cache(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.map(data.to_float).map(data.augment).cache().shuffle(1000)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_shuffle_before_cache(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.shuffle(1000).cache().map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_no_reshuffle(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(1000, reshuffle_each_iteration=False).map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_no_cache(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_float_cache(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.map(data.to_float).cache().shuffle(1000).map(data.augment)  # caches float32: 4× the uint8 bytes
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_ragged(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
@@ -262,36 +231,26 @@ def _pipeline_no_prefetch(ds, batch_size):
 
 
 def _pipeline_no_to_float(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(1000).map(data.augment)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_fixed_batch(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment)
     return ds.batch(64, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_one_hot(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment).map(lambda x, y: (x, tf.one_hot(y, 10)))
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_dict_features(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(1000).map(data.to_float).map(data.augment).map(lambda x, y: ({"image": x}, y))
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _pipeline_tiny_shuffle(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().shuffle(2).map(data.to_float).map(data.augment)  # a buffer of 2: neighbours swap, nothing more
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
@@ -340,8 +299,6 @@ def _same_order_message(ds: Any) -> str:
 
 
 def _pipeline_shuffle_batches(ds, batch_size):
-    import tensorflow as tf
-
     ds = ds.cache().map(data.to_float).map(data.augment).batch(batch_size, drop_remainder=True)
     return ds.shuffle(1000).prefetch(tf.data.AUTOTUNE)  # shuffles batches: each holds the same examples every epoch
 
@@ -353,8 +310,6 @@ def _shuffle_buffers(ds: Any) -> list[int]:
     """The buffer sizes, in examples, of the learner's `shuffle` steps over examples, where they can be read (an int,
     or a tensor such as `ds.cardinality()`). A shuffle of whole batches is left to the check that each epoch's batches
     hold other examples."""
-    import tensorflow as tf
-
     sizes = []
     for d in _chain(ds):
         if "Shuffle" in _kind(d):
@@ -404,8 +359,6 @@ def _cached_dtype(ds: Any) -> str | None:
 
 
 def _check_pipeline(answer: Any) -> str:
-    import tensorflow as tf
-
     fn = require_callable(answer, "make_pipeline(ds, batch_size)", arity=2)
     reads = []  # one entry per example read from the source: fewer in epoch 2 means it was cached
     x = np.tile(np.arange(32, dtype=np.uint8)[None, :, None, None] * 8, (_N, 1, 32, 3))  # left-right asymmetric

@@ -20,7 +20,9 @@ import dataclasses
 import time
 from typing import Any, Callable
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from ...data import APIS, distribute, tfrecord_dataset
 from ...profiler import INPUT_BOUND_ABOVE
@@ -70,8 +72,6 @@ def replica_checks(strategy, n_examples: int, per_replica_batch: int) -> dict:
     row per case: api, drop_remainder, replicas, examples, global batch, steps, first/last step's per-replica
     sizes, seen, missing, duplicated, exactly_once.
     """
-    import tensorflow as tf
-
     n_rep = strategy.num_replicas_in_sync
     global_batch = per_replica_batch * n_rep
     rows = []
@@ -106,8 +106,6 @@ def dealt_last_step(examples: int, per_replica_batch: int, replicas: int) -> lis
 def remainder_split(strategy, per_replica_batch: int, examples: list[int]) -> dict:
     """The last step's per-replica sizes for each dataset size in ``examples`` (``drop_remainder=False``),
     with both APIs, next to :func:`dealt_last_step`'s prediction. Returns ``{"replicas", "rows"}``."""
-    import tensorflow as tf
-
     n_rep = strategy.num_replicas_in_sync
     rows = []
     for n in examples:
@@ -134,7 +132,7 @@ def shard_as_worker(ds, input_context):
     worker's share. It uses TensorFlow's internal ``_AutoShardDataset`` (no public API exposes the
     rewrite without a real cluster).
     """
-    import tensorflow as tf
+    # TensorFlow's internals, imported here: a release that moves them fails this function, not the lesson's import
     from tensorflow.python.data.experimental.ops import distribute as _dist
 
     rewrite = getattr(_dist, "_AutoShardDataset", None)
@@ -158,8 +156,6 @@ def auto_shard_table(paths: list[str], num_workers: int, policies=("FILE", "DATA
     Rows: policy, worker, count, ids (as runs, or the error), id_list; plus per policy a summary row (worker
     ``"all"``) with failed, duplicated and missing ids over the whole dataset.
     """
-    import tensorflow as tf
-
     n_total = sum(1 for p in paths for _ in tf.data.TFRecordDataset(p))
     rows = []
     for policy in policies:
@@ -197,8 +193,6 @@ def upstream_order_cases(pattern: str, num_workers: int, seed: int = 7, cases=UP
     of what its pipeline produces — TensorFlow's docstring: it "needs to produce elements in a deterministic
     order" — and ``FILE`` every k-th file of the file list, which ``list_files`` shuffles unless told not to.
     Returns ``{"case", "per_worker" (ids), "count", "duplicated", "missing"}`` per case."""
-    import tensorflow as tf
-
     def pipeline(case: str):
         options = tf.data.Options()
         if case.startswith("DATA"):
@@ -236,8 +230,6 @@ def worker_pipeline(case: str, n: int, num_workers: int, worker: int, seed: int 
     * ``seeded shuffle → shard``: the same ``seed`` on every worker — one order, split cleanly;
     * ``shard → shuffle``: each worker takes its share first, then shuffles it (any seed).
     """
-    import tensorflow as tf
-
     ds = tf.data.Dataset.range(n)
     if case == SHUFFLE_CASES[0]:
         return ds.shuffle(n).shard(num_workers, worker)
@@ -320,8 +312,6 @@ def shuffle_mixing(buffers=SHUFFLE_BUFFERS, n: int = SHUFFLE_IDS, classes: int =
     size: how much order is left (the correlation of position and id: 1 = still sorted, ≈ 0 = shuffled), how many
     classes the first batch holds, and the largest id in it — at most batch + buffer − 2, since the k-th element out
     is one of the first k + buffer − 1 in (``shuffle`` samples from a buffer it refills from upstream)."""
-    import tensorflow as tf
-
     rows = []
     for buffer in buffers:
         order = np.fromiter(tf.data.Dataset.range(n).shuffle(buffer, seed=seed).as_numpy_iterator(), np.int64)
@@ -336,8 +326,6 @@ def shuffle_buffer_bytes(ds, buffer: int, seed: int = 0) -> int | None:
     """§2: how much the CPU allocator's memory in use grows while ``ds.shuffle(buffer)`` is full (its iterator made
     and one element taken: that fills the buffer). None where the allocator keeps no statistics (course_utils turns
     them on for the CPU: ``TF_CPU_ALLOCATOR_USE_BFC``)."""
-    import tensorflow as tf
-
     try:
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
     except (ValueError, RuntimeError, tf.errors.OpError):
@@ -354,8 +342,6 @@ def shuffle_buffer_memory(encoded, n: int, seed: int = 0) -> dict:
     (:func:`shuffle_buffer_bytes`) and counted (n × the bytes of its first element), for the images decoded
     (uint8), the same after ``to_float`` (float32), and decoded images read from a filled in-memory ``cache()``:
     there the buffer holds references to the cache's tensors, not copies."""
-    import tensorflow as tf
-
     decoded = encoded.take(n).map(data.decode_png)
     cached = decoded.cache()
     drain(cached)  # fill the cache first: its memory is not the buffer's
@@ -392,8 +378,6 @@ def drain(ds) -> int:
     """Read one pass of ``ds``; returns the number of examples (first dimension of each batch). The iterator is
     destroyed after the timing around it (:func:`_retire`): by :func:`interleaved_times` or
     :func:`pipeline_throughput`; a ``drain`` outside them leaves it alive until one of them runs."""
-    import tensorflow as tf
-
     count = 0
     iterator = iter(ds)
     for batch in iterator:
@@ -440,8 +424,6 @@ def without_auto_prefetch(ds):
     (``map_parallelization``), fuses ``map`` + ``batch`` into one asynchronous step (``map_and_batch_fusion``)
     and injects a prefetch after a final synchronous step (``inject_prefetch``), so a pipeline without
     ``prefetch`` is rarely synchronous. This shows what the explicit ``prefetch`` does on its own."""
-    import tensorflow as tf
-
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.map_parallelization = False
@@ -527,8 +509,6 @@ PROFILE_CASES = ("bucket, one file at a time", "in memory (train_pipeline)")
 
 def _waited(x, seconds: float, slow=None, slow_s: float = 0.0):
     """``x`` unchanged, after sleeping ``seconds`` (``slow_s`` where the boolean tensor ``slow`` is true)."""
-    import tensorflow as tf
-
     def wait(value, is_slow):
         time.sleep(slow_s if bool(is_slow) else seconds)
         return value
@@ -544,8 +524,6 @@ def bucket_reader(open_s: float = BUCKET_OPEN_S, request_s: float = BUCKET_REQUE
     takes ``tail_s`` instead (which one depends on the file: the slow requests of different files fall at different
     times). The waits are sleeps: time passes, no core works — as when a TPU host waits for Cloud Storage. Local
     files in the page cache have nothing to wait for, so this is what ``interleave`` is for."""
-    import tensorflow as tf
-
     def read(path):
         opened = tf.data.Dataset.from_tensors(path).map(lambda p: _waited(p, open_s))
         requests = opened.flat_map(tf.data.TFRecordDataset).batch(REQUEST_RECORDS).enumerate()
@@ -564,16 +542,12 @@ def with_io_threads(ds, threads: int = IO_THREADS):
     """``ds`` with a private pool of ``threads`` tf.data threads. A simulated wait (:func:`bucket_reader`) runs as a
     TensorFlow op on tf.data's pool, which has one thread per core: on 2 cores at most 2 waits overlap (measured). A
     real bucket read waits inside the interleave's own threads, so the simulation gets threads to wait in."""
-    import tensorflow as tf
-
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads
     return ds.with_options(options)
 
 
 def _records_to_batches(records, batch_size: int):
-    import tensorflow as tf
-
     batches = records.map(parse_record, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size)
     return with_io_threads(batches.prefetch(tf.data.AUTOTUNE))
 
@@ -582,8 +556,6 @@ def read_pipelines(paths: list[str], batch_size: int) -> dict[str, Any]:
     """The :data:`READ_CASES`: the files read one after another (``flat_map``) or ``interleave``d (all files in flight,
     ``num_parallel_calls=AUTOTUNE``), from local disk and from a simulated bucket (:func:`bucket_reader`); each parsed
     and batched the same way. Elements are :func:`data.parse_record` dicts (``id``, ``image``, ``label``)."""
-    import tensorflow as tf
-
     files = tf.data.Dataset.from_tensor_slices(paths)
     bucket = bucket_reader()
     return {
@@ -599,8 +571,6 @@ def read_pipelines(paths: list[str], batch_size: int) -> dict[str, Any]:
 def tail_latency_pipelines(paths: list[str], batch_size: int, cycle_length: int = 4) -> dict[bool, Any]:
     """``interleave(..., deterministic=flag)`` for both flags, over a bucket with tail latency (one slow request in
     :data:`TAIL_ONE_IN`), ``cycle_length`` files in flight."""
-    import tensorflow as tf
-
     files = tf.data.Dataset.from_tensor_slices(paths)
     bucket = bucket_reader(tail_s=TAIL_S)
     return {flag: _records_to_batches(files.interleave(bucket, cycle_length=cycle_length, num_parallel_calls=cycle_length,
@@ -618,8 +588,6 @@ def fused_map_order(n: int = 256, batch_size: int = 32, slow_one_in: int = 16, s
     ``slow_s``: how many elements arrive out of place with tf.data's ``map_and_batch_fusion`` on (the default: map
     and batch become one step) and off. The slow calls sleep, so they get threads to sleep in
     (:func:`with_io_threads`): with one core, tf.data's own pool runs one call at a time and nothing can overtake."""
-    import tensorflow as tf
-
     def wait(i):
         time.sleep(slow_s if int(i) % slow_one_in == 0 else slow_s / 20)
         return i
@@ -643,8 +611,6 @@ def map_placement_pipelines(images, batch_size: int) -> dict[str, Any]:
     """The :data:`MAP_CASES` on ``images`` (uint8 ``(image, label)`` pairs, cached): random augmentation per image
     (:func:`data.augment`, then ``batch``) or per batch (``batch``, then :func:`data.augment_batch`), both
     ``num_parallel_calls=AUTOTUNE`` and prefetched."""
-    import tensorflow as tf
-
     auto = tf.data.AUTOTUNE
     return {
         MAP_CASES[0]: images.map(lambda x, y: augment(*to_float(x, y)), num_parallel_calls=auto).batch(batch_size)
@@ -657,8 +623,6 @@ def map_placement_pipelines(images, batch_size: int) -> dict[str, Any]:
 def augment_batch_one_crop(images, labels, pad: int = 4):
     """WRONG, on purpose: the per-image recipe applied to a batch — ``tf.image.random_crop`` on a 4-D batch draws
     one crop offset for the whole batch."""
-    import tensorflow as tf
-
     size = images.shape[1]
     images = tf.image.random_flip_left_right(images)
     images = tf.image.resize_with_crop_or_pad(images, size + 2 * pad, size + 2 * pad)
@@ -668,8 +632,6 @@ def augment_batch_one_crop(images, labels, pad: int = 4):
 def distinct_crops(augment_fn, batch_size: int, pad: int = 4) -> int:
     """How many different vertical crop offsets ``augment_fn`` (a batch function like :func:`data.augment_batch`)
     gives the images of one batch: each image's rows are numbered in its pixels, so the crop is read back."""
-    import tensorflow as tf
-
     size = 32
     rows = np.broadcast_to((np.arange(size) + 100)[None, :, None, None], (batch_size, size, size, 3)).astype(np.uint8)
     out, _ = augment_fn(tf.constant(rows), tf.zeros([batch_size], tf.int64), pad=pad)
@@ -769,8 +731,6 @@ def profiled_input_share(model, ds, log_dir: str, steps: int = PROFILED_STEPS,
     import gc
     import os
 
-    import keras
-
     model.fit(ds.take(1), epochs=1, verbose=0)  # build and compile the train function; this iterator is dropped
     result = None
     for attempt in range(1, max(tries, 1) + 1):
@@ -821,8 +781,6 @@ def cache_order_rows(train, per_replica_batch: int) -> list[dict]:
     """§1: two epochs of two pipelines over 4 batches of ``train`` — random augmentation and shuffle before
     ``cache()`` (wrong), and ``cache()`` first (right, :func:`course_utils.data.build_pipeline`): whether each read
     the same order and the same pixels in both epochs."""
-    import numpy as np
-
     def epoch(ds):  # one pass: the ids in arrival order, and the images sorted by id
         xs, ys = zip(*ds.as_numpy_iterator())
         ids = np.concatenate(ys)
@@ -842,8 +800,6 @@ def cache_order_rows(train, per_replica_batch: int) -> list[dict]:
 def count_traces(n_examples: int, global_batch: int, drop_remainder: bool):
     """§4: one epoch of ``range(n_examples)`` batched by ``global_batch`` through a ``tf.function``: the dataset's
     batch shape, and the input shapes the function was traced for (one entry per new shape)."""
-    import tensorflow as tf
-
     traces = []
 
     @tf.function
@@ -859,8 +815,6 @@ def count_traces(n_examples: int, global_batch: int, drop_remainder: bool):
 
 def tiny_model():
     """§7: a model whose step is mostly overhead (one Dense layer over the flattened image)."""
-    import keras
-
     return keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(),
                              keras.layers.Dense(10, activation="softmax")])
 
@@ -868,8 +822,6 @@ def tiny_model():
 def compiled(make_model, steps_per_execution: int, on_strategy, *, seed: int, jit: bool):
     """§7: a fresh ``make_model()`` in ``on_strategy``'s scope, compiled with ``steps_per_execution`` (and XLA when
     ``jit``); the same seed every time."""
-    import keras
-
     keras.utils.set_random_seed(seed)
     with on_strategy.scope():
         m = make_model()
@@ -878,20 +830,21 @@ def compiled(make_model, steps_per_execution: int, on_strategy, *, seed: int, ji
     return m
 
 
+class BatchLog(keras.callbacks.Callback):
+    """The batch numbers ``on_train_batch_end`` was called with, in order (``.batches``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(batch)
+
+
 def fit_epochs(steps_per_execution: int, pipeline, on_strategy, *, seed: int, jit: bool, epochs: int = 1,
                tiny: bool = True) -> list[int]:
     """§7: :func:`compiled` (the tiny model, or the small CNN) fitted on ``pipeline``: the batch numbers
     ``on_train_batch_end`` was called with, in order."""
-    import keras
-
-    class BatchLog(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.batches = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.batches.append(batch)
-
     log = BatchLog()
     compiled(tiny_model if tiny else models.small_cnn, steps_per_execution, on_strategy, seed=seed, jit=jit).fit(
         pipeline, epochs=epochs, callbacks=[log], verbose=0)
@@ -916,8 +869,6 @@ def simulated_download_error() -> str:
 def steps_per_execution_auto() -> str:
     """§7: ``compile(steps_per_execution="auto")`` (tf.keras 2 style) on a tiny model, then ``fit``: "fit ran", or
     the name of the error Keras 3 raises."""
-    import keras
-
     try:
         tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         tiny.compile(optimizer="sgd", loss="mse", steps_per_execution="auto")
@@ -934,9 +885,6 @@ def measure(lab) -> dict:
     and passes them to :func:`claims`."""
     import statistics
     import tempfile
-
-    import keras
-    import tensorflow as tf
 
     from ... import data, models
 

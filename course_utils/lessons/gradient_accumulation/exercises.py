@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+import tensorflow as tf
+
 from ...exercises import Exercise, Incorrect, call_learner, describe, ExerciseBank, require_callable, require_number
 
 
@@ -72,8 +75,6 @@ _PER_EXAMPLE = (0.5, 1.5, 2.0, 0.25, 1.0, 3.0, 0.75, 1.0)  # one replica's 8 exa
 
 
 def _check_replica_loss(answer: Any) -> str:
-    import tensorflow as tf
-
     fn = require_callable(answer, "replica_loss(per_example_loss, global_batch_size)", arity=2)
     per_example = tf.constant(_PER_EXAMPLE, dtype=tf.float32)
     total = sum(_PER_EXAMPLE)
@@ -111,9 +112,6 @@ def _check_replica_loss(answer: Any) -> str:
 
 def _has_gradient(tape: Any, loss: Any, per_example: Any, expected: float) -> bool:
     """Whether ``d loss / d per_example`` exists and is ``expected`` for every example."""
-    import numpy as np
-    import tensorflow as tf
-
     if not isinstance(loss, (tf.Tensor, tf.Variable)):
         return False
     try:
@@ -128,8 +126,6 @@ def _replica_loss_as_float(per_example_loss, global_batch_size):
 
 
 def _replica_loss_reference(per_example_loss, global_batch_size):
-    import tensorflow as tf
-
     return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
 
 

@@ -5,6 +5,10 @@ The tools themselves are in :mod:`course_utils.accumulation`."""
 
 from __future__ import annotations
 
+import keras
+import numpy as np
+import tensorflow as tf
+
 from ...accumulation import GradientAccumulator, distributed_train_step
 from ... import accumulation, data, memory, models, report
 from ... import runtime as _runtime
@@ -21,8 +25,6 @@ def _accumulating_model():
 
 def max_abs_diff(weights_a, weights_b) -> float:
     """Largest |a - b| over two lists of weight arrays (``model.get_weights()``)."""
-    import numpy as np
-
     if len(weights_a) != len(weights_b):
         raise ValueError(f"different numbers of weights: {len(weights_a)} vs {len(weights_b)}")
     return max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) if np.size(a) else 0.0
@@ -31,8 +33,6 @@ def max_abs_diff(weights_a, weights_b) -> float:
 
 def tiny_classifier(features: int = 8, hidden: int = 16, classes: int = 3, seed: int = 0, batch_norm: bool = False):
     """A small MLP with float32 logits (build it in ``strategy.scope()``); deterministic weights."""
-    import keras
-
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((features,)), keras.layers.Dense(hidden, activation="relu")]
     if batch_norm:
@@ -43,8 +43,6 @@ def tiny_classifier(features: int = 8, hidden: int = 16, classes: int = 3, seed:
 
 def toy_data(n: int, features: int = 8, classes: int = 3, seed: int = 0):
     """``n`` examples for :func:`tiny_classifier`: float32 features, int64 labels (learnable, noisy)."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, features)).astype("float32")
     y = (np.argmax(x[:, :classes] + 0.5 * rng.normal(size=(n, classes)), axis=1)).astype("int64")
@@ -69,9 +67,6 @@ def compare_with_big_batch(
     Returns ``{"max_abs_diff": {path: float}, "updates_acc": {path: int}, "updates_big", "micro_steps",
     "moved" (largest weight change of the big-batch run), "replicas", "steps", "policy"}``.
     """
-    import keras
-    import tensorflow as tf
-
     unknown = [p for p in paths if p not in ("fit", "loop")]
     if unknown:
         raise ValueError(f"paths must be 'fit' and/or 'loop', got {unknown}")
@@ -127,10 +122,6 @@ def loss_averaging_effect(strategy, per_replica_batch: int = 8, learning_rate: f
     """One custom-loop step with the right loss (``compute_average_loss`` over the global batch) and
     one with ``reduce_mean`` per replica, from the same weights; compares both with one step of
     ``fit`` (which averages correctly). ``update_ratio`` = |wrong update| / |right update|."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     replicas = strategy.num_replicas_in_sync
     global_batch = per_replica_batch * replicas
     x, y = toy_data(global_batch, seed=seed)
@@ -163,8 +154,6 @@ def builtin_accumulation(strategy=None, steps: int = 4, micro_batch: int = 8, up
                          learning_rate: float = 0.1, seed: int = 0) -> dict:
     """Keras' own ``SGD(gradient_accumulation_steps=steps)`` against big batches, under ``strategy``
     (``None``: no strategy). Returns the weight difference and both iteration counters, or the error."""
-    import keras
-
     strategy = strategy or __import__("tensorflow").distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
     big = steps * micro_batch * replicas
@@ -191,9 +180,6 @@ def batchnorm_caveat(strategy, steps: int = 4, micro_batch: int = 8, updates: in
     """The same comparison as :func:`compare_with_big_batch` with a BatchNormalization layer: the
     moving statistics are updated once per micro-batch (``steps`` times per update) from micro-batch
     statistics, and the normalization itself uses micro-batch statistics, so weights differ too."""
-    import keras
-    import numpy as np
-
     replicas = strategy.num_replicas_in_sync
     big = steps * micro_batch * replicas
     x, y = toy_data(big * updates, seed=seed)
@@ -228,8 +214,6 @@ def schedule_units(steps: int = 4, updates: int = 2, warmup: int = 8, micro_batc
     """Where a linear warm-up schedule (``warmup`` steps to ``peak_lr``) stands after ``updates``
     updates of ``steps`` micro-batches: with big batches, with the course's AccumulatingModel, and
     with Keras' built-in accumulation (one device). Values: ``{"lr", "iterations", "schedule_step"}``."""
-    import keras
-
     def schedule():
         return keras.optimizers.schedules.PolynomialDecay(
             0.0, warmup, end_learning_rate=peak_lr, power=1.0)  # 0 → peak_lr over `warmup` steps
@@ -264,10 +248,6 @@ def loss_scaling_demo(strategy, steps: int = 4, micro_batch: int = 8, loss_weigh
     without and with ``LossScaleOptimizer``, and mixed_bfloat16. For each: the share of first-layer
     kernel gradients that vanished (0 where float32 is not) and the largest error relative to the
     float32 update."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     replicas = strategy.num_replicas_in_sync
     global_micro = micro_batch * replicas
     x, y = toy_data(global_micro * steps, seed=seed)
@@ -316,9 +296,6 @@ def training_step(batch: int, accumulate: int = 0, width: int = 16, num_classes:
     Placed on ``device`` (default: :func:`course_utils.memory.default_device`, the device whose peak is read) like
     lesson 02's ``forward_step``: the batch, the weights, and every call (the optimizer's variables are created on the
     first one). Unplaced on a TPU VM, the step would run on the host while its peak is read from ``TPU:0``."""
-    import keras
-    import tensorflow as tf
-
     device = device or memory.default_device()
     (x, y), _ = data.synthetic_cifar(batch, 8, seed=seed, num_classes=num_classes)
     with tf.device(device):
@@ -372,9 +349,6 @@ def _readings(peak) -> list[float]:
 
 def popular_loop(model, optimizer, x, y, k: int, micro_batch: int, divide_by_k: bool):
     """The accumulation loop popular posts show (eager, one device), with the ``/ k`` fix as an option."""
-    import keras
-    import tensorflow as tf
-
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     accum = [tf.zeros_like(v) for v in model.trainable_variables]
     for step, (xb, yb) in enumerate(tf.data.Dataset.from_tensor_slices((x, y)).batch(micro_batch)):
@@ -394,9 +368,6 @@ def popular_loop_effect(k: int = 4, micro_batch: int = 8) -> dict:
     """§2: one update of :func:`popular_loop` with and without ``/ k`` against one big-batch ``fit`` step from the
     same weights. ``{"sgd": {"without /k"|"with /k": {"ratio", "diff"}}, "adam_ratio"}``: the SGD update's size
     relative to the big batch's (and max |Δw| from it); Adam's update without /k relative to with it."""
-    import keras
-    import numpy as np
-
     x, y = toy_data(k * micro_batch)
     big = tiny_classifier()
     w0 = big.get_weights()
@@ -421,8 +392,6 @@ def popular_loop_effect(k: int = 4, micro_batch: int = 8) -> dict:
 def builtin_on_mirrored(strategy, kind: str, steps: int = 4) -> str:
     """§4: what Keras' built-in accumulation does under ``MirroredStrategy`` (this runtime's strategy when it has
     several replicas or is a TPU's, else a one-device MirroredStrategy): "ran", or the error in a few words."""
-    import tensorflow as tf
-
     mirrored = (strategy if kind == "TPU" or strategy.num_replicas_in_sync > 1
                 else tf.distribute.MirroredStrategy(strategy.extended.worker_devices[:1]))
     try:
@@ -438,8 +407,6 @@ TOLERANCE = {"float32": 1e-5, "mixed_bfloat16": 1e-3}  # §5: max |Δw| accumula
 def equivalence_runs(strategy, steps: int = 4, updates: int = 2) -> list[dict]:
     """§5: :func:`compare_with_big_batch` on one device (float32) and on 4 replicas (float32, mixed_bfloat16; here,
     or in a 4-CPU process when this strategy has fewer). ``[{"where", "policy", "result", "within_tolerance"}]``."""
-    import tensorflow as tf
-
     runs = [("1 replica", "float32", compare_with_big_batch(tf.distribute.get_strategy(), steps, updates=updates,
                                                            policy="float32"))]
     for policy in ("float32", "mixed_bfloat16"):
@@ -459,10 +426,6 @@ def four_replica_loss_scaling(strategy, steps: int = 4, micro_batch: int = 8, se
     halved; the next clean group is applied. ``"overflow_fit"``: that micro-batch through
     ``AccumulatingModel.fit`` under ``mixed_float16`` (None off ``MirroredStrategy``); ``"keras"``: through Keras' own
     ``LossScaleOptimizer`` (:func:`keras_loss_scaling_overflow`)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     replicas = strategy.num_replicas_in_sync
     global_micro = micro_batch * replicas
     x, y = toy_data(global_micro * steps * 2, seed=seed)
@@ -554,10 +517,6 @@ def keras_loss_scaling_overflow(strategy, x, y, initial, seed: int = 0) -> dict 
     context (``merge_call``) from the first replica's local gradients (``LossScaleOptimizer._tf_apply``), all-reduced
     only later by the inner optimizer. None on another strategy or on one replica (where the first replica is the
     last: nothing to miss)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     replicas = strategy.num_replicas_in_sync
     if replicas < 2 or not isinstance(strategy, tf.distribute.MirroredStrategy):
         return None
@@ -596,9 +555,6 @@ def fit_overflowing_batch(strategy, x, y, initial, accumulate: int = 0, seed: in
     ``compile`` wraps its SGD in a ``LossScaleOptimizer``), from the weights ``initial``; ``accumulate=k`` wraps it in
     :class:`AccumulatingModel` (constructed under the same policy). Whether every weight stayed finite, the scale
     before and after, ``optimizer.iterations`` and the optimizer's class."""
-    import keras
-    import numpy as np
-
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
@@ -623,9 +579,6 @@ def ragged_batches(strategy, steps: int = 4) -> dict:
     """What each tool does with data that does not split into equal micro-batches (404 examples,
     batch 128 on this strategy): the messages a learner sees, and how many updates ran."""
     import warnings
-
-    import keras
-    import tensorflow as tf
 
     from ...accumulation import GradientAccumulator
 
@@ -672,8 +625,6 @@ def measure(lab) -> dict:
     """Everything lesson 05's claims need, measured the way the notebook measures it (``lab``: a
     :class:`course_utils.proof.Lab` — config, runtime and progress lines). The notebook computes the same
     entries section by section and passes them to :func:`claims`."""
-    import tensorflow as tf
-
     sizes, strategy = lab.sizes, lab.runtime.strategy
     one_device = tf.distribute.get_strategy()
     out: dict = {"k": K, "jit": lab.jit, "replicas": strategy.num_replicas_in_sync, "kind": lab.runtime.kind}

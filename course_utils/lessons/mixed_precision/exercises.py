@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
+import numpy as np
+import tensorflow as tf
+
 from ...exercises import Exercise, Incorrect, call_learner, describe, ExerciseBank, require_callable, require_number
 
 # ----------------------------------------------------------------------------------------------
@@ -15,9 +19,6 @@ def _dtype_name(value: Any) -> str | None:
     """The dtype's name for a name (``"bfloat16"``), a ``tf.DType``/``np.dtype`` or a numpy scalar type
     (``np.float32``); None for anything else — numbers included: ``tf.as_dtype(1)`` would read the int as
     a DataType enum value (float32), and an answer of ``(14, 1)`` is no dtype name."""
-    import numpy as np
-    import tensorflow as tf
-
     if isinstance(value, str):
         name = value
     elif isinstance(value, (tf.DType, np.dtype)):
@@ -63,8 +64,6 @@ _OVERFLOW_Y = 1e10  # targets this large make the scaled float16 gradients overf
 
 def _loss_fn(y, pred):
     """A mean squared error weighted by 1e-6: its gradients underflow float16 without loss scaling."""
-    import tensorflow as tf
-
     return 1e-6 * tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
 
 
@@ -72,10 +71,6 @@ def _setup():
     """A mixed_float16 Dense layer with zero weights, its LossScaleOptimizer and data, plus what one correct
     step gives in float32: each weight's update and the loss. Zero start weights make every update exactly
     measurable (a float32 kernel of ~0.3 could not hold a ~1e-7 change)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     rng = np.random.default_rng(7)
     x = tf.constant(rng.normal(size=(128, 32)).astype(np.float32))
     y = tf.constant(rng.normal(0, 0.1, size=(128, 16)).astype(np.float32))
@@ -113,8 +108,6 @@ def _guard_no_gradients(fn):
 
 
 def _check_scaled_step(answer: Any) -> str:
-    import numpy as np
-
     fn = require_callable(answer, "train_step(model, optimizer, loss_fn, x, y)", arity=5)
     model, optimizer, x, y, expected, expected_loss = _setup()
     returned = call_learner(
@@ -204,8 +197,6 @@ def _check_overflow_is_skipped(fn, model, optimizer, x, y) -> None:
     """A second step on targets so large that the scaled float16 gradients overflow: ``LossScaleOptimizer.apply``
     skips it (no weight changes) and halves the scale; a step that unscales by hand and calls the inner optimizer
     writes inf/NaN into the weights and keeps the scale."""
-    import numpy as np
-
     before = [v.numpy().copy() for v in model.trainable_variables]
     scale = float(optimizer.dynamic_scale.numpy())
     call_learner(
@@ -247,8 +238,6 @@ def train_step(model, optimizer, loss_fn, x, y):
 
 
 def _step_reference(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
@@ -257,8 +246,6 @@ def _step_reference(model, optimizer, loss_fn, x, y):
 
 
 def _step_unscaled(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
@@ -266,8 +253,6 @@ def _step_unscaled(model, optimizer, loss_fn, x, y):
 
 
 def _step_double_unscale(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
@@ -277,8 +262,6 @@ def _step_double_unscale(model, optimizer, loss_fn, x, y):
 
 
 def _step_bias_only(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
@@ -288,8 +271,6 @@ def _step_bias_only(model, optimizer, loss_fn, x, y):
 
 
 def _step_returns_scaled(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
@@ -298,8 +279,6 @@ def _step_returns_scaled(model, optimizer, loss_fn, x, y):
 
 
 def _step_scale_outside_tape(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
     scaled = optimizer.scale_loss(loss)  # outside the tape: the tape never saw it
@@ -308,8 +287,6 @@ def _step_scale_outside_tape(model, optimizer, loss_fn, x, y):
 
 
 def _step_fixed_scale(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = loss * 32768.0  # Keras' default initial scale, hard-coded
@@ -318,8 +295,6 @@ def _step_fixed_scale(model, optimizer, loss_fn, x, y):
 
 
 def _step_unscale_then_inner(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
@@ -329,8 +304,6 @@ def _step_unscale_then_inner(model, optimizer, loss_fn, x, y):
 
 
 def _step_inner(model, optimizer, loss_fn, x, y):
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
@@ -341,9 +314,6 @@ def _step_inner(model, optimizer, loss_fn, x, y):
 def _step_by_hand(model, optimizer, loss_fn, x, y):
     """Scales and unscales the loss, skips an overflow and halves the scale, all by hand: the weights change by the
     right amount, but the optimizer never applies a step (no step count, no momentum, no growth of the scale)."""
-    import numpy as np
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)

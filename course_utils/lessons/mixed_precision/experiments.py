@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
+import numpy as np
+import tensorflow as tf
+
 from ... import accumulation, data, memory, models, report, runtime
 from ..bfloat16_conversion import experiments as conversion
 
@@ -16,8 +20,6 @@ from ..bfloat16_conversion import experiments as conversion
 def confident_logits(rows: int = 4096, num_classes: int = 10, boost: float = 8.0, sigma: float = 3.0, seed: int = 0):
     """``(logits, labels)`` shaped like a confident classifier's output: normal logits (σ = ``sigma``) plus
     ``boost`` on class 0, which is the label of every row. float32 numpy arrays (labels int64)."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, sigma, size=(rows, num_classes)).astype(np.float32)
     logits[:, 0] += boost
@@ -33,9 +35,6 @@ def cross_entropy(logits, labels, logits_dtype: str = "float32", softmax_dtype: 
     the loss with ``from_logits=True``. Returns numpy arrays: ``loss`` (per example), ``grad`` (rows × classes,
     float32) and ``probs`` (the softmax output as float32; the softmax of the logits when ``from_logits``).
     """
-    import keras
-    import tensorflow as tf
-
     z = tf.Variable(tf.constant(logits, tf.float32))
     with tf.GradientTape() as tape:
         rounded = tf.cast(z, logits_dtype)
@@ -53,8 +52,6 @@ def cross_entropy(logits, labels, logits_dtype: str = "float32", softmax_dtype: 
 
 def relative_error(value, reference, axis=None):
     """|value − reference| / |reference|, per row when ``axis`` is given (L1 over that axis)."""
-    import numpy as np
-
     value, reference = np.asarray(value, np.float64), np.asarray(reference, np.float64)
     if axis is None:
         return np.abs(value - reference) / np.abs(reference)
@@ -77,9 +74,6 @@ def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: i
     ``strategy.run`` cannot reach the other replicas' variables: keras-team/keras#19005). ``step.xla`` says which
     (``"none"`` without ``jit``); ``step.model`` and ``step.optimizer`` are the model and its optimizer."""
     import contextlib
-
-    import keras
-    import tensorflow as tf
 
     strategy = strategy or tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
@@ -177,8 +171,6 @@ def variant_stats(result: dict, reference: dict) -> dict:
     p₀ is exactly 1.0, rows with an all-zero gradient, the loss's median and largest relative error, the
     gradient's median error, distinct confidences above 0.99 (and how many rows are that confident), and the
     largest |row sum − 1|."""
-    import numpy as np
-
     p = result["probs"]
     top = p.max(axis=1)
     return dict(
@@ -192,8 +184,6 @@ def variant_stats(result: dict, reference: dict) -> dict:
 
 def _softmax_figures(num_classes: int, seed: int) -> dict:
     """§2 as the notebook computes it: the four variants on 4,096 confident rows, and what the claims read."""
-    import numpy as np
-
     logits, labels = confident_logits(4096, num_classes, seed=seed)
     ce = {name: cross_entropy(logits, labels, *dtypes) for name, dtypes in SOFTMAX_VARIANTS.items()}
     ref = ce["reference: float32 logits and softmax"]
@@ -215,10 +205,6 @@ def model_losses(mixed_model, num_classes: int, seed: int) -> tuple[dict, str]:
     """§2: ``small_cnn`` under mixed_bfloat16 on 64 fixed images — the loss of its float32 softmax output and the
     ``from_logits=True`` loss of its bfloat16 logits, in eager mode, in a ``tf.function`` and under XLA
     (``{how: (softmax-output loss, from-logits loss)}``), and the logits' dtype."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     logits_model = keras.Model(mixed_model.inputs, mixed_model.layers[-2].output)  # up to the bfloat16 logits
     x_few = tf.constant(np.random.default_rng(seed).integers(0, 256, (64, 32, 32, 3)), tf.uint8)
     y_few = tf.constant(np.arange(64) % num_classes)
@@ -249,8 +235,6 @@ def compile_wraps(build, strategy) -> dict:
     given ``dtype="mixed_float16"``, a ``clone_model`` of the mixed_float16 model, and the mixed_float16 model compiled
     with a ``LossScaleOptimizer`` already. Keras wraps when the *model's* policy — the global one when the model was
     constructed — is mixed_float16 and the optimizer is not a ``LossScaleOptimizer`` yet (``Trainer.compile``)."""
-    import keras
-
     def tiny_net(**layer_kwargs):
         return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, **layer_kwargs)])
 
@@ -272,17 +256,12 @@ def compile_wraps(build, strategy) -> dict:
 def tiny_dense(build, policy: str):
     """§3: a ``Dense(64)`` on 64 inputs under ``policy`` (``build(policy, make)``: in the strategy's scope), the same
     initial weights every time."""
-    import keras
-
     return build(policy, lambda: keras.Sequential(
         [keras.Input((64,)), keras.layers.Dense(64, kernel_initializer=keras.initializers.GlorotUniform(seed=1))]))
 
 
 def small_gradient_data(seed: int):
     """§3: 256 fixed inputs and targets for :func:`small_loss`."""
-    import numpy as np
-    import tensorflow as tf
-
     rng = np.random.default_rng(seed)
     return (tf.constant(rng.normal(size=(256, 64)).astype(np.float32)),
             tf.constant(rng.normal(0, 0.1, size=(256, 64)).astype(np.float32)))
@@ -290,16 +269,12 @@ def small_gradient_data(seed: int):
 
 def small_loss(y, pred):
     """§3: a loss whose gradients are tiny (weighted by 10⁻⁵, standing in for what deep layers receive)."""
-    import tensorflow as tf
-
     return 1e-5 * tf.reduce_mean(tf.square(tf.cast(pred, tf.float32) - y))
 
 
 def kernel_gradient(model, x, y, optimizer=None):
     """§3: the gradient of :func:`small_loss` w.r.t. the Dense kernel — of the loss scaled by ``optimizer`` (a
     ``LossScaleOptimizer``) when given, then unscaled — as float32 NumPy, and all the gradients as computed."""
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         loss = small_loss(y, model(x))
         target = optimizer.scale_loss(loss) if optimizer else loss
@@ -311,8 +286,6 @@ def kernel_gradient(model, x, y, optimizer=None):
 def output_gradient(model, x, y, scale: float = 1.0):
     """§3: the gradient of ``scale`` × :func:`small_loss` w.r.t. the layer's output tensor (float16 under
     mixed_float16): the first gradient the backward pass computes."""
-    import tensorflow as tf
-
     with tf.GradientTape() as tape:
         pred = model(x)
         tape.watch(pred)
@@ -324,10 +297,6 @@ def _loss_scaling_figures(build, strategy, seed: int) -> dict:
     """§3 as the notebook computes it: a Dense(64)'s kernel gradient of a tiny loss in float32, in float16 without
     and with loss scaling, and the float16 gradient at the layer's output; then one update through apply and
     through apply_gradients of a LossScaleOptimizer."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     x_small, y_small = small_gradient_data(seed)
     model32, model16 = tiny_dense(build, "float32"), tiny_dense(build, "mixed_float16")
     model16.set_weights(model32.get_weights())

@@ -5,4 +5,6 @@ Its worker programs, each run as ``python -m`` by :mod:`course_utils.cluster`: `
 MultiWorkerMirroredStrategy worker), ``parameter_server`` (a coordinator and its servers), ``model_parallel``
 (one stage of a model split across processes)."""
 
-from . import experiments, exercises  # not the worker programs: `python -m` runs each as __main__
+from .._parts import on_first_use
+
+__getattr__ = on_first_use(__name__)  # experiments, exercises: imported on first use

@@ -1,4 +1,6 @@
 """Lesson 01 · TPU initialization (``notebooks/01_tpu_initialization.ipynb``): ``experiments`` (what the notebook
 measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
 
-from . import experiments, exercises
+from .._parts import on_first_use
+
+__getattr__ = on_first_use(__name__)  # experiments, exercises: imported on first use

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import keras
+import tensorflow as tf
+
 from ...exercises import (Exercise, ExerciseBank, Incorrect, call_learner, describe, error, require_callable,
                           require_int)
 
@@ -140,8 +143,6 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
             f"`strategy=` must be the tf.distribute strategy from the setup cell, got {describe(strategy)}. "
             "Call it as `ex.build_in_scope.check(make_model, strategy=strategy)`."
         )
-    import keras
-    import tensorflow as tf
 
     if isinstance(answer, keras.Model):
         raise Incorrect(
@@ -207,8 +208,6 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
 
 def _check_shapes(model: Any) -> None:
     """The model must take 32×32×3 images and give one output per class (at least two)."""
-    import keras
-
     try:
         inputs = list(model.inputs)  # Sequential/functional models; a subclassed model has no `inputs`
         input_shape = tuple(inputs[0].shape) if len(inputs) == 1 else None
@@ -274,16 +273,12 @@ def _global_batch_size_reference(per_replica_batch, strategy):
 
 
 def _small_model():
-    import keras
-
     return keras.Sequential(
         [keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)]
     )
 
 
 def _compile(model, optimizer="adam"):
-    import keras
-
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -300,8 +295,6 @@ def _make_model_built_outside(strategy):
 
 
 def _make_model_optimizer_outside(strategy):
-    import keras
-
     optimizer = keras.optimizers.Adam(1e-3)
     with strategy.scope():
         return _compile(_small_model(), optimizer)
@@ -319,8 +312,6 @@ def _make_model_not_compiled(strategy):
 
 
 def _make_model_no_input_shape(strategy):
-    import keras
-
     with strategy.scope():
         return _compile(keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(10)]))
 
@@ -333,28 +324,20 @@ def _make_model_no_loss(strategy):
 
 
 def _make_model_mnist_input(strategy):
-    import keras
-
     with strategy.scope():
         return _compile(keras.Sequential([keras.Input(shape=(28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]))
 
 
 def _make_model_one_output(strategy):
-    import keras
-
     with strategy.scope():
         return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(1)]))
 
 
 def _model_in_default_strategy():
-    import tensorflow as tf
-
     return _make_model_reference(tf.distribute.get_strategy())
 
 
 def _make_model_returns_layer(strategy):
-    import keras
-
     with strategy.scope():
         return keras.layers.Dense(10)
 

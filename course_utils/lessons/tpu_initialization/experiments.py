@@ -10,11 +10,37 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
 
 from ... import runtime
 from ...report import Claim, Samples
 from ...timing import MatmulRate, Timing, matmul_chain, matmul_operands, time_fn
 from ... import data, models, report
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """A Keras callback that records each epoch's wall time in ``.epoch_s``.
+
+    The first epoch includes tracing and compilation; compare later epochs (``.steady_s``: their median)."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_s: list[float] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_s.append(time.perf_counter() - self._t0)
+
+    @property
+    def steady_s(self) -> float:
+        later = self.epoch_s[1:] or self.epoch_s
+        return statistics.median(later)
 
 
 def resolver_recipes() -> list[dict]:
@@ -23,8 +49,6 @@ def resolver_recipes() -> list[dict]:
     Returns rows ``{"recipe", "era", "outcome"}``. The ``tpu="local"`` recipe is only connected when a
     TPU is plausibly present (connecting on a machine without one changes TensorFlow's state).
     """
-    import tensorflow as tf
-
     Resolver = tf.distribute.cluster_resolver.TPUClusterResolver
     rows = []
     for recipe, era, build in [
@@ -57,9 +81,6 @@ def split_one_batch(strategy, per_replica_batch: int, image_shape=(32, 32, 3)) -
     ``{"replicas", "global_batch", "per_replica_shapes", "per_replica_ids", "devices"}``.
     Run it on N CPU replicas with ``runtime.run_with_replicas(N, strategy, split_one_batch, ...)``.
     """
-    import numpy as np
-    import tensorflow as tf
-
     global_batch = per_replica_batch * strategy.num_replicas_in_sync
     ids = np.arange(global_batch * 2)
     images = np.zeros((len(ids), *image_shape), dtype="float32")
@@ -85,8 +106,6 @@ def compare_matmul_dtypes(n: int, repeats: int, device: str | None = None, jit: 
     MatmulRate}, "speed_vs_first": {dtype: Samples of (first dtype's time / this dtype's time) per round},
     "bytes": {dtype: bytes of one n×n matrix}}``.
     """
-    import tensorflow as tf
-
     x_np, b_np = matmul_operands(n, seed=seed)
     chain = matmul_chain(jit)  # one tf.function: each dtype is its own trace
     with tf.device(device) if device else _Null():
@@ -138,8 +157,6 @@ V5E_PEAK_TFLOPS = 197.0  # §1: one TPU v5e chip's peak bfloat16 matmul rate
 def batches(x, y, global_batch: int, shuffle: bool, seed: int):
     """§5: ``x, y`` as a dataset of global batches — the strategy splits each across its replicas — all of one shape
     (``drop_remainder=True``: a TPU compiles for each new shape), prefetched; shuffled each epoch when ``shuffle``."""
-    import tensorflow as tf
-
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shuffle:
         ds = ds.shuffle(len(x), seed=seed)
@@ -164,8 +181,6 @@ except Exception as e:
 def fit_in_scope(strategy, sizes, train_ds, jit_compile, callbacks=(), verbose=0):
     """§5: small_cnn and its optimizer created inside ``strategy.scope()``, then trained with ``fit`` (which may run
     outside the scope: the model remembers its strategy). Returns ``(model, history)``."""
-    import keras
-
     with strategy.scope():
         model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
         model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
@@ -186,9 +201,6 @@ def optimizer_outside_scope(strategy, make_optimizer, global_batch: int) -> str:
     """§7, pitfall 1 on a fresh tiny model: an optimizer from ``make_optimizer()`` created outside
     ``strategy.scope()``, the model built and compiled inside it, one ``fit`` on one global batch. Returns
     "fit ran" or the name of the exception ``fit`` raised (whatever it is: the claim records it)."""
-    import keras
-    import numpy as np
-
     optimizer = make_optimizer()  # outside the scope
     with strategy.scope():
         tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
@@ -207,8 +219,6 @@ def _broken_resolver(tpu):
 def measure(lab) -> dict:
     """Everything lesson 01's claims need, measured the way the notebook measures it (the notebook computes
     the same entries section by section and passes them to :func:`claims`)."""
-    import keras
-
     cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
     strategy = rt.strategy
     out: dict = {"kind": rt.kind, "strategy_name": rt.strategy_name, "replicas": rt.num_replicas,
@@ -256,10 +266,6 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
     replica's forward and backward pass (``runtime.replica_gradients``) against the same loop without XLA.
     Returns ``replicas``, ``jit_true`` ("trained" or the error's type and first line), ``rule`` (jit_compile,
     compiled), ``rule_trained``, and ``custom_loop_max_diff`` (largest weight difference, XLA vs not)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
     replicas = strategy.num_replicas_in_sync
     rng = np.random.default_rng(0)
     x, y = rng.random((steps * batch, 8), dtype=np.float32), rng.random((steps * batch, 2), dtype=np.float32)

@@ -380,3 +380,27 @@ def test_no_class_is_built_inside_a_function():
                 inside += [f"{path.relative_to(ROOT)}: {fn.name} defines {c.name}" for c in ast.walk(fn)
                            if isinstance(c, ast.ClassDef)]
     assert not inside, inside
+
+
+def test_a_lesson_part_that_fails_to_import_says_so_not_missing(monkeypatch):
+    """An AttributeError raised while a lesson's part is imported (a TensorFlow without a name the part uses) reaches
+    the learner as an ImportError naming the part, not as "no attribute" (which exercises.load's getattr would take
+    for a package without exercises, and answer with the wrong message)."""
+    from course_utils import exercises
+    from course_utils.lessons import _parts
+
+    def broken(name):
+        raise AttributeError("module 'tensorflow' has no attribute 'gone'")
+
+    monkeypatch.setattr(_parts.importlib, "import_module", broken)
+    part = _parts.on_first_use("course_utils.lessons.nowhere")
+    with pytest.raises(ImportError, match=r"importing course_utils\.lessons\.nowhere\.exercises failed: .*'gone'"):
+        part("exercises")
+    with pytest.raises(AttributeError, match="has no attribute 'measure'"):
+        part("measure")
+
+    class Lesson:  # a package whose exercises part fails to import
+        __getattr__ = staticmethod(part)
+
+    with pytest.raises(ImportError, match="failed"):
+        exercises.load(Lesson())

@@ -48,7 +48,8 @@ Import this module without TensorFlow loading: bad options are rejected before T
 The package, one module per part, each importing only those listed before it: :mod:`.options` (what a run may be
 asked, and the recipes' constants), :mod:`.models`, :mod:`.recipes`, :mod:`.plan` (the budget arithmetic, without
 TensorFlow), :mod:`.run_folder` (the output folder, resuming), :mod:`.checks` (:func:`validate`), :mod:`.trainer`
-(:func:`train`; it loads :mod:`.callbacks`, the Keras schedule and callbacks, when a run starts) and :mod:`.cli`. This module hands on the names a notebook or another module uses.
+(:func:`train`; it loads :mod:`.callbacks`, the Keras schedule and callbacks, when a run starts) and
+:mod:`.cli`. This module hands on the names a notebook or another module uses.
 """
 
 from __future__ import annotations

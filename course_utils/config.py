@@ -56,8 +56,9 @@ class Sizes:
     # lesson 06 §2: the budgets of the accuracy-against-budget sweep (both recipes each; the run of §2 is reused at its
     # own budget); it trains on real images only
     capstone_sweep_budgets: tuple = (60.0, 120.0, 240.0)
-    # lesson 06 §5: fresh processes per precision variant (3 short epochs each); a speed-up needs repeats
-    capstone_precision_repeats: int = 3
+    # lesson 06 §5: fresh processes per precision variant (3 short epochs each); a speed-up needs repeats: five, so
+    # that the spread is the middle half (with three it is min-max, and one stalled process made it inconclusive)
+    capstone_precision_repeats: int = 5
     # lesson 06 §5-6: training (and test) images of each short command-line run: the precision runs and the
     # kill-and-resume demo (they time epochs and check files, not accuracy)
     capstone_short_run_examples: int = 2048

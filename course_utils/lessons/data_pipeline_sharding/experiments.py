@@ -775,6 +775,10 @@ def plot_speedups(speedups: dict[str, Samples], title: str = ""):
 # ----------------------------------------------------------------------------------------------
 
 N_PER_EXECUTION = 4  # §7: the steps_per_execution compared with 1 (the notebook's N)
+# §7: the small CNN's speed-up a claim of a gain asks for. On a CPU it measures about 1x (medians 1.01-1.08x, middle
+# halves reaching 1.16x at most in six proves of unchanged code on a 2-core CPU, with and without XLA): against 1.0x
+# its verdict flipped between "holds" and "inconclusive" from run to run. The guides promise a large gain on a TPU.
+SPE_CLEAR_GAIN = 1.2
 
 
 def cache_order_rows(train, per_replica_batch: int) -> list[dict]:
@@ -1268,12 +1272,14 @@ def claims(r: dict) -> list:
                          "call is a round trip to the device — expect a large gain" if kind == "CPU" else "",
             id="04.spe_faster_tiny_model"),
         report.Claim.from_samples(
-            f"steps_per_execution={N} speeds up training of the small CNN (one replica)",
-            "Keras/TPU guides; §7", "TPU: clear gain; CPU: about 1×", r["spe_speedups"]["small CNN"], ">", 1.0,
+            f"steps_per_execution={N} speeds up training of the small CNN by more than {SPE_CLEAR_GAIN - 1:.0%} (one "
+            "replica)",
+            "Keras/TPU guides; §7", f"> {SPE_CLEAR_GAIN}× (TPU: clear gain; CPU: about 1×)",
+            r["spe_speedups"]["small CNN"], ">", SPE_CLEAR_GAIN,
             note=f"{kind}, {xla_label}",
             differs_here="a CNN step takes milliseconds of computation on a CPU, so the per-step host overhead that "
-                         "N steps per call save is a small share; on a TPU such a step takes microseconds — expect a "
-                         "gain", id="04.spe_faster_small_cnn"),
+                         "N steps per call save is a small share: about 1×; on a TPU such a step takes microseconds — "
+                         "expect a clear gain", id="04.spe_faster_small_cnn"),
         report.Claim.from_samples(
             "prefetch overlaps input preparation with a step that runs elsewhere (as on a TPU/GPU)",
             "tf.data performance guide; §7", "> 1× (up to 2×)", r["prefetch_sim"], ">", 1.0,

@@ -23,6 +23,12 @@ def notebook_dict_keys(notebook: str, name: str) -> set[str]:
     raise AssertionError(f"{notebook} has no `{name} = dict(...)` cell")
 
 
+def notebook_prose(notebook: str) -> str:
+    """The notebook's markdown cells, joined (what a learner reads)."""
+    nb = json.loads((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))
+    return "\n".join("".join(cell["source"]) for cell in nb["cells"] if cell["cell_type"] == "markdown")
+
+
 def measure_keys(module) -> set[str]:
     """The top-level keys ``module.measure`` puts in the dict it returns: its literal, ``out["key"] = ...`` (also in
     tuple targets) and ``out.update(key=...)``."""

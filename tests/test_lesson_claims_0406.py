@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from claims_helpers import Recording, claim_by_id, measure_keys, notebook_dict_keys
+from claims_helpers import Recording, claim_by_id, measure_keys, notebook_dict_keys, notebook_prose
 
 from course_utils import config, forkserver, report
 from course_utils.lessons.cifar10_capstone import experiments as capstone_exp
@@ -154,6 +154,15 @@ def test_lesson_04_small_cnn_gain_of_about_1x_differs_every_time_it_is_measured_
                                                                 "small CNN": [1.1, 1.25, 1.3]})), "04.spe_faster_small_cnn")
     assert straddles.holds == "noise"
     assert _find(pipeline.claims(_results_04()), "04.spe_faster_small_cnn").holds is True  # 1.5x: a clear gain
+
+
+def test_notebooks_04_and_06_state_the_thresholds_their_claims_test():
+    """The prose tells a learner what a row will read: its figure must be the one the claim uses."""
+    def prose(notebook):  # one space between words, as a learner reads it
+        return " ".join(notebook_prose(notebook).split())
+
+    assert f"more than {pipeline.SPE_CLEAR_GAIN}×" in prose("04_data_pipeline_sharding.ipynb")
+    assert f"more than {report.NOTICEABLE_GAIN}×" in prose("06_cifar10_capstone.ipynb")
 
 
 def test_lesson_04_batch_before_map_slower_on_one_core_differs_there_and_fails_on_two():

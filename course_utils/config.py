@@ -12,6 +12,8 @@ Environment variables (all optional):
 ``COURSE_DEVICE``           ``auto`` (default) | ``tpu`` | ``gpu`` | ``cpu``: skip faster kinds
 ``COURSE_JIT``              ``1`` = the lessons' measured steps compile with XLA (``jit_compile=True``),
                             as every step on a TPU does; ``0`` (default) = plain graph mode
+``COURSE_STANDIN``          ``gpu`` | ``tpu``: run the course's GPU or TPU code paths over CPU devices
+                            (:mod:`course_utils.standin`; CI's ``prove --shape gpu|multi-gpu|tpu``)
 ==========================  ==================================================================
 """
 
@@ -24,6 +26,7 @@ from typing import Mapping
 TRUE_WORDS = {"1", "true", "yes", "on"}
 FALSE_WORDS = {"", "0", "false", "no", "off"}
 DEVICE_CHOICES = ("auto", "tpu", "gpu", "cpu")
+STANDIN_CHOICES = ("gpu", "tpu")  # COURSE_STANDIN: the accelerator kinds emulated over CPU devices
 MAX_CPU_REPLICAS = 8
 
 
@@ -172,6 +175,7 @@ class CourseConfig:
     sizes: Sizes
     seed: int = 42
     jit: bool = False  # compile the lessons' measured steps with XLA (how a TPU always runs them)
+    standin: str = ""  # "gpu" | "tpu": the accelerator's code paths over CPU devices (course_utils.standin)
 
     @property
     def mode(self) -> str:
@@ -183,6 +187,7 @@ class CourseConfig:
             f"train={self.sizes.train_examples}, epochs={self.sizes.epochs}), "
             f"data={self.data} ({self.data_reason}), cpu_replicas={self.cpu_replicas}, device={self.device}, "
             f"jit={'on (XLA, as on a TPU)' if self.jit else 'off'}"
+            + (f", stand-in={self.standin} (its code paths over CPU devices)" if self.standin else "")
         )
 
 
@@ -235,6 +240,12 @@ def load(env: Mapping[str, str] | None = None) -> CourseConfig:
             "Leave it unset to use the fastest device found."
         )
     jit = _parse_bool("COURSE_JIT", env.get("COURSE_JIT", ""))
+    standin = (env.get("COURSE_STANDIN", "") or "").strip().lower()
+    if standin and standin not in STANDIN_CHOICES:
+        raise ConfigError(
+            f"COURSE_STANDIN={env['COURSE_STANDIN']!r} is not one of {', '.join(STANDIN_CHOICES)}. "
+            "Leave it unset on real hardware: a stand-in runs a GPU's or TPU's code paths over CPU devices."
+        )
     if env.get("COURSE_DATA", "").strip():
         data, reason = parse_data(env["COURSE_DATA"]), "set by COURSE_DATA"
     elif smoke:
@@ -249,6 +260,7 @@ def load(env: Mapping[str, str] | None = None) -> CourseConfig:
         data_reason=reason,
         sizes=SMOKE_SIZES if smoke else FULL_SIZES,
         jit=jit,
+        standin=standin,
     )
 
 

@@ -378,13 +378,28 @@ class PeakMemory:
 
 def default_device() -> str:
     """The accelerator a measurement here is about: 'TPU:0', else 'GPU:0', else 'CPU:0'. TensorFlow places ops on a
-    GPU by default, on a TPU only when told (``tf.device`` or TPUStrategy): a step measured on a TPU must be placed."""
+    GPU by default, on a TPU only when told (``tf.device`` or TPUStrategy): a step measured on a TPU must be placed.
+    Under a stand-in (:mod:`course_utils.standin`) the device that stands in for it: the TPU's first core ('CPU:1'),
+    the GPU's ('CPU:0')."""
     import tensorflow as tf
 
+    from . import standin
+
+    if standin.active() == "tpu":
+        return "CPU:1"
     for kind in ("TPU", "GPU"):
         if tf.config.list_logical_devices(kind):
             return f"{kind}:0"
     return "CPU:0"
+
+
+def in_process() -> bool:
+    """Whether this process's measurements are made here rather than in fresh processes: on a TPU or GPU, which
+    belongs to the process that uses it (and its stand-ins); not on a CPU, where a fresh process gives each step a
+    clean allocator (:func:`measure_isolated`)."""
+    from . import standin
+
+    return bool(standin.active()) or default_device() != "CPU:0"
 
 
 def _short_device(device: Any) -> str:
@@ -531,21 +546,27 @@ def _build_and_measure(module: str, name: str, kwargs: dict, repeats: int, reser
                        device: str) -> tuple[dict, dict]:
     """In the fresh process: reserve, build the step(s), warm each up, measure each ``repeats`` times.
 
+    Everything runs on ``device``, the one whose peak is read: on a TPU nothing runs there unless placed (an unplaced
+    XLA step would even be compiled for the host: :mod:`course_utils.standin`).
+
     Returns ``({key: {"samples", "method", "device"}}, {key: step})``."""
     import importlib
 
+    import tensorflow as tf
+
     _reserve_block(reserve_mib, device)
-    built = getattr(importlib.import_module(module), name)(**kwargs)
-    steps = _as_steps(built)
-    out = {}
-    for key, step in steps.items():
-        _block_all(step())  # warm-up: tracing and compiling are not part of the step's peak
-        samples = []
-        for _ in range(repeats):
-            peak = measure_peak(step, device=device)
-            peak.result = None  # do not keep one repeat's output alive during the next
-            samples.append(peak.peak_bytes)
-        out[key] = {"samples": samples, "method": peak.method, "device": peak.device}
+    with tf.device(device):
+        built = getattr(importlib.import_module(module), name)(**kwargs)
+        steps = _as_steps(built)
+        out = {}
+        for key, step in steps.items():
+            _block_all(step())  # warm-up: tracing and compiling are not part of the step's peak
+            samples = []
+            for _ in range(repeats):
+                peak = measure_peak(step, device=device)
+                peak.result = None  # do not keep one repeat's output alive during the next
+                samples.append(peak.peak_bytes)
+            out[key] = {"samples": samples, "method": peak.method, "device": peak.device}
     return out, steps
 
 
@@ -841,8 +862,9 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
 
     ``fresh_process``: ``None`` (default) = a fresh process when this process computes on the CPU; on
     a TPU or GPU (which belongs to this process) the steps are measured here, first to last and again last to
-    first, with each variant's readings pooled (no variant always runs first), and the method says so. ``kwargs``
-    values must be JSON-able; ``make_step``'s module must not run TensorFlow ops when it is imported.
+    first, with each variant's readings pooled (no variant always runs first), and the method says so
+    (:func:`in_process`). In fresh processes ``kwargs`` values must be JSON-able (here, a strategy object may be
+    passed); ``make_step``'s module must not run TensorFlow ops when it is imported.
     """
     import importlib
 
@@ -854,10 +876,6 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
     if int(repeats) < 1:
         raise ValueError("repeats must be at least 1")
     variants = {str(k): dict(v) for k, v in variants.items()}
-    try:
-        json.dumps(variants)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"the variants' arguments must be JSON-able (numbers, strings, lists, dicts): {e}") from None
     timing = None
     if int(time_rounds) > 0:
         if time_baseline not in variants:
@@ -871,7 +889,13 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
         timing = {"rounds": int(time_rounds), "repeats": int(time_repeats), "base": time_baseline, "labels": labels}
     device = default_device()
     if fresh_process is None:
-        fresh_process = device == "CPU:0"
+        fresh_process = not in_process()
+    if fresh_process:  # the variants travel to the fresh processes as JSON; in this process any object will do
+        try:
+            json.dumps(variants)
+        except (TypeError, ValueError) as e:
+            raise TypeError("the variants' arguments must be JSON-able (numbers, strings, lists, dicts) to reach a "
+                            f"fresh process: {e}") from None
     if fork is None:
         fork = sys.platform.startswith("linux") and hasattr(os, "fork")
 
@@ -880,15 +904,18 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
         measured) and time them in interleaved rounds."""
         if timing is None:
             return IsolatedMeasurements(peaks, {}, {})
+        import tensorflow as tf
+
         steps = {}
-        for label in [timing["base"], *timing["labels"]]:
-            built = make_step(**variants[label])
-            steps[label] = _as_steps(built)
-            for step in steps[label].values():
-                _block_all(step())  # tracing and compiling are not part of a step's time
-        ratios, base_seconds = _interleaved_ratios(
-            lambda label, key: time_fn(steps[label][key], repeats=timing["repeats"], warmup=1).median_s,
-            timing["labels"], list(steps[timing["base"]]), timing["base"], timing["rounds"])
+        with tf.device(device):  # on the device measured, as the peaks were (_build_and_measure)
+            for label in [timing["base"], *timing["labels"]]:
+                built = make_step(**variants[label])
+                steps[label] = _as_steps(built)
+                for step in steps[label].values():
+                    _block_all(step())  # tracing and compiling are not part of a step's time
+            ratios, base_seconds = _interleaved_ratios(
+                lambda label, key: time_fn(steps[label][key], repeats=timing["repeats"], warmup=1).median_s,
+                timing["labels"], list(steps[timing["base"]]), timing["base"], timing["rounds"])
         return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in ratios.items()}, base_seconds,
                                     "in this process, steps built again")
 

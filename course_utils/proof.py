@@ -65,14 +65,20 @@ def job_order(todo: list[str], mode: str) -> list[str]:
                                                 else BY_ID[lesson_id].cost))
 
 
-# The shapes learners run, emulated on a CPU (a --shape of prove): how many replicas every lesson gets, and whether
-# the measured steps are compiled with XLA. Default (no --shape): the lessons' own replicas (4 for those about
-# distribution, else 1), XLA as --jit says.
+# The shapes learners run, emulated on a CPU (a --shape of prove): how many replicas every lesson gets, whether the
+# measured steps are compiled with XLA, and which accelerator's code paths run (course_utils.standin: the runtime
+# answers GPU or TPU over CPU devices, so every branch on the runtime's kind executes). Default (no --shape): the
+# lessons' own replicas (4 for those about distribution, else 1) on the CPU, XLA as --jit says.
 SHAPES = {
-    "tpu": {"replicas": 4, "jit": True,
-            "what": "TPU-shaped: 4 CPU replicas, every step compiled with XLA (a v5e-8 has 8 replicas, all compiled)"},
-    "multi-gpu": {"replicas": 2, "jit": False,
-                  "what": "multi-GPU-shaped: 2 CPU replicas, XLA as the course chooses on several GPUs (fit: off)"},
+    "tpu": {"replicas": 4, "jit": True, "standin": "tpu",
+            "what": "TPU stand-in: a 4-core TPU over CPU devices (CPU:0 its host), every step compiled with XLA, "
+                    "refusing what TPUStrategy refuses"},
+    "gpu": {"replicas": 1, "jit": False, "standin": "gpu",
+            "what": "GPU stand-in: one GPU over a CPU device, memory read in the process as on a GPU, XLA as the "
+                    "course chooses on one GPU (fit: on)"},
+    "multi-gpu": {"replicas": 2, "jit": False, "standin": "gpu",
+                  "what": "multi-GPU stand-in: 2 GPUs over CPU devices (MirroredStrategy), XLA as the course chooses "
+                          "on several GPUs (fit: off)"},
 }
 
 
@@ -265,6 +271,10 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
         env["COURSE_DATA"] = args.data
     env["COURSE_CPU_REPLICAS"] = str(shape["replicas"] if shape else lesson.cpu_replicas if lesson else 1)
     env[SHAPE_VARIABLE] = getattr(args, "shape", None) or ""
+    if shape:
+        env["COURSE_STANDIN"] = shape["standin"]
+    else:
+        env.pop("COURSE_STANDIN", None)
     env[JOBS_VARIABLE] = str(getattr(args, "jobs", 1))
     env.pop(CPUS_VARIABLE, None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -726,15 +736,24 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
 
 def exit_status(data: dict, lessons: list[str]) -> tuple[int, str]:
     """0 when no claim of ``lessons`` in claims.json ``data`` reads "does not hold" and each was measured, else 1;
-    with a one-line summary of what failed."""
+    with a one-line summary of what failed. Under a stand-in shape (``--shape gpu|multi-gpu|tpu``) the claims were
+    judged as the accelerator's while a CPU measured them: a lesson that could not be measured (a crash, a demo that
+    did not fail) fails the run, a claim that does not hold is listed, not counted (:data:`STANDIN_VERDICTS`)."""
     failing = [c for lid in lessons for c in data["lessons"].get(lid, {}).get("claims", [])
                if report.Claim.from_dict(c).outcome is report.Verdict.FAILS]
     unmeasured = [lid for lid in lessons if lid not in data["lessons"] or data["lessons"][lid].get("error")]
     if not failing and not unmeasured:
         return 0, ""
     names = ", ".join(c.get("id") or c["claim"][:40] for c in failing[:5]) + (", …" if len(failing) > 5 else "")
-    return 1, (f"{len(failing)} claim(s) do not hold here" + (f" ({names})" if failing else "")
+    standin = (SHAPES.get((data.get("machine") or {}).get("shape") or "") or {}).get("standin")
+    summary = (f"{len(failing)} claim(s) do not hold here" + (f" ({names})" if failing else "")
+               + (f" — {STANDIN_VERDICTS}" if standin and failing else "")
                + (f"; lessons not measured: {' '.join(unmeasured)}" if unmeasured else ""))
+    return (1 if unmeasured or not standin else 0), summary
+
+
+STANDIN_VERDICTS = ("not counted: a stand-in runs the accelerator's code paths on CPU devices, and its speed and "
+                    "memory figures are a CPU's judged as the accelerator's")
 
 
 def _child_main(argv: list[str]) -> int:

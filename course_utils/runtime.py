@@ -293,6 +293,7 @@ class Runtime:
     keras_backend: str
     config: _config.CourseConfig
     tpu_resolver: Any = None
+    standin: str = ""  # "gpu" | "tpu": this kind stood in for by CPU devices (course_utils.standin); "" = real
     _strategy: Any = dataclasses.field(default=None, repr=False)
     _factory: Callable[[], Any] | None = dataclasses.field(default=None, repr=False)
     _stale: str = dataclasses.field(default="", repr=False)  # why this object no longer matches the devices
@@ -379,6 +380,7 @@ class Runtime:
             "keras_version": self.keras_version,
             "keras_backend": self.keras_backend,
             "mode": self.config.mode,
+            "standin": self.standin,
         }
 
 
@@ -516,6 +518,10 @@ def detect(
         )
     if device != "auto":
         notes.append(f"device={device!r} requested (COURSE_DEVICE): faster kinds were not tried")
+    if cfg.standin and probe_tpu is None and resolver_factory is None:  # a probe asks for the real chain
+        rt = _standin_runtime(tf, cfg.standin, n, fallbacks, notes, common)
+        _CACHE[key] = rt
+        return rt
 
     # 1. TPU
     if device in ("auto", "tpu"):
@@ -620,6 +626,37 @@ def detect(
     return rt
 
 
+def _standin_runtime(tf, which: str, n: int, fallbacks: list, notes: list, common: dict) -> Runtime:
+    """The GPU or TPU stand-in (:mod:`course_utils.standin`): that kind's runtime over CPU devices."""
+    from . import standin
+
+    if which == "tpu":  # CPU:0 is the TPU VM's host, CPU:1 … CPU:n its cores
+        got, problem = _split_cpu(tf, n + 1)
+        if problem:
+            raise _config.ConfigError(f"COURSE_STANDIN=tpu: {problem}")
+        cores = tuple(f"/device:CPU:{i}" for i in range(1, got))
+        standin.refuse_host_xla(cores)
+        strategy = standin.tpu_strategy(list(cores))
+        notes.append(f"stand-in: a TPU with {len(cores)} core(s) over CPU devices (COURSE_STANDIN=tpu); CPU:0 is its "
+                     "host. It refuses what TPUStrategy refuses; it is a CPU, not faster")
+        return Runtime(kind="TPU", strategy_name="TPUStrategy (stand-in)", num_replicas=len(cores),
+                       device_names=cores, fallbacks=fallbacks, notes=notes, _strategy=strategy, standin="tpu",
+                       **common)
+    got, problem = _split_cpu(tf, n)
+    if problem:
+        raise _config.ConfigError(f"COURSE_STANDIN=gpu: {problem}")
+    names = tuple(f"/device:CPU:{i}" for i in range(got))
+    notes.append(f"stand-in: {got} GPU(s) over CPU devices (COURSE_STANDIN=gpu): memory is read in this process, as "
+                 "on a GPU; it is a CPU, not faster")
+    if got > 1:
+        return Runtime(kind="multi-GPU", strategy_name="MirroredStrategy", num_replicas=got, device_names=names,
+                       fallbacks=fallbacks, notes=notes, standin="gpu",
+                       _factory=lambda: tf.distribute.MirroredStrategy(list(names)), **common)
+    return Runtime(kind="GPU", strategy_name="OneDeviceStrategy", num_replicas=1, device_names=names,
+                   fallbacks=fallbacks, notes=notes, standin="gpu", _factory=lambda: tf.distribute.OneDeviceStrategy(names[0]),
+                   **common)
+
+
 def _cpu_split_in_use(tf) -> bool:
     cpu = tf.config.list_physical_devices("CPU")[0]
     return len(tf.config.get_logical_device_configuration(cpu) or []) > 1
@@ -633,6 +670,7 @@ def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     ``course_utils.detect().strategy`` is a ``MirroredStrategy`` over ``replicas`` CPU devices.
     """
     env = dict(os.environ, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("COURSE_STANDIN", None)  # CPU replicas, as asked: not a GPU's or TPU's stand-in
     # forked from a process that has imported TensorFlow and run nothing (course_utils.forkserver; Linux):
     # a new process and TensorFlow runtime all the same, started seconds sooner
     proc = forkserver.run(None, [], env, code=code, timeout=timeout, separate_stderr=True)

@@ -58,7 +58,7 @@ def _results_01(kind="CPU") -> dict:
 
     rates = {"float32": rate("float32", 0.02), "bfloat16": rate("bfloat16", 0.012)}
     return dict(
-        kind=kind, strategy_name="OneDeviceStrategy", replicas=1, num_classes=10,
+        kind=kind, strategy_name="OneDeviceStrategy", replicas=1, num_classes=10, standin="",
         matmul={"rates": rates, "speed_vs_first": {"float32": report.Samples([1.0] * 3),
                                                    "bfloat16": report.Samples([1.6, 1.7, 1.8])},
                 "bytes": {"float32": 512 * 512 * 4, "bfloat16": 512 * 512 * 2}, "matmuls": 10},
@@ -100,6 +100,16 @@ def test_lesson_01_tpu_claims_are_measured_on_a_tpu():
     claims = tpu_exp.claims(dict(_results_01("TPU"), strategy_name="TPUStrategy"))
     assert claims[0].status == report.HOLDS and claims[1].status == report.HOLDS
     assert "TPU" in claims[8].expected  # the TPU's own matmul rate, not the CPU's
+
+
+def test_lesson_01_tpu_claims_on_a_stand_in_are_not_measurable():
+    """A TPU stand-in (CPU devices answering as a TPU) runs the TPU's code paths, not its hardware: the TPUStrategy
+    recipe and the TPU's matmul rate read "not measurable here", naming the stand-in; on a real TPU they are judged."""
+    claims = tpu_exp.claims(dict(_results_01("TPU"), strategy_name="TPUStrategy (stand-in)", standin="tpu"))
+    by_id = {c.id: c for c in claims}
+    for claim_id in ("01.local_resolver_recipe", "01.tpu_faster_than_cpu", "01.old_recipes_fail"):
+        assert by_id[claim_id].status == report.UNMEASURABLE, claim_id
+    assert "stand-in" in by_id["01.tpu_faster_than_cpu"].note
 
 
 def test_notebook_01_hands_claims_what_measure_returns():

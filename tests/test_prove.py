@@ -523,10 +523,12 @@ def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame
 
 
 @pytest.mark.parametrize("shape, jit, replicas", [(None, "0", {"01": "1", "04": "4"}), ("tpu", "1", {"01": "4", "04": "4"}),
-                                                  ("multi-gpu", "0", {"01": "2", "04": "2"})])
+                                                  ("multi-gpu", "0", {"01": "2", "04": "2"}),
+                                                  ("gpu", "0", {"01": "1", "04": "1"})])
 def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
-    """--shape tpu: 4 CPU replicas and XLA for every lesson (a TPU compiles every step); multi-gpu: 2 replicas, XLA as
-    the course chooses for several GPUs; none: each lesson's own replicas, XLA as --jit says."""
+    """--shape tpu: a 4-core TPU stand-in and XLA for every lesson (a TPU compiles every step); multi-gpu: 2 GPUs
+    stood in for, XLA as the course chooses for several GPUs; gpu: one; none: each lesson's own replicas on the CPU,
+    XLA as --jit says."""
     import argparse
 
     args = argparse.Namespace(mode="smoke", jit=False, data=None, shape=shape)
@@ -669,3 +671,16 @@ def test_compare_verdicts_matches_by_id_takes_ids_for_an_old_card_by_wording_and
         proc = run(*bad)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (bad, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_a_stand_in_fails_on_what_crashed_and_lists_what_does_not_hold():
+    """Under a stand-in (--shape gpu|multi-gpu|tpu) a CPU measured what the claims judge as a GPU's or TPU's: a claim
+    that does not hold is listed, with why it is not counted; a lesson that could not be measured fails the run. On
+    the CPU (no --shape) both fail it."""
+    failing = {"id": "03.x", "claim": "c", "expected": "e", "measured": "m", "holds": False, "verdict": "does not hold"}
+    for shape, code in (("tpu", 0), ("gpu", 0), (None, 1)):
+        data = {"machine": {"shape": shape}, "lessons": {"03": {"claims": [failing]}}}
+        got, summary = proof.exit_status(data, ["03"])
+        assert got == code and "03.x" in summary and (("not counted" in summary) == bool(shape)), (shape, summary)
+        got, summary = proof.exit_status(data, ["03", "05"])
+        assert got == 1 and "lessons not measured: 05" in summary

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .. import hardware
+from .. import hardware, standin
 from .models import resnet9, tutorial_cnn
 from .options import BASELINE, COURSE, Options, OptionsError
 from ..runtime import MULTI_REPLICA_XLA, fit_jit_compile, whole_step_compiles
@@ -190,6 +190,9 @@ def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, step
     the call, and under MirroredStrategy with several replicas Keras refuses more (keras-team/keras#19246)."""
     if asked is not None:
         return asked, "--steps-per-execution"
+    if kind == "TPU" and replicas > 1 and standin.active() == "tpu":
+        return 1, (f"TPU stand-in: its {replicas} cores run on MirroredStrategy, where Keras refuses more than 1 "
+                   f"(keras-team/keras#19246); a TPU takes {TPU_STEPS_PER_EXECUTION}")
     if kind == "TPU":
         n = max(1, min(TPU_STEPS_PER_EXECUTION, steps_per_epoch))
         bound = f", bounded by the {steps_per_epoch} steps of an epoch" if n < TPU_STEPS_PER_EXECUTION else ""

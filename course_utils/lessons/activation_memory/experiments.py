@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from ... import activation_memory as am
-from ... import data, profiler, report
+from ... import data, memory, profiler, report
 
 #: the block net's technique switches, as the lesson names them
 REMAT_MODES = ("none", "blocks", "activations", "keras_blocks", "full", "larger_than")
@@ -180,8 +180,9 @@ def gradient_differences(variants: dict[str, dict], batch: int = 16, seed: int =
     (max |Δ| over all weights' gradients, and the cosine similarity of the whole flattened gradient).
     """
     def grads_of(**switches):  # the step of make_block_net_step without an optimizer returns the gradients
-        _, grads = make_block_net_step(batch=batch, jit=bool(jit), optimizer="none", seed=seed, **net_kwargs,
-                                       **switches)()
+        with tf.device(memory.default_device()):  # on the accelerator (a TPU VM never compiles XLA for its host)
+            _, grads = make_block_net_step(batch=batch, jit=bool(jit), optimizer="none", seed=seed, **net_kwargs,
+                                           **switches)()
         return np.concatenate([t.numpy().ravel() for t in grads])
 
     with _quiet_retracing():

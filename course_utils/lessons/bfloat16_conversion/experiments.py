@@ -160,26 +160,40 @@ def private_kernel_trap(victim, x, y) -> dict:
 
 def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy) -> tuple[float, float]:
     """§4: one optimizer step on ``convert(model, policy)`` (a copy under ``policy``) over the batch ``x, y``:
-    (the fraction of trainable numbers that changed, the fraction of gradients that are exactly zero)."""
+    (the fraction of trainable numbers that changed, the fraction of gradient entries that are exactly zero).
+
+    A data-parallel step under ``strategy``, as lesson 03 teaches it: each replica takes its share of the batch and
+    divides its summed loss by the *global* batch (``tf.nn.compute_average_loss``), so the gradients the optimizer
+    sums across replicas are those of the mean loss over ``x`` — not replicas × it, which every replica computing the
+    whole batch would give. The step is a ``tf.function``: ``TPUStrategy.run`` refuses a plain Python function in
+    eager mode. The zero count is of the summed gradients."""
     m = convert(model, policy)
     before = [v.numpy().astype(np.float32) for v in m.trainable_variables]
     with strategy.scope():
         optimizer = make_optimizer()
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+        optimizer.build(m.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)  # per example: averaged over the global batch
+    batch, replicas = int(x.shape[0]), strategy.num_replicas_in_sync
+    if batch % replicas:
+        raise ValueError(f"a batch of {batch} does not split evenly over {replicas} replicas")
+    share = batch // replicas
+    inputs = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (x[ctx.replica_id_in_sync_group * share:][:share], y[ctx.replica_id_in_sync_group * share:][:share]))
 
-    def step():
+    def replica_step(xs, ys):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, m(x, training=True))
+            per_example = tf.cast(loss_fn(ys, m(xs, training=True)), tf.float32)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
         grads = tape.gradient(loss, m.trainable_variables)
-        optimizer.apply(grads, m.trainable_variables)
-        return grads
+        optimizer.apply(grads, m.trainable_variables)  # sums the replicas' gradients, then updates
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        return tf.add_n([tf.reduce_sum(tf.cast(tf.equal(g, 0), tf.int64)) for g in summed])
 
-    grads = strategy.run(step)  # one step, in the strategy's replica context
+    zeros = tf.function(lambda: strategy.run(replica_step, args=inputs))()
     after = [v.numpy().astype(np.float32) for v in m.trainable_variables]
     total = sum(a.size for a in after)
     changed = sum(int((a != b).sum()) for a, b in zip(after, before)) / total
-    zero_grads = sum(int((strategy.experimental_local_results(g)[0].numpy() == 0).sum()) for g in grads) / total
-    return changed, zero_grads
+    return changed, int(strategy.experimental_local_results(zeros)[0].numpy()) / total
 
 
 def weights_equal_cast(model, model_bf16) -> bool:

@@ -27,7 +27,7 @@ import tensorflow as tf
 from ...data import APIS, distribute, tfrecord_dataset
 from ...profiler import INPUT_BOUND_ABOVE
 from ...report import Samples
-from ...runtime import usable_cores
+from ...runtime import fit_jit_compile, usable_cores
 from ... import data, models, profiler, report
 from ...data import augment, augment_batch, parse_record, to_float
 from ...runtime import run_with_replicas
@@ -1001,8 +1001,10 @@ def measure(lab) -> dict:
     keras.utils.set_random_seed(cfg.seed)
     with one_replica.scope():
         model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
+        # XLA as the course compiles fit on one replica of this hardware (on a TPU: the strategy compiles, not
+        # jit_compile=True, which would compile for the host)
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                      jit_compile=lab.cfg.jit)
+                      jit_compile=fit_jit_compile(runtime.kind, lab.cfg.jit, 1)[0])
     train_pipeline = data.build_pipeline(cifar.train, global_batch, seed=cfg.seed)
     check = input_bound_check(model, train_pipeline, steps=5, repeats=sizes.timing_repeats)
     out["bottleneck"], out["bottleneck_ratio"] = check.bottleneck, check.ratio
@@ -1017,7 +1019,8 @@ def measure(lab) -> dict:
     # §7: steps_per_execution (callbacks, speed, "auto", MirroredStrategy) and prefetch
     lab.progress(f"§7 steps_per_execution={N}: callbacks, {rounds} timing rounds per model, 'auto', MirroredStrategy")
 
-    same_seed_and_xla = dict(seed=cfg.seed, jit=lab.cfg.jit)
+    # XLA as the course compiles fit on one replica here (a TPU's strategy compiles its steps itself)
+    same_seed_and_xla = dict(seed=cfg.seed, jit=fit_jit_compile(runtime.kind, lab.cfg.jit, 1)[0])
 
     steps_per_epoch = int(train_pipeline.cardinality())
     out["steps_per_epoch"], out["calls_expected"] = steps_per_epoch, -(-steps_per_epoch // N)

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...accumulation import GradientAccumulator, distributed_train_step
-from ... import accumulation, data, memory, models, report
+from ... import accumulation, data, memory, models, report, standin
 from ... import runtime as _runtime
 
 
@@ -389,13 +389,22 @@ def popular_loop_effect(k: int = 4, micro_batch: int = 8) -> dict:
     return out
 
 
+def mirrored_strategy(strategy):
+    """§4: a ``MirroredStrategy`` to show keras-team/keras#20582 on: ``strategy`` when it is one (several GPUs or CPU
+    replicas), else one over its first device — on a TPU over the host's CPU, since ``TPUStrategy`` merges in place,
+    without MirroredStrategy's replica threads whose ``merge_call`` inside a ``cond`` is the failure."""
+    if isinstance(strategy, tf.distribute.MirroredStrategy) and not standin.is_tpu_strategy(strategy):
+        return strategy
+    if standin.is_tpu_strategy(strategy):
+        return tf.distribute.MirroredStrategy(["/cpu:0"])
+    return tf.distribute.MirroredStrategy(strategy.extended.worker_devices[:1])
+
+
 def builtin_on_mirrored(strategy, kind: str, steps: int = 4) -> str:
-    """§4: what Keras' built-in accumulation does under ``MirroredStrategy`` (this runtime's strategy when it has
-    several replicas or is a TPU's, else a one-device MirroredStrategy): "ran", or the error in a few words."""
-    mirrored = (strategy if kind == "TPU" or strategy.num_replicas_in_sync > 1
-                else tf.distribute.MirroredStrategy(strategy.extended.worker_devices[:1]))
+    """§4: what Keras' built-in accumulation does under :func:`mirrored_strategy` (``strategy``'s, or one over a
+    single device): "ran", or the error in a few words."""
     try:
-        builtin_accumulation(mirrored, steps=steps)
+        builtin_accumulation(mirrored_strategy(strategy), steps=steps)
     except RuntimeError as e:
         return "RuntimeError (merge_call in Cond)" if "merge_call" in str(e) else f"RuntimeError: {e}"
     return "ran"

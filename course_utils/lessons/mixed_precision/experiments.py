@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ... import accumulation, data, memory, models, report, runtime
+from ... import accumulation, data, memory, models, report, runtime, standin
 from ..bfloat16_conversion import experiments as conversion
 
 
@@ -106,7 +106,7 @@ def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: i
             scaled = optimizer.scale_loss(loss)  # × the loss scale under mixed_float16, unchanged otherwise
         return tape.gradient(scaled, model.trainable_variables), loss
 
-    tpu = isinstance(strategy, tf.distribute.TPUStrategy) or "TPU" in type(strategy).__name__
+    tpu = standin.is_tpu_strategy(strategy)
     if runtime.whole_step_compiles("TPU" if tpu else "", replicas):
         def replica_step(x, y):
             grads, loss = gradients(x, y)
@@ -116,8 +116,10 @@ def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: i
         def whole_step(inputs):
             return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=inputs), axis=None)
 
-        compiled = tf.function(whole_step, jit_compile=jit)
-        where = "the whole step" if jit else "none"
+        # on a TPU, TPUStrategy compiles the whole step for the TPU itself: jit_compile=True around strategy.run would
+        # ask XLA to compile it for the TPU VM's host (course_utils.standin.RUN_UNDER_XLA)
+        compiled = tf.function(whole_step, jit_compile=jit and not tpu)
+        where = "the whole step" if jit or tpu else "none"
     else:
         replica_gradients = runtime.replica_gradients(gradients, jit)
 
@@ -147,7 +149,7 @@ def training_step_peaks(strategy, policies, repeats: int = 3, batch: int = 256, 
     process on one device on a CPU; in this process on a TPU or GPU (which belongs to this process), under
     ``strategy``, whose global batch is then ``batch`` × its replicas, so that replica 0's device, the one measured,
     holds ``batch``. ``kwargs``: the step's other sizes."""
-    fresh = memory.default_device() == "CPU:0"
+    fresh = not memory.in_process()
     where = {} if fresh else {"strategy": strategy, "batch": batch * strategy.num_replicas_in_sync}
     variants = {p: {**kwargs, "policy": p, "batch": batch, **where} for p in policies}
     return memory.measure_peaks_isolated(training_step, variants, repeats=repeats, fresh_process=fresh)
@@ -214,8 +216,9 @@ def model_losses(mixed_model, num_classes: int, seed: int) -> tuple[dict, str]:
     def both_losses():
         return probs_loss(y_few, mixed_model(x_few)), logits_loss(y_few, logits_model(x_few))
 
-    losses = {"eager": both_losses(), "tf.function": tf.function(both_losses)(),
-              "XLA": tf.function(both_losses, jit_compile=True)()}
+    with tf.device(memory.default_device()):  # XLA on the accelerator: on a TPU VM, never compiled for the host
+        losses = {"eager": both_losses(), "tf.function": tf.function(both_losses)(),
+                  "XLA": tf.function(both_losses, jit_compile=True)()}
     return losses, str(logits_model.output.dtype)
 
 

@@ -81,38 +81,23 @@ def _in_xla_context() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
-class _TPURun:
-    """``run`` as ``TPUStrategy`` accepts it (mixed into the stand-in's strategy)."""
-
-    def run(self, fn, args=(), kwargs=None, options=None):  # noqa: D102 - tf.distribute.Strategy.run
-        _validate_run_function(fn)
-        if _in_xla_context():
-            raise TPUStandInRefused(RUN_UNDER_XLA)
-        return super().run(fn, args=args, kwargs=kwargs, options=options)
-
-
 def tpu_strategy(cores: list[str]):
     """The TPU stand-in's strategy over ``cores`` (CPU device names): one core, merge in place
     (``OneDeviceStrategy``); several, ``MirroredStrategy``. Both refuse what ``TPUStrategy.run`` refuses."""
-    import tensorflow as tf
+    from . import standin_strategies
 
     if len(cores) == 1:
-        class TPUStandInStrategy(_TPURun, tf.distribute.OneDeviceStrategy):
-            """A one-core TPU stood in for by one CPU device (Colab's v5e-1)."""
-
-        return TPUStandInStrategy(cores[0])
-
-    class TPUStandInMirroredStrategy(_TPURun, tf.distribute.MirroredStrategy):
-        """A several-core TPU stood in for by CPU devices (MirroredStrategy underneath: its merge is threaded)."""
-
-    return TPUStandInMirroredStrategy(cores)
+        return standin_strategies.TPUStandInStrategy(cores[0])
+    return standin_strategies.TPUStandInMirroredStrategy(cores)
 
 
 def is_tpu_strategy(strategy: Any) -> bool:
     """``strategy`` is a ``TPUStrategy``, or the TPU stand-in's."""
     import tensorflow as tf
 
-    return isinstance(strategy, (tf.distribute.TPUStrategy, _TPURun))
+    from .standin_strategies import TPURun
+
+    return isinstance(strategy, (tf.distribute.TPUStrategy, TPURun))
 
 
 _guard_lock = threading.Lock()

@@ -43,8 +43,13 @@ def recommended_policy(runtime_or_kind: Any, gpu_compute_capability: Any = None)
     (:func:`detect_gpu_compute_capability`).
 
     - TPU → ``mixed_bfloat16`` (the MXU multiplies bfloat16 natively; no loss scaling).
-    - GPU with compute capability ≥ 8.0 (A100, L4, H100, RTX 30xx and newer) → ``mixed_bfloat16``:
-      as fast as float16 there, float32's range, no loss scaling.
+    - GPU with compute capability ≥ 8.0 (A100, L4, H100, RTX 30xx and newer) → ``mixed_bfloat16``: bfloat16
+      Tensor Cores, float32's range, no loss scaling. By TF 2.20's source (not measured by the course): every op of
+      the course's models has a bfloat16 GPU kernel (``TF_CALL_GPU_NUMBER_TYPES`` includes bfloat16), and
+      convolutions, batch norm and pooling compute in bfloat16 only from compute capability 8.0
+      (``IsBF16SupportedInOps``; below it TensorFlow casts them to float32 and back). An op without a bfloat16 GPU
+      kernel runs on the CPU without XLA (tensorflow#59743): ``tf.debugging.set_log_device_placement(True)`` shows
+      where each op ran.
     - GPU below 8.0 (T4 — Colab's free GPU —, V100) → ``mixed_float16`` + loss scaling: their Tensor
       Cores have no bfloat16.
     - GPU of unknown capability → ``mixed_float16`` (safe everywhere), with a note.
@@ -59,14 +64,14 @@ def recommended_policy(runtime_or_kind: Any, gpu_compute_capability: Any = None)
         if cc is None:
             return "mixed_float16", (
                 "GPU of unknown compute capability: mixed_float16 + loss scaling works on every NVIDIA GPU "
-                "with Tensor Cores; if it is Ampere or newer (compute capability ≥ 8.0) mixed_bfloat16 is as fast "
-                "and needs no loss scaling"
+                "with Tensor Cores; if it is Ampere or newer (compute capability ≥ 8.0) mixed_bfloat16 uses its "
+                "bfloat16 Tensor Cores and needs no loss scaling"
             )
         cc = (int(cc[0]), int(cc[1]))
         if cc >= BF16_MIN_COMPUTE_CAPABILITY:
             return "mixed_bfloat16", (
-                f"GPU with compute capability {cc[0]}.{cc[1]} (≥ 8.0, Ampere or newer): bfloat16 Tensor Cores, "
-                "as fast as float16, no loss scaling"
+                f"GPU with compute capability {cc[0]}.{cc[1]} (≥ 8.0, Ampere or newer): bfloat16 Tensor Cores "
+                "(TensorFlow's convolutions run in bfloat16 from 8.0 on), float32's range, no loss scaling"
             )
         return "mixed_float16", (
             f"GPU with compute capability {cc[0]}.{cc[1]} (< 8.0, e.g. T4, V100): Tensor Cores have float16 "

@@ -238,10 +238,12 @@ MULTI_REPLICA_XLA = (
 
 
 def whole_step_compiles(kind: str, replicas: int) -> bool:
-    """Whether ``tf.function(lambda: strategy.run(step), jit_compile=True)`` can run: on a TPU (TPUStrategy compiles
-    the replicas and their all-reduce together) or on one replica. Several replicas under MirroredStrategy: no
-    (:data:`MULTI_REPLICA_XLA`) — compile each replica's forward and backward pass instead, and reduce and apply the
-    gradients outside XLA (:func:`replica_gradients`)."""
+    """Whether one replicated training step compiles as a whole: on one replica, as
+    ``tf.function(lambda: strategy.run(step), jit_compile=True)``; on a TPU, as a plain ``tf.function`` around
+    ``strategy.run`` — TPUStrategy compiles the replicas and their all-reduce together itself, and ``jit_compile=True``
+    around it would ask XLA to compile for the TPU VM's host (``course_utils.standin.RUN_UNDER_XLA``). Several
+    replicas under MirroredStrategy: no (:data:`MULTI_REPLICA_XLA`) — compile each replica's forward and backward pass
+    instead, and reduce and apply the gradients outside XLA (:func:`replica_gradients`)."""
     return kind == "TPU" or replicas <= 1
 
 
@@ -267,11 +269,13 @@ def fit_jit_compile(kind: str, course_jit: bool = False, replicas: int = 1) -> t
 
 def replica_gradients(gradients: Callable, jit: bool) -> Callable:
     """``gradients`` — one replica's forward and backward pass, returning what the step needs (loss, gradients) — as
-    the course compiles it under a strategy: with XLA when ``jit``, per replica, so that the all-reduce and the
-    optimizer's update (MirroredStrategy's ``merge_call``) run outside the compiled cluster. Call the result from
-    the replica function you hand ``strategy.run`` — never hand it to ``strategy.run`` itself: MirroredStrategy would
-    then compile it around every replica at once (``mirrored_run.call_for_each_replica``), the failing cluster again.
-    On one replica or a TPU the whole step may be compiled instead (:func:`whole_step_compiles`)."""
+    the course compiles it under MirroredStrategy: with XLA when ``jit``, per replica, so that the all-reduce and the
+    optimizer's update (MirroredStrategy's ``merge_call``) run outside the compiled cluster. Call the result from a
+    plain replica function that you hand ``strategy.run``. Handed to ``strategy.run`` itself, a ``jit_compile=True``
+    function runs per replica only when every device is a GPU; on other devices (CPU replicas)
+    ``mirrored_run.call_for_each_replica`` re-wraps it, with its ``jit_compile``, around every replica at once — the
+    failing cluster again. The plain wrapper works on both. Under TPUStrategy do not use it: the strategy compiles the
+    whole step (:func:`whole_step_compiles`), as it does on one replica."""
     import tensorflow as tf
 
     return tf.function(gradients, jit_compile=True) if jit else gradients

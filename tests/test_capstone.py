@@ -1149,13 +1149,13 @@ def test_where_oneDNN_stays_on_under_an_avx2_cap_setup_says_the_first_bfloat16_o
 def test_course_batch_is_per_replica_and_the_learning_rate_follows_the_global_batch():
     course, base = capstone.RECIPES["course"], capstone.RECIPES["baseline"]
     assert capstone.resolved(capstone.Options()).batch_size is None  # the replicas decide: train() fills it
-    assert capstone.resolved(capstone.Options(recipe="baseline")).batch_size == 64
+    assert capstone.resolved(capstone.Options(recipe="baseline")).batch_size == 32  # fit's default: the tutorial's
     for replicas, expected in ((1, 128), (2, 256), (4, 512), (8, 1024)):  # 1 024 on a v5e-8 (lesson 08 §6)
         batch, why = course.global_batch(None, replicas, 1, 45_000)
         assert batch == expected and why.startswith(f"128 per replica × {replicas} replica"), (replicas, why)
         assert course.peak_learning_rate(batch) == pytest.approx(0.1 * replicas)  # linear: 0.2 per 256
-    assert base.global_batch(None, 8, 1, 45_000)[0] == 64  # the tutorial's, the comparison, on any replicas
-    assert base.peak_learning_rate(64) == pytest.approx(1e-3)
+    assert base.global_batch(None, 8, 1, 45_000)[0] == 32  # the tutorial's, the comparison, on any replicas
+    assert base.peak_learning_rate(32) == pytest.approx(1e-3)
     assert course.global_batch(96, 4, 1, 45_000) == (96, "--batch-size")  # given: the global batch as given
     # a split too small for one whole step at 128 per replica: halved until one fits, and the reason says so
     batch, why = course.global_batch(None, 4, 1, 230)

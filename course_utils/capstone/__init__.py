@@ -17,7 +17,7 @@ Two recipes:
               (lesson 04), test-time augmentation (mirror, one-pixel shifts), optional weight averaging (EMA)
               and gradient accumulation (lesson 05).
 ``baseline``  exactly the popular TensorFlow CNN tutorial: Conv32-pool-Conv64-pool-Conv64-Flatten-Dense64,
-              Adam (1e-3), a global batch of 64 whatever the replicas (the tutorial's recipe, the comparison),
+              Adam (1e-3), a global batch of 32 whatever the replicas (the tutorial's: Keras' default; the comparison),
               pixels /255, no augmentation, float32 — under the same budget rules.
 
 Budgeted training (``--time-budget S``): the wall time counts everything — start-up, data loading, building,

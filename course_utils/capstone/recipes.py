@@ -14,7 +14,7 @@ from ..runtime import MULTI_REPLICA_XLA, fit_jit_compile, whole_step_compiles
 
 # steps_per_execution on a TPU (lesson 04 §7: each call into the compiled function costs a host round trip, which a
 # TPU's short steps feel most; 32 or more is common there), at most the steps of an epoch. Elsewhere 1: off a TPU a
-# step of this ResNet is long next to the call, and under MirroredStrategy Keras refuses more (keras#19246).
+# step of this ResNet is long next to the call, and under MirroredStrategy more crash (keras#19246).
 TPU_STEPS_PER_EXECUTION = 32
 
 # Goyal et al. 2017 scaled linearly to 8k on ImageNet with a 5-epoch warm-up; CIFAR-10 under a minutes budget has
@@ -187,18 +187,20 @@ def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, step
     """``(steps_per_execution, why)``: ``asked`` (``--steps-per-execution``) as given; on a TPU
     :data:`TPU_STEPS_PER_EXECUTION`, at most an epoch's steps (lesson 04 §7: a call into the compiled function costs
     a host round trip, and a TPU's steps are short); elsewhere 1 — a CPU or GPU step of this ResNet is long next to
-    the call, and under MirroredStrategy with several replicas Keras refuses more (keras-team/keras#19246)."""
+    the call, and under MirroredStrategy with several replicas ``fit`` with more crashes ("You must feed a value for
+    placeholder tensor", keras-team/keras#19246; lesson 04 §7 measures it)."""
     if asked is not None:
         return asked, "--steps-per-execution"
     if kind == "TPU" and replicas > 1 and standin.active() == "tpu":
-        return 1, (f"TPU stand-in: its {replicas} cores run on MirroredStrategy, where Keras refuses more than 1 "
-                   f"(keras-team/keras#19246); a TPU takes {TPU_STEPS_PER_EXECUTION}")
+        return 1, (f"TPU stand-in: its {replicas} cores run on MirroredStrategy, where fit with more than 1 "
+                   f"crashes (keras-team/keras#19246); a TPU takes {TPU_STEPS_PER_EXECUTION}")
     if kind == "TPU":
         n = max(1, min(TPU_STEPS_PER_EXECUTION, steps_per_epoch))
         bound = f", bounded by the {steps_per_epoch} steps of an epoch" if n < TPU_STEPS_PER_EXECUTION else ""
         return n, f"TPU: {n} steps per call into the compiled function, one host round trip for them all{bound}"
     if replicas > 1:
-        return 1, f"{replicas} replicas under MirroredStrategy: Keras refuses more than 1 there, keras-team/keras#19246"
+        return 1, (f"{replicas} replicas under MirroredStrategy: fit with more than 1 crashes there "
+                   "(keras-team/keras#19246)")
     return 1, f"{kind}: a step of this ResNet is long next to a call, so several per call pay off only on a TPU"
 
 def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:

@@ -290,7 +290,7 @@ def epochs_that_fit(budget_s, setup_s, epoch_s):
             solution_code='''\
 import dataclasses
 
-my_options = dataclasses.replace(start, batch_size=64)  # the tutorial's batch: 16× the updates per epoch
+my_options = dataclasses.replace(start, batch_size=64)  # 16× the updates per epoch
 ''',
             stub='''\
 my_options = ...  # e.g. dataclasses.replace(start, <one option>=<new value>)

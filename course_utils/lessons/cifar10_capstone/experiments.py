@@ -404,7 +404,7 @@ def claims(r: dict) -> list:
     policy_note = "" if r["kind"] != "CPU" else (
         ("XLA on a CPU computes the bfloat16 convolutions in float32 (lesson 03): about 1×, not the "
          f"{report.NOTICEABLE_GAIN}× a gain needs" if about_one else
-         "on a CPU bf16 is often no faster, even with AMX or AVX512-BF16")
+         "on a CPU bf16 is faster only with AVX512-BF16 or AMX, which most laptops lack")
         + "; on a TPU or an Ampere-or-newer GPU expect a clear gain")
     repeats = min(len(v) for v in precision.values())
     variants = list(precision)
@@ -426,19 +426,21 @@ def claims(r: dict) -> list:
                      "; ".join(f"{b:g} s: {lead:+.1f}" for b, lead in leads.items()),
                      all(lead >= 15 for lead in leads.values()) if real_images and sweep_learned else None,
                      ("" if sweep_learned else "a budget of the sweep bought the ResNet fewer than 300 updates "
-                                               "(smoke mode)") if real_images else
+                                               "(smoke mode's seconds, or a slow machine): longer budgets test it") if real_images else
                      "synthetic images: run with COURSE_DATA=tfds or npz:PATH to test it (the figure of §2 shows "
                      "the development images' sweep)", id="06.course_leads_15_points"),
         report.Claim("The tutorial's small CNN learns in the same budget", "§2",
                      "> 30% from 100 updates (chance: 10%)",
                      f"{base['test_accuracy']:.1%} after {updates['baseline']} updates",
                      base["test_accuracy"] > 0.30 if updates["baseline"] >= 100 else None,
-                     "" if updates["baseline"] >= 100 else "this budget bought fewer than 100 updates (smoke mode)",
+                     "" if updates["baseline"] >= 100 else ("this budget bought fewer than 100 updates (smoke mode's seconds, or a "
+                                                           "slow machine): a longer --time-budget tests it"),
                      id="06.tutorial_cnn_learns"),
         report.Claim("The ResNet learns once the budget buys it a few hundred updates", "§2", "> 30% from 300 updates",
                      f"{course['test_accuracy']:.1%} after {updates['course']} updates",
                      course["test_accuracy"] > 0.30 if updates["course"] >= 300 else None,
-                     "" if updates["course"] >= 300 else "this budget bought fewer than 300 updates (smoke mode)",
+                     "" if updates["course"] >= 300 else ("this budget bought fewer than 300 updates (smoke mode's seconds, or a "
+                                                         "slow machine): a longer --time-budget tests it"),
                      id="06.resnet_learns"),
         report.Claim("A budgeted run ends within one epoch of its budget: not late, and not early", "§2",
                      f"{budget:g} s ± one epoch (early: + the final evaluation's margin)",
@@ -447,7 +449,7 @@ def claims(r: dict) -> list:
                      all(_ended_on_budget(s, budget, epoch_s[recipe]) for recipe, s in summary.items())
                      if room_for_an_epoch else None,
                      "" if room_for_an_epoch else "the budget bought only the one epoch every run trains: "
-                                                  "no plan to end on time (smoke mode)", id="06.budget_kept"),
+                                                  "no plan to end on time (smoke mode's seconds, or a slow machine)", id="06.budget_kept"),
         report.Claim("A run killed mid-epoch resumes after its last saved epoch: none repeated, none lost, the time "
                      "before the kill counted", "§6", "resumed after epoch 1; epochs [1, 2, 3]",
                      f"killed with {resume['finished_at_kill']} epoch(s) saved; resumed after epoch "
@@ -506,7 +508,7 @@ def _speed_claim(claim: str, source: str, precision: dict, top: str, bottom: str
     if repeats < 2:
         ratio = precision[top][0]["images_per_s_per_replica"] / precision[bottom][0]["images_per_s_per_replica"]
         return report.Claim(claim, source, expected, f"{ratio:.2f}× (1 run each)", None,
-                             "one process per variant (smoke mode): a speed-up needs repeats", id=id)
+                             "one process per variant: a speed-up needs repeats (full mode runs 5)", id=id)
     return report.Claim.from_samples(claim, source, expected,
                                      _pairwise(precision, top, bottom, "images_per_s_per_replica"), ">", threshold,
                                      note=f"{top} vs {bottom}", differs_here=differs_here, id=id)

@@ -331,8 +331,9 @@ def _small_shuffle_message(ds: Any, epochs: list[list[int]]) -> str | None:
     why = ("`shuffle` draws each next example from only the examples in its buffer, so nearby examples of the file "
            "(often alike: one class, one source) stay together in a batch, and the first batches always come from the "
            "file's start. TensorFlow's docs: perfect shuffling needs a buffer at least the size of the dataset. Use "
-           f"`shuffle(ds.cardinality())` or a buffer at least as large as the data (the check's {_N} examples; "
-           "50,000 for CIFAR-10, whose uint8 images fit in memory once cached).")
+           f"`shuffle(ds.cardinality())` or a buffer at least as large as the data (the check's {_N} examples, which "
+           "come in file order; 50,000 for CIFAR-10, whose uint8 images fit in memory once cached — "
+           "`data.build_pipeline`'s smaller default leans on CIFAR-10's files being in random order already).")
     buffers = _shuffle_buffers(ds)
     if buffers:
         if max(buffers) >= _N:

@@ -78,7 +78,7 @@ def _check_replica_loss(answer: Any) -> str:
     fn = require_callable(answer, "replica_loss(per_example_loss, global_batch_size)", arity=2)
     per_example = tf.constant(_PER_EXAMPLE, dtype=tf.float32)
     total = sum(_PER_EXAMPLE)
-    for global_batch in (128, 32):  # 8 examples here; 16 replicas × 8, or 4 replicas × 8
+    for global_batch in (128, 32, 30):  # 8 examples here; 16 replicas × 8, 4 replicas × 8, or unequal shares (30)
         with tf.GradientTape() as tape:  # the loss must stay differentiable: strategy.run takes its gradient
             tape.watch(per_example)
             got = call_learner(fn, per_example, global_batch,
@@ -96,10 +96,22 @@ def _check_replica_loss(answer: Any) -> str:
                 )
             continue
         quote = f"with 8 losses summing to {total} and global batch {global_batch} you returned {value:.4g}, expected {expected:.4g}"
-        if math.isclose(value, total / len(_PER_EXAMPLE), rel_tol=1e-5):
+        mean = total / len(_PER_EXAMPLE)
+        if math.isclose(value, mean, rel_tol=1e-5):
             raise Incorrect(
-                f"That is `reduce_mean` over this replica's examples only: {quote}. After the SUM all-reduce "
-                "the update is num_replicas times too large; divide by the GLOBAL batch."
+                f"That is the mean over this replica's examples only: {quote}. After the SUM all-reduce the update "
+                "would be num_replicas times too large. (If you divided it by `num_replicas_in_sync`: the check "
+                "calls your function outside `strategy.run`, where that is 1, and the division is right only when "
+                "every replica holds the same number of examples.) Divide this replica's SUM by the GLOBAL batch: "
+                "right for any split."
+            )
+        if global_batch % len(_PER_EXAMPLE) and math.isclose(value, mean / (global_batch // len(_PER_EXAMPLE)),
+                                                               rel_tol=1e-5):
+            raise Incorrect(
+                f"Right while every replica holds the same number of examples, not otherwise: {quote}. This replica "
+                f"holds 8 of {global_batch} (the others hold {global_batch - 8}: a last, partial batch), so the mean "
+                "divided by a number of replicas is not this replica's share of the global mean. Divide this "
+                "replica's SUM by the GLOBAL batch (`tf.nn.compute_average_loss` does): right for any split."
             )
         if math.isclose(value, total, rel_tol=1e-5):
             raise Incorrect(f"You summed without dividing: {quote}.")
@@ -123,6 +135,15 @@ def _has_gradient(tape: Any, loss: Any, per_example: Any, expected: float) -> bo
 
 def _replica_loss_as_float(per_example_loss, global_batch_size):
     return float(per_example_loss.numpy().sum()) / global_batch_size
+
+
+def _replica_loss_mean_over_replicas(per_example_loss, global_batch_size):
+    return tf.reduce_mean(per_example_loss) / tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def _replica_loss_mean_over_share(per_example_loss, global_batch_size):
+    replicas = global_batch_size // int(tf.size(per_example_loss))
+    return tf.reduce_mean(per_example_loss) / replicas
 
 
 def _replica_loss_reference(per_example_loss, global_batch_size):
@@ -224,7 +245,10 @@ def replica_loss(per_example_loss, global_batch_size):
 ''',
             reference=lambda: _replica_loss_reference,
             wrong_examples=(
-                ("reduce_mean", lambda: (lambda pe, gb: __import__("tensorflow").reduce_mean(pe)), "reduce_mean"),
+                ("reduce_mean", lambda: (lambda pe, gb: __import__("tensorflow").reduce_mean(pe)),
+                 "mean over this replica's examples only"),
+                ("mean ÷ num_replicas_in_sync", lambda: _replica_loss_mean_over_replicas, "outside `strategy.run`"),
+                ("mean ÷ replicas from the batch", lambda: _replica_loss_mean_over_share, "the same number of examples"),
                 ("sum", lambda: (lambda pe, gb: __import__("tensorflow").reduce_sum(pe)), "summed without dividing"),
                 ("per-example", lambda: (lambda pe, gb: pe / gb), "a scalar"),
                 ("off", lambda: (lambda pe, gb: 1.0), "Not quite"),

@@ -80,8 +80,10 @@ def _setup():
         model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, kernel_initializer="zeros")])
     finally:
         keras.config.set_dtype_policy(previous)
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(_LR), initial_scale=_SCALE)
-    # dynamic loss scaling changes the scale during training: the checker's optimizer starts at 2**17, not 2**15
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(_LR), initial_scale=_SCALE,
+                                                    dynamic_growth_steps=1)
+    # dynamic loss scaling changes the scale during training: the checker's optimizer starts at 2**17, not 2**15,
+    # and doubles it after every finite step (Keras' default: after 2000) — only LossScaleOptimizer.apply does that
     optimizer.build(model.trainable_variables)
     kernel, bias = model.layers[0].kernel, model.layers[0].bias
     with tf.GradientTape() as tape:  # the float32 reference step
@@ -115,6 +117,7 @@ def _check_scaled_step(answer: Any) -> str:
         shown_as="train_step(model, optimizer, loss_fn, x, y)",
         on_error="`optimizer` is a keras.optimizers.LossScaleOptimizer; use `optimizer.scale_loss(loss)` and `optimizer.apply(grads)`.",
     )
+    grown = float(optimizer.dynamic_scale.numpy())  # 2 × _SCALE after a step through optimizer.apply
     if isinstance(returned, _NoGradients):
         raise Incorrect(
             "`optimizer.apply` got no gradients (all None): the tape only sees what runs inside "
@@ -185,11 +188,19 @@ def _check_scaled_step(answer: Any) -> str:
             f"batch, about {expected_loss:.3g}: `return loss`, the value of `loss_fn(y, model(x))`."
         )
     _check_overflow_is_skipped(fn, model, optimizer, x, y)
+    if grown != 2 * _SCALE:
+        raise Incorrect(
+            f"The updates were right and the overflow was skipped, but after your finite step the loss scale was "
+            f"{grown:.0f}, not {2 * _SCALE:.0f}: this optimizer doubles its scale after every finite step "
+            "(`dynamic_growth_steps=1` here; Keras' default is 2000), and only `optimizer.apply` does that. A step "
+            "that unscales by hand and applies with `inner_optimizer` keeps the scale from ever growing back: pass "
+            "the scaled gradients to `optimizer.apply`."
+        )
     return (
         "Scaled loss inside the tape (with the optimizer's current scale), gradients of the scaled loss, "
         "`optimizer.apply` unscales them: every weight's update matches float32 within 5%, and the loss you return is "
-        "the real (unscaled) one. On a batch whose scaled gradients overflow, your step left the weights alone and "
-        "halved the scale, as dynamic loss scaling must."
+        "the real (unscaled) one. After a finite step the scale grew; on a batch whose scaled gradients overflow, your "
+        "step left the weights alone and halved the scale, as dynamic loss scaling must."
     )
 
 
@@ -303,6 +314,21 @@ def _step_unscale_then_inner(model, optimizer, loss_fn, x, y):
     return loss
 
 
+def _step_by_hand_inner(model, optimizer, loss_fn, x, y):
+    """Unscales by hand, skips an overflow and halves the scale by hand, applies with the inner optimizer: the weights
+    and ``optimizer.iterations`` (the inner optimizer's) move right, but the scale never grows."""
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    scale = optimizer.dynamic_scale
+    if all(np.all(np.isfinite(g.numpy())) for g in grads):
+        optimizer.inner_optimizer.apply([tf.cast(g, tf.float32) / scale for g in grads], model.trainable_variables)
+    else:
+        scale.assign(scale / 2)
+    return loss
+
+
 def _step_inner(model, optimizer, loss_fn, x, y):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
@@ -380,6 +406,7 @@ def train_step(model, optimizer, loss_fn, x, y):
                 ("unscaled by hand, inner optimizer", lambda: _step_unscale_then_inner, "changed the weights to inf/NaN"),
                 ("bias only", lambda: _step_bias_only, "The kernel's update does not match float32"),
                 ("by hand, never `optimizer.apply`", lambda: _step_by_hand, "`optimizer.iterations` is still 0"),
+                ("by hand, through `inner_optimizer`", lambda: _step_by_hand_inner, "only `optimizer.apply` does that"),
                 ("returns the scaled loss", lambda: _step_returns_scaled, "returned the SCALED loss"),
                 ("scale_loss outside the tape", lambda: _step_scale_outside_tape, "got no gradients (all None)"),
                 ("result, not function", lambda: 0.5, "Pass the function itself"),

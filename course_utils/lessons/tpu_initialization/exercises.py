@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from ...exercises import (Exercise, ExerciseBank, Incorrect, call_learner, describe, error, require_callable,
@@ -14,6 +15,8 @@ from ...exercises import (Exercise, ExerciseBank, Incorrect, call_learner, descr
 # ----------------------------------------------------------------------------------------------
 # Bank "tpu_initialization" (lesson: TPU initialization and distribution strategies)
 # ----------------------------------------------------------------------------------------------
+
+NUM_CLASSES = 10  # CIFAR-10: the labels are the integers 0-9
 
 
 def _check_replicas_on_v5e(answer: Any) -> str:
@@ -184,6 +187,7 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
             "`loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)`."
         )
     _check_shapes(model)
+    _check_loss(model)
     outside = [w for w in weights if not strategy.extended.variable_created_in_scope(getattr(w, "value", w))]
     if outside:
         raise Incorrect(
@@ -232,11 +236,46 @@ def _check_shapes(model: Any) -> None:
             "and check its layers."
         ) from None
     units = output_shape[-1] if len(output_shape) == 2 else None
-    if units is None or units < 2:
+    if units != NUM_CLASSES:
         raise Incorrect(
             f"your model's output has shape {_shape_text(output_shape)} for a batch of 2 images; a classifier "
-            "needs one output per class for each image (10 for CIFAR-10): end it with `keras.layers.Dense(10)`."
+            f"needs one output per class for each image ({NUM_CLASSES} for CIFAR-10, labels 0–{NUM_CLASSES - 1}): "
+            f"end it with `keras.layers.Dense({NUM_CLASSES})`."
         )
+
+
+def _check_loss(model: Any) -> None:
+    """The compiled loss must take the course's labels — one integer class per image, shape (N,) — against 10
+    outputs, as ``fit`` calls it (``model.compute_loss``), and be lower when the largest output is the right class:
+    ``categorical_crossentropy`` wants one-hot labels and ``mse`` a number per output, so both raise on the first
+    batch; a loss that runs but cannot tell the right class from a wrong one cannot train a classifier."""
+    labels = np.array([3, 7, 9])
+    right = 10.0 * np.eye(NUM_CLASSES, dtype="float32")[labels]
+    wrong = 10.0 * np.eye(NUM_CLASSES, dtype="float32")[[7, 3, 0]]
+    try:
+        on_right, on_wrong = (float(keras.ops.convert_to_numpy(model.compute_loss(y=labels, y_pred=out)))
+                              for out in (right, wrong))
+    except Exception as e:  # noqa: BLE001 - what fit would raise on the first batch
+        raise Incorrect(
+            f"your loss cannot take the course's labels (one integer class per image, e.g. [3, 7, 9]) with "
+            f"{NUM_CLASSES} outputs per image: {type(e).__name__}: {_first_line(e)}. Integer labels need "
+            "`keras.losses.SparseCategoricalCrossentropy(from_logits=True)` (`categorical_crossentropy` wants "
+            "one-hot labels, `mse` one number per output)."
+        ) from None
+    if not on_right < on_wrong:
+        raise Incorrect(
+            f"your loss is not lower when the right class gets the largest output ({on_right:.3g} for the right "
+            f"class vs {on_wrong:.3g} for a wrong one), so training cannot learn the classes. Use "
+            "`keras.losses.SparseCategoricalCrossentropy(from_logits=True)`."
+        )
+
+
+def _first_line(e: BaseException) -> str:
+    try:
+        text = str(e).strip().splitlines()
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+        return "(no message)"
+    return (text[0][:160] if text else "") or "(no message)"
 
 
 def _shape_text(shape: Any) -> str:
@@ -333,6 +372,21 @@ def _make_model_one_output(strategy):
         return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(1)]))
 
 
+def _make_model_five_outputs(strategy):
+    with strategy.scope():
+        return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(5)]))
+
+
+def _make_model_loss(loss):
+    def make_model(strategy):
+        with strategy.scope():
+            model = _small_model()
+            model.compile(optimizer="adam", loss=loss)
+        return model
+
+    return make_model
+
+
 def _model_in_default_strategy():
     return _make_model_reference(tf.distribute.get_strategy())
 
@@ -424,8 +478,8 @@ def global_batch_size(per_replica_batch, strategy):
         Exercise(
             name="build_in_scope",
             question=(
-                "Write `make_model(strategy)`: build AND compile a small classifier for 32×32×3 images "
-                "inside `strategy.scope()`."
+                "Write `make_model(strategy)`: build AND compile a small classifier for 32×32×3 images and "
+                "10 classes (integer labels 0–9) inside `strategy.scope()`."
             ),
             checker=_check_build_in_scope,
             answer_name="make_model",
@@ -455,7 +509,8 @@ def make_model(strategy):
 ''',
             stub='''\
 def make_model(strategy):
-    """Build AND compile a small classifier for 32x32x3 images so it can train under `strategy`."""
+    """Build AND compile a small classifier for 32x32x3 images and 10 classes (integer labels 0-9) so it can train
+    under `strategy`."""
     ...  # your code here: build the model, compile it, return it
 ''',
             reference=lambda: _make_model_reference,
@@ -476,6 +531,12 @@ def make_model(strategy):
                 ("no loss", lambda: _make_model_no_loss, "compiled without a loss"),
                 ("28x28x1 input", lambda: _make_model_mnist_input, "inputs of shape (28, 28, 1)"),
                 ("one output unit", lambda: _make_model_one_output, "one output per class"),
+                ("five outputs for ten classes", lambda: _make_model_five_outputs, "Dense(10)"),
+                ("categorical_crossentropy for integer labels", lambda: _make_model_loss("categorical_crossentropy"),
+                 "wants one-hot labels"),
+                ("mse for integer labels", lambda: _make_model_loss("mse"), "`mse` one number per output"),
+                ("a loss blind to the class", lambda: _make_model_loss(lambda y, out: keras.ops.mean(out)),
+                 "not lower when the right class"),
                 (
                     "returns a layer",
                     lambda: _make_model_returns_layer,

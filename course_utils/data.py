@@ -119,9 +119,12 @@ def image_label_spec(image_size: int = 32):
 
 
 def _from_arrays(x, y):
+    """A dataset over in-memory arrays, built on the host: in eager mode ``from_tensor_slices`` first turns each array
+    into one tensor on the default device — a GPU's memory, where there is one (tensorflow#71744)."""
     import tensorflow as tf
 
-    return tf.data.Dataset.from_tensor_slices((np.asarray(x, np.uint8), np.asarray(y, np.int64)))
+    with tf.device("/CPU:0"):
+        return tf.data.Dataset.from_tensor_slices((np.asarray(x, np.uint8), np.asarray(y, np.int64)))
 
 
 def _check_arrays(path: str, name_x: str, x, name_y: str, y, image_size: int, num_classes: int) -> None:

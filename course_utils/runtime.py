@@ -26,6 +26,7 @@ import json
 import os
 import sys
 from typing import Any, Callable
+from urllib.parse import urlparse
 
 from . import config as _config
 from . import forkserver, processes
@@ -45,10 +46,17 @@ TPU_ENV_VARS = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_SKIP_M
 # The TPU build of TensorFlow, installed as Colab documents it (googlecolab/colabtools#5164, #5228):
 # with --find-links to Google's libtpu release index. 2.20.0 is the newest TensorFlow with a TPU build.
 TF_VERSION = "2.20.0"
+# The libtpu TensorFlow 2.20.0's TPU build names: its wheel's metadata asks for libtpu~=0.0.14, and TensorFlow's
+# setup.py pins a TPU release to the libtpu of its day (LATEST_RELEASE_LIBTPU_VERSION). ~= also accepts every later
+# 0.0.x, but a later one is untested with it: libtpu 0.0.23 left TensorFlow 2.20 with "No TPU platform found"
+# (Kaggle/docker-python#1499), and Colab's TPU image pins its own for its JAX (0.0.21.1 with JAX 0.7.2,
+# googlecolab/backend-info). So the setup installs this one with TensorFlow, up front; it costs the image's JAX.
+LIBTPU_FOR_TF = "0.0.14"
 LIBTPU_TF_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
-TPU_PIP_ARGS = (f"tensorflow-tpu=={TF_VERSION}", f"--find-links={LIBTPU_TF_INDEX}")
+TPU_PIP_ARGS = (f"tensorflow-tpu=={TF_VERSION}", f"libtpu=={LIBTPU_FOR_TF}", f"--find-links={LIBTPU_TF_INDEX}")
 CPU_GPU_PIP_ARGS = (f"tensorflow=={TF_VERSION}",)
-TPU_INSTALL_FIX = f'pip install "tensorflow-tpu=={TF_VERSION}" --find-links={LIBTPU_TF_INDEX}   (then restart the runtime)'
+TPU_INSTALL_FIX = (f'pip install "tensorflow-tpu=={TF_VERSION}" "libtpu=={LIBTPU_FOR_TF}" '
+                   f'--find-links={LIBTPU_TF_INDEX}   (then restart the runtime)')
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 
 
@@ -101,34 +109,49 @@ def _dist_requires(name: str) -> list[str]:
 
 
 def _untested_libtpu(tf_version: str, req, got: str) -> list[str]:
-    """A libtpu that ``tensorflow-tpu``'s declared range accepts but newer than the one its release was built with.
+    """A libtpu that ``tensorflow-tpu``'s declared range accepts but newer than the one its release names.
 
     TensorFlow's TPU wheel names one libtpu (2.20.0's metadata: ``Requires-Dist: libtpu~=0.0.14``), and ``~=0.0.14``
-    also accepts every later 0.0.x — JAX's 0.0.4x among them. Whether a later one works, package
-    metadata cannot tell: this says so instead of calling it satisfied (Kaggle stopped preinstalling
-    tensorflow-tpu when a newer libtpu left TensorFlow with "No TPU platform found": Kaggle/docker-python#1499)."""
+    also accepts every later 0.0.x. Whether a later one works, package metadata cannot tell: this says so instead
+    of calling it satisfied (Kaggle stopped preinstalling tensorflow-tpu when libtpu 0.0.23 left TensorFlow 2.20 with
+    "No TPU platform found": Kaggle/docker-python#1499). The course's setup installs the named one
+    (:data:`LIBTPU_FOR_TF`); this fires where something else put a newer one in place."""
     from packaging.version import Version
 
     built = [spec.version for spec in req.specifier if spec.operator in ("~=", "==", ">=")]
     if not built or Version(got) <= Version(built[0].rstrip(".*")):
         return []
     return [f"untested libtpu: tensorflow-tpu {tf_version} names {req.name} {built[0]} ({req.name}{req.specifier}); "
-            f"{got} is newer. Expected on every Colab TPU runtime: its JAX brings that libtpu, and pip keeps it "
-            "because the range accepts it — nothing says TensorFlow was tested with it, and package metadata cannot tell "
-            "whether it works. Nothing to do while TensorFlow sees the TPU (the setup line names TPU replicas). Act "
-            "only if it does not (\"No TPU platform found\", or the setup falls back to the CPU): "
-            f"pip install {req.name}=={built[0]} and restart the runtime (JAX's own pin then no longer holds: one "
-            "framework per TPU runtime)."]
+            f"{got} is newer. The range accepts it, but nothing says TensorFlow was tested with it (libtpu 0.0.23 "
+            "left TensorFlow 2.20 with \"No TPU platform found\", Kaggle/docker-python#1499). Nothing to do while "
+            "TensorFlow sees the TPU (the setup line names TPU replicas). If it does not: "
+            f"pip install {req.name}=={built[0]} and restart the runtime."]
+
+
+def _jax_libtpu_note(jax_version: str, req, got: str | None) -> str:
+    """What JAX's ``tpu`` extra names, next to the libtpu in place. Not a problem either way: the plain ``jax`` an
+    image installs asks for no libtpu (Colab's TPU image pins its own, older than its JAX's extra names, and JAX runs
+    there); only where TensorFlow's libtpu replaced a newer one is JAX's TPU start in doubt."""
+    from packaging.version import Version
+
+    note = f"JAX {jax_version}'s jax[tpu] extra names {req.name}{req.specifier}"
+    pinned = [spec.version.rstrip(".*") for spec in req.specifier if spec.operator == "=="]
+    if got and pinned and Version(got) <= Version(LIBTPU_FOR_TF) < Version(pinned[0]):
+        note += (f"; with {req.name} {got}, TensorFlow's, JAX may no longer start on the TPU in this runtime "
+                 "(run JAX on a runtime of its own)")
+    return note
 
 
 def libtpu_check(version: Callable[[str], str | None] | None = None,
                  requires: Callable[[str], list[str]] | None = None) -> tuple[str, list[str]]:
-    """Which libtpu is installed, and whether TensorFlow's TPU build and JAX both accept it.
+    """Which libtpu is installed, and whether TensorFlow's TPU build accepts it.
 
-    Colab's TPU image ships JAX, whose ``tpu`` extra pins its own libtpu; ``tensorflow-tpu`` declares
-    another requirement (2.20.0: ``libtpu~=0.0.14``). Both load the same installed libtpu. Returns
-    ``(summary, problems)``: one line saying what is installed and who asks for what, and one plain
-    sentence per mismatch. Reads package metadata only (no TensorFlow, no JAX import).
+    ``tensorflow-tpu`` 2.20.0 asks for ``libtpu~=0.0.14``; Colab's TPU image ships JAX and pins a libtpu of its own
+    (0.0.21.1 with JAX 0.7.2), older than JAX's ``tpu`` extra names (0.0.23): the image's choice, not a mismatch, so
+    JAX's pin is said, never counted. Both frameworks load the same installed libtpu. Returns ``(summary,
+    problems)``: one line saying what is installed and who asks for what, and one plain sentence per problem for
+    TensorFlow. Reads package metadata only (no TensorFlow, no JAX import). On the untouched image (no TensorFlow)
+    it finds no problem.
     """
     try:
         from packaging.requirements import Requirement
@@ -143,7 +166,7 @@ def libtpu_check(version: Callable[[str], str | None] | None = None,
     if len(have) > 1:
         problems.append(f"two libtpu packages are installed ({' and '.join(have)}); keep the one "
                         "tensorflow-tpu asks for (pip uninstall the other), then restart the runtime.")
-    for owner, label in (("tensorflow-tpu", "tensorflow-tpu"), ("jax", "JAX")):
+    for owner in ("tensorflow-tpu", "jax"):
         owner_version = version(owner)
         if not owner_version:
             continue
@@ -152,52 +175,111 @@ def libtpu_check(version: Callable[[str], str | None] | None = None,
             if req.name not in LIBTPU_DISTRIBUTIONS or (req.marker and not req.marker.evaluate({"extra": "tpu"})):
                 continue
             got = installed.get(req.name)
-            ok = got is not None and req.specifier.contains(got, prereleases=True)
-            parts.append(f"{label} {owner_version} asks for {req.name}{req.specifier} "
-                         f"({'satisfied' if ok else 'NOT satisfied'})")
-            if ok and owner == "tensorflow-tpu":
-                problems.extend(_untested_libtpu(owner_version, req, got))
-            if ok:
+            if owner == "jax":  # an extra, not a requirement of the installed JAX: said, never a problem
+                parts.append(_jax_libtpu_note(owner_version, req, got))
                 continue
-            if owner == "tensorflow-tpu":
+            ok = got is not None and req.specifier.contains(got, prereleases=True)
+            parts.append(f"tensorflow-tpu {owner_version} asks for {req.name}{req.specifier} "
+                         f"({'satisfied' if ok else 'NOT satisfied'})")
+            if ok:
+                problems.extend(_untested_libtpu(owner_version, req, got))
+            else:
                 problems.append(
                     f"libtpu mismatch: tensorflow-tpu {owner_version} needs {req.name}{req.specifier}, but "
                     f"{req.name} {got or 'is not installed'}{' is installed' if got else ''}: TensorFlow "
                     f"cannot be expected to start the TPU. Reinstall with: {TPU_INSTALL_FIX}")
-            elif got:  # JAX pins libtpu only for its TPU extra; no libtpu at all means JAX was not set up for TPU
-                problems.append(
-                    f"libtpu mismatch: the JAX on this image ({owner_version}) pins {req.name}{req.specifier}, "
-                    f"but {req.name} {got} is installed: JAX may no longer start on the TPU in this runtime "
-                    "(installing tensorflow-tpu can replace JAX's libtpu). Use one framework per TPU runtime.")
     if installed["libtpu"] is None and installed["libtpu-nightly"] is None and version("tensorflow-tpu"):
         problems.append(f"no libtpu is installed, so tensorflow-tpu cannot reach the TPU. Reinstall with: {TPU_INSTALL_FIX}")
     return "; ".join(parts), problems
 
 
-def _pip_install(args: tuple[str, ...]) -> tuple[int, str]:
-    """``python -m pip install -q ARGS``: returns (exit code, last line pip printed)."""
+def _pip_install(args: tuple[str, ...]) -> tuple[int, str, list[str]]:
+    """``python -m pip install -q ARGS``: returns (exit code, last line pip printed, notes): a note when a
+    ``--find-links`` page could not be reached (pip warns, retries, and goes on with the package index)."""
     proc = processes.run([sys.executable, "-m", "pip", "install", "-q", *args])  # Ctrl-C stops pip and its builds
+    text = proc.stdout + "\n" + proc.stderr
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    last = next((ln for ln in reversed(lines) if not _unreachable_link(ln)), "(pip printed nothing)")
+    return proc.returncode, last, unreachable_links_note(text, args)
+
+
+def _unreachable_link(line: str) -> bool:
+    return ("Retrying" in line or "Could not fetch URL" in line) and (
+        "connection" in line.lower() or "Name or service" in line or "timed out" in line.lower())
+
+
+def unreachable_links_note(pip_output: str, args: tuple[str, ...]) -> list[str]:
+    """One sentence when pip could not reach a ``--find-links`` page (it warns "Retrying … connection", then goes on
+    without it): which page, and that the packages came from the package index instead."""
+    links = [a.split("=", 1)[1] for a in args if a.startswith("--find-links=")]
+    pages = [link for link in links if any(_unreachable_link(ln) and (urlparse(link).path.rsplit("/", 2)[-2] in ln
+                                                                    or urlparse(link).netloc in ln)
+                                           for ln in pip_output.splitlines())]
+    return [f"pip could not reach {page} (it retried a few times): it went on with the package index, which has "
+            f"tensorflow-tpu {TF_VERSION} and libtpu {LIBTPU_FOR_TF} too" for page in pages]
+
+
+TPU_CHECK_TIMEOUT_S = 240  # connecting and initializing a TPU from a fresh process: tens of seconds on a TPU VM
+_TPU_CHECK = """
+import tensorflow as tf
+resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu="local")
+tf.config.experimental_connect_to_cluster(resolver)
+tf.tpu.experimental.initialize_tpu_system(resolver)
+print("TPU cores:", len(tf.config.list_logical_devices("TPU")))
+"""
+
+
+def tpu_reachable_in_fresh_process() -> tuple[bool, str]:
+    """``(reached, why)``: whether the TensorFlow just installed reaches the TPU, tried in a fresh Python process
+    (lesson 01's recipe) so that this kernel imports TensorFlow only after the answer, and the TPU is free again when
+    that process exits. ``why`` is the last line it printed."""
+    try:
+        proc = processes.run([sys.executable, "-c", _TPU_CHECK], timeout=TPU_CHECK_TIMEOUT_S,
+                             what="the TPU check")
+    except processes.TimedOut as exc:
+        return False, str(exc)
+    lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
+    cores = next((ln for ln in reversed(lines) if ln.startswith("TPU cores:")), "")
+    if proc.returncode == 0 and cores and cores != "TPU cores: 0":
+        return True, cores
+    return False, next((ln for ln in reversed(lines) if "Error" in ln or "TPU" in ln),
+                       lines[-1] if lines else f"exit code {proc.returncode}")
+
+
+def _pip_uninstall(names: tuple[str, ...]) -> tuple[int, str]:
+    """``python -m pip uninstall -y NAMES``: returns (exit code, last line pip printed)."""
+    proc = processes.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", *names])
     lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
     return proc.returncode, (lines[-1] if lines else "(pip printed nothing)")
 
 
 def install_tensorflow(on_tpu: bool | None = None,
-                       pip: Callable[[tuple[str, ...]], tuple[int, str]] = _pip_install,
-                       check: Callable[[], tuple[str, list[str]]] | None = None) -> list[str]:
+                       pip: Callable[[tuple[str, ...]], tuple] = _pip_install,
+                       check: Callable[[], tuple[str, list[str]]] | None = None,
+                       version: Callable[[str], str | None] | None = None,
+                       reach_tpu: Callable[[], tuple[bool, str]] = tpu_reachable_in_fresh_process,
+                       pip_uninstall: Callable[[tuple[str, ...]], tuple[int, str]] = _pip_uninstall) -> list[str]:
     """Install TensorFlow where it is missing (Colab's TPU runtimes ship without it); print what happened.
 
     Nothing happens when TensorFlow is importable. On a machine with a TPU (:func:`tpu_hints`, or
-    ``on_tpu=True``) it runs Colab's documented command, ``pip install tensorflow-tpu==2.20.0
-    --find-links=<Google's libtpu release index>``, then checks libtpu against JAX's pin
-    (:func:`libtpu_check`). If that fails, or there is no TPU, it installs ``tensorflow==2.20.0`` (CPU/GPU).
-    Every failure names the pip command, its exit code and pip's last line. Returns the printed lines;
-    raises ``RuntimeError`` only when no TensorFlow could be installed.
+    ``on_tpu=True``) it runs Colab's documented command with the libtpu TensorFlow names (:data:`TPU_PIP_ARGS`:
+    ``pip install tensorflow-tpu==2.20.0 libtpu==0.0.14 --find-links=<Google's libtpu release index>``), says what
+    that costs the image's JAX (its libtpu is replaced), checks libtpu (:func:`libtpu_check`), and then whether
+    TensorFlow reaches the TPU, in a fresh process (:func:`tpu_reachable_in_fresh_process`). If it does not ("No TPU
+    platform found": Kaggle/docker-python#1499), the TPU build is worse than none: it cannot compile XLA for the CPU
+    ("could not find registered transfer manager for platform Host"), and Keras' ``jit_compile="auto"``, seeing its
+    TPU_SYSTEM device, asks for XLA in every ``fit`` — so it is replaced by the CPU/GPU build and the image's libtpu is
+    put back. If the install fails, or there is no TPU, it installs ``tensorflow==2.20.0`` (CPU/GPU). Every failure
+    names the pip command, its exit code and pip's last line; an unreachable ``--find-links`` page is said, and the
+    install goes on without it. Returns the printed lines; raises ``RuntimeError`` only when no TensorFlow could be
+    installed.
     """
     import importlib
     import importlib.util
 
     if importlib.util.find_spec("tensorflow") is not None:
         return []
+    version = version or _dist_version
     on_tpu = bool(tpu_hints()) if on_tpu is None else on_tpu
     out: list[str] = []
 
@@ -208,20 +290,50 @@ def install_tensorflow(on_tpu: bool | None = None,
     def command(args: tuple[str, ...]) -> str:
         return "pip install " + " ".join(args)
 
+    def install(args: tuple[str, ...]) -> tuple[int, str]:
+        code, last, *notes = pip(args)
+        for note in (notes[0] if notes else []):
+            say(note)
+        return code, last
+
     if on_tpu:
+        jax, image_libtpu = version("jax"), version("libtpu")
         say(f"TensorFlow is missing on this TPU runtime: running `{command(TPU_PIP_ARGS)}` (a minute or two)…")
-        code, last = pip(TPU_PIP_ARGS)
+        if image_libtpu and image_libtpu != LIBTPU_FOR_TF:
+            say(f"It replaces this image's libtpu {image_libtpu}" + (f" (chosen for its JAX {jax})" if jax else "")
+                + f" with {LIBTPU_FOR_TF}, the one TensorFlow {TF_VERSION} names: TensorFlow comes first in this "
+                "course. " + ("JAX may then no longer start on the TPU in this runtime: run JAX notebooks on a "
+                              "runtime of their own. " if jax else "")
+                + "A fresh runtime (Runtime → Disconnect and delete runtime) brings the image back.")
+        code, last = install(TPU_PIP_ARGS)
         if code == 0:
             importlib.invalidate_caches()
             summary, problems = (check or libtpu_check)()
             say(f"Installed the TPU build. {summary}")
             for problem in problems:
                 say("⚠️ " + problem)
-            return out
-        say(f"The TPU build did not install: `{command(TPU_PIP_ARGS)}` exited with code {code}: {last}")
-        say("Falling back to the CPU/GPU build: this notebook will run on the TPU VM's CPU, not the TPU.")
+            say("Checking that TensorFlow reaches the TPU, in a fresh process (up to a minute)…")
+            reached, why = reach_tpu()
+            if reached:
+                say(f"TensorFlow reaches the TPU: {why}.")
+                return out
+            say(f"⚠️ TensorFlow's TPU build does not reach the TPU here: {why}. Without the TPU that build is worse "
+                "than the CPU one: it cannot compile XLA for the CPU, and Keras' jit_compile='auto' asks for XLA in "
+                "every fit. Replacing it with the CPU/GPU build: this notebook will run on the TPU VM's CPU.")
+            undo = pip_uninstall(("tensorflow-tpu",))
+            if undo[0] != 0:
+                raise RuntimeError(f"`pip uninstall -y tensorflow-tpu` exited with code {undo[0]}: {undo[1]}. Restart "
+                                   "the runtime (Runtime → Disconnect and delete runtime) and run the setup cell again.")
+            if image_libtpu and image_libtpu != LIBTPU_FOR_TF:
+                back = install((f"libtpu=={image_libtpu}",))
+                say(f"Put back this image's libtpu {image_libtpu}" + (f" for its JAX {jax}." if jax else ".")
+                    if back[0] == 0 else f"Could not put back libtpu {image_libtpu} (pip: {back[1]}): JAX may not "
+                    "start on the TPU in this runtime.")
+        else:
+            say(f"The TPU build did not install: `{command(TPU_PIP_ARGS)}` exited with code {code}: {last}")
+            say("Falling back to the CPU/GPU build: this notebook will run on the TPU VM's CPU, not the TPU.")
     say(f"Running `{command(CPU_GPU_PIP_ARGS)}`…")
-    code, last = pip(CPU_GPU_PIP_ARGS)
+    code, last = install(CPU_GPU_PIP_ARGS)
     if code != 0:
         raise RuntimeError(f"`{command(CPU_GPU_PIP_ARGS)}` exited with code {code}: {last}. No TensorFlow is "
                            "installed: check the connection, then restart the runtime and run the setup cell again.")

@@ -5,7 +5,11 @@ lesson's measurements without executing its notebook again. These slower checks 
 behind markers (not in CI; run them before a release, or after changing a notebook's cells):
 
 - ``pytest -m full``: every notebook in full mode (``COURSE_SMOKE=0``) on synthetic data (~25 min on 2 cores);
-- ``pytest -m xla``: the lessons whose claims depend on XLA in smoke mode with ``COURSE_JIT=1``.
+- ``pytest -m xla``: the lessons whose claims depend on XLA in smoke mode with ``COURSE_JIT=1``;
+- ``pytest -m standin``: every notebook in smoke mode on Colab's accelerators stood in for by CPU devices
+  (``COURSE_STANDIN``, :mod:`course_utils.standin`): a one-core TPU (v5e-1, TPUStrategy's refusals enforced) and one
+  GPU (T4-like: memory read in the process). No cell may raise — a demo that stops failing there raises too — and
+  no claim is judged: their figures are a CPU's.
 
 A run fails when any cell raises (Colab's *Run all* stops there; failures on purpose run inside
 ``course_utils.demo.expect_failure``, which raises only when the demo stops failing or fails differently), or when a claim the notebook saved (its claims table
@@ -76,6 +80,15 @@ def test_under_xla(path, monkeypatch, tmp_path):
     errors, failed = _execute(path, {"COURSE_SMOKE": "1", "COURSE_JIT": "1"}, monkeypatch, tmp_path)
     assert not errors, "cells raised under XLA:\n" + "\n".join(errors)
     assert not failed, "claims that do not hold under XLA:\n" + "\n".join(failed)
+
+
+@pytest.mark.standin
+@pytest.mark.parametrize("kind", ["tpu", "gpu"])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_under_an_accelerator_stand_in(path, kind, monkeypatch, tmp_path):
+    errors, _ = _execute(path, {"COURSE_SMOKE": "1", "COURSE_STANDIN": kind, "COURSE_CPU_REPLICAS": "1"},
+                         monkeypatch, tmp_path)
+    assert not errors, f"cells raised under the {kind.upper()} stand-in:\n" + "\n".join(errors)
 
 
 def test_a_failing_claim_is_saved_with_the_verdict_the_checks_look_for(tmp_path):

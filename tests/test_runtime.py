@@ -206,32 +206,49 @@ def test_setup_prints_the_summary(capsys):
 # --- Installing TensorFlow on a Colab TPU runtime, and the libtpu check (fakes: no pip, no TPU) ---
 
 JAX_REQUIRES = ['jaxlib<=0.10.2,>=0.10.2; extra == "tpu"', 'libtpu==0.0.42.*; extra == "tpu"']
+JAX_072_REQUIRES = ['jaxlib<=0.7.2,>=0.7.2', 'libtpu==0.0.23; extra == "tpu"', 'requests; extra == "tpu"']
 TF_TPU_REQUIRES = ["numpy>=1.26.0", "libtpu~=0.0.14", 'nvidia-nccl-cu12<3.0; extra == "and-cuda"']
 
 
-def _metadata(**versions):
+def _metadata(jax_requires=JAX_REQUIRES, **versions):
     names = {k.replace("_", "-"): v for k, v in versions.items()}
-    requires = {"jax": JAX_REQUIRES, "tensorflow-tpu": TF_TPU_REQUIRES}
+    requires = {"jax": jax_requires, "tensorflow-tpu": TF_TPU_REQUIRES}
     return names.get, lambda name: requires.get(name, []) if names.get(name) else []
 
 
+def test_libtpu_check_says_nothing_false_on_colabs_untouched_tpu_image():
+    """Colab's TPU image (googlecolab/backend-info, a724079): JAX 0.7.2, whose jax[tpu] extra names libtpu 0.0.23,
+    with libtpu 0.0.21.1 pinned by the image, and no TensorFlow. JAX runs there: the check warned "libtpu mismatch
+    ... installing tensorflow-tpu can replace JAX's libtpu" before anything was installed."""
+    summary, problems = runtime.libtpu_check(*_metadata(JAX_072_REQUIRES, libtpu="0.0.21.1", jax="0.7.2"))
+    assert problems == []
+    assert summary == "libtpu installed: libtpu 0.0.21.1; JAX 0.7.2's jax[tpu] extra names libtpu==0.0.23"
+
+
+def test_libtpu_check_after_the_setup_says_what_it_cost_jax_and_nothing_else():
+    summary, problems = runtime.libtpu_check(*_metadata(JAX_072_REQUIRES, libtpu=runtime.LIBTPU_FOR_TF, jax="0.7.2",
+                                                        tensorflow_tpu="2.20.0"))
+    assert problems == []  # the release's own libtpu
+    assert "tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14 (satisfied)" in summary
+    assert "with libtpu 0.0.14, TensorFlow's, JAX may no longer start on the TPU in this runtime" in summary
+
+
 def test_libtpu_check_says_a_libtpu_newer_than_tensorflows_release_is_untested():
-    """Issue 22: `libtpu~=0.0.14` accepts JAX's 0.0.42 — satisfied on paper, never tested with TensorFlow 2.20."""
+    """Issue 22: `libtpu~=0.0.14` accepts 0.0.42 — satisfied on paper, never tested with TensorFlow 2.20."""
     summary, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.42", jax="0.10.2", tensorflow_tpu="2.20.0"))
     assert "libtpu installed: libtpu 0.0.42" in summary
     assert "tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14 (satisfied)" in summary
-    assert "JAX 0.10.2 asks for libtpu==0.0.42.* (satisfied)" in summary
+    assert "JAX 0.10.2's jax[tpu] extra names libtpu==0.0.42.*" in summary and "may no longer" not in summary
     assert len(problems) == 1 and problems[0].startswith("untested libtpu: tensorflow-tpu 2.20.0 names libtpu 0.0.14 "
                                                          "(libtpu~=0.0.14); 0.0.42 is newer")
-    assert "pip install libtpu==0.0.14" in problems[0]
+    assert "pip install libtpu==0.0.14" in problems[0] and "Kaggle/docker-python#1499" in problems[0]
     _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.14", tensorflow_tpu="2.20.0"))
     assert problems == []  # the release's own libtpu: nothing to say
 
 
-def test_libtpu_check_names_a_jax_mismatch():
+def test_libtpu_check_never_counts_jaxs_extra_as_a_problem():
     _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.14", jax="0.10.2", tensorflow_tpu="2.20.0"))
-    assert len(problems) == 1
-    assert "JAX on this image (0.10.2) pins libtpu==0.0.42.*, but libtpu 0.0.14 is installed" in problems[0]
+    assert problems == []
 
 
 def test_libtpu_check_names_a_tensorflow_mismatch_and_the_fix():
@@ -246,7 +263,7 @@ def test_libtpu_check_flags_two_libtpus_and_a_missing_one():
     assert problems and "two libtpu packages are installed" in problems[0]
     _, problems = runtime.libtpu_check(*_metadata(tensorflow_tpu="2.20.0", jax="0.10.2"))
     assert any("no libtpu is installed" in p for p in problems)
-    assert not any("JAX" in p for p in problems)  # JAX without libtpu was not set up for TPU: not a mismatch
+    assert not any("JAX" in p for p in problems)
 
 
 def test_detect_on_a_tpu_machine_notes_a_libtpu_mismatch(monkeypatch):
@@ -290,21 +307,79 @@ def test_install_does_nothing_where_tensorflow_exists():
 
 def test_install_on_a_tpu_uses_the_documented_find_links_command(no_tensorflow, capsys):
     pip, calls = _fake_pip((0, ""))
-    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.42",
-                                                                          ["libtpu mismatch: simulated"]))
-    assert calls == [("tensorflow-tpu==2.20.0",
+    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.14",
+                                                                          ["libtpu mismatch: simulated"]),
+                                       version={"jax": "0.7.2", "libtpu": "0.0.21.1"}.get,
+                                       reach_tpu=lambda: (True, "TPU cores: 1"))
+    assert calls == [("tensorflow-tpu==2.20.0", "libtpu==0.0.14",
                       "--find-links=https://storage.googleapis.com/libtpu-tf-releases/index.html")]
-    assert "Installed the TPU build. libtpu installed: libtpu 0.0.42" in lines
-    assert "⚠️ libtpu mismatch: simulated" in lines
+    cost = [ln for ln in lines if ln.startswith("It replaces this image's libtpu 0.0.21.1")]
+    assert cost and "(chosen for its JAX 0.7.2) with 0.0.14" in cost[0] and "JAX may then no longer start" in cost[0]
+    assert "Installed the TPU build. libtpu installed: libtpu 0.0.14" in lines
+    assert "⚠️ libtpu mismatch: simulated" in lines and lines[-1] == "TensorFlow reaches the TPU: TPU cores: 1."
     assert "⚠️ libtpu mismatch: simulated" in capsys.readouterr().out
+
+
+def test_a_tpu_build_that_does_not_reach_the_tpu_is_replaced_and_the_images_libtpu_put_back(no_tensorflow):
+    """Where TensorFlow's TPU build sees no TPU ("No TPU platform found", Kaggle/docker-python#1499) it cannot compile
+    XLA for the CPU either, and Keras' jit_compile='auto' turns XLA on there (it sees TPU_SYSTEM): every fit fails
+    ("could not find registered transfer manager for platform Host", measured by nox -s colab_tpu). The setup checks
+    in a fresh process, then installs the CPU/GPU build and gives JAX its libtpu back."""
+    pip, calls = _fake_pip((0, ""), (0, ""), (0, ""))
+    uninstalled = []
+    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.14", []),
+                                       version={"jax": "0.7.2", "libtpu": "0.0.21.1"}.get,
+                                       reach_tpu=lambda: (False, "No TPU platform found"),
+                                       pip_uninstall=lambda names: uninstalled.append(names) or (0, ""))
+    assert calls == [runtime.TPU_PIP_ARGS, ("libtpu==0.0.21.1",), ("tensorflow==2.20.0",)]
+    assert uninstalled == [("tensorflow-tpu",)]
+    assert any(ln.startswith("⚠️ TensorFlow's TPU build does not reach the TPU here: No TPU platform found.")
+               for ln in lines)
+    assert "Put back this image's libtpu 0.0.21.1 for its JAX 0.7.2." in lines
+    assert lines[-1] == "Installed tensorflow==2.20.0 (CPU/GPU build)."
+
+
+def test_the_tpu_check_reports_what_the_fresh_process_said(monkeypatch):
+    import subprocess
+
+    def fake_run(argv, **kwargs):
+        assert argv[:2] == [sys.executable, "-c"] and "initialize_tpu_system" in argv[2]
+        return subprocess.CompletedProcess(argv, 1, "", "I noise\nNotFoundError: No TPU platform found\n")
+
+    monkeypatch.setattr(runtime.processes, "run", fake_run)
+    assert runtime.tpu_reachable_in_fresh_process() == (False, "NotFoundError: No TPU platform found")
+    monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 0, "TPU cores: 1\n", ""))
+    assert runtime.tpu_reachable_in_fresh_process() == (True, "TPU cores: 1")
+    monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 0, "TPU cores: 0\n", ""))
+    assert runtime.tpu_reachable_in_fresh_process()[0] is False
+
+
+def test_install_says_when_the_find_links_page_is_unreachable_and_goes_on(no_tensorflow):
+    """pip warns and retries when --find-links' host cannot be reached, then installs from the package index (what
+    happened where the course is tested): the setup says so in one line, and the install counts."""
+    retry = ("WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection "
+             "broken by 'NewConnectionError(': Failed to establish a new connection: [Errno -2] Name or service not "
+             "known')': /libtpu-tf-releases/index.html")
+    output = f"{retry}\n{retry}\nSuccessfully installed libtpu-0.0.14 tensorflow-tpu-2.20.0"
+    notes = runtime.unreachable_links_note(output, runtime.TPU_PIP_ARGS)
+    assert notes == [f"pip could not reach {runtime.LIBTPU_TF_INDEX} (it retried a few times): it went on with the "
+                     "package index, which has tensorflow-tpu 2.20.0 and libtpu 0.0.14 too"]
+    assert runtime.unreachable_links_note("Successfully installed tensorflow-tpu-2.20.0", runtime.TPU_PIP_ARGS) == []
+    pip, _ = _fake_pip((0, "", notes))
+    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.14", []),
+                                       version=lambda name: None, reach_tpu=lambda: (True, "TPU cores: 1"))
+    assert notes[0] in lines and "Installed the TPU build. libtpu installed: libtpu 0.0.14" in lines
+    assert not any(ln.startswith("It replaces") for ln in lines)  # no libtpu on the image: nothing replaced
 
 
 def test_a_failed_tpu_install_is_named_and_falls_back(no_tensorflow):
     pip, calls = _fake_pip((1, "ERROR: No matching distribution found for libtpu~=0.0.14"), (0, ""))
-    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("", []))
+    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("", []), version=lambda name: None)
     assert calls == [runtime.TPU_PIP_ARGS, ("tensorflow==2.20.0",)]
     failed = [ln for ln in lines if ln.startswith("The TPU build did not install")]
-    assert failed == ["The TPU build did not install: `pip install tensorflow-tpu==2.20.0 "
+    assert failed == ["The TPU build did not install: `pip install tensorflow-tpu==2.20.0 libtpu==0.0.14 "
                       f"--find-links={runtime.LIBTPU_TF_INDEX}` exited with code 1: "
                       "ERROR: No matching distribution found for libtpu~=0.0.14"]
     assert any("will run on the TPU VM's CPU" in ln for ln in lines)

@@ -576,7 +576,15 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                     if clock() + PLANNING_MARGIN * (warm["compile_s"] + timing) <= PLANNING_SHARE * budget:
                         say(why + "; timing it too")
                         warm_started = clock()
-                        warm = warms[new_width] = warm_up(built[1])
+                        new_warm = warm_up(built[1])
+                        if new_warm["train_step_s"] is None:  # compiling it used the budget: keep the timed width
+                            say(f"Budget {budget:g} s: compiling width {new_width} took the time left for timing it "
+                                f"→ back to width {width} (timed ~{epoch_s:.1f} s/epoch)")
+                            built = models[width]
+                            epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
+                            tried.append([width, round(epoch_s, 2), epochs])
+                            break
+                        warm = warms[new_width] = new_warm
                         warm_took = clock() - warm_started
                         epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
                         epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)

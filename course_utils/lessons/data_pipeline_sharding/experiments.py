@@ -817,6 +817,41 @@ def count_traces(n_examples: int, global_batch: int, drop_remainder: bool):
     return ds.element_spec.shape, traces
 
 
+class StepsAtEpochEnd(keras.callbacks.Callback):
+    """The optimizer's step counter at the end of each epoch (``steps``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[int] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.steps.append(int(self.model.optimizer.iterations))
+
+
+RAN_OUT = "Your input ran out of data"  # the start of Keras 3's warning (keras/src/trainers/epoch_iterator.py)
+
+
+def ran_out_of_data(batches: int, steps_per_epoch: int, epochs: int) -> dict:
+    """§4: ``fit(steps_per_epoch=...)`` on a dataset of ``batches`` batches without ``.repeat()``. Returns the training
+    steps each epoch really ran (the optimizer's counter), how many "ran out of data" warnings Keras gave, and the
+    first one's text. Keras 3 does not stop ``fit``: it ends each epoch when the data ends and starts the next on a
+    fresh pass (``EpochIterator``), warning every time."""
+    import warnings
+
+    x = np.zeros((batches * 8, 4), "float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, np.zeros(len(x), "int64"))).batch(8)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    counter = StepsAtEpochEnd()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0, callbacks=[counter])
+    counts = counter.steps
+    ran_out = [str(w.message) for w in caught if str(w.message).startswith(RAN_OUT)]
+    return {"steps_per_epoch_run": [b - a for a, b in zip([0] + counts, counts)], "warnings": len(ran_out),
+            "message": ran_out[0] if ran_out else ""}
+
+
 def tiny_model():
     """§7: a model whose step is mostly overhead (one Dense layer over the flattened image)."""
     return keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(),

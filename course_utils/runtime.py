@@ -242,8 +242,10 @@ def tpu_reachable_in_fresh_process() -> tuple[bool, str]:
     cores = next((ln for ln in reversed(lines) if ln.startswith("TPU cores:")), "")
     if proc.returncode == 0 and cores and cores != "TPU cores: 0":
         return True, cores
-    return False, next((ln for ln in reversed(lines) if "Error" in ln or "TPU" in ln),
-                       lines[-1] if lines else f"exit code {proc.returncode}")
+    said = [ln.split("] ", 1)[-1] for ln in lines]  # without TensorFlow's log prefix ("I0000 … file.cc:78] ")
+    return False, next((ln for ln in said if "No TPU platform found" in ln),
+                       next((ln for ln in reversed(said) if "Error" in ln),
+                            said[-1] if said else f"exit code {proc.returncode}"))
 
 
 def _pip_uninstall(names: tuple[str, ...]) -> tuple[int, str]:
@@ -642,7 +644,12 @@ def detect(
     # 1. TPU
     if device in ("auto", "tpu"):
         hints = tpu_hints()
-        should_try = probe_tpu if probe_tpu is not None else (bool(hints) or device == "tpu")
+        # A TensorFlow without TPU support (the CPU/GPU build: what the setup installs where the TPU build did not
+        # reach the TPU) cannot connect; trying anyway starts TensorFlow's runtime, after which the CPU can no longer
+        # be split into replicas (lesson 05's 4 CPU replicas failed that way on a TPU VM).
+        tpu_support = bool(_dist_version("tensorflow-tpu") or tf.config.list_physical_devices("TPU")
+                           or tf.config.list_physical_devices("TPU_SYSTEM"))
+        should_try = probe_tpu if probe_tpu is not None else ((bool(hints) and tpu_support) or device == "tpu")
         if hints and _dist_version("tensorflow-tpu"):  # say a libtpu/JAX mismatch before it bites
             notes.extend(libtpu_check()[1])
         if should_try:
@@ -669,6 +676,9 @@ def detect(
                 if hints and not _dist_version("tensorflow-tpu") and not tf.config.list_physical_devices("TPU"):
                     fix = f". If this is a TPU runtime, this TensorFlow may lack TPU support: {TPU_INSTALL_FIX}"
                 fallbacks.append(f"TPU{seen} did not connect — {_first_line(exc)}{fix}")
+        elif hints and not tpu_support and probe_tpu is None:
+            fallbacks.append(f"TPU ({hints[0]}) not tried: this TensorFlow has no TPU support (the CPU/GPU build). "
+                             f"If this is a TPU runtime and you want the TPU: {TPU_INSTALL_FIX}")
         else:
             fallbacks.append("TPU — none found (no /dev/accel*, /dev/vfio/0, TPU PCI device or TPU_* variable)")
 

@@ -176,3 +176,17 @@ def test_memory_profile_reads_the_peak_and_what_is_alive_there(monkeypatch, tmp_
     monkeypatch.setattr(profiler, "_converter", lambda: _memory_profile({"cpu": {"memoryProfileSnapshots": []}}))
     with pytest.raises(profiler.ProfileError, match="recorded no allocations: on a CPU the allocator must be"):
         profiler.read_memory_profile(str(tmp_path))
+
+
+def test_lesson_07_runs_on_without_the_plugin_and_its_claim_says_why(tmp_path, monkeypatch):
+    """Colab's images have no tensorboard_plugin_profile (nox -s colab_tpu: lesson 07 §7's cell raised ProfileError
+    there, and Run all stopped): the profile is skipped with the reason, and the claim reads "not measurable here"."""
+    from course_utils import report
+    from course_utils.lessons.activation_memory import experiments as exp
+
+    _hide_plugin(monkeypatch)
+    monkeypatch.setattr(exp, "profile_step_memory", lambda log_dir, **kw: profiler.read_memory_profile(log_dir))
+    profiles, why = exp.profiled_steps(str(tmp_path), batch=8, net=dict(depth=2, width=8))
+    assert profiles == {} and "profile" in why
+    claim = exp._profile_claim({"no_profile": why, "profile_peaks": {}, "wide_share": {}})
+    assert claim.status == report.UNMEASURABLE and claim.note == why and claim.id == "07.peak_is_block_insides"

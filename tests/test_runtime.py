@@ -299,6 +299,27 @@ def _fake_pip(*results):
     return pip, calls
 
 
+def test_a_tpu_machine_with_tensorflows_cpu_build_is_not_tried_and_the_cpu_still_splits():
+    """On a TPU VM where the setup fell back to the CPU/GPU build (no TPU reached), trying the TPU recipe anyway
+    started TensorFlow's runtime, and the CPU could no longer be split: lesson 05's 4 replicas came out as 1 (nox -s
+    colab_tpu). A TensorFlow without TPU support is not tried; the fall-back says why and how to get the TPU."""
+    code = (
+        "from course_utils import runtime\n"
+        "runtime.tpu_hints = lambda: ['/dev/vfio/0 exists (TPU v5e/v6e device file)']\n"
+        "def resolver(tpu):\n"
+        "    raise AssertionError('tried')\n"
+        "rt = runtime.detect(cpu_replicas=4, use_cache=False)\n"
+        "print(rt.kind, rt.num_replicas)\n"
+        "print(rt.fallbacks[0])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("COURSE_")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kind_line, why = proc.stdout.strip().splitlines()[-2:]
+    assert kind_line == "CPU 4"
+    assert why.startswith("TPU (/dev/vfio/0 exists (TPU v5e/v6e device file)) not tried: this TensorFlow has no TPU "
+                          "support") and runtime.TPU_INSTALL_FIX in why
+
+
 def test_install_does_nothing_where_tensorflow_exists():
     pip, calls = _fake_pip()
     assert runtime.install_tensorflow(on_tpu=True, pip=pip) == []
@@ -344,10 +365,16 @@ def test_the_tpu_check_reports_what_the_fresh_process_said(monkeypatch):
 
     def fake_run(argv, **kwargs):
         assert argv[:2] == [sys.executable, "-c"] and "initialize_tpu_system" in argv[2]
-        return subprocess.CompletedProcess(argv, 1, "", "I noise\nNotFoundError: No TPU platform found\n")
+        return subprocess.CompletedProcess(argv, 1, "", (
+            "2026-11-28 06:01:13.7 I external/local_xla/xla/stream_executor/tpu/tpu_platform_interface.cc:78] No TPU "
+            "platform found. Platform manager status: OK\ntensorflow.python.framework.errors_impl.InternalError: Graph "
+            "execution error:\n"))
 
     monkeypatch.setattr(runtime.processes, "run", fake_run)
-    assert runtime.tpu_reachable_in_fresh_process() == (False, "NotFoundError: No TPU platform found")
+    assert runtime.tpu_reachable_in_fresh_process() == (False, "No TPU platform found. Platform manager status: OK")
+    monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
+        argv, 1, "", "noise\nValueError: Please provide a TPU Name\n"))
+    assert runtime.tpu_reachable_in_fresh_process() == (False, "ValueError: Please provide a TPU Name")
     monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
         argv, 0, "TPU cores: 1\n", ""))
     assert runtime.tpu_reachable_in_fresh_process() == (True, "TPU cores: 1")

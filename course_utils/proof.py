@@ -73,6 +73,9 @@ SHAPES = {
     "tpu": {"replicas": 4, "jit": True, "standin": "tpu",
             "what": "TPU stand-in: a 4-core TPU over CPU devices (CPU:0 its host), every step compiled with XLA, "
                     "refusing what TPUStrategy refuses"},
+    "tpu-1": {"replicas": 1, "jit": True, "standin": "tpu",
+              "what": "TPU stand-in: a one-core TPU (Colab's v5e-1) over CPU devices (CPU:0 its host), every step "
+                      "compiled with XLA, refusing what TPUStrategy refuses"},
     "gpu": {"replicas": 1, "jit": False, "standin": "gpu",
             "what": "GPU stand-in: one GPU over a CPU device, memory read in the process as on a GPU, XLA as the "
                     "course chooses on one GPU (fit: on)"},

@@ -524,7 +524,8 @@ def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame
 
 @pytest.mark.parametrize("shape, jit, replicas", [(None, "0", {"01": "1", "04": "4"}), ("tpu", "1", {"01": "4", "04": "4"}),
                                                   ("multi-gpu", "0", {"01": "2", "04": "2"}),
-                                                  ("gpu", "0", {"01": "1", "04": "1"})])
+                                                  ("gpu", "0", {"01": "1", "04": "1"}),
+                                                  ("tpu-1", "1", {"01": "1", "04": "1"})])
 def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
     """--shape tpu: a 4-core TPU stand-in and XLA for every lesson (a TPU compiles every step); multi-gpu: 2 GPUs
     stood in for, XLA as the course chooses for several GPUs; gpu: one; none: each lesson's own replicas on the CPU,

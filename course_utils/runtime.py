@@ -771,6 +771,7 @@ def _standin_runtime(tf, which: str, n: int, fallbacks: list, notes: list, commo
     got, problem = _split_cpu(tf, n)
     if problem:
         raise _config.ConfigError(f"COURSE_STANDIN=gpu: {problem}")
+    fallbacks.append("TPU — none found (a GPU stand-in: COURSE_STANDIN=gpu)")  # as detect() records on a real GPU
     names = tuple(f"/device:CPU:{i}" for i in range(got))
     notes.append(f"stand-in: {got} GPU(s) over CPU devices (COURSE_STANDIN=gpu): memory is read in this process, as "
                  "on a GPU; it is a CPU, not faster")

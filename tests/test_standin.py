@@ -40,6 +40,7 @@ TPU_RULES = [
     "s = rt.strategy",
     "r['kind'], r['replicas'], r['devices'] = rt.kind, rt.num_replicas, list(rt.device_names)",
     "r['default_device'], r['in_process'], r['standin'] = memory.default_device(), memory.in_process(), rt.standin",
+    "r['fallbacks'] = rt.fallbacks",
     "r['eager_run'] = outcome(lambda: s.run(lambda: tf.constant(1.0)))",
     "r['traced_run'] = outcome(tf.function(lambda: s.run(lambda: tf.constant(1.0))))",
     "r['jit_around_run'] = outcome(tf.function(lambda: s.run(lambda: tf.constant(1.0)), jit_compile=True))",
@@ -75,6 +76,8 @@ def test_the_gpu_stand_in_answers_as_a_gpu_and_measures_in_process(replicas, kin
     assert (r["kind"], r["replicas"], r["standin"]) == (kind, replicas, "gpu")
     assert (r["default_device"], r["in_process"]) == ("CPU:0", True)
     assert r["eager_run"] == r["traced_run"] == r["jit_around_run"] == r["host_jit"] == "ran", r
+    # as on a real GPU, the TPU was looked for first: notebook 01 prints runtime.fallbacks[0] (an IndexError before)
+    assert r["fallbacks"] and r["fallbacks"][0].startswith("TPU — none found"), r["fallbacks"]
 
 
 def test_lesson_03_step_peaks_run_on_a_gpu_and_a_tpu():

@@ -314,21 +314,6 @@ def _step_unscale_then_inner(model, optimizer, loss_fn, x, y):
     return loss
 
 
-def _step_by_hand_inner(model, optimizer, loss_fn, x, y):
-    """Unscales by hand, skips an overflow and halves the scale by hand, applies with the inner optimizer: the weights
-    and ``optimizer.iterations`` (the inner optimizer's) move right, but the scale never grows."""
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, model(x, training=True))
-        scaled = optimizer.scale_loss(loss)
-    grads = tape.gradient(scaled, model.trainable_variables)
-    scale = optimizer.dynamic_scale
-    if all(np.all(np.isfinite(g.numpy())) for g in grads):
-        optimizer.inner_optimizer.apply([tf.cast(g, tf.float32) / scale for g in grads], model.trainable_variables)
-    else:
-        scale.assign(scale / 2)
-    return loss
-
-
 def _step_inner(model, optimizer, loss_fn, x, y):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
@@ -337,20 +322,38 @@ def _step_inner(model, optimizer, loss_fn, x, y):
     return loss
 
 
-def _step_by_hand(model, optimizer, loss_fn, x, y):
-    """Scales and unscales the loss, skips an overflow and halves the scale, all by hand: the weights change by the
-    right amount, but the optimizer never applies a step (no step count, no momentum, no growth of the scale)."""
+def _by_hand(model, optimizer, loss_fn, x, y, apply_unscaled):
+    """Scales the loss, then unscales, skips an overflow and halves the scale by hand; a finite step goes to
+    ``apply_unscaled(optimizer, grads, scale)``."""
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
         scaled = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled, model.trainable_variables)
     scale = optimizer.dynamic_scale
     if all(np.all(np.isfinite(g.numpy())) for g in grads):
-        for variable, grad in zip(model.trainable_variables, grads):
-            variable.assign_sub(optimizer.learning_rate * tf.cast(grad, variable.dtype) / scale)
+        apply_unscaled(optimizer, grads, scale, model.trainable_variables)
     else:
         scale.assign(scale / 2)
     return loss
+
+
+def _step_by_hand(model, optimizer, loss_fn, x, y):
+    """All by hand: the weights change by the right amount, but the optimizer never applies a step (no step count,
+    no momentum, no growth of the scale)."""
+    def assign(opt, grads, scale, variables):
+        for variable, grad in zip(variables, grads):
+            variable.assign_sub(opt.learning_rate * tf.cast(grad, variable.dtype) / scale)
+
+    return _by_hand(model, optimizer, loss_fn, x, y, assign)
+
+
+def _step_by_hand_inner(model, optimizer, loss_fn, x, y):
+    """By hand, applied with the inner optimizer: the weights and ``optimizer.iterations`` (the inner optimizer's)
+    move right, but the scale never grows."""
+    def inner(opt, grads, scale, variables):
+        opt.inner_optimizer.apply([tf.cast(g, tf.float32) / scale for g in grads], variables)
+
+    return _by_hand(model, optimizer, loss_fn, x, y, inner)
 
 
 EXERCISES = ExerciseBank(

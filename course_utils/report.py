@@ -144,6 +144,7 @@ class Claim:
     lesson: str = ""  # "05": set by the lesson's claims function
     id: str = ""  # stable across rewordings: "05.accumulated_peak" (the lesson's number, then a name)
     where: str = ""  # the function that measured it: "course_utils.lessons.gradient_accumulation.experiments:step_peaks"
+    figure: str = ""  # "speed" | "memory": judged on the accelerator's speed or memory (FIGURE_KINDS); "" otherwise
 
     def __post_init__(self):
         if self.holds is not None and not isinstance(self.holds, str):
@@ -197,7 +198,8 @@ class Claim:
         return {"id": self.id, "where": self.where, "lesson": self.lesson, "claim": self.claim, "source": self.source, "expected": self.expected,
                 "measured": self.measured, "verdict": WORDS[self.status], "reason": self.reason,
                 "holds": self.holds, "note": self.note, "differs_here": self.differs_here,
-                "samples": None if self.samples is None else [float(v) for v in self.samples]}
+                "samples": None if self.samples is None else [float(v) for v in self.samples],
+                "figure": self.figure}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Claim":
@@ -205,7 +207,8 @@ class Claim:
             raise ValueError(f"not a claim (needs at least 'claim' and 'holds'): {str(d)[:120]}")
         return cls(d["claim"], d.get("source", ""), d.get("expected", ""), d.get("measured", ""), d["holds"],
                    note=d.get("note", ""), differs_here=d.get("differs_here", ""), samples=d.get("samples"),
-                   lesson=d.get("lesson", ""), id=d.get("id", "") or "", where=d.get("where", "") or "")
+                   lesson=d.get("lesson", ""), id=d.get("id", "") or "", where=d.get("where", "") or "",
+                   figure=d.get("figure", "") or "")
 
 
 def function_name(fn) -> str:
@@ -222,16 +225,38 @@ def where_label(where: str) -> str:
     return f"{path}: {name}"
 
 
-def placed(claims: list["Claim"], lesson: str, measured_by: dict) -> list["Claim"]:
-    """Lesson ``lesson``'s claims, each with its ``lesson`` and its ``where``: the function that measured it, from
-    ``measured_by`` (claim id -> function, or its ``module:name``; None for a claim nothing here measures). A key
-    ending in "_" or "." stands for every id it begins (``"02.forward_peak_"``: one claim per policy). The claims
-    are changed in place and returned."""
+FIGURE_KINDS = ("speed", "memory")
+
+
+def _by_id(table: dict, claim_id: str):
+    """``table``'s entry for ``claim_id``: its own key, else the longest key ending in "_" or "." that it begins."""
+    keys = [k for k in table if claim_id == k or (k.endswith(("_", ".")) and claim_id.startswith(k))]
+    return table[max(keys, key=len)] if keys else None
+
+
+def placed(claims: list["Claim"], lesson: str, measured_by: dict, figures: dict | None = None) -> list["Claim"]:
+    """Lesson ``lesson``'s claims, each with its ``lesson``, its ``where``: the function that measured it, from
+    ``measured_by`` (claim id -> function, or its ``module:name``; None for a claim nothing here measures), and its
+    ``figure`` from ``figures`` (claim id -> "speed" or "memory": the claims judged on how fast the accelerator
+    runs or how much of its memory a step takes). A key ending in "_" or "." stands for every id it begins
+    (``"02.forward_peak_"``: one claim per policy). The claims are changed in place and returned.
+
+    Under a GPU or TPU stand-in (:mod:`course_utils.standin`) a figure is a CPU's, judged as the accelerator's: one
+    that does not hold there says so (``differs_here``) instead of failing. Every other claim — values, errors,
+    what runs where — is judged as anywhere else: the stand-in runs the accelerator's code."""
+    from . import standin
+
+    kind = standin.active()
     for claim in claims:
         claim.lesson = lesson
-        keys = [k for k in measured_by if claim.id == k or (k.endswith(("_", ".")) and claim.id.startswith(k))]
-        fn = measured_by[max(keys, key=len)] if keys else None
+        fn = _by_id(measured_by, claim.id)
         claim.where = function_name(fn) if fn is not None else ""
+        claim.figure = _by_id(figures or {}, claim.id) or ""
+        if claim.figure not in ("",) + FIGURE_KINDS:
+            raise ValueError(f"{claim.id}: figure {claim.figure!r} is not one of {', '.join(FIGURE_KINDS)}")
+        if kind and claim.figure and claim.holds is False and not claim.differs_here:
+            claim.differs_here = (f"a {kind.upper()} stand-in: this {claim.figure} figure is a CPU's, judged as the "
+                                  f"{kind.upper()}'s (run it on one)")
     return claims
 
 

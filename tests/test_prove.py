@@ -93,6 +93,9 @@ def test_every_claim_id_of_every_lesson_names_the_function_that_measures_it():
             for part in name.split("."):
                 target = getattr(target, part)
             assert callable(target), key
+        for key, kind in getattr(lesson.experiments, "FIGURES", {}).items():  # a typo would leave a figure judged
+            assert any(w == key or w.startswith(key) for w in written), f"FIGURES {key}: no claim has this id"
+            assert kind in report.FIGURE_KINDS, (key, kind)
 
 
 def test_placed_sets_each_claims_lesson_and_where_and_a_prefix_covers_ids_made_in_a_loop():
@@ -674,14 +677,32 @@ def test_compare_verdicts_matches_by_id_takes_ids_for_an_old_card_by_wording_and
         assert "Traceback" not in proc.stderr
 
 
-def test_a_stand_in_fails_on_what_crashed_and_lists_what_does_not_hold():
-    """Under a stand-in (--shape gpu|multi-gpu|tpu) a CPU measured what the claims judge as a GPU's or TPU's: a claim
-    that does not hold is listed, with why it is not counted; a lesson that could not be measured fails the run. On
-    the CPU (no --shape) both fail it."""
-    failing = {"id": "03.x", "claim": "c", "expected": "e", "measured": "m", "holds": False, "verdict": "does not hold"}
-    for shape, code in (("tpu", 0), ("gpu", 0), (None, 1)):
-        data = {"machine": {"shape": shape}, "lessons": {"03": {"claims": [failing]}}}
-        got, summary = proof.exit_status(data, ["03"])
-        assert got == code and "03.x" in summary and (("not counted" in summary) == bool(shape)), (shape, summary)
-        got, summary = proof.exit_status(data, ["03", "05"])
-        assert got == 1 and "lessons not measured: 05" in summary
+def test_a_stand_in_fails_on_a_claim_that_does_not_hold_unless_it_is_a_figure(monkeypatch):
+    """Under a stand-in (--shape gpu|multi-gpu|tpu|tpu-1) the accelerator's code runs on CPU devices: a claim about
+    values, errors or placement that does not hold fails the run as anywhere; a speed or memory figure is a CPU's
+    judged as the accelerator's, and placed() marks it "differs on this hardware" with why — only under a stand-in,
+    only when it is a figure. A lesson that could not be measured fails the run."""
+    from course_utils import config
+
+    def judged(standin: str, figures: dict) -> report.Claim:
+        monkeypatch.setenv("COURSE_STANDIN", standin)
+        config.reload()
+        claim = report.Claim("c", "s", "e", "m", False, id="03.x")
+        return report.placed([claim], "03", {}, figures)[0]
+
+    try:
+        for standin, figures, fails in (("tpu", {"03.x": "memory"}, False), ("gpu", {"03.": "speed"}, False),
+                                        ("tpu", {}, True), ("", {"03.x": "memory"}, True)):
+            claim = judged(standin, figures)
+            assert claim.fails == fails, (standin, figures, claim.verdict)
+            assert ("stand-in" in claim.verdict) == (not fails), claim.verdict
+            data = {"machine": {"shape": "tpu-1" if standin else None}, "lessons": {"03": {"claims": [claim.to_dict()]}}}
+            got, summary = proof.exit_status(data, ["03"])
+            assert got == int(fails) and (("03.x" in summary) == fails), (standin, figures, summary)
+            got, summary = proof.exit_status(data, ["03", "05"])
+            assert got == 1 and "lessons not measured: 05" in summary
+        with pytest.raises(ValueError, match="figure 'time'"):
+            judged("", {"03.x": "time"})
+    finally:
+        monkeypatch.delenv("COURSE_STANDIN", raising=False)
+        config.reload()

@@ -304,6 +304,11 @@ def run_checks(
                                f"{rt.kind}, {rt.num_replicas} replica(s). Fell back: {why}"
                                + (" — the course runs on CPU, slower; timings will differ from TPU/GPU" if rt.kind == "CPU" else ""),
                                accelerator_fix if rt.kind == "CPU" else ""))
+        if rt.kind == "CPU":  # which CPU kernels the lessons run on: they differ in speed more than most choices
+            from . import hardware
+
+            path, why = hardware.kernel_path()
+            out.append(Finding("ok", "CPU kernels", f"{path} — {hardware.KERNEL_PATHS[path]['what']} ({why})"))
         import tensorflow as tf
 
         has_tpu_support = bool(tf.config.list_physical_devices("TPU")) or importlib.util.find_spec("libtpu") is not None

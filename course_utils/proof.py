@@ -47,6 +47,7 @@ from typing import Any, Callable
 
 from . import config as _config
 from . import commandline, fileguard, forkserver, processes, report
+from . import hardware as _hardware
 from .lessons import BY_ID, Lesson
 from .runtime import usable_cores
 import course_utils
@@ -167,7 +168,8 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
                         "replicas": runtime.num_replicas},
         "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
                 "max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
-                "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")},
+                "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
+                "kernels": _hardware.kernel_path()[0]},
         "memory_gib": _memory_gib(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -191,7 +193,8 @@ def machine_line(machine: dict) -> str:
     acc, cpu = machine["accelerator"], machine["cpu"]
     where = f"{acc['kind']} ({acc['name']})" if acc["name"] != "none" else acc["kind"]
     cores = f"{cpu['usable_cores']} of {cpu['cores']} cores" if cpu["usable_cores"] != cpu["cores"] else f"{cpu['cores']} cores"
-    extra = [f"oneDNN {'off' if cpu['onednn'] == '0' else 'on'}"]
+    extra = ([f"CPU kernels {cpu['kernels']}"] if cpu.get("kernels") else
+             [f"oneDNN {'off' if cpu['onednn'] == '0' else 'on'}"])
     if cpu.get("max_isa"):
         extra.append(f"ONEDNN_MAX_CPU_ISA={cpu['max_isa']}")
     replicas = f"{acc['replicas']} replica(s)" + (" (lessons on distribution split it into 4 devices)"
@@ -278,6 +281,10 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
         env["COURSE_STANDIN"] = shape["standin"]
     else:
         env.pop("COURSE_STANDIN", None)
+    if getattr(args, "kernels", None):
+        env.update(_hardware.KERNEL_PATHS[args.kernels]["env"])
+        if args.kernels != "onednn-fp32":
+            env.pop("ONEDNN_MAX_CPU_ISA", None)  # a cap left from the caller would change the path asked for
     env[JOBS_VARIABLE] = str(getattr(args, "jobs", 1))
     env.pop(CPUS_VARIABLE, None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -520,6 +527,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
                         help="run every lesson in a shape learners run, emulated on this CPU: " + "; ".join(
                             v["what"] for v in SHAPES.values()))
+    parser.add_argument("--kernels", choices=list(_hardware.KERNEL_PATHS), default=None,
+                        help="the CPU kernels every lesson runs on (TF_ENABLE_ONEDNN_OPTS, ONEDNN_MAX_CPU_ISA; default: "
+                             "TensorFlow's choice for this CPU): " + "; ".join(
+                                 f"{k}: {v['what']}, as on {v['who']}" for k, v in _hardware.KERNEL_PATHS.items()))
     parser.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, or the mode's)")
     parser.add_argument("--out", default=os.path.join("runs", "proof"), help="folder for claims.json and report.md")
     parser.add_argument("--again", action="store_true", help="measure lessons already proved in --out on this machine")
@@ -554,6 +565,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if problem is not None:
             raise UsageError(f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
                              "(the README, section Modes, says how to make one), or --data synthetic")
+    if args.kernels is not None:
+        got, why = _hardware.kernel_path(dict(os.environ, **_hardware.KERNEL_PATHS[args.kernels]["env"]))
+        if got != args.kernels:
+            raise UsageError(f"--kernels {args.kernels}: this CPU takes {got} with its settings ({why}); "
+                             f"choose one of the paths it can run")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
     args.slots = core_slots(args.jobs) if args.jobs > 1 else [None]

@@ -255,6 +255,15 @@ def _pip_uninstall(names: tuple[str, ...]) -> tuple[int, str]:
     return proc.returncode, (lines[-1] if lines else "(pip printed nothing)")
 
 
+class InstallFailed(RuntimeError):
+    """The setup cell could not install TensorFlow: it stops the notebook (nothing after it can run), and a notebook
+    shows only its message, what to do included — IPython draws an exception with ``_render_traceback_`` that way,
+    with no traceback into the course's code."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 def install_tensorflow(on_tpu: bool | None = None,
                        pip: Callable[[tuple[str, ...]], tuple] = _pip_install,
                        check: Callable[[], tuple[str, list[str]]] | None = None,
@@ -324,7 +333,7 @@ def install_tensorflow(on_tpu: bool | None = None,
                 "every fit. Replacing it with the CPU/GPU build: this notebook will run on the TPU VM's CPU.")
             undo = pip_uninstall(("tensorflow-tpu",))
             if undo[0] != 0:
-                raise RuntimeError(f"`pip uninstall -y tensorflow-tpu` exited with code {undo[0]}: {undo[1]}. Restart "
+                raise InstallFailed(f"`pip uninstall -y tensorflow-tpu` exited with code {undo[0]}: {undo[1]}. Restart "
                                    "the runtime (Runtime → Disconnect and delete runtime) and run the setup cell again.")
             if image_libtpu and image_libtpu != LIBTPU_FOR_TF:
                 back = install((f"libtpu=={image_libtpu}",))
@@ -337,7 +346,7 @@ def install_tensorflow(on_tpu: bool | None = None,
     say(f"Running `{command(CPU_GPU_PIP_ARGS)}`…")
     code, last = install(CPU_GPU_PIP_ARGS)
     if code != 0:
-        raise RuntimeError(f"`{command(CPU_GPU_PIP_ARGS)}` exited with code {code}: {last}. No TensorFlow is "
+        raise InstallFailed(f"`{command(CPU_GPU_PIP_ARGS)}` exited with code {code}: {last}. No TensorFlow is "
                            "installed: check the connection, then restart the runtime and run the setup cell again.")
     importlib.invalidate_caches()
     say(f"Installed tensorflow=={TF_VERSION} (CPU/GPU build).")

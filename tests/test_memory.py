@@ -539,3 +539,32 @@ def test_isolated_in_this_process_measures_both_orders_and_pools_them():
     _BUILT.clear()
     one = memory.measure_peaks_isolated(recording_step, {"a": {"mib": 8}}, repeats=2, fresh_process=False)["a"]
     assert _BUILT == [8] and len(one.samples) == 2 and "in this process" in one.method  # one variant: one pass
+
+
+def test_kernel_path_follows_tensorflows_own_rule_for_turning_onednn_on():
+    """hardware.kernel_path: which CPU kernels TensorFlow takes — TF_ENABLE_ONEDNN_OPTS when set, else TensorFlow's
+    default (port.cc DefaultOneDnnPolicy: Linux x86 only with VNNI or AMX, x86 Windows always, macOS never), then the
+    oneDNN cap and the CPU's bfloat16 units. Each case would read another path if one rule were missing."""
+    from course_utils import hardware
+
+    amx = "flags: fpu avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16"
+    vnni = "flags: fpu avx2 avx512f avx512_vnni"
+    laptop = "flags: fpu avx2 fma"
+    cases = [
+        ({}, amx, "linux", "x86_64", "onednn-bf16"),
+        ({}, vnni, "linux", "x86_64", "onednn-fp32"),  # Cascade Lake: oneDNN on, no bfloat16 units
+        ({}, laptop, "linux", "x86_64", "eigen"),  # an AVX2 laptop: TensorFlow leaves oneDNN off
+        ({"TF_ENABLE_ONEDNN_OPTS": "1"}, laptop, "linux", "x86_64", "onednn-fp32"),
+        ({"TF_ENABLE_ONEDNN_OPTS": "0"}, amx, "linux", "x86_64", "eigen"),
+        ({"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"}, amx, "linux", "x86_64", "onednn-fp32"),
+        ({}, "", "win32", "AMD64", "onednn-fp32"),  # on by default; bfloat16 units unread
+        ({}, amx, "darwin", "arm64", "eigen"),
+        ({"TF_ENABLE_ONEDNN_OPTS": "1"}, amx, "darwin", "arm64", "eigen"),  # no oneDNN in the macOS build
+        ({}, "Features: fp asimd bf16", "linux", "aarch64", "eigen"),
+    ]
+    for environ, cpuinfo, platform, machine, expected in cases:
+        path, why = hardware.kernel_path(environ, cpuinfo, platform, machine)
+        assert path == expected, (environ, cpuinfo, platform, path, why)
+        assert why and path in hardware.KERNEL_PATHS
+    for name, path in hardware.KERNEL_PATHS.items():  # each path's own settings make it, on an AMX CPU
+        assert hardware.kernel_path(path["env"], amx, "linux", "x86_64")[0] == name

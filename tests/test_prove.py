@@ -706,3 +706,27 @@ def test_a_stand_in_fails_on_a_claim_that_does_not_hold_unless_it_is_a_figure(mo
     finally:
         monkeypatch.delenv("COURSE_STANDIN", raising=False)
         config.reload()
+
+
+def test_kernels_sets_each_lessons_cpu_kernels_and_refuses_a_path_this_cpu_cannot_take(monkeypatch):
+    """prove --kernels PATH: every lesson's process runs with that kernel path's settings (a cap left in the caller's
+    environment is dropped where it would change the path); a path the CPU cannot take (bfloat16 units it lacks) is
+    refused up front, in one line; the machine line names the path."""
+    from course_utils import hardware
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    for path, settings in hardware.KERNEL_PATHS.items():
+        monkeypatch.setattr(hardware, "kernel_path", lambda environ=None, path=path: (path, "as asked"))
+        args = proof._parse(["--kernels", path, "--lessons", "02"])
+        env = proof._child_env(args, None)
+        for name, value in settings["env"].items():
+            assert env[name] == value, (path, name)
+        assert ("ONEDNN_MAX_CPU_ISA" in env) == (path == "onednn-fp32"), path
+    monkeypatch.setattr(hardware, "kernel_path", lambda environ=None: ("eigen", "no VNNI or AMX"))
+    with pytest.raises(proof.UsageError, match="--kernels onednn-bf16: this CPU takes eigen"):
+        proof._parse(["--kernels", "onednn-bf16"])
+    machine = {"accelerator": {"kind": "CPU", "name": "none", "replicas": 1}, "memory_gib": 24, "os": "Linux",
+               "python": "3.11", "tensorflow": "2.20.0", "keras": "3.15.1", "mode": "smoke", "xla": False,
+               "data": "synthetic", "cpu": {"model": "x", "cores": 2, "usable_cores": 2, "max_isa": "",
+                                            "onednn": "0", "kernels": "eigen"}}
+    assert "CPU kernels eigen" in proof.machine_line(machine)

@@ -360,6 +360,17 @@ def test_a_tpu_build_that_does_not_reach_the_tpu_is_replaced_and_the_images_libt
     assert lines[-1] == "Installed tensorflow==2.20.0 (CPU/GPU build)."
 
 
+def test_a_failed_uninstall_of_the_tpu_build_stops_with_what_to_do_and_no_traceback(no_tensorflow):
+    pip, calls = _fake_pip((0, ""))
+    with pytest.raises(runtime.InstallFailed, match=r"`pip uninstall -y tensorflow-tpu` exited with code 1: "
+                       r"ERROR: busy\. Restart the runtime") as raised:
+        runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("", []), version=lambda name: None,
+                                   reach_tpu=lambda: (False, "No TPU platform found"),
+                                   pip_uninstall=lambda names: (1, "ERROR: busy"))
+    assert calls == [runtime.TPU_PIP_ARGS]  # nothing installed over a TPU build still in place
+    assert raised.value._render_traceback_() == [f"InstallFailed: {raised.value}"]
+
+
 def test_the_tpu_check_reports_what_the_fresh_process_said(monkeypatch):
     import subprocess
 
@@ -421,8 +432,12 @@ def test_no_tpu_installs_the_cpu_gpu_build_only(no_tensorflow):
 
 def test_when_nothing_installs_the_error_names_the_command_and_exit_code(no_tensorflow):
     pip, _ = _fake_pip((1, "tpu: no wheel"), (2, "ERROR: Could not find a version"))
-    with pytest.raises(RuntimeError, match=r"`pip install tensorflow==2\.20\.0` exited with code 2: ERROR: Could not find"):
+    with pytest.raises(runtime.InstallFailed, match=r"`pip install tensorflow==2\.20\.0` exited with code 2: ERROR: Could "
+                       "not find") as raised:
         runtime.install_tensorflow(on_tpu=True, pip=pip)
+    # a notebook shows the message alone (IPython's _render_traceback_), not a traceback into course_utils
+    assert raised.value._render_traceback_() == [f"InstallFailed: {raised.value}"]
+    assert isinstance(raised.value, RuntimeError)  # what the setup cell's callers caught before
 
 
 def test_old_recipes_report_what_they_do_here(monkeypatch):

@@ -4,7 +4,6 @@ follow from the hardware (``steps_per_execution``, XLA, the learning rate for a 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from .. import hardware, standin
 from .models import resnet9, tutorial_cnn
@@ -120,19 +119,14 @@ class _Course(Recipe):
     def choose_policy(self, rt) -> tuple[str, str]:
         policy, why = hardware.recommended_policy(rt)
         if rt.kind == "CPU" and policy == "mixed_bfloat16":
-            cap = hardware.onednn_bf16_capped()  # first: course_utils may have turned oneDNN off under this cap
-            if cap:
-                return "float32", (f"CPU with oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA): no bfloat16 kernels there, "
-                                   "as on a laptop's CPU")
-            if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("0", "false"):
+            path, kernels_why = hardware.kernel_path()  # which CPU kernels TensorFlow runs here, and why
+            if path == "eigen":
                 # measured on a 2-core AVX512-BF16 CPU: 207 ms a step under mixed_bfloat16, 38 ms under float32
-                return "float32", ("CPU with oneDNN off (TF_ENABLE_ONEDNN_OPTS=0): TensorFlow's own kernels run "
-                                   "bfloat16 several times slower than float32")
-            supported, flags = hardware.cpu_bf16_support()
-            if supported is False:
-                return "float32", "CPU without native bfloat16 (no avx512_bf16/amx_bf16): float32 is faster here"
-            if supported:
-                why = f"CPU with native bfloat16 ({', '.join(flags)}): mixed_bfloat16"
+                return "float32", (f"CPU kernels eigen ({kernels_why}): TensorFlow's own kernels run bfloat16 several "
+                                   "times slower than float32")
+            if path == "onednn-fp32":
+                return "float32", f"CPU kernels onednn-fp32 ({kernels_why}): no bfloat16 units, float32 is faster"
+            return "mixed_bfloat16", f"CPU kernels onednn-bf16 ({kernels_why})"
         return policy, why
 
     def peak_learning_rate(self, global_batch: int) -> float:

@@ -23,6 +23,7 @@ from .run_folder import (RunFolder, backup_epoch, check_backup_fits, check_same_
                          repair_backup)
 from .. import config as _config
 from .. import data as _data
+from .. import hardware as _hardware
 from .. import memory as _memory
 from .. import runtime as _runtime
 
@@ -319,6 +320,9 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         runtime_line += ("; the trainer fits under TensorFlow's default strategy on this one device (lesson 06 §2: no "
                          "wait for the last epoch's iterator)")
     say(runtime_line)
+    kernels = _hardware.kernel_path() if rt.kind == "CPU" else None  # which CPU kernels run here, and why
+    if kernels:
+        say(_hardware.kernel_path_line())
     micro = o.batch_size // replicas // o.accumulate
     say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why})")
     say(f"Global batch {o.batch_size} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
@@ -488,6 +492,8 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "test_examples": len(x_test),
         "options": dataclasses.asdict(o),
         "hardware": dict(rt.as_dict(), cpu_count=os.cpu_count()),
+        "kernel_path": kernels[0] if kernels else None,
+        "kernel_path_why": kernels[1] if kernels else None,
         "tf_version": tf.__version__,
         "keras_version": keras.__version__,
         "python_version": sys.version.split()[0],
@@ -545,10 +551,13 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
             epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
             epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
             tried = [[width, round(epoch_s, 2), epochs]]
-            if auto_width and clock() > PLANNING_SHARE * budget:  # (a fixed network has no width to choose)
-                say(f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
-                    f"{clock():.1f} s ({clock() / budget:.0%} of it) → no other width is tried")
-            elif auto_width:
+            if auto_width:  # (a fixed network has no width to choose)
+                # Past PLANNING_SHARE of the budget already (a slow machine, a short budget), no other width is
+                # timed, but one is still chosen from the start width's timing: keeping the start width there cost
+                # the most (TensorFlow's own kernels, 2 cores, 60 s: 5 epochs at width 8)
+                if clock() > PLANNING_SHARE * budget:
+                    say(f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
+                        f"{clock():.1f} s ({clock() / budget:.0%} of it) → the width is chosen from that timing alone")
                 timed, models = {width: epoch_s}, {width: built}
                 while True:
                     # another width compiles again (about as long as this one did)

@@ -44,7 +44,10 @@ def short_path(path: str) -> str:
 
 
 def _message(exc: BaseException) -> str:
-    text = str(exc).strip() or "(no message)"
+    try:
+        text = str(exc).strip() or "(no message)"
+    except Exception as err:  # noqa: BLE001 - an exception whose __str__ raises: say so, do not raise with it
+        text = f"(its message could not be read: {type(err).__name__} in its __str__)"
     lines = text.splitlines()
     head = "\n".join(lines[:MAX_MESSAGE_LINES])
     if len(head) > MAX_MESSAGE_CHARS:
@@ -77,6 +80,10 @@ class expect_failure:  # noqa: N801 — used as a statement, like contextlib's s
     def __init__(self, *exceptions: type[BaseException], when: bool = True):
         if not exceptions or not all(isinstance(e, type) and issubclass(e, BaseException) for e in exceptions):
             raise TypeError("expect_failure(...) takes one or more exception classes, e.g. expect_failure(KeyError)")
+        never = [e for e in exceptions if not issubclass(e, Exception)]
+        if never:  # it lets these through (a learner's Ctrl-C, sys.exit must stop the cell): expecting one would stop it
+            raise TypeError(f"expect_failure cannot catch {_names(tuple(never))}: it lets SystemExit, KeyboardInterrupt "
+                            "and the like through, so that they stop the cell; expect an Exception subclass")
         self.exceptions = exceptions
         self.when = bool(when)
         self.error: BaseException | None = None  # what was raised, for a later cell or a test to look at

@@ -757,9 +757,13 @@ def _rewrite_links(text: str, repo: str, ref: str, old_repo: str | None) -> str:
 def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[str]:
     """Point _repo.py, every notebook's badge/setup cell/Colab links and the docs' Colab/Binder links
     at (repo, ref). Returns one line per file changed. Raises ValueError for a bad slug or ref."""
-    if not SLUG_RE.match(repo):
+    # fullmatch, not match: a pattern's $ also matches before a final newline, and a name ending in one left _repo.py
+    # with an unterminated string (then nothing imported, set-repo included). "." and ".." are no GitHub names, and
+    # no git ref has a component starting with "." or ending in ".lock" (git check-ref-format).
+    if not (isinstance(repo, str) and SLUG_RE.fullmatch(repo)) or any(not part.strip(".") for part in repo.split("/")):
         raise ValueError(f"invalid repository {repo!r}: expected OWNER/NAME, e.g. my-user/memory-efficient-tf")
-    if not REF_RE.match(ref):
+    if (not (isinstance(ref, str) and REF_RE.fullmatch(ref)) or ref.endswith((".", "/"))
+            or any(part.startswith(".") or part.endswith(".lock") for part in ref.split("/"))):
         raise ValueError(f"invalid ref {ref!r}: expected a branch or tag name, e.g. main")
     root = Path(root)
     repo_file = root / REPO_FILE
@@ -772,16 +776,23 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
             raise RuntimeError("the notebooks are formatted with tensorflow-docs' nbfmt, which is not installed: "
                                "pip install -r requirements-dev.txt") from err
 
+    # Every file's new content first, each written only once all are known: a notebook that cannot be read stops
+    # the command before any file changed (it used to stop half-way, _repo.py already rewritten).
+    writes: list[tuple[Path, bytes]] = []
     text = repo_file.read_text(encoding="utf-8")
     new = re.sub(r'^REPO = "[^"\n]*"$', f'REPO = "{repo}"', text, flags=re.M)
     new = re.sub(r'^REF = "[^"\n]*"$', f'REF = "{ref}"', new, flags=re.M)
     if new != text:
-        repo_file.write_text(new, encoding="utf-8")
+        writes.append((repo_file, new.encode("utf-8")))
         changed.append(f"{REPO_FILE.as_posix()}: {old_repo}@{old_ref} -> {repo}@{ref}")
 
     for path in list_notebooks(root):
         raw = path.read_bytes()
-        nb = json.loads(raw.decode("utf-8"))
+        try:
+            nb = json.loads(raw.decode("utf-8"))
+        except ValueError as err:  # not UTF-8, not JSON
+            raise ValueError(f"{path.relative_to(root).as_posix()} is not a notebook this command can read ({err}); "
+                             "nothing was changed") from None
         touched = []
         for cell in nb.get("cells", []):
             src = cell_source(cell)
@@ -799,16 +810,18 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
         if touched:
             out = nbfmt_bytes(nb, path)
             if out != raw:
-                path.write_bytes(out)
+                writes.append((path, out))
                 changed.append(f"{path.relative_to(root).as_posix()}: {', '.join(sorted(set(touched)))}")
 
     for path in _markdown_docs(root):
         text = path.read_text(encoding="utf-8")
         new = _rewrite_links(text, repo, ref, old_repo)
         if new != text:
-            path.write_text(new, encoding="utf-8")
+            writes.append((path, new.encode("utf-8")))
             n = sum(a != b for a, b in zip(text.splitlines(), new.splitlines()))
             changed.append(f"{path.relative_to(root).as_posix()}: {n} line(s) of links")
+    for path, content in writes:
+        path.write_bytes(content)
     return changed
 
 

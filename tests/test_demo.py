@@ -59,6 +59,26 @@ def test_bad_arguments_are_one_clear_error(bad) -> None:
         expect_failure(*bad)
 
 
+@pytest.mark.parametrize("never", [SystemExit, KeyboardInterrupt, GeneratorExit, BaseException])
+def test_an_exception_it_never_catches_is_refused_up_front(never) -> None:
+    """expect_failure lets SystemExit and KeyboardInterrupt through (a learner's Ctrl-C must stop the cell):
+    accepting expect_failure(SystemExit) promised a catch it never made, and Run all stopped there."""
+    with pytest.raises(TypeError, match=r"expect_failure cannot catch .*expect an Exception subclass"):
+        expect_failure(never)
+
+
+def test_an_expected_exception_whose_message_cannot_be_read_is_still_shown(capsys) -> None:
+    class Unprintable(ValueError):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    with expect_failure(ValueError) as demo:
+        raise Unprintable()
+    out = capsys.readouterr().out
+    assert isinstance(demo.error, Unprintable)
+    assert "Unprintable: (its message could not be read: RuntimeError in its __str__)" in out, out
+
+
 def test_long_messages_are_cut_to_their_head(capsys) -> None:
     with expect_failure(RuntimeError):
         raise RuntimeError("\n".join(f"line {i}" for i in range(40)))

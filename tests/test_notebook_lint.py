@@ -415,6 +415,31 @@ def test_set_repo_rejects_invalid_slug(repo_copy: Path, capsys, slug: str) -> No
     assert (repo_copy / "course_utils" / "_repo.py").read_bytes() == before
 
 
+@pytest.mark.parametrize("args", [["evil/name\n"], ["../.."], ["./fork"], ["owner/.."],
+                                  ["a-user/fork", "--ref", "main\n"], ["a-user/fork", "--ref", "."],
+                                  ["a-user/fork", "--ref", ".hidden"], ["a-user/fork", "--ref", "topic.lock"],
+                                  ["a-user/fork", "--ref", "release/"]])
+def test_set_repo_refuses_a_name_or_ref_that_is_none_and_changes_no_file(repo_copy: Path, capsys, args) -> None:
+    """A trailing newline passed the old patterns (their $ matches before it) and left _repo.py with an unterminated
+    string, after which nothing imported; "../.." pointed every badge at github.com/../..; --ref . rewrote 10 files,
+    then exited 1. Each is refused before any file changes, in one line, and the checkout still imports."""
+    snapshot = {p: p.read_bytes() for p in repo_copy.rglob("*") if p.is_file()}
+    assert nbl.set_repo_main([*args, "--root", str(repo_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in repo_copy.rglob("*") if p.is_file()} == snapshot
+
+
+def test_set_repo_writes_all_or_nothing_when_a_notebook_cannot_be_read(repo_copy: Path, capsys) -> None:
+    broken = repo_copy / "notebooks" / "99_broken.ipynb"
+    broken.write_text("{ not json")
+    snapshot = {p: p.read_bytes() for p in repo_copy.rglob("*") if p.is_file()}
+    assert nbl.set_repo_main(["a-user/fork", "--root", str(repo_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "99_broken.ipynb is not a notebook" in err and "nothing was changed" in err, err
+    assert {p: p.read_bytes() for p in repo_copy.rglob("*") if p.is_file()} == snapshot
+
+
 def test_consistency_catches_a_stale_readme_and_setup_cell(repo_copy: Path) -> None:
     readme = repo_copy / "README.md"
     readme.write_text(readme.read_text() + f"\n[02]({nbl.colab_url('notebooks/02_missing.ipynb')})\n"

@@ -677,6 +677,30 @@ def test_compare_verdicts_matches_by_id_takes_ids_for_an_old_card_by_wording_and
         assert "Traceback" not in proc.stderr
 
 
+def test_compare_verdicts_refuses_a_fifo_a_device_a_claim_without_verdict_and_an_id_listed_twice(tmp_path):
+    """The fifth hostile pass: a FIFO blocked forever, /dev/zero read until memory ran out, a claim without "verdict"
+    was a KeyError traceback, and one id listed twice with two verdicts read "0 differ". Each is one line, exit 2,
+    within seconds."""
+    good = {"id": "05.a", "claim": "a", "verdict": "holds"}
+    cards = {"no_verdict": [{"id": "05.a", "claim": "a"}], "twice": [good, dict(good, verdict="does not hold")],
+             "not_a_dict": ["05.a"]}
+    paths = {}
+    for name, claims in cards.items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps({"format": 2, "lessons": {"05": {"claims": claims}}}))
+    fine = tmp_path / "fine.json"
+    fine.write_text(json.dumps({"format": 2, "lessons": {"05": {"claims": [good]}}}))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for bad, says in ((paths["no_verdict"], "without its text or verdict"), (paths["twice"], "twice"),
+                      (paths["not_a_dict"], "without its text or verdict"), (fifo, "not a regular file"),
+                      (pathlib.Path("/dev/zero"), "not a regular file")):
+        proc = subprocess.run([sys.executable, str(ROOT / ".ci" / "compare-verdicts"), str(fine), str(bad)],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_a_stand_in_fails_on_a_claim_that_does_not_hold_unless_it_is_a_figure(monkeypatch):
     """Under a stand-in (--shape gpu|multi-gpu|tpu|tpu-1) the accelerator's code runs on CPU devices: a claim about
     values, errors or placement that does not hold fails the run as anywhere; a speed or memory figure is a CPU's

@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
 from . import processes
 
 USAGE, FAILED, INTERRUPTED = 2, 1, 130
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader closed the pipe
 
 
 class UsageError(Exception):
@@ -46,6 +48,14 @@ def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseExce
     try:
         with processes.stop_on_signals():
             return int(body() or 0)
+    except BrokenPipeError:  # the reader of our output went away (`doctor | head -1`): stop quietly, as a pipe's
+        # writer does; what is still buffered goes nowhere (else Python's exit flush raises the same error again)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # no real stdout (a notebook's, a test's): nothing to redirect
+            pass
+        return BROKEN_PIPE
     except KeyboardInterrupt:
         print(f"\n{prog}: {stopped('interrupted')}", file=sys.stderr)
         return INTERRUPTED

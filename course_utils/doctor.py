@@ -370,7 +370,7 @@ def _can_print(text: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """``python -m course_utils doctor [--offline]``: 0 the course can run, 1 it cannot yet, 2 bad usage, 130 Ctrl-C
     (:func:`course_utils.commandline.run`)."""
-    return commandline.run("doctor", lambda: _main(list(argv or [])))
+    return commandline.run("doctor", lambda: _main(list(sys.argv[1:] if argv is None else argv)))
 
 
 def _main(argv: list[str]) -> int:
@@ -404,3 +404,7 @@ def _main(argv: list[str]) -> int:
         return 1
     print(f"Result: the course can run here ({len(warnings)} warning(s)).")
     return 0
+
+
+if __name__ == "__main__":  # python -m course_utils.doctor: the same as python -m course_utils doctor
+    sys.exit(main())

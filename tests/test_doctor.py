@@ -373,3 +373,31 @@ def test_the_import_probe_reads_exit_statuses():
     assert "AVX" in detail
     detail, _ = doctor.describe_import_death(0xC000001D)  # Windows' STATUS_ILLEGAL_INSTRUCTION
     assert "illegal instruction" in detail
+
+
+def test_the_module_entry_point_reads_its_own_arguments():
+    """`python -m course_utils.doctor --bogus` exited 0 with no output (the fifth hostile pass): the module ran no
+    main and read no argument. It now ends as `python -m course_utils doctor --bogus`: one line, exit 2."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--bogus"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    assert proc.stderr.strip() == "doctor: unknown option(s) --bogus; usage: python -m course_utils doctor [--offline] [-h]"
+
+
+def test_a_reader_that_goes_away_ends_the_doctor_quietly():
+    """`doctor | head -1` ended in a BrokenPipeError traceback (the fifth hostile pass). Its first line is printed
+    before the slow checks; the reader closes the pipe after it, and the doctor's later lines find no reader: it
+    stops quietly with 141 (128 + SIGPIPE, what a shell reports for such a writer), no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils", "doctor", "--offline"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert first.startswith("course_utils doctor"), first
+    assert proc.returncode == 141 and "Traceback" not in err and "BrokenPipe" not in err, (proc.returncode, err)

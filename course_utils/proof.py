@@ -565,6 +565,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if problem is not None:
             raise UsageError(f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
                              "(the README, section Modes, says how to make one), or --data synthetic")
+    elif os.environ.get("COURSE_DATA", "").strip().startswith("npz:"):  # the lessons would read it: check it now
+        from .data import file_problem
+
+        path = os.environ["COURSE_DATA"].strip()[4:]
+        problem = file_problem(path)
+        if problem is not None:
+            raise UsageError(f"COURSE_DATA=npz:{path}: the file {problem}. Give the path of a CIFAR-10 .npz (the "
+                             "README, section Modes, says how to make one), or unset COURSE_DATA")
     if args.kernels is not None:
         got, why = _hardware.kernel_path(dict(os.environ, **_hardware.KERNEL_PATHS[args.kernels]["env"]))
         if got != args.kernels:

@@ -54,6 +54,21 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, message):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_a_missing_npz_in_course_data_is_refused_up_front(tmp_path):
+    """COURSE_DATA=npz:/nonexistent.npz prove started the lessons, which failed one by one (the fifth hostile pass):
+    the file is checked before any lesson starts, as --data's is."""
+    env = dict(os.environ, COURSE_SMOKE="1", COURSE_DATA="npz:/no/such/file.npz")
+    env.pop("COURSE_CLAIMS_DIR", None)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "course_utils", "prove", "--lessons", "04", "--out",
+                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip() == ("prove: COURSE_DATA=npz:/no/such/file.npz: the file does not exist. Give the path "
+                                   "of a CIFAR-10 .npz (the README, section Modes, says how to make one), or unset "
+                                   "COURSE_DATA"), proc.stderr
+    assert not (tmp_path / "out").exists() and time.perf_counter() - start < 60
+
+
 def test_lessons_lists_every_notebook_once_each_with_its_folder_measure_claims_and_exercises():
     from course_utils import exercises
 

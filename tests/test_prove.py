@@ -769,3 +769,13 @@ def test_kernels_sets_each_lessons_cpu_kernels_and_refuses_a_path_this_cpu_canno
                "data": "synthetic", "cpu": {"model": "x", "cores": 2, "usable_cores": 2, "max_isa": "",
                                             "onednn": "0", "kernels": "eigen"}}
     assert "CPU kernels eigen" in proof.machine_line(machine)
+
+
+def test_a_claim_whose_verdict_cannot_be_read_is_refused_when_claims_json_is_read():
+    """A hand-edited `"holds": "maybe"` passed the check of claims.json and then raised a ValueError traceback at
+    the end of the run (the fifth hostile pass): the check reads each claim's verdict too, and says which claim."""
+    good = report.Claim("c", "s", "e", "m", True, id="07.x").to_dict()
+    assert proof._entry_problem({"claims": [good]}) is None
+    problem = proof._entry_problem({"claims": [good, dict(good, holds="maybe")]})
+    assert problem == ("has a claim (number 2) that cannot be read (holds must be True, False, None or 'noise', "
+                       "got 'maybe')"), problem

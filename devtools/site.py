@@ -397,7 +397,12 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
     reused = _read_executed(cached, key)
     if reused is not None:
         return reused[0], {**reused[1], "status": "reused"}
-    nb = nbformat.read(notebook, as_version=4)
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except Exception as err:  # noqa: BLE001 - not JSON, not a notebook, unreadable: the reader's reason, in one line
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise SiteError(f"{notebook} is not a notebook the site can read ({reason}); restore it (git checkout -- "
+                        f"{notebook.name}) or fix it") from None
     where = sections(nb)
 
     def report_cell(index: int, seconds: float, how: str) -> None:

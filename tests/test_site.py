@@ -659,3 +659,15 @@ def test_the_paths_of_the_machine_that_built_the_site_are_shown_relative(tmp_pat
     site._shown_outputs(nb, shown)  # the error's message too (the index and the banner quote it)
     assert nb.cells[2].outputs[2]["evalue"] == "bad file site-packages/keras/x.py"
     assert shown("see https://example.org/a/b and /usr/bin/env") == "see https://example.org/a/b and /usr/bin/env"
+
+
+@pytest.mark.parametrize("content", [b"{ not json", b"\xff\xfe not UTF-8", b'{"cells": 3}'])
+def test_a_notebook_that_cannot_be_read_is_one_line_naming_it(tmp_path, content):
+    """`site --root` whose notebook was not JSON ended in nbformat's NotJSONError traceback (the fifth hostile pass):
+    it is a SiteError (one line, exit 2) that names the file and how to get it back."""
+    notebook = tmp_path / "01_broken.ipynb"
+    notebook.write_bytes(content)
+    with pytest.raises(site.SiteError, match=r"01_broken\.ipynb is not a notebook the site can read \(.+\); restore it "
+                       r"\(git checkout -- 01_broken\.ipynb\) or fix it") as raised:
+        site.execute(notebook, dict(os.environ), tmp_path / "cache", 60)
+    assert "\n" not in str(raised.value)

@@ -779,3 +779,27 @@ def test_a_claim_whose_verdict_cannot_be_read_is_refused_when_claims_json_is_rea
     problem = proof._entry_problem({"claims": [good, dict(good, holds="maybe")]})
     assert problem == ("has a claim (number 2) that cannot be read (holds must be True, False, None or 'noise', "
                        "got 'maybe')"), problem
+
+
+def test_prove_perturbed_refuses_bad_arguments_up_front_and_reads_an_odd_card(tmp_path):
+    """.ci/prove-perturbed ran every perturbation and then failed in a traceback (the fifth hostile pass) for an
+    unknown lesson, an --out that is a file or under /proc; each is now one line, exit 2, before anything runs. A
+    claims.json with a lesson entry that is not an object reads "unreadable" in the table, not a traceback."""
+    import importlib.machinery
+    import importlib.util
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for args, says in ((["--lessons", "99"], "unknown lesson '99'"),
+                       (["--out", str(a_file)], "it exists and is not a folder"),
+                       (["--out", "/proc/x/out"], "cannot write to --out /proc/x/out")):
+        proc = subprocess.run([sys.executable, str(ROOT / ".ci" / "prove-perturbed"), *args], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    loader = importlib.machinery.SourceFileLoader("prove_perturbed", str(ROOT / ".ci" / "prove-perturbed"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    card = tmp_path / "claims.json"
+    card.write_text(json.dumps({"lessons": {"02": ["not", "an", "object"], "03": {"claims": [{"verdict": "holds"}, 7]}}}))
+    assert module.counts(card) == {"02": "unreadable", "03": "1✅ 1unreadable"}

@@ -512,6 +512,24 @@ MODES_HELP = """modes:
   Without --mode: smoke, unless COURSE_SMOKE is set (COURSE_SMOKE=0: full)."""
 
 
+def _npz_problem(path: str) -> str | None:
+    """Why the .npz at ``path`` cannot be the lessons' data, as a predicate ("does not exist", "is not a readable .npz
+    archive …", "member x is an object array …"), or None; from its headers only (course_utils.data), before any
+    lesson starts: a truncated or pickled file failed every lesson that read it, each with fragments of a traceback."""
+    from . import data
+
+    problem = data.file_problem(path)
+    if problem is not None:
+        return problem
+    try:
+        data._npz_headers(os.path.expanduser(path), 32, 10)
+    except data.DataSourceError as err:
+        return str(err).split(" — ", 1)[-1].split(f". {data.NPZ_HOWTO}")[0]
+    except Exception as err:  # noqa: BLE001 - zipfile's own refusal of a file that is no zip archive at all
+        return f"is not a readable .npz archive ({' '.join(str(err).split())[:120] or type(err).__name__})"
+    return None
+
+
 class _Parser(commandline.ArgumentParser):
     error_class = UsageError
 
@@ -559,17 +577,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             args.data = _config.parse_data(args.data)
         except _config.ConfigError as e:
             raise UsageError(str(e).replace("COURSE_DATA=", "--data ")) from None
-        from .data import file_problem
-
-        problem = file_problem(args.data[4:]) if args.data.startswith("npz:") else None
+        problem = _npz_problem(args.data[4:]) if args.data.startswith("npz:") else None
         if problem is not None:
             raise UsageError(f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
                              "(the README, section Modes, says how to make one), or --data synthetic")
     elif os.environ.get("COURSE_DATA", "").strip().startswith("npz:"):  # the lessons would read it: check it now
-        from .data import file_problem
-
         path = os.environ["COURSE_DATA"].strip()[4:]
-        problem = file_problem(path)
+        problem = _npz_problem(path)
         if problem is not None:
             raise UsageError(f"COURSE_DATA=npz:{path}: the file {problem}. Give the path of a CIFAR-10 .npz (the "
                              "README, section Modes, says how to make one), or unset COURSE_DATA")

@@ -803,3 +803,22 @@ def test_prove_perturbed_refuses_bad_arguments_up_front_and_reads_an_odd_card(tm
     card = tmp_path / "claims.json"
     card.write_text(json.dumps({"lessons": {"02": ["not", "an", "object"], "03": {"claims": [{"verdict": "holds"}, 7]}}}))
     assert module.counts(card) == {"02": "unreadable", "03": "1✅ 1unreadable"}
+
+
+def test_a_truncated_or_pickled_npz_is_refused_before_any_lesson_starts(tmp_path):
+    """`prove --lessons 04 --data npz:` a truncated or pickled file started the lesson, which failed with fragments
+    of a traceback (the fifth hostile pass): the file's headers are read up front, and it is one line, exit 2."""
+    import numpy as np
+
+    good = tmp_path / "good.npz"
+    np.savez(good, x_train=np.zeros((4, 32, 32, 3), np.uint8), y_train=np.zeros(4, np.int64))
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(good.read_bytes()[:200])
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, x_train=np.array([object()] * 3, dtype=object), y_train=np.zeros(3))
+    assert proof._npz_problem(str(good)) is None
+    for path, says in ((truncated, "is not a readable .npz archive"), (pickled, "is an object array")):
+        proc = _prove("--lessons", "04", "--data", f"npz:{path}", "--out", str(tmp_path / "out"), timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr, (path, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out").exists()

@@ -50,8 +50,10 @@ def _task_script(tmp_path, body: str) -> list[str]:
         i = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
         kind = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        with open(os.path.join({str(tmp_path)!r}, f"pids_{{kind}}{{i}}.json"), "w") as f:
+        final = os.path.join({str(tmp_path)!r}, f"pids_{{kind}}{{i}}.json")
+        with open(final + ".tmp", "w") as f:  # whole or not there: the test reads it as soon as it exists
             json.dump([os.getpid(), child.pid], f)
+        os.replace(final + ".tmp", final)
         print("task", i, "started", flush=True)
     """) + textwrap.dedent(body))
     return [sys.executable, str(script)]

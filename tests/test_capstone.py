@@ -75,11 +75,14 @@ def test_cli_smoke_run_learns_within_its_budget_and_writes_its_files(reference):
     # after the first epoch the final evaluation is measured, not estimated: a view of the test split (predict
     # compiled, which the final evaluation reuses) × the views, with the margins
     plan = read(out / "plan.json")
-    views = capstone.TTA_VIEWS if summary["tta"] else 1
+    views = plan["tta_views"] if summary["tta"] else 1
+    assert summary["tta_views"] == views and views in capstone.TTA_CHOICES
     assert plan["final_view_s"] > 0 and plan["final_eval_estimate_s"] == pytest.approx(
         plan["final_view_s"] * views * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
-    assert capstone.BudgetPlan.final_eval_from_view(0.2, True) == pytest.approx(
-        0.2 * capstone.TTA_VIEWS * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
+    # the views the budget affords: the most whose evaluation fits in FINAL_EVAL_SHARE of it
+    assert views == capstone.BudgetPlan.from_dict(plan).views_from_view(plan["final_view_s"], summary["tta"])
+    assert capstone.BudgetPlan.final_eval_from_view(0.2, 10) == pytest.approx(
+        0.2 * 10 * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
     # a tenth of the 1,024 training images held out for validation; the test split untouched
     assert summary["data"] == reference[3][1] and (summary["train_examples"], summary["validation_examples"],
                                                    summary["test_examples"]) == (922, 102, 256)
@@ -491,6 +494,11 @@ def test_tta_averages_each_image_its_mirror_and_their_one_pixel_shifts():
     x = rng.integers(0, 256, (5, 32, 32, 3)).astype(np.float32)
     views = capstone.tta_views(x)
     assert len(views) == capstone.TTA_VIEWS == 10 and all(v.shape == x.shape for v in views)
+    fewer = capstone.tta_views(x, 2)  # each image and its mirror
+    assert len(fewer) == 2 and (fewer[0] == x).all() and (fewer[1] == x[:, :, ::-1]).all()
+    assert len(capstone.tta_views(x, 1)) == 1
+    with pytest.raises(ValueError, match="views must be one of"):
+        capstone.tta_views(x, 3)
     assert np.array_equal(views[0], x) and np.array_equal(views[5], x[:, :, ::-1])
     for k, (dy, dx) in enumerate(capstone.TTA_SHIFTS):
         for image, view in ((x, views[1 + k]), (x[:, :, ::-1], views[6 + k])):
@@ -509,10 +517,13 @@ def test_tta_averages_each_image_its_mirror_and_their_one_pixel_shifts():
         return e / e.sum(1, keepdims=True)
 
     expected = np.mean([softmax(Stub().predict(v, 0, 0)) for v in views], axis=0)
-    got = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), True, 64)
+    got = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 10, 64)
     assert np.allclose(got, expected, atol=1e-5) and not np.allclose(got, softmax(Stub().predict(x, 0, 0)), atol=1e-3)
-    plain = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), False, 64)
-    assert np.allclose(capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), True, 64, plain=plain), expected, atol=1e-5)
+    plain = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 1, 64)
+    assert np.allclose(plain, softmax(Stub().predict(x, 0, 0)), atol=1e-5)
+    assert np.allclose(capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 10, 64, plain=plain), expected, atol=1e-5)
+    mirrored = np.mean([softmax(Stub().predict(v, 0, 0)) for v in (x, x[:, :, ::-1])], axis=0)
+    assert np.allclose(capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 2, 64), mirrored, atol=1e-5)
 
 
 @pytest.mark.parametrize("width", [4, 8, 16])
@@ -625,7 +636,7 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     assert "→ the width is chosen from that timing alone" in out and "predicted ~" in out, out
     assert len(calls) == 1, calls  # only the start width was timed
     trials = result.summary["width_trials"]
-    assert trials[0][0] == capstone.AUTO_WIDTH["start"] and trials[-1][0] == result.summary["width"]
+    assert trials[0][0] == capstone.start_width(result.summary["kernel_path"]) and trials[-1][0] == result.summary["width"]
     assert result.summary["parameters"] == _course_params(result.summary["width"])
     # the baseline's network is fixed: no width to try, nothing to say about it
     capstone.train(dataclasses.replace(opts, recipe="baseline", out=str(tmp_path / "baseline")))
@@ -662,13 +673,14 @@ def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the
     compiles it). Here the start width's compile is reported 30 s longer than it was, so another warm-up cannot fit
     (and the share is made whole, so that a short test budget is not "short for this machine")."""
     monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1.0)
+    monkeypatch.setattr(capstone.plan, "START_WIDTH_BY_KERNELS", {})  # start at 8 on any kernels: 4 is chosen
     calls = _counting_warm_up(monkeypatch, extra_compile_s=30.0)
-    opts = capstone.Options(data="synthetic", time_budget=8.0, out=str(tmp_path / "r"), train_examples=256,
+    opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "r"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0,
                             **_ONE_REPLICA_NO_XLA)
     result = capstone.train(opts)
     out = capsys.readouterr().out
-    start = capstone.AUTO_WIDTH["start"]
+    start = capstone.start_width(result.summary["kernel_path"])
     plan = read(tmp_path / "r" / "plan.json")
     assert len(calls) == 1 and calls[0] == _course_params(start)  # one warm-up: the start width
     width = result.summary["width"]
@@ -690,8 +702,8 @@ def test_auto_width_times_the_chosen_width_when_planning_has_room(tmp_path, caps
     out = capsys.readouterr().out
     plan = read(tmp_path / "r" / "plan.json")
     width = result.summary["width"]
-    assert width != capstone.AUTO_WIDTH["start"], out  # tiny epochs: not the target's epochs in 10 s, at any width
-    assert calls == [_course_params(capstone.AUTO_WIDTH["start"]),
+    assert width != capstone.start_width(result.summary["kernel_path"]), out  # tiny epochs: not the target's epochs in 10 s, at any width
+    assert calls == [_course_params(capstone.start_width(result.summary["kernel_path"])),
                      _course_params(width)]  # both timed
     assert "predicted_from_width" not in plan["warm_up"] and "; timing it too" in out, out
     assert plan["width_trials"][-1][0] == width and plan["warm_up_epoch_s"] == pytest.approx(
@@ -719,7 +731,7 @@ def test_auto_width_keeps_the_timed_width_when_compiling_the_chosen_one_used_the
                             test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
     result = capstone.train(opts)
     out = capsys.readouterr().out
-    start = capstone.AUTO_WIDTH["start"]
+    start = capstone.start_width(result.summary["kernel_path"])
     assert len(calls) == 2 and calls[0] == _course_params(start) != calls[1], calls
     assert result.summary["width"] == start and result.summary["parameters"] == _course_params(start)
     assert f"→ back to width {start}" in out and "took the time left for timing it" in out, out
@@ -1050,17 +1062,30 @@ def test_the_final_evaluation_is_timed_after_the_first_epoch_and_once_more_half_
     assert _plan(budget_s=None).view_to_time(1, 0, 1) is None  # --epochs: no budget to keep
 
 
+def test_auto_width_starts_narrower_on_tensorflows_own_kernels():
+    assert capstone.start_width("eigen") == capstone.START_WIDTH_BY_KERNELS["eigen"] < capstone.AUTO_WIDTH["start"]
+    for kernels in ("onednn-bf16", "onednn-fp32", None):  # None: not a CPU
+        assert capstone.start_width(kernels) == capstone.AUTO_WIDTH["start"]
+    assert capstone.start_width("eigen") in capstone.AUTO_WIDTH["widths"]
+
+
 def test_budget_plan_first_estimates_and_what_fits():
     warm = {"train_epoch_s": 5.0, "eval_step_s": 0.1}
-    epoch_s, final_s = capstone.BudgetPlan.estimates(warm, val_steps=10, test_steps=20, tta=True)
+    epoch_s, final_s, views = capstone.BudgetPlan.estimates(warm, val_steps=10, test_steps=20, tta=True)
     assert epoch_s == pytest.approx(5.0 + 1.0 + capstone.BudgetPlan.EPOCH_MIN_S)
     plan = capstone.BudgetPlan
-    assert final_s == pytest.approx((0.1 * 20 * plan.FINAL_EVAL_SAFETY + plan.FINAL_EVAL_VIEW_S) * capstone.TTA_VIEWS
-                                    + plan.FINAL_EVAL_MIN_S)  # every view of the test split
+    view_s = 0.1 * 20 * plan.FINAL_EVAL_SAFETY + plan.FINAL_EVAL_VIEW_S
+    assert views == capstone.TTA_VIEWS  # no budget: every view
+    assert final_s == pytest.approx(view_s * capstone.TTA_VIEWS + plan.FINAL_EVAL_MIN_S)  # every view of the test split
     # compiling predict, left to the final evaluation, is reserved in it once (not once per view)
-    _, with_compile = capstone.BudgetPlan.estimates(dict(warm, predict_compile_estimate_s=0.7), val_steps=10,
-                                                    test_steps=20, tta=True)
+    _, with_compile, _ = capstone.BudgetPlan.estimates(dict(warm, predict_compile_estimate_s=0.7), val_steps=10,
+                                                       test_steps=20, tta=True)
     assert with_compile == pytest.approx(final_s + 0.7)
+    # with a budget, the most views whose evaluation fits in FINAL_EVAL_SHARE of it (view_s = 3.25 s here)
+    for budget, expected in ((1e4, 10), (20 * (2 * view_s + plan.FINAL_EVAL_MIN_S), 2), (100, 1), (1, 1)):
+        _, final, views = plan.estimates(warm, val_steps=10, test_steps=20, tta=True, budget_s=budget)
+        assert views == expected and final == pytest.approx(view_s * views + plan.FINAL_EVAL_MIN_S), budget
+    assert plan.estimates(warm, val_steps=10, test_steps=20, tta=False, budget_s=1e4)[2] == 1  # --no-tta: one view
     assert capstone.BudgetPlan.epochs_in(100, 30) == 3 and capstone.BudgetPlan.epochs_in(10, 30) == 1
     plan = _plan()
     assert plan.fits_another(0, 1e9)  # the first epoch always runs
@@ -1072,6 +1097,7 @@ def test_budget_plan_first_estimates_and_what_fits():
     ({"epochs": 0}, "epochs is 0"), ({"epochs": 2.5}, "epochs is 2.5"), ({"steps_per_epoch": -1}, "steps_per_epoch"),
     ({"warmup_steps": 10 ** 9}, "warmup_steps is 1000000000, not within the plan's 100 steps"),
     ({"epoch_estimate_s": float("nan")}, "epoch_estimate_s is nan"), ({"options": []}, "options are not a mapping"),
+    ({"tta_views": 3}, "tta_views is 3, not one of (10, 2, 1)"), ({"tta_views": True}, "tta_views is True"),
 ])
 def test_budget_plan_from_dict_refuses_what_the_trainer_did_not_write(change, reason):
     good = _plan().to_dict()
@@ -1185,7 +1211,7 @@ def test_course_batch_is_per_replica_and_the_learning_rate_follows_the_global_ba
     for replicas, expected in ((1, 128), (2, 256), (4, 512), (8, 1024)):  # 1 024 on a v5e-8 (lesson 08 §6)
         batch, why = course.global_batch(None, replicas, 1, 45_000)
         assert batch == expected and why.startswith(f"128 per replica × {replicas} replica"), (replicas, why)
-        assert course.peak_learning_rate(batch) == pytest.approx(0.1 * replicas)  # linear: 0.2 per 256
+        assert course.peak_learning_rate(batch) == pytest.approx(0.4 * replicas)  # linear: 0.8 per 256
     assert base.global_batch(None, 8, 1, 45_000)[0] == 32  # the tutorial's, the comparison, on any replicas
     assert base.peak_learning_rate(32) == pytest.approx(1e-3)
     assert course.global_batch(96, 4, 1, 45_000) == (96, "--batch-size")  # given: the global batch as given
@@ -1205,13 +1231,13 @@ def test_a_run_on_two_replicas_doubles_the_global_batch_and_the_learning_rate(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = read(out / "summary.json")
     assert (summary["replicas"], summary["per_replica_batch"], summary["global_batch"]) == (2, 128, 256)
-    assert summary["peak_learning_rate"] == pytest.approx(capstone.peak_learning_rate(256)) == pytest.approx(0.2)
+    assert summary["peak_learning_rate"] == pytest.approx(capstone.peak_learning_rate(256)) == pytest.approx(0.8)
     assert summary["options"]["batch_size"] == 256 and summary["steps_per_epoch"] == 576 // 256
     assert summary["steps_per_execution"] == 1 and "keras-team/keras#19246" in summary["steps_per_execution_why"]
     assert read(out / "plan.json")["options"]["batch_size"] == 256  # what --resume checks against
     plan_line = next(line for line in proc.stdout.splitlines() if line.startswith("Global batch"))
     assert plan_line.startswith("Global batch 256 (128 per replica × 2 replicas;")
-    assert "peak learning rate 0.2 " in plan_line
+    assert f"peak learning rate {capstone.peak_learning_rate(256):.4g} " in plan_line
 
 
 def test_resume_on_other_replicas_is_refused_with_the_batch_to_give(tmp_path):
@@ -1313,6 +1339,8 @@ def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_l
     assert epoch == 5.0 and exp._early_margin(summary(0, 0.5)) == pytest.approx(margin)
     assert exp._early_margin(dict(summary(0, 0.5), tta=True)) == pytest.approx(
         margin + (capstone.TTA_VIEWS - 1) * capstone.BudgetPlan.FINAL_EVAL_VIEW_S)  # each view's reserve
+    assert exp._early_margin(dict(summary(0, 0.5), tta=True, tta_views=2)) == pytest.approx(
+        margin + capstone.BudgetPlan.FINAL_EVAL_VIEW_S)  # the views the budget afforded
     for wall, on_budget in ((120.0, True), (125.0, True), (125.5, False), (115.0, True), (115.0 - margin + 0.01, True),
                             (114.0 - margin, False), (60.0, False)):
         assert exp._ended_on_budget(summary(wall), 120.0, epoch) is on_budget, wall

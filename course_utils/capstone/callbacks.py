@@ -129,10 +129,11 @@ class Progress(keras.callbacks.Callback):
             self.view_times += self.time_view(compile=due == "first")
             before = self.plan.final_eval_estimate_s
             view_s = self.plan.final_view_s = min(self.view_times)
-            self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, self.o.tta)
+            views = self.plan.tta_views = self.plan.views_from_view(view_s, self.o.tta)
+            self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, views)
             view_line = (f"  (final evaluation: a view of the test split took {view_s:.2f} s "
-                         f"(the fastest of {len(self.view_times)}) → {self.plan.final_eval_estimate_s:.1f} s "
-                         f"kept for it, was {before:.1f} s)")
+                         f"(the fastest of {len(self.view_times)}) → {views} view{'s' * (views > 1)}, "
+                         f"{self.plan.final_eval_estimate_s:.1f} s kept for it, was {before:.1f} s)")
         now = time.perf_counter()
         train_s = (self.t_test or now) - self.t_epoch
         images = self.steps_per_epoch * self.o.batch_size
@@ -170,10 +171,11 @@ class Progress(keras.callbacks.Callback):
             self._flush()
         cap = self.params.get("epochs") or self.plan.epochs
         changed = self.plan.replan(epoch + 1, self.clock(), self.epoch_times, cap)
+        if changed or due:  # the new plan, or the final evaluation's measured views and estimate
+            fileguard.write_json(self.run.plan, self.plan.to_dict())
         if changed:
             old, new, left, epoch_s = changed
             self.schedule.set_plan(*self.plan.schedule_steps())
-            fileguard.write_json(self.run.plan, self.plan.to_dict())
             decay = "; the LR decay now ends there" if self.o.schedule == "onecycle" else ""
             self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
                                 f"{new} epochs{decay})")

@@ -23,6 +23,16 @@ from .options import COURSE, MAX_SCHEDULE_STEPS, is_int
 AUTO_WIDTH = dict(widths=(4, 6, 8, 12, 16, 24, 32, 48, 64), start=8, target_epochs=20, target_budget_s=60.0,
                   target_growth=0.5, fixed_share=0.6)
 
+# The width the warm-up times first on a CPU kernel path where AUTO_WIDTH's start is too wide to be kept: on TensorFlow's
+# own kernels (`eigen`) a 60 s budget chose width 4 from width 8's timing on one core and on two, and compiling width 8
+# only to drop it cost the first epoch 4-5 s on one core (14.1 s from process start, 23% of the budget)
+START_WIDTH_BY_KERNELS = {"eigen": 4}
+
+def start_width(kernels: str | None, rule: dict = AUTO_WIDTH) -> int:
+    """The width auto width times first: :data:`START_WIDTH_BY_KERNELS` on its CPU kernel paths, else
+    ``rule["start"]``."""
+    return START_WIDTH_BY_KERNELS.get(kernels, rule["start"])
+
 # When the chosen width is timed too and its epoch is off the prediction by more than this factor (either way), the
 # width is chosen again from the two timed widths (epoch = a + b·MACs through them, width_model), and timed again if
 # planning still has room. The one-width prediction can be far off: on the 2-core AMX CPU width 48 was predicted at
@@ -37,6 +47,14 @@ RECHOOSE_OFF_BY = 1.25
 TTA_SHIFTS = ((1, 1), (1, -1), (-1, 1), (-1, -1))
 
 TTA_VIEWS = 2 * (1 + len(TTA_SHIFTS))
+
+# With a time budget the views are sized to it: the most of TTA_CHOICES (all ten; each image and its mirror; the
+# image alone) whose final evaluation is estimated within FINAL_EVAL_SHARE of the budget. With all ten views, a 60 s
+# budget on one core of TensorFlow's own kernels kept 10.3 s of 60 for the final evaluation (1.7 epochs of training);
+# the mirror alone scored within a point of ten views on the validation images at 6 epochs (harness runs, 2026-11-28)
+TTA_CHOICES = (TTA_VIEWS, 2, 1)
+
+FINAL_EVAL_SHARE = 0.05
 
 # At most this share of a time budget goes to planning (compiling and timing warm-up steps) before the first epoch:
 # the chosen width is warmed up too only when that fits in it (else its first epoch compiles it, and the plan is
@@ -112,6 +130,18 @@ def choose_width(epoch_s: float, at: int, left_s: float, rule: dict = AUTO_WIDTH
             best = (width, e, n)
     return best
 
+def tta_views_for(view_s: float, budget_s: float | None, fixed_s: float = 0.0,
+                  share: float = FINAL_EVAL_SHARE) -> int:
+    """The test-time views the final evaluation can afford: without a budget all :data:`TTA_VIEWS`; with one the most
+    of :data:`TTA_CHOICES` whose ``views × view_s + fixed_s`` (an estimate with its margins) is at most ``share`` of
+    the budget, at least one."""
+    if budget_s is None:
+        return TTA_VIEWS
+    for views in TTA_CHOICES:
+        if views * view_s + fixed_s <= share * budget_s:
+            return views
+    return 1
+
 def validation_size(n_train_images: int, requested: int | None = None) -> int:
     """How many of ``n_train_images`` the validation split holds: as requested, else :data:`VALIDATION_FRACTION`
     (at least 1, at most :data:`MAX_VALIDATION`)."""
@@ -177,6 +207,7 @@ class BudgetPlan:
     warm_up: dict | None = None  # the warm-up's figures (train_step_s, eval_step_s, compile_s, …)
     width_trials: list | None = None  # [width, epoch_s, epochs] per width the warm-up tried
     final_view_s: float | None = None  # one view of the test split, timed after the first epoch (None: not yet)
+    tta_views: int = TTA_VIEWS  # the final evaluation's test-time views (1: none; sized to the budget)
 
     @staticmethod
     def warmup_for(epochs: int, steps_per_epoch: int) -> int:
@@ -189,20 +220,26 @@ class BudgetPlan:
         return budget_s - elapsed_s < cls.FINAL_EVAL_MIN_S + 2 * cls.EPOCH_MIN_S
 
     @classmethod
-    def estimates(cls, warm: dict, val_steps: int, test_steps: int, tta: bool) -> tuple[float, float]:
-        """``(epoch_s, final_eval_s)`` from the warm-up's step times (the final evaluation's includes compiling
-        predict, which the warm-up leaves to it: ``predict_compile_estimate_s``)."""
+    def estimates(cls, warm: dict, val_steps: int, test_steps: int, tta: bool,
+                  budget_s: float | None = None) -> tuple[float, float, int]:
+        """``(epoch_s, final_eval_s, views)`` from the warm-up's step times: the final evaluation's includes compiling
+        predict, which the warm-up leaves to it (``predict_compile_estimate_s``); ``views``: the test-time views it
+        predicts (:func:`tta_views_for` the budget with ``tta``, else 1)."""
         epoch_s = warm["train_epoch_s"] + warm["eval_step_s"] * val_steps + cls.EPOCH_MIN_S
-        views = TTA_VIEWS if tta else 1
-        final_s = ((warm["eval_step_s"] * test_steps * cls.FINAL_EVAL_SAFETY + cls.FINAL_EVAL_VIEW_S) * views
-                   + cls.FINAL_EVAL_MIN_S + warm.get("predict_compile_estimate_s", 0.0))
-        return epoch_s, final_s
+        view_s = warm["eval_step_s"] * test_steps * cls.FINAL_EVAL_SAFETY + cls.FINAL_EVAL_VIEW_S
+        fixed_s = cls.FINAL_EVAL_MIN_S + warm.get("predict_compile_estimate_s", 0.0)
+        views = tta_views_for(view_s, budget_s, fixed_s) if tta else 1
+        return epoch_s, view_s * views + fixed_s, views
 
     @classmethod
-    def final_eval_from_view(cls, view_s: float, tta: bool) -> float:
+    def final_eval_from_view(cls, view_s: float, views: int) -> float:
         """The final evaluation's seconds from one view of the test split timed with predict compiled: each of its
-        views (:data:`TTA_VIEWS` with TTA) × :attr:`VIEW_SAFETY`, + :attr:`VIEW_MIN_S`."""
-        return view_s * (TTA_VIEWS if tta else 1) * cls.VIEW_SAFETY + cls.VIEW_MIN_S
+        ``views`` × :attr:`VIEW_SAFETY`, + :attr:`VIEW_MIN_S`."""
+        return view_s * views * cls.VIEW_SAFETY + cls.VIEW_MIN_S
+
+    def views_from_view(self, view_s: float, tta: bool) -> int:
+        """The test-time views the budget affords, from one view of the test split timed (1 without ``tta``)."""
+        return tta_views_for(view_s * self.VIEW_SAFETY, self.budget_s, self.VIEW_MIN_S) if tta else 1
 
     def view_to_time(self, epochs_here: int, views_timed: int, done: int) -> str | None:
         """At the end of epoch ``done`` (the ``epochs_here``-th of this process), whether to time a view of the test
@@ -301,6 +338,8 @@ class BudgetPlan:
         if not is_int(plan.warmup_steps) or not 0 <= plan.warmup_steps <= plan.epochs * plan.steps_per_epoch:
             raise ValueError(f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
                              f"{plan.epochs * plan.steps_per_epoch} steps")
+        if plan.tta_views not in TTA_CHOICES or isinstance(plan.tta_views, bool):
+            raise ValueError(f"tta_views is {plan.tta_views!r}, not one of {TTA_CHOICES}")
         for name in ("epoch_estimate_s", "final_eval_estimate_s"):
             value = getattr(plan, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:

@@ -42,8 +42,9 @@ RECIPE_TABLE = [
     {"choice": "label smoothing 0.2", "lesson": "capstone", "source": "Szegedy et al. 2016; airbench"},
     {"choice": "warm-up then linear decay to zero, stretched to end at the budget", "lesson": "capstone",
      "source": "Page (one-cycle); budgeted training (Li et al. 2020)"},
-    {"choice": "peak LR linear in the global batch (0.2 per 256; warned above ~1k)", "lesson": "capstone, 08",
-     "source": "Goyal et al. 2017; capstone.peak_learning_rate"},
+    {"choice": f"peak LR linear in the global batch ({COURSE['lr_per_256']:g} per 256: 4× Page's, for budgets of a few "
+               "hundred updates; warned above ~1k)", "lesson": "capstone, 08",
+     "source": "Goyal et al. 2017; Page; capstone.peak_learning_rate"},
     {"choice": "test-time augmentation: the mean over each image and its mirror, each also shifted one pixel "
                "diagonally (10 views)", "lesson": "capstone", "source": "Page; airbench; capstone.tta_views"},
     {"choice": "optional EMA of the weights (SGD use_ema)", "lesson": "capstone", "source": "Page; Keras optimizers"},

@@ -15,7 +15,8 @@ from .. import fileguard
 from .checks import validate
 from .models import whitening_kernel
 from .options import COURSE, MAX_SCHEDULE_STEPS, Options, OptionsError
-from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_SHIFTS, TTA_VIEWS,
+from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
+                   TTA_VIEWS, start_width,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
                    validation_size)
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
@@ -78,26 +79,31 @@ class Result:
         if self._predictions is not None and self._predictions.tta == tta:
             return self._predictions
         x, y = self._test
-        probs = _predict_probs(self.model, x, tta, self.options.batch_size)
+        probs = _predict_probs(self.model, x, self.summary.get("tta_views", TTA_VIEWS) if tta else 1,
+                               self.options.batch_size)
         return Predictions(x, y, probs.argmax(1), probs, tta)
 
-def tta_views(x):
-    """Test-time augmentation's views of images ``x`` [N,32,32,3]: each image and its mirror, each of the two also
-    shifted by one pixel in the four diagonal directions (the gap filled with zeros, as the training crops pad):
-    :data:`TTA_VIEWS` arrays, the unshifted image first."""
+def tta_views(x, views: int = TTA_VIEWS):
+    """Test-time augmentation's views of images ``x`` [N,32,32,3], the unshifted image first: all :data:`TTA_VIEWS`
+    — each image and its mirror, each of the two also shifted by one pixel in the four diagonal directions (the gap
+    filled with zeros, as the training crops pad); 2 — each image and its mirror; 1 — the images alone."""
     import numpy as np
 
+    if views not in TTA_CHOICES:
+        raise ValueError(f"views must be one of {TTA_CHOICES}, got {views!r}")
+    if views < TTA_VIEWS:
+        return [x, x[:, :, ::-1]][:views]
     padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
     h, w = x.shape[1:3]
-    views = []
+    out = []
     for image, frame in ((x, padded), (x[:, :, ::-1], padded[:, :, ::-1])):
-        views.append(image)
-        views += [frame[:, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy, dx in TTA_SHIFTS]
-    return views
+        out.append(image)
+        out += [frame[:, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy, dx in TTA_SHIFTS]
+    return out
 
-def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
-    """Class probabilities; with tta, the mean over :func:`tta_views`. `plain`: the unshifted images' probabilities
-    if already computed. The images are padded to whole batches: one batch shape, so one compiled predict function
+def _predict_probs(model, x, views: int, batch_size: int, plain=None):
+    """Class probabilities: the mean over ``views`` :func:`tta_views` (1: the images alone). `plain`: the unshifted
+    images' probabilities if already computed. The images are padded to whole batches: one batch shape, so one compiled predict function
     (under XLA a last, smaller batch would compile another)."""
     import numpy as np
     import tensorflow as tf
@@ -112,8 +118,8 @@ def _predict_probs(model, x, tta: bool, batch_size: int, plain=None):
 
     xf = x.astype(np.float32)
     p = plain if plain is not None else probs_of(xf)
-    if tta:
-        p = (p + sum(probs_of(np.ascontiguousarray(view)) for view in tta_views(xf)[1:])) / TTA_VIEWS
+    if views > 1:
+        p = (p + sum(probs_of(np.ascontiguousarray(view)) for view in tta_views(xf, views)[1:])) / views
     return p
 
 def _arrays(ds, batch: int = 4096):
@@ -339,7 +345,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
     auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
-    start = AUTO_WIDTH["start"] if auto_width else COURSE["width"]
+    start = start_width(kernels[0] if kernels else None) if auto_width else COURSE["width"]
     width = state.plan.width if state else (o.width or min(start, cfg.sizes.model_width))
     net, model, schedule, peak = build(width)
     if o.batch_size > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
@@ -429,8 +435,9 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
 
     # The test split, once, with the last epoch's weights (counted in the wall time): plain and with TTA.
     t_final = time.perf_counter()
-    probs_plain = _predict_probs(net, x_test, False, o.batch_size)
-    probs = _predict_probs(net, x_test, True, o.batch_size, plain=probs_plain) if o.tta else probs_plain
+    views = plan.tta_views if o.tta else 1  # sized to the budget (BudgetPlan.views_from_view)
+    probs_plain = _predict_probs(net, x_test, 1, o.batch_size)
+    probs = _predict_probs(net, x_test, views, o.batch_size, plain=probs_plain) if views > 1 else probs_plain
     acc_plain = float((probs_plain.argmax(1) == y_test).mean())
     acc = float((probs.argmax(1) == y_test).mean())
     final_eval_s = time.perf_counter() - t_final
@@ -448,6 +455,7 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
         "test_accuracy": acc,
         "test_accuracy_no_tta": acc_plain,
         "tta": o.tta,
+        "tta_views": views,
         "validation_accuracy": history[-1]["val_accuracy"] if history else None,
         "best_validation_epoch": best["epoch"] if best else None,
         "best_validation_accuracy": best["val_accuracy"] if best else None,
@@ -500,7 +508,9 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     }
     fileguard.write_json(run.summary, summary)
     fileguard.write_json(run.clock, {"elapsed_s": wall, "finished": True})
-    say(f"Final test accuracy {100 * acc:.2f}%" + (f" with TTA ({100 * acc_plain:.2f}% without)" if o.tta else "")
+    say(f"Final test accuracy {100 * acc:.2f}%"
+        + (f" with TTA, {views} views ({100 * acc_plain:.2f}% without)" if views > 1 else "")
+        + (" (no time for TTA's views in this budget)" if o.tta and views == 1 else "")
         + f" (validation {100 * summary['validation_accuracy']:.2f}% after the last epoch)" * bool(history)
         + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
         + (f"\n{SYNTHETIC_NOTE}" if splits.source == "synthetic" else ""))
@@ -545,10 +555,10 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
         warm = warm_up(built[1])
         warm_took, warms = clock() - warm_started, {width: warm}
         if warm["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to choose
-            epoch_s, final_s, epochs = 0.0, BudgetPlan.FINAL_EVAL_MIN_S, 1
+            epoch_s, final_s, epochs, views = 0.0, BudgetPlan.FINAL_EVAL_MIN_S, 1, 1
             tried = [[width, None, epochs]]
         else:
-            epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+            epoch_s, final_s, views = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta, budget)
             epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
             tried = [[width, round(epoch_s, 2), epochs]]
             if auto_width:  # (a fixed network has no width to choose)
@@ -568,7 +578,7 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                         if new_width != width:
                             say(f"Budget {budget:g} s: back to width {new_width} (timed ~{new_epoch_s:.1f} s/epoch)")
                             built, width, warm = models[new_width], new_width, warms[new_width]
-                            epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                            epoch_s, final_s, views = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta, budget)
                             epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
                             tried.append([width, round(epoch_s, 2), epochs])
                         break
@@ -595,7 +605,7 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                             break
                         warm = warms[new_width] = new_warm
                         warm_took = clock() - warm_started
-                        epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                        epoch_s, final_s, views = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta, budget)
                         epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
                         tried.append([new_width, round(epoch_s, 2), epochs])
                         width, timed[new_width] = new_width, epoch_s
@@ -612,13 +622,14 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                                     eval_step_s=warm["eval_step_s"] * scale,
                                     train_epoch_s=warm["train_epoch_s"] * scale,
                                     eval_epoch_s=warm["eval_epoch_s"] * scale)
-                        epoch_s, final_s = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta)
+                        epoch_s, final_s, views = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta, budget)
                         epochs = BudgetPlan.epochs_in(budget - clock() - final_s - warm["compile_s"], epoch_s)
                         tried.append([new_width, round(epoch_s, 2), epochs])
                         width = new_width
                     break
         plan.width, plan.width_trials, plan.warm_up = width, tried, warm
         plan.epoch_estimate_s, plan.final_eval_estimate_s, plan.planning_elapsed_s = epoch_s, final_s, clock()
+        plan.tta_views = views if o.tta else TTA_VIEWS  # corrected after the first epoch (Progress.on_epoch_end)
         plan.warm_up_epoch_s = epoch_s or None
         plan.epochs = plan.initial_epochs = epochs
         if warm["train_step_s"] is None:

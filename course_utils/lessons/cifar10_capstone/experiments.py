@@ -350,7 +350,7 @@ def _early_margin(summary: dict) -> float:
     factor over the evaluation steps, a fixed cost, and one per test-time view): time a run may leave unused on purpose,
     besides the part of an epoch that no longer fits. Where an epoch takes less than a second (a TPU) it is larger
     than the epoch."""
-    views = TTA_VIEWS if summary.get("tta") else 1
+    views = summary.get("tta_views", TTA_VIEWS) if summary.get("tta") else 1  # sized to the budget
     return (BudgetPlan.FINAL_EVAL_MIN_S + BudgetPlan.FINAL_EVAL_VIEW_S * views
             + (BudgetPlan.FINAL_EVAL_SAFETY - 1) * float(summary.get("final_eval_s") or 0.0))
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from typing import Callable
@@ -36,6 +37,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise self.error_class(message)
+
+
+# A write with no file name that fails so: this process's own output (stdout on a full device, a dead terminal)
+_OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF)
 
 
 def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseException], ...] = (),
@@ -68,3 +73,15 @@ def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseExce
     except (Failed, *failures) as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return FAILED
+    except OSError as err:
+        if err.filename is not None or err.errno not in _OUTPUT_ERRORS:
+            raise  # a file's, or another error: not ours to word
+        # this process's own output cannot be written (`doctor > /dev/full`, a closed stdout): one line on stderr,
+        # and stdout pointed at /dev/null so that Python's exit flush does not raise again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        print(f"{prog}: cannot write its output: {err.strerror or err}", file=sys.stderr)
+        return FAILED
+

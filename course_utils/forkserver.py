@@ -58,6 +58,11 @@ def _import_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in PER_TASK}
 
 
+class ServerFailed(RuntimeError):
+    """The fork server started nothing: TensorFlow did not import there, or the server died (the message, one line,
+    says which)."""
+
+
 class Process:
     """A forked task, as the launcher sees it: the parts of ``subprocess.Popen`` that :mod:`cluster` uses."""
 
@@ -183,8 +188,7 @@ class _Server:
                                                START_TIMEOUT_S):
                         raise RuntimeError(f"the fork server did not start {_name(target)} in {START_TIMEOUT_S:g} s")
                     if not self.alive or self.started[before] == -1:
-                        raise RuntimeError(f"the fork server could not start {_name(target)}: "
-                                           f"{getattr(self, 'error', '')}{self.stderr_tail()}")
+                        raise ServerFailed(f"the fork server could not start {_name(target)}: {self.why_not()}")
                     pid = self.started[before]
                     streams = [None if r is None else os.fdopen(r, "r", errors="replace") for r, _ in pipes]
                     mine = []
@@ -202,6 +206,22 @@ class _Server:
         """Whether a task it started still runs."""
         with self.ended:
             return any(child.returncode is None for child in self.children.values())
+
+    def why_not(self) -> str:
+        """Why the server started nothing, in one line: its own message (TensorFlow did not import), else how it
+        ended (a crash while importing TensorFlow: SIGABRT, SIGILL) and its last line of output."""
+        if getattr(self, "error", ""):
+            return self.error
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = ("it is still running" if code is None else
+               f"it died of {signal.Signals(-code).name} (while importing TensorFlow?)" if code < 0 else
+               f"it exited with code {code}")
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+        return how + (f"; its last line: {lines[-1][-300:]}" if lines else "")
 
     def stderr_tail(self) -> str:
         self.stderr.seek(0)
@@ -309,8 +329,13 @@ def _serve(fd: int) -> None:
         setproctitle.setproctitle(f"{sys.executable} -m course_utils.forkserver (TensorFlow imported; forks tasks)")
     except ImportError:  # pragma: no cover
         pass
-    import tensorflow  # noqa: F401 - the point: once, for every child
-    import keras  # noqa: F401
+    try:
+        import tensorflow  # noqa: F401 - the point: once, for every child
+        import keras  # noqa: F401
+    except BaseException as exc:  # noqa: BLE001 - a broken install: say so in one line, start nothing
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        sock.send(json.dumps({"error": f"TensorFlow could not be imported ({type(exc).__name__}: {last})"}).encode())
+        return
 
     if processes.tensorflow_has_run_an_op():  # pragma: no cover - an import ran an op: its children would not start clean
         sock.send(json.dumps({"error": "importing TensorFlow ran an op here"}).encode())

@@ -620,7 +620,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with fileguard.folder_lock(args.out, "prove"):
                 return _prove(args)
+        except forkserver.ServerFailed as e:  # TensorFlow does not import (or crashes on import) here
+            raise commandline.Failed(f"{e}; check the install: python -m course_utils doctor") from None
         except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing half-written (fileguard)
+            if e.filename is None:  # not a file of --out: this process's own output (a full or closed stdout)
+                raise commandline.Failed(f"cannot write its output: {e.strerror or e}; {kept}") from None
             raise UsageError(f"cannot write {e.filename or args.out}: {e.strerror or e}; the files in {args.out} are "
                              "as they were before this write (fix that, then run the same command again)") from None
 

@@ -770,7 +770,10 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
 
 
 def _tree(path):
-    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None for p in sorted(path.rglob("*"))}
+    """Every file under ``path`` and its bytes; the lock's left out (a refused run holds it while it checks, and
+    writes its pid there)."""
+    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None for p in sorted(path.rglob("*"))
+            if p.name != capstone.LOCK}
 
 
 def test_an_output_folder_that_is_not_a_capstone_run_is_refused_and_left_alone(tmp_path):
@@ -783,7 +786,7 @@ def test_an_output_folder_that_is_not_a_capstone_run_is_refused_and_left_alone(t
     (mine / "backup" / "thesis.tex").write_text("months of work")
     (mine / "metrics.json").write_text("[1, 2]")
     before = _tree(tmp_path)
-    cases = {"mine": "holds files that are not a capstone run's (backup/thesis.tex)",  # the trainer's names around it
+    cases = {"mine": "holds files that are not a capstone run's (backup/thesis.tex, metrics.json)",  # the trainer's names around it
              "a_file": "is a file, not a folder", "a_file/run": "cannot be created: "}
     base = ["--data", "synthetic", "--epochs", "1"]
     commands = [[*base, "--out", out] for out in cases] + [[*base, "--out", "new", "--tensorboard", "a_file"]]
@@ -820,6 +823,70 @@ def test_out_problem_rules(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a non-root user in a read-only place
     assert capstone.out_problem(str(tmp_path)) == f"--out {str(tmp_path)!r} is not writable"
     assert "cannot be created: " in capstone.out_problem(str(tmp_path / "sub"))
+
+
+def test_a_folder_of_someones_own_summary_and_metrics_is_not_a_run_to_replace(tmp_path):
+    """Issue 51: without the marker, summary.json and metrics.json count as a run's only when they read as the
+    trainer's; a user's own files of those names were called "a finished run", and --overwrite replaced them."""
+    (tmp_path / "summary.json").write_text('{"my": "notes"}')
+    (tmp_path / "metrics.json").write_text("[1, 2, 3]")
+    problem = capstone.out_problem(str(tmp_path))
+    assert "holds files that are not a capstone run's (metrics.json, summary.json)" in problem, problem
+    with pytest.raises(capstone.OptionsError, match="not a capstone run's"):
+        capstone.validate(capstone.Options(data="synthetic", epochs=1, out=str(tmp_path), overwrite=True))
+    assert (tmp_path / "summary.json").read_text() == '{"my": "notes"}'  # untouched
+    # the trainer's own, from before the marker: still a run
+    (tmp_path / "summary.json").write_text('{"recipe": "course", "options": {}, "test_accuracy": 0.5}')
+    (tmp_path / "metrics.json").write_text('[{"epoch": 1}, {"epoch": 2}]')
+    assert capstone.out_problem(str(tmp_path)) is None
+    (tmp_path / capstone.LOCK).write_text("123\n")  # a lock left by an earlier run is the trainer's too
+    assert capstone.out_problem(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_a_backup_that_is_not_a_folder_of_its_own_is_refused(tmp_path, kind):
+    """Issue 51: a finished run's backup/ symlinked elsewhere was accepted: Keras would write (and remove) its backups
+    in the linked folder, and --overwrite suggested --resume, which cannot work."""
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    out.mkdir(), elsewhere.mkdir()
+    (elsewhere / "latest.weights.h5").write_text("theirs")
+    (out / capstone.MARKER).write_text("{}")
+    if kind == "link":
+        (out / "backup").symlink_to(elsewhere)
+    else:
+        (out / "backup").write_text("")
+    expected = "a symbolic link, not a folder" if kind == "link" else "a file, not a folder"
+    for options in ({"overwrite": True}, {"resume": True}, {}):
+        with pytest.raises(capstone.OptionsError, match=expected):
+            capstone.validate(capstone.Options(data="synthetic", epochs=1, out=str(out), **options))
+    assert (elsewhere / "latest.weights.h5").read_text() == "theirs"
+
+
+def test_a_second_run_into_the_same_folder_stops_at_once_naming_the_first(tmp_path):
+    """Issue 51: two capstone runs into one --out both finished and both said "Done". The second now stops before
+    anything is read or written, with one line naming the first's pid; a folder it made for nothing is removed."""
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from course_utils import fileguard
+        with fileguard.folder_lock({str(out)!r}, "capstone run"):
+            print("locked", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        proc, _ = cli(["--data", "synthetic", "--epochs", "1", "--out", str(out), "--quiet"])
+        assert proc.returncode == 2, proc.stderr
+        assert f"another capstone run is writing to {out} (pid {holder.pid})" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and sorted(os.listdir(out)) == [capstone.LOCK]
+    finally:
+        holder.kill()
+        holder.wait()
+    fresh = tmp_path / "fresh"  # a run that stops at its data, under the lock: the folder made for the lock goes again
+    (tmp_path / "garbage.npz").write_text("not a zip")
+    proc, _ = cli(["--data", "npz:" + str(tmp_path / "garbage.npz"), "--epochs", "1", "--out", str(fresh), "--quiet"])
+    assert proc.returncode == 1 and "is not a readable .npz archive" in proc.stderr and not fresh.exists(), proc.stderr
 
 
 def _interrupted_run(tmp_path, sig=signal.SIGINT, name="interrupted"):

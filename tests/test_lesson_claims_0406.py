@@ -253,7 +253,7 @@ def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str 
     if not smoke:  # two more budgets, the lead growing with the budget
         sweep["baseline"].update({60.0: _summary("baseline", 0.52, 11, 63, 59.0),
                                   240.0: _summary("baseline", 0.53, 44, 63, 239.0)})
-        sweep["course"].update({60.0: _summary("course", 0.68, 11, 31, 60.0),
+        sweep["course"].update({60.0: _summary("course", 0.68, 20, 31, 60.0),  # 620 updates: ≥ LEAD_MIN_UPDATES
                                 240.0: _summary("course", 0.77, 44, 31, 240.0)})
     results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, precision=precision,
                    resume=_resume(), sweep=sweep)
@@ -306,7 +306,13 @@ def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
     few = _results_06()
     few["sweep"]["course"][60.0]["epochs"] = 2  # 62 updates: smoke-sized
     claim = _find(capstone_exp.claims(few), "06.course_leads_15_points")
-    assert claim.holds is None and "fewer than 300 updates" in claim.note
+    assert claim.holds is None and f"fewer than the {capstone_exp.LEAD_MIN_UPDATES} updates" in claim.note
+    assert "60 s: 62" in claim.note, claim.note  # the updates each budget bought
+    slow = _results_06()  # the run's own budget bought too few updates for the 10-point claim: not measured to hold
+    slow["summary"]["course"]["epochs"] = 5
+    slow["summary"]["course"]["test_accuracy"] = 0.55
+    beats = _find(capstone_exp.claims(slow), "06.course_beats_tutorial")
+    assert beats.holds is None and f"fewer than the {capstone_exp.LEAD_MIN_UPDATES} where the lead was measured to hold" in beats.note
 
 
 def test_lesson_06_reference_sweep_is_what_the_readme_and_the_lesson_quote():

@@ -55,7 +55,7 @@ TensorFlow), :mod:`.run_folder` (the output folder, resuming), :mod:`.checks` (:
 from __future__ import annotations
 
 from .options import (CLASSES, POLICIES, SCHEDULES, PROG, COURSE, BASELINE, MAX_EPOCHS, MAX_SCHEDULE_STEPS,
-                      MAX_BUDGET_S, MAX_BATCH, MAX_WIDTH, MAX_STEPS_PER_EXECUTION, MAX_SEED, MARKER, RUN_FILES,
+                      MAX_BUDGET_S, MAX_BATCH, MAX_WIDTH, MAX_STEPS_PER_EXECUTION, MAX_SEED, MARKER, LOCK, RUN_FILES,
                       RUN_FOLDERS, BACKUP_FILES, tensorboard_installed, OptionsError, RunStateError, Options, is_int,
                       own_name, own_backup_name, folder_problem, out_problem, divisor_below, bounded)
 from .models import (whitening_kernel, resnet9, tutorial_cnn)

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the run already in --out (without it, a folder holding a run is refused)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="global batch per update (default: course 128 per replica × replicas, with the learning rate "
-                        "scaled linearly; baseline 64)")
+                        "scaled linearly; baseline 32, the tutorial's)")
     p.add_argument("--policy", default="auto", help="auto | float32 | mixed_bfloat16 | mixed_float16")
     j = p.add_mutually_exclusive_group()
     j.add_argument("--jit", dest="jit", action="store_const", const=True, default=None,
@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def body() -> int:
+        try:
+            import tensorflow  # noqa: F401 - first here: a broken install is one line, not an import's traceback
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a RuntimeError from a library it loads
+            last = (str(exc).strip().splitlines() or [""])[-1]
+            raise commandline.Failed(f"error: TensorFlow could not be imported ({type(exc).__name__}: {last}); check "
+                                     "the install: python -m course_utils doctor") from None
         try:
             result = train(opts, _t0=t0)
         except RunStateError as exc:  # the run's folder, not the options

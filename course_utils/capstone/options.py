@@ -60,6 +60,8 @@ RUN_FILES = ("metrics.json", "summary.json", "plan.json", "clock.json", "best.we
 
 RUN_FOLDERS = ("backup",)
 
+LOCK = ".lock"  # fileguard.folder_lock's: one run at a time writes into a folder (kept, never deleted)
+
 BACKUP_FILES = ("latest.weights.h5", "training_metadata.json")  # BackupAndRestore's, each also as ".bkp"
 
 def tensorboard_installed() -> bool:
@@ -129,11 +131,31 @@ def _foreign_entries(out: str) -> list[str]:
     foreign = []
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
+        if name == LOCK and os.path.isfile(path) and not os.path.islink(path):
+            continue
         if name in RUN_FOLDERS and os.path.isdir(path) and not os.path.islink(path):
             foreign += [f"{name}/{inner}" for inner in sorted(os.listdir(path)) if not own_backup_name(inner)]
         elif not (own_name(name) and os.path.isfile(path)):
             foreign.append(name)
     return foreign
+
+def _written_by_trainer(path: str) -> bool:
+    """Whether ``summary.json`` or ``metrics.json`` at ``path`` reads as the trainer's: a summary naming its recipe
+    and options, or a list of epochs numbered from 1 (at most 16 MiB read)."""
+    import json
+
+    try:
+        if os.path.getsize(path) > 16 << 20:
+            return False
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if os.path.basename(path) == "summary.json":
+        return isinstance(data, dict) and data.get("recipe") in ("course", "baseline") and isinstance(
+            data.get("options"), dict)
+    return isinstance(data, list) and all(isinstance(e, dict) and e.get("epoch") == i
+                                          for i, e in enumerate(data, 1))
 
 def _nearest_existing(path: str) -> str:
     path = os.path.abspath(path)
@@ -165,12 +187,23 @@ def out_problem(out: Any) -> str | None:
         foreign = _foreign_entries(out)
     except OSError as exc:
         return f"--out {out!r} cannot be read ({exc.strerror or exc})"
+    for name in RUN_FOLDERS:  # Keras writes its backups there: a link would send them (and their removal) elsewhere
+        path = os.path.join(out, name)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            kind = "a symbolic link" if os.path.islink(path) else "a file"
+            return (f"--out {out!r}: its {name!r} is {kind}, not a folder; the trainer keeps its backups only in a "
+                    f"folder of its own there: remove {name!r}, or choose another --out")
     if os.path.isfile(os.path.join(out, MARKER)):  # its own run: other files may stay, but not in backup/
         inside = [name for name in foreign if name.startswith(tuple(f"{f}/" for f in RUN_FOLDERS))]
         if inside:
             return (f"--out {out!r}: its backup folder holds files the trainer did not write ({', '.join(inside[:3])}),"
                     " and Keras removes that folder when a run finishes: move them, or choose another --out")
         return None
+    # no marker: a run from before it, if what carries the trainer's names reads as the trainer's (a folder holding
+    # only someone's own summary.json and metrics.json is theirs, not a run to replace)
+    foreign = sorted(foreign + [name for name in ("metrics.json", "summary.json") if name not in foreign
+                                and os.path.isfile(os.path.join(out, name))
+                                and not _written_by_trainer(os.path.join(out, name))])
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         return (f"--out {out!r} holds files that are not a capstone run's ({shown}); the trainer writes only into a new "

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from .. import fileguard
 from .checks import validate
 from .models import whitening_kernel
-from .options import COURSE, MAX_SCHEDULE_STEPS, Options, OptionsError
+from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, Options, OptionsError
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
                    TTA_VIEWS, start_width,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
@@ -266,6 +266,26 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     data). Nothing in ``out`` changes before the options, the resume state and the data have been checked."""
     t0 = time.perf_counter() if _t0 is None else _t0
     validate(options)
+    # One run at a time per folder: a second run into the same --out stops at once, naming the first (two runs there
+    # both finished and both said "Done", each with the other's files). The folder made here for the lock is removed
+    # again if the run stops before writing anything.
+    created = not os.path.lexists(options.out)
+    try:
+        os.makedirs(options.out, exist_ok=True)
+        with fileguard.folder_lock(options.out, "capstone run"):
+            validate(options)  # again, under the lock: another run may have written there in between
+            return _train(options, t0)
+    except (fileguard.FolderBusy, fileguard.UnsafePath) as exc:
+        raise OptionsError(f"--out {options.out!r}: {exc}") from None
+    finally:
+        lock = os.path.join(options.out, LOCK)
+        if created and os.path.isdir(options.out) and os.listdir(options.out) in ([], [LOCK]):
+            if os.path.isfile(lock):
+                os.remove(lock)
+            os.rmdir(options.out)
+
+
+def _train(options: Options, t0: float) -> Result:
     o = resolved(options)
     recipe = RECIPES[o.recipe]
     say = print if o.verbose >= 0 else (lambda *a, **k: None)

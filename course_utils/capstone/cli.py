@@ -9,7 +9,7 @@ import time
 
 from .. import commandline
 from .checks import validate
-from .options import COURSE, Options, OptionsError, PROG, RunStateError
+from .options import COURSE, Options, OptionsError, PROG, RunStateError, TensorFlowUnavailable
 from .plan import MAX_VALIDATION, VALIDATION_FRACTION
 from .recipes import TPU_STEPS_PER_EXECUTION
 from .run_folder import backup_epoch
@@ -106,13 +106,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         try:
-            import tensorflow  # noqa: F401 - first here: a broken install is one line, not an import's traceback
-        except Exception as exc:  # noqa: BLE001 - ImportError, or a RuntimeError from a library it loads
-            last = (str(exc).strip().splitlines() or [""])[-1]
-            raise commandline.Failed(f"error: TensorFlow could not be imported ({type(exc).__name__}: {last}); check "
-                                     "the install: python -m course_utils doctor") from None
-        try:
             result = train(opts, _t0=t0)
+        except TensorFlowUnavailable as exc:  # a broken install: one line, not an import's traceback
+            raise commandline.Failed(f"error: {exc}") from None
         except RunStateError as exc:  # the run's folder, not the options
             raise commandline.UsageError(f"error: {exc}") from None
         except OptionsError as exc:  # found only after TensorFlow started (e.g. GPU count)

@@ -74,6 +74,10 @@ def tensorboard_installed() -> bool:
 class OptionsError(ValueError):
     """An option the trainer cannot use; the message is one line that says which and what to do."""
 
+class TensorFlowUnavailable(RuntimeError):
+    """TensorFlow failed to import (checked after the options and the folder, before anything is written); the
+    message is one line with the import's own last line and what to run."""
+
 class RunStateError(OptionsError):
     """``--resume`` found state in the run's folder that the trainer did not write (or another run's); the message
     says which file, why, and that nothing was changed."""

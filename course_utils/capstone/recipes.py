@@ -46,7 +46,8 @@ RECIPE_TABLE = [
                "hundred updates; warned above ~1k)", "lesson": "capstone, 08",
      "source": "Goyal et al. 2017; Page; capstone.peak_learning_rate"},
     {"choice": "test-time augmentation: the mean over each image and its mirror, each also shifted one pixel "
-               "diagonally (10 views)", "lesson": "capstone", "source": "Page; airbench; capstone.tta_views"},
+               "diagonally (10 views); under a time budget only as many views as fit in 5% of it (10, 2 or 1)",
+     "lesson": "capstone", "source": "Page; airbench; capstone.tta_views, capstone.FINAL_EVAL_SHARE"},
     {"choice": "optional EMA of the weights (SGD use_ema)", "lesson": "capstone", "source": "Page; Keras optimizers"},
     {"choice": "optional gradient accumulation (--accumulate K)", "lesson": "05", "source": "accumulation.AccumulatingModel"},
     {"choice": f"steps_per_execution: {TPU_STEPS_PER_EXECUTION} steps per call on a TPU, 1 elsewhere", "lesson": "04",

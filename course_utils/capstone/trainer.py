@@ -14,7 +14,7 @@ from typing import Any, Callable
 from .. import fileguard
 from .checks import validate
 from .models import whitening_kernel
-from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, Options, OptionsError
+from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
                    TTA_VIEWS, start_width,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
@@ -293,6 +293,13 @@ def _train(options: Options, t0: float) -> Result:
     state = read_resume_state(run, o) if o.resume else None
     clock = _Clock(t0, state.spent_s if state else 0.0)
 
+    try:  # the options and the folder are checked: now TensorFlow (a broken install is one line)
+        import keras  # noqa: F401 - imports TensorFlow (Keras' backend) too
+        import tensorflow  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a RuntimeError from a library it loads
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        raise TensorFlowUnavailable(f"TensorFlow could not be imported ({type(exc).__name__}: {last}); check the "
+                                    "install: python -m course_utils doctor") from None
     # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
     # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
     rt = _runtime.detect(cpu_replicas=o.cpu_replicas)

@@ -21,17 +21,17 @@ from .options import COURSE, MAX_SCHEDULE_STEPS, is_int
 # `target_budget_s` (target_epochs_for). 600 s, 2 cores, fixed widths: 32 / 48 / 64 trained 75 / 44 / 28 epochs to
 # 79.0 / 78.6 / 77.4% (flip TTA); the target of 63 there chooses 32.
 AUTO_WIDTH = dict(widths=(4, 6, 8, 12, 16, 24, 32, 48, 64), start=8, target_epochs=20, target_budget_s=60.0,
-                  target_growth=0.5, fixed_share=0.6)
+                  target_growth=0.5, fixed_share=0.6, start_by_kernels={"eigen": 4})
 
-# The width the warm-up times first on a CPU kernel path where AUTO_WIDTH's start is too wide to be kept: on TensorFlow's
-# own kernels (`eigen`) a 60 s budget chose width 4 from width 8's timing on one core and on two, and compiling width 8
-# only to drop it cost the first epoch 4-5 s on one core (14.1 s from process start, 23% of the budget)
-START_WIDTH_BY_KERNELS = {"eigen": 4}
+# `start_by_kernels`: the width the warm-up times first on a CPU kernel path where `start` is too wide to be kept. On
+# TensorFlow's own kernels (`eigen`) a 60 s budget chose width 4 from width 8's timing on one core and on two, and
+# compiling width 8 only to drop it cost the first epoch 4-5 s on one core (14.1 s from process start, 23% of it)
 
 def start_width(kernels: str | None, rule: dict = AUTO_WIDTH) -> int:
-    """The width auto width times first: :data:`START_WIDTH_BY_KERNELS` on its CPU kernel paths, else
-    ``rule["start"]``."""
-    return START_WIDTH_BY_KERNELS.get(kernels, rule["start"])
+    """The width auto width times first: ``rule["start_by_kernels"]`` for this CPU kernel path when it is one of
+    ``rule["widths"]``, else ``rule["start"]``."""
+    width = rule.get("start_by_kernels", {}).get(kernels)
+    return width if width in rule["widths"] else rule["start"]
 
 # When the chosen width is timed too and its epoch is off the prediction by more than this factor (either way), the
 # width is chosen again from the two timed widths (epoch = a + b·MACs through them, width_model), and timed again if

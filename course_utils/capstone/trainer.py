@@ -372,7 +372,7 @@ def _train(options: Options, t0: float) -> Result:
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
     auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
-    start = start_width(kernels[0] if kernels else None) if auto_width else COURSE["width"]
+    start = start_width(kernels[0] if kernels else None, AUTO_WIDTH) if auto_width else COURSE["width"]
     width = state.plan.width if state else (o.width or min(start, cfg.sizes.model_width))
     net, model, schedule, peak = build(width)
     if o.batch_size > MAX_LR_SCALING_BATCH and recipe.sized_by_width:

@@ -387,6 +387,16 @@ def test_lesson_06_a_resume_that_started_over_does_not_hold():
         assert claim.holds is None and "did not land inside epoch 2" in claim.note, early  # says why, never a pass
 
 
+def test_lesson_06_tta_claim_is_not_measurable_when_the_budget_left_one_view():
+    one_view = _results_06()
+    one_view["summary"]["course"].update(tta_views=1, test_accuracy=0.72, test_accuracy_no_tta=0.72)
+    claim = _find(capstone_exp.claims(one_view), "06.tta_does_not_hurt")
+    assert claim.holds is None and "no time for a second test-time view" in claim.note
+    hurt = _results_06()
+    hurt["summary"]["course"].update(tta_views=2, test_accuracy=0.70, test_accuracy_no_tta=0.72)
+    assert _find(capstone_exp.claims(hurt), "06.tta_does_not_hurt").holds is False
+
+
 def test_lesson_06_verdicts_follow_the_measurements():
     behind = _results_06()
     behind["summary"]["course"]["test_accuracy"] = 0.55

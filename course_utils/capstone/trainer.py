@@ -417,11 +417,11 @@ def _train(options: Options, t0: float) -> Result:
         predict on one (padded) batch, the final evaluation's shape, so that it reuses it, and time two views (one
         view's time doubled now and then: 2 cores, 0.34 s where others took 0.18)."""
         if compile:
-            _predict_probs(net, x_test[:1], False, o.batch_size)
+            _predict_probs(net, x_test[:1], 1, o.batch_size)
         times = []
         for _ in range(2 if compile else 1):
             started = time.perf_counter()
-            _predict_probs(net, x_test, False, o.batch_size)
+            _predict_probs(net, x_test, 1, o.batch_size)
             times.append(time.perf_counter() - started)
         return times
 

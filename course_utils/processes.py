@@ -7,7 +7,8 @@
   the group and becomes one line, :class:`TimedOut`), :func:`tail` keeps the last lines of what it said;
 - :func:`stop_all` stops process groups (SIGTERM, then SIGKILL after a grace period) and reaps them; a
   :class:`Sentinel` process does it when this process dies without getting there (even by SIGKILL);
-  :func:`die_with_parent` (Linux) has the kernel kill this process when its parent ends;
+  :func:`die_with_parent` (Linux) has the kernel kill this process when its parent ends; :func:`crash_said` says one
+  line when this process dies by a signal inside a block (a native crash while importing TensorFlow);
 - :func:`usable_cores`: the cores this process may run on; :func:`interop_threads`: TensorFlow's inter-op threads for a child that talks to its peers;
   :func:`tensorflow_has_run_an_op`: whether a process forked from this one would start clean.
 
@@ -25,7 +26,7 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-__all__ = ["MIN_INTEROP_THREADS", "Sentinel", "Stopped", "TimedOut", "die_with_parent", "interop_threads",
+__all__ = ["MIN_INTEROP_THREADS", "Sentinel", "Stopped", "TimedOut", "crash_said", "die_with_parent", "interop_threads",
            "kill_group", "run", "signals_held", "start", "stop_all", "stop_on_signals", "tail",
            "tensorflow_has_run_an_op", "usable_cores"]
 
@@ -125,6 +126,52 @@ def die_with_parent(parent_pid: int | None = None, sig: int = 9) -> bool:
     if parent_pid is not None and os.getppid() != int(parent_pid):
         os.kill(os.getpid(), sig)
     return True
+
+@contextlib.contextmanager
+def crash_said(line: str) -> Iterator[None]:
+    """Print ``line`` on stderr if this process dies inside the block without a Python exception (SIGILL or SIGABRT
+    in a native library's code: ``import tensorflow`` on a CPU without AVX, or a mismatched build), where it would
+    otherwise end with no word. POSIX only; elsewhere, or where TensorFlow is already imported, nothing.
+
+    A watcher forked before the block (a double fork: no zombie, nothing to reap) waits on a pipe; leaving the block
+    in any way — an exception included — writes to it and the watcher exits at once, saying nothing. Only a process
+    that died in the block (its end of the pipe closed, nothing written) leaves the watcher the line to say. The
+    watcher ignores SIGINT and SIGHUP, lives no longer than the block, and never imports anything."""
+    if os.name != "posix" or not hasattr(os, "fork") or "tensorflow" in sys.modules:
+        yield
+        return
+    message = (line.rstrip("\n") + "\n").encode()
+    read_end, write_end = os.pipe()
+    try:
+        first = os.fork()
+    except OSError:  # no process to spare: go on unwatched
+        os.close(read_end)
+        os.close(write_end)
+        yield
+        return
+    if first == 0:  # pragma: no cover - a forked watcher; its effect is tested from outside
+        try:
+            os.close(write_end)
+            if os.fork() == 0:
+                for fd in (0, 1):  # hold nothing of the process's but stderr: not its output, its locks or files
+                    os.close(fd)
+                os.closerange(3, read_end)
+                os.closerange(read_end + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+                for name in ("SIGINT", "SIGHUP", "SIGTERM"):
+                    signal.signal(getattr(signal, name), signal.SIG_IGN)
+                if not os.read(read_end, 1):
+                    os.write(2, message)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    os.waitpid(first, 0)  # the first child exits at once, leaving the watcher to init
+    try:
+        yield
+    finally:
+        try:
+            os.write(write_end, b"1")
+        finally:
+            os.close(write_end)
 
 # One per cluster: the launcher writes each task's pid (= its process group) to it and "done" when every task is
 # stopped. If its input ends without "done", the launcher died (SIGKILL, a kernel restart): it stops every group.

@@ -14,6 +14,7 @@ BROKEN = {
     "ImportError": 'raise ImportError("libtensorflow_framework.so.2: cannot open shared object file")',
     "RuntimeError": 'raise RuntimeError("module compiled against ABI version 0x1000009 but this version of numpy")',
     "SIGABRT": "import os\nos.abort()",
+    "SIGILL": "import os, signal\nos.kill(os.getpid(), signal.SIGILL)",  # a CPU without AVX: the first instruction
 }
 
 
@@ -49,6 +50,51 @@ def test_capstone_where_tensorflow_does_not_import_is_one_line(tmp_path, how):
     assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
     assert lines[0].startswith(f"capstone: error: TensorFlow could not be imported ({how}: "), lines[0]
     assert not out.exists()  # nothing written
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals: POSIX")
+@pytest.mark.parametrize("how", ["SIGABRT", "SIGILL"])
+def test_capstone_killed_by_the_tensorflow_import_says_one_line(tmp_path, how):
+    """It ended with exit 134/132 and not a word on stderr (a shell adds "Illegal instruction"; a notebook's `!` cell
+    or a script's subprocess nothing): the process that dies cannot speak, so a watcher forked before the import says
+    it — and says nothing when the import succeeds (every other capstone test)."""
+    import signal
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "course_utils.capstone", "--data", "synthetic", "--epochs", "1",
+                           "--out", str(out), "--quiet"], env=_broken_tensorflow(tmp_path, how), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -getattr(signal, how), (proc.returncode, proc.stderr)  # the crash's own exit, kept
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == (
+        "capstone: error: importing TensorFlow killed this process (a crash in its native code, no Python error); "
+        "python -m course_utils doctor says why"), proc.stderr
+    # nothing written but the lock's file (the lock itself died with the process): the same command runs once fixed
+    assert not out.exists() or [p.name for p in out.iterdir()] == [".lock"]
+
+
+def test_the_crash_watcher_is_silent_when_the_block_ends_in_any_way(tmp_path):
+    """In a fresh process (no TensorFlow imported): leaving the block normally or by an exception says nothing, and
+    no watcher outlives it; dying inside the block (os._exit from native code stands in) says the line."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import os, sys\n"
+        "from course_utils import processes\n"
+        "how = sys.argv[1]\n"
+        "try:\n"
+        "    with processes.crash_said('the line'):\n"
+        "        if how == 'raise':\n"
+        "            raise ValueError('x')\n"
+        "        if how == 'die':\n"
+        "            os.kill(os.getpid(), 9)\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "print('after')\n")
+    said = {}
+    for how in ("ok", "raise", "die"):
+        proc = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=60)
+        said[how] = (proc.returncode, proc.stdout.strip(), proc.stderr.strip())
+    assert said == {"ok": (0, "after", ""), "raise": (0, "after", ""), "die": (-9, "", "the line")}, said
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")

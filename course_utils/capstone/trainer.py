@@ -11,10 +11,10 @@ import sys
 import time
 from typing import Any, Callable
 
-from .. import fileguard
+from .. import fileguard, processes
 from .checks import validate
 from .models import whitening_kernel
-from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, Options, OptionsError, TensorFlowUnavailable
+from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
                    TTA_VIEWS, start_width,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
@@ -293,9 +293,14 @@ def _train(options: Options, t0: float) -> Result:
     state = read_resume_state(run, o) if o.resume else None
     clock = _Clock(t0, state.spent_s if state else 0.0)
 
-    try:  # the options and the folder are checked: now TensorFlow (a broken install is one line)
-        import keras  # noqa: F401 - imports TensorFlow (Keras' backend) too
-        import tensorflow  # noqa: F401
+    # the options and the folder are checked: now TensorFlow. A broken install is one line, an exception's or, where the
+    # import kills the process (SIGILL on a CPU without AVX, SIGABRT from a mismatched library), the watcher's
+    crashed = (f"{PROG}: error: importing TensorFlow killed this process (a crash in its native code, no Python error); "
+               "python -m course_utils doctor says why")
+    try:
+        with processes.crash_said(crashed):
+            import keras  # noqa: F401 - imports TensorFlow (Keras' backend) too
+            import tensorflow  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a RuntimeError from a library it loads
         last = (str(exc).strip().splitlines() or [""])[-1]
         raise TensorFlowUnavailable(f"TensorFlow could not be imported ({type(exc).__name__}: {last}); check the "

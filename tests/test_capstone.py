@@ -96,7 +96,8 @@ def test_cli_smoke_run_learns_within_its_budget_and_writes_its_files(reference):
     assert summary["peak_memory_bytes"] > 1 << 20
     assert 0 < metrics[-1]["elapsed_s"] <= summary["trained_s"] <= summary["wall_time_s"]
     assert summary["trained_s"] + summary["final_eval_s"] == pytest.approx(summary["wall_time_s"])
-    assert metrics[0]["elapsed_s"] < metrics[1]["elapsed_s"] < metrics[2]["elapsed_s"]
+    elapsed = [m["elapsed_s"] for m in metrics]
+    assert all(a < b for a, b in zip(elapsed, elapsed[1:])), elapsed  # a slow machine may train only 2 epochs
     # One line per epoch with elapsed s, train loss, validation accuracy, images/s.
     lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
     assert len(lines) == epochs and all("train loss" in x and "val acc" in x and "images/s" in x for x in lines)

@@ -70,6 +70,11 @@ class Sizes:
     block_depth: int = 4
     block_tokens: int = 64
     block_batch: int = 64
+    # lesson 07: interleaved timing rounds of its fresh-process measurements (each round times every technique,
+    # without and with XLA, against the plain step): 7 in full mode; 3 in smoke mode, where the spread is min-max
+    isolated_rounds: int = 7
+    # lesson 07 §4: fresh processes per LayerNorm variant (each one reading of its peak)
+    isolated_processes: int = 3
     # lesson 07: logits rows × classes for the chunked cross-entropy
     logits_rows: int = 2048
     logits_classes: int = 4096
@@ -109,6 +114,8 @@ FULL_SIZES = Sizes(
     block_depth=4,
     block_tokens=64,
     block_batch=64,
+    isolated_rounds=7,
+    isolated_processes=3,
     logits_rows=2048,
     logits_classes=4096,
     gelu_epochs=15,
@@ -147,6 +154,8 @@ SMOKE_SIZES = Sizes(
     block_depth=2,
     block_tokens=32,
     block_batch=64,
+    isolated_rounds=3,  # §1's cell took 42 s of the notebook's 108 with 5 (2-core AVX2 VM)
+    isolated_processes=1,  # one reading per LayerNorm variant (2 fresh processes took 9 s)
     logits_rows=1024,
     logits_classes=2048,
     gelu_epochs=2,

@@ -60,6 +60,7 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
         crops={pipeline.CROP_CASES[0]: 9, pipeline.CROP_CASES[1]: 1},
         profile_shares={pipeline.PROFILE_CASES[0]: 0.47, pipeline.PROFILE_CASES[1]: 0.012},
         profile_stalls={name: "" for name in pipeline.PROFILE_CASES},
+        profile_step_ms={pipeline.PROFILE_CASES[0]: 98.0, pipeline.PROFILE_CASES[1]: 11.0},
         shape_rows=[{"API": api, "global batch": global_batch, "per-replica shapes": [[per_replica]] * replicas}
                     for api in pipeline.APIS],
         real_global=per_replica, n_examples=n,
@@ -211,6 +212,21 @@ def test_lesson_04_a_profile_whose_loop_paused_on_every_try_is_not_measurable():
         claim = _find(pipeline.claims(_results_04(profile_shares=shares, profile_stalls=stalls)), "04.profile_shows_wait")
         assert claim.holds is None and why in claim.note and "fed from its buffers" in claim.note, claim.verdict
         assert "2% waiting" in claim.measured or "47% waiting" in claim.measured
+
+
+def test_lesson_04_a_step_slower_than_the_buckets_read_is_not_measurable():
+    """On one core of a 2-core AVX2 VM (Eigen kernels, full mode) the in-memory step took 120 ms and the bucket's
+    batch of 128 waits 64 ms: the pipeline kept up, both read 0% waiting, and the claim said ❌ — a slow CPU, not a
+    wrong lesson. A step just under the read is still measured."""
+    read = pipeline.bucket_batch_ms(128)
+    assert read == pytest.approx(8 * pipeline.BUCKET_REQUEST_S * 1e3)  # 128 records: 8 requests of 16
+    shares = {pipeline.PROFILE_CASES[0]: 0.0, pipeline.PROFILE_CASES[1]: 0.0}
+    slow = _find(pipeline.claims(_results_04(profile_shares=shares, profile_step_ms={
+        pipeline.PROFILE_CASES[0]: 121.0, pipeline.PROFILE_CASES[1]: 120.0})), "04.profile_shows_wait")
+    assert slow.holds is None and "120 ms" in slow.note and f"{read:.0f} ms" in slow.note, slow.verdict
+    fast = _find(pipeline.claims(_results_04(profile_shares=shares, profile_step_ms={
+        pipeline.PROFILE_CASES[0]: 70.0, pipeline.PROFILE_CASES[1]: read - 1})), "04.profile_shows_wait")
+    assert fast.holds is False and not fast.note  # a fast step and no wait: a real ❌
 
 
 # ----------------------------------------------------------------------------------------------

@@ -499,7 +499,7 @@ def measure(lab) -> dict:
 
     sizes, cfg = lab.sizes, lab.cfg
     net = dict(width=sizes.block_width, depth=sizes.block_depth, tokens=sizes.block_tokens)
-    batch, rounds = sizes.block_batch, min(sizes.timing_repeats, 7)
+    batch, rounds = sizes.block_batch, sizes.isolated_rounds
     out: dict = {"batch": batch, "data": cfg.data}
     model = block_net(**net)
     out["estimates"] = {b: memory.estimate_training_memory(model, b, optimizer="adam") for b in (batch, 2 * batch)}
@@ -529,7 +529,7 @@ def measure(lab) -> dict:
     out["ln_peaks"] = memory.measure_peaks_isolated(
         make_layer_norm_stack_steps, {"Keras LayerNorm": dict(norm="keras", batch=batch * 4),
                                       "output-saving": dict(norm="output_saving", batch=batch * 4)}, parallel=2,
-        processes=3)
+        processes=sizes.isolated_processes)
     out["chunk_diff"] = chunked_loss_difference(sizes.logits_rows, sizes.logits_classes)
     ce = memory.measure_isolated(make_cross_entropy_steps,
                                  {"whole logits": dict(chunks=0, rows=sizes.logits_rows, classes=sizes.logits_classes),

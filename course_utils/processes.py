@@ -136,7 +136,8 @@ def crash_said(line: str) -> Iterator[None]:
     A watcher forked before the block (a double fork: no zombie, nothing to reap) waits on a pipe; leaving the block
     in any way — an exception included — writes to it and the watcher exits at once, saying nothing. Only a process
     that died in the block (its end of the pipe closed, nothing written) leaves the watcher the line to say. The
-    watcher ignores SIGINT and SIGHUP, lives no longer than the block, and never imports anything."""
+    watcher ignores SIGINT, SIGHUP and SIGTERM (a Ctrl-C reaches the process, which says its own line), lives no
+    longer than the block, and never imports anything."""
     if os.name != "posix" or not hasattr(os, "fork") or "tensorflow" in sys.modules:
         yield
         return
@@ -170,6 +171,8 @@ def crash_said(line: str) -> Iterator[None]:
     finally:
         try:
             os.write(write_end, b"1")
+        except OSError:  # the watcher is gone (killed on its own): nothing to tell, and no traceback here for it
+            pass
         finally:
             os.close(write_end)
 

@@ -3,6 +3,7 @@
   doctor     check this environment and print the exact fix for each problem
   lint       check every notebook against the course skeleton (maintainers; from a checkout)
   set-repo   point every badge and setup cell at another GitHub repository (forks; from a checkout)
+  release    cut a release: version, badges, changelog and the API the notebooks may use (maintainers; checkout)
   capstone   train CIFAR-10 for a time budget (lesson 06; same as `python -m course_utils.capstone`)
   cluster    run a program once per task of a TensorFlow cluster on localhost (lesson 08)
   prove      measure every lesson's claims on this hardware: claims.json and a report card
@@ -21,6 +22,7 @@ COMMANDS = {  # command -> "module:function" taking argv and returning the exit 
     "doctor": "course_utils.doctor:main",
     "lint": "devtools.notebooks:lint_main",
     "set-repo": "devtools.notebooks:set_repo_main",
+    "release": "devtools.release:main",
     "capstone": "course_utils.capstone:main",
     "cluster": "course_utils.cluster:main",
     "prove": "course_utils.proof:main",

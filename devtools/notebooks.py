@@ -75,6 +75,12 @@ BINDER_URL_RE = re.compile(
     r"(?:/(?P<ref>[A-Za-z0-9_%-](?:[A-Za-z0-9_.%/-]*[A-Za-z0-9_%-])?))?"
     r"(?:\?urlpath=(?P<urlpath>[^\s()<>\"'&#]*))?"
 )
+CLONE_CD_RE = re.compile(  # `git clone https://github.com/OWNER/NAME && cd NAME`, the cd on the same line or the next
+    r"git clone\s+(?:-\S+\s+)*https://github\.com/(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?"
+    r"(?P<sep>[ \t]*(?:&&|;|\n)\s*)cd\s+(?P<dir>[A-Za-z0-9_.-]+)"
+)
+"""A clone followed by a ``cd`` into the folder it made: that folder is the repository's name, which `set-repo`
+rewrites with the URL (it used to leave ``cd memory-efficient-tf`` after a fork's clone)."""
 PAGES_URL_RE = re.compile(  # the course site (`python -m course_utils site`, published by .github/workflows/pages.yml)
     r"https://(?P<owner>[A-Za-z0-9-]+)\.github\.io/(?P<name>[A-Za-z0-9_.-]+)/(?P<path>[A-Za-z0-9_./-]*)"
 )
@@ -113,6 +119,9 @@ if "google.colab" in sys.modules:
 
 import course_utils
 
+if COURSE_REF.startswith("v") and COURSE_REF != f"v{course_utils.__version__}":  # a release tag, another installed
+    print(f"course_utils {course_utils.__version__} is installed, but this notebook was written for {COURSE_REF}: "
+          "later cells may fail. Restart the runtime and run this cell again (in a checkout: pip install -e .).")
 runtime = course_utils.setup()'''
 
 
@@ -751,7 +760,19 @@ def _rewrite_links(text: str, repo: str, ref: str, old_repo: str | None) -> str:
     if old_repo and old_repo != repo:  # clone URLs etc.: github.com/OLD -> github.com/NEW
         end = r"(?=\.git\b|\.?(?:[^A-Za-z0-9_.-]|$))"  # the whole name: not a-b/c-d-extras
         text = re.sub(rf"github\.com/{re.escape(old_repo)}{end}", f"github.com/{repo}", text, flags=re.M)
-    return text
+    return CLONE_CD_RE.sub(lambda m: m[0][: m.start("dir") - m.start()] + m["repo"].split("/")[1], text)
+
+
+def _clone_problems(text: str, rel: str) -> list[str]:
+    """A ``cd`` after a clone of the course must enter the folder the clone makes (the repository's name)."""
+    problems = []
+    for m in CLONE_CD_RE.finditer(text):
+        name = m["repo"].split("/")[1]
+        if m["dir"] != name:
+            line = text.count("\n", 0, m.start("dir")) + 1
+            problems.append(f"{rel}: line {line}: `cd {m['dir']}` after cloning {m['repo']}, whose folder is {name} "
+                            "(run `python -m course_utils set-repo`)")
+    return problems
 
 
 def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[str]:
@@ -885,6 +906,7 @@ def consistency_problems(root: str | os.PathLike = ROOT) -> list[str]:
             problems.append(f"{rel}: setup cell lacks `{_setup_repo_line(repo, ref)}`")
     for path in _markdown_docs(root):
         rel = path.relative_to(root).as_posix()
+        problems += _clone_problems(path.read_text(encoding="utf-8"), rel)
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             problems += [f"{rel}: {p}" for p in _url_problems(line, f"line {n}", repo, ref, root)]
     return problems

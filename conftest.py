@@ -37,6 +37,8 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 
+from course_utils.lessons import LESSONS as _LESSONS  # noqa: E402 - after COURSE_SMOKE; imports no TensorFlow
+
 # where notebooks' claims tables save their claims (course_utils.report.CLAIMS_DIR_VARIABLE)
 _CLAIMS_DIR_OWNED = not os.environ.get("COURSE_CLAIMS_DIR", "").strip()  # ours to delete at the end
 if _CLAIMS_DIR_OWNED:
@@ -188,9 +190,8 @@ UNIT_TEST_NICENESS = 5  # under xdist, a worker running unit tests yields this m
 # On a 2-vCPU VM the two "cores" may be one physical core's two hyperthreads: a unit test on the other one slows a
 # notebook whatever its priority (2-core AVX2 VM: lesson 05 took 74 s alone, 92-106 s beside the unit tests, lesson 07
 # 92-96 s alone and 117-133 s beside them, at niceness 5 and at 15 alike). So the lessons near their budget have the
-# machine to themselves too.
-ALL_CORES_NOTEBOOKS = ("04_data_pipeline_sharding.ipynb", "05_gradient_accumulation.ipynb",
-                       "06_cifar10_capstone.ipynb", "07_activation_memory.ipynb")
+# machine to themselves too. A lesson's manifest says it (`all_cores = true` in course_utils/lessons/<name>/lesson.toml).
+ALL_CORES_NOTEBOOKS = tuple(pathlib.Path(lesson.notebook).name for lesson in _LESSONS if lesson.all_cores)
 ALL_CORES_WAIT_S = 420.0
 _ALL_CORES_FLAG = _SHARED_DIR / ".a-notebook-uses-every-core"
 _niced = False

@@ -654,38 +654,93 @@ CURRICULUM_ROW = re.compile(r"^\|\s*(?P<id>\d\d)\s*\|\s*\[(?P<title>.+?)\]\((?P<
                             r"\s*\|\s*(?P<time>[^|]*?)\s*\|\s*(?P<measures>[^|]*?)\s*\|")
 
 
+def _root_lessons(root: Path) -> tuple:
+    """The lessons whose manifests are under ``root``'s ``course_utils/lessons`` (the checkout being linted)."""
+    from course_utils.lessons import discover
+
+    return discover(root / "course_utils" / "lessons")
+
+
+def curriculum_row(lesson: Any, repo: str = REPO, ref: str = REF) -> str:
+    """The README's curriculum row of a lesson, from its manifest: number, title, time, what it measures, links."""
+    return (f"| {lesson.id} | [{lesson.curriculum_title}]({lesson.notebook}) | {lesson.minutes} min | {lesson.measures} "
+            f"| {badge_markdown(lesson.notebook, repo, ref)} · [read it with outputs]"
+            f"({pages_url(f'lessons/{Path(lesson.notebook).stem}.html', repo)}) |")
+
+
+def _curriculum_lines(readme: str) -> list[int]:
+    return [n for n, line in enumerate(readme.splitlines()) if CURRICULUM_ROW.match(line)]
+
+
+def fix_curriculum(root: str | os.PathLike = ROOT) -> bool:
+    """Write the README's curriculum rows from the manifests (in place of the rows there); True if it changed."""
+    root = Path(root)
+    repo, ref = read_repo_settings(root)
+    path = root / "README.md"
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    rows = _curriculum_lines(text)
+    if not rows:
+        raise ValueError("README.md has no curriculum table to rewrite (rows like '| 01 | [Title](notebooks/...) |')")
+    new_rows = [curriculum_row(lesson, repo, ref) + "\n" for lesson in _root_lessons(root)]
+    new = "".join(lines[:rows[0]] + new_rows + [ln for n, ln in enumerate(lines[rows[0]:], rows[0]) if n not in rows])
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+) minutes")
+
+
 def lessons_problems(root: str | os.PathLike = ROOT) -> list[str]:
-    """Where the course's notebooks and README disagree with :data:`course_utils.lessons.LESSONS`, the one list of
-    lessons: a notebook it does not list (or one it lists that is missing), a notebook that does not import its own
-    lesson (``from course_utils.lessons import <name> as lesson``), a README curriculum row with another number or
-    notebook. Empty for a root that is not the course's own (no ``course_utils/lessons/``)."""
+    """Where the course's notebooks and README disagree with the lessons' manifests (``course_utils/lessons/*/
+    lesson.toml``, read as :data:`course_utils.lessons.LESSONS`): a notebook no manifest declares (or a manifest whose
+    notebook is missing), a notebook that does not import its own lesson (``from course_utils.lessons import <name>
+    as lesson``) or states another time, a README curriculum row that is not the one the manifest makes (``lint --fix``
+    writes them). Empty for a root that is not the course's own (no ``course_utils/lessons/``)."""
     root = Path(root)
     if not (root / "course_utils" / "lessons" / "__init__.py").is_file():
         return []
-    from course_utils.lessons import LESSONS
+    from course_utils.lessons import ManifestError
 
+    try:
+        lessons = _root_lessons(root)
+    except ManifestError as err:
+        return [str(err)]
     problems = []
-    listed = {lesson.notebook: lesson for lesson in LESSONS}
+    listed = {lesson.notebook: lesson for lesson in lessons}
     present = {notebook_relpath(p, root) for p in list_notebooks(root)}
-    problems += [f"{nb}: not in course_utils.lessons.LESSONS" for nb in sorted(present - set(listed))]
-    problems += [f"{nb}: in course_utils.lessons.LESSONS, but there is no such notebook"
+    problems += [f"{nb}: no lesson manifest declares it (course_utils/lessons/<name>/lesson.toml)"
+                 for nb in sorted(present - set(listed))]
+    problems += [f"{nb}: declared by course_utils/lessons/{listed[nb].name}/lesson.toml, but there is no such notebook"
                  for nb in sorted(set(listed) - present)]
     for notebook in sorted(present & set(listed)):
-        wanted = f"from course_utils.lessons import {listed[notebook].name} as lesson"
+        lesson = listed[notebook]
+        wanted = f"from course_utils.lessons import {lesson.name} as lesson"
         try:
             cells = json.loads((root / notebook).read_text(encoding="utf-8"))["cells"]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # lint_notebook says what is wrong with it
         if not any(wanted in cell_source(c).splitlines() for c in cells if c.get("cell_type") == "code"):
             problems.append(f"{notebook}: no code cell imports its own lesson (`{wanted}`)")
+        times = [int(m[1]) for c in cells if _is_markdown(c) for m in TIME_LINE.finditer(cell_source(c))]
+        if times != [lesson.minutes]:
+            problems.append(f"{notebook}: its '**Time:** about N minutes' line says {times or 'nothing'}; its manifest "
+                            f"says {lesson.minutes}")
     try:
         readme = (root / "README.md").read_text(encoding="utf-8")
+        repo, ref = read_repo_settings(root)
     except OSError as err:
         return problems + [f"README.md: cannot read it ({err.strerror or err})"]
-    rows = [(m["id"], m["notebook"]) for m in map(CURRICULUM_ROW.match, readme.splitlines()) if m]
-    expected = [(lesson.id, lesson.notebook) for lesson in LESSONS]
+    lines = readme.splitlines()
+    rows = [lines[n] for n in _curriculum_lines(readme)]
+    expected = [curriculum_row(lesson, repo, ref) for lesson in lessons]
     if rows != expected:
-        problems.append(f"README.md: the curriculum table lists {rows}; course_utils.lessons.LESSONS has {expected}")
+        ids = [m["id"] + " " + m["notebook"] for m in map(CURRICULUM_ROW.match, rows)]
+        wrong = [e.split(" | ")[0].strip("| ") for e in expected if e not in rows]
+        problems.append(f"README.md: the curriculum table ({', '.join(ids)}) is not the one the lesson manifests make "
+                        f"(rows for {', '.join(wrong) or 'no lesson'} differ): `python -m course_utils lint --fix` "
+                        "writes it")
     return problems
 
 
@@ -722,6 +777,12 @@ def _lint(argv: list[str] | None) -> int:
                 print(f"{path}: cannot fix: {err}")
                 continue
             print(f"{path}: fixed: {'; '.join(changes)}" if changes else f"{path}: nothing to fix")
+        if not args.paths and lessons_problems(root):
+            try:
+                if fix_curriculum(root):
+                    print(f"{root / 'README.md'}: fixed: the curriculum table, from the lesson manifests")
+            except (OSError, ValueError) as err:
+                print(f"{root / 'README.md'}: cannot fix: {err}")
 
     n_problems, bad = 0, 0
     if not args.paths:  # the whole course: its notebooks and README against the one list of lessons

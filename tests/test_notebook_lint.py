@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -472,27 +475,117 @@ def test_the_course_agrees_with_its_one_list_of_lessons():
     assert nbl.lessons_problems(ROOT) == []
 
 
-def test_lessons_problems_names_a_notebook_off_the_list_one_without_its_lesson_and_a_wrong_readme_row(tmp_path):
-    (tmp_path / "course_utils" / "lessons").mkdir(parents=True)
+def _course_copy(tmp_path: Path) -> Path:
+    """A copy of the course's notebooks, README, _repo.py and lesson manifests (what lessons_problems reads)."""
+    for manifest in (ROOT / "course_utils" / "lessons").glob("*/lesson.toml"):
+        target = tmp_path / manifest.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(manifest, target)
     (tmp_path / "course_utils" / "lessons" / "__init__.py").write_text("")
+    shutil.copy2(ROOT / "course_utils" / "_repo.py", tmp_path / "course_utils" / "_repo.py")
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks", ignore=shutil.ignore_patterns("runs"))
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    (tmp_path / "README.md").write_text(readme.replace("(notebooks/05_gradient_accumulation.ipynb)",
-                                                       "(notebooks/05_accumulation.ipynb)"), encoding="utf-8")
-    (tmp_path / "notebooks" / "09_extra.ipynb").write_text("{}")
-    (tmp_path / "notebooks" / "08_scaling_out.ipynb").unlink()
-    seven = tmp_path / "notebooks" / "07_activation_memory.ipynb"
+    shutil.copy2(ROOT / "README.md", tmp_path / "README.md")
+    return tmp_path
+
+
+def test_lessons_problems_names_a_notebook_off_the_list_one_without_its_lesson_and_a_wrong_readme_row(tmp_path):
+    root = _course_copy(tmp_path)
+    readme = root / "README.md"
+    readme.write_text(readme.read_text(encoding="utf-8").replace("| 05 | [Gradient accumulation]",
+                                                                 "| 05 | [Accumulation]"), encoding="utf-8")
+    (root / "notebooks" / "09_extra.ipynb").write_text("{}")
+    (root / "notebooks" / "08_scaling_out.ipynb").unlink()
+    seven = root / "notebooks" / "07_activation_memory.ipynb"
     seven.write_text(seven.read_text(encoding="utf-8").replace(
         "from course_utils.lessons import activation_memory as lesson", "from course_utils.lessons import x"),
         encoding="utf-8")
-    problems = nbl.lessons_problems(tmp_path)
-    assert problems[:3] == [
-        "notebooks/09_extra.ipynb: not in course_utils.lessons.LESSONS",
-        "notebooks/08_scaling_out.ipynb: in course_utils.lessons.LESSONS, but there is no such notebook",
+    three = root / "course_utils" / "lessons" / "mixed_precision" / "lesson.toml"
+    three.write_text(three.read_text().replace("minutes = 30", "minutes = 50"))
+    problems = nbl.lessons_problems(root)
+    assert problems[:4] == [
+        "notebooks/09_extra.ipynb: no lesson manifest declares it (course_utils/lessons/<name>/lesson.toml)",
+        "notebooks/08_scaling_out.ipynb: declared by course_utils/lessons/scaling_out/lesson.toml, but there is no "
+        "such notebook",
+        "notebooks/03_mixed_precision.ipynb: its '**Time:** about N minutes' line says [30]; its manifest says 50",
         "notebooks/07_activation_memory.ipynb: no code cell imports its own lesson "
         "(`from course_utils.lessons import activation_memory as lesson`)"], problems
-    assert len(problems) == 4 and "('05', 'notebooks/05_accumulation.ipynb')" in problems[3], problems
-    assert nbl.lessons_problems(tmp_path / "notebooks") == []  # not the course's own root: nothing to check
+    assert len(problems) == 5 and "rows for 03, 05 differ" in problems[4] and "lint --fix" in problems[4], problems
+    assert nbl.fix_curriculum(root) and not nbl.fix_curriculum(root)
+    text = readme.read_text(encoding="utf-8")
+    assert "| 05 | [Gradient accumulation](notebooks/05_gradient_accumulation.ipynb) | 35 min |" in text
+    assert "| 03 | [Mixed precision](notebooks/03_mixed_precision.ipynb) | 50 min |" in text
+    assert nbl.lessons_problems(root / "notebooks") == []  # not the course's own root: nothing to check
+
+
+def test_a_manifest_that_cannot_be_read_is_one_line_naming_file_and_field(tmp_path):
+    from course_utils.lessons import ManifestError, discover, read_manifest
+
+    folder = tmp_path / "x_topic"
+    folder.mkdir()
+    manifest = folder / "lesson.toml"
+    for text, says in [
+        ('id = "09"\ntitle = "X"\nminutes = "forty"', "minutes must be a int, not 'forty'"),
+        ('id = "9"\ntitle = "X"', 'id must be two digits, like "09", not \'9\''),
+        ('title = "X"', "no id"),
+        ('id = "09"\ntitle = "X"\ncolour = 1', "unknown field(s) colour"),
+        ('id = "09"\ntitle = "X"\n[run]\nci_shapes = ["tpu"]', "ci_shapes ['tpu'] are not among"),
+        ('id = "09"\ntitle = "X"\n[run]\nall_cores = 1', "all_cores must be a bool, not 1"),
+        ('id = "09"\ntitle = "X"\n[run]\ncost = 0', "cost must be at least 1, not 0"),
+        ('id = "09" title', "cannot read it as TOML"),
+    ]:
+        manifest.write_text(text)
+        with pytest.raises(ManifestError, match=re.escape(says)) as err:
+            read_manifest(manifest)
+        assert str(err.value).startswith(str(manifest)) and "\n" not in str(err.value)
+    manifest.write_text('id = "09"\ntitle = "X"')
+    (tmp_path / "y_topic").mkdir()
+    (tmp_path / "y_topic" / "lesson.toml").write_text('id = "09"\ntitle = "Y"')
+    with pytest.raises(ManifestError, match="lesson id\\(s\\) 09 declared by more than one manifest"):
+        discover(tmp_path)
+
+
+def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
+    """A new lesson touches its folder and its notebook only: the lint writes its curriculum row, and the lesson
+    list, CI's stand-in lists, conftest's all-cores list and pytest's XLA list take it from its manifest."""
+    root = tmp_path / "course"
+    for name in ("course_utils", "devtools", "notebooks"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info"))
+    for name in ("README.md", "conftest.py", "CONTRIBUTING.md", "CHANGELOG.md"):
+        shutil.copy2(ROOT / name, root / name)
+    folder = root / "course_utils" / "lessons" / "keras_on_jax"
+    folder.mkdir()
+    (folder / "__init__.py").write_text('"""Lesson 09."""\n')
+    (folder / "lesson.toml").write_text(
+        'id = "09"\ntitle = "Keras on JAX"\nadvanced = true\nminutes = 45\nmeasures = "the same model on JAX"\n'
+        '[run]\nxla_notebook = true\nall_cores = true\nci_shapes = ["gpu"]\n')
+    nb = (ROOT / "notebooks" / "08_scaling_out.ipynb").read_text(encoding="utf-8")
+    (root / "notebooks" / "09_keras_on_jax.ipynb").write_text(
+        nb.replace("from course_utils.lessons import scaling_out as lesson",
+                   "from course_utils.lessons import keras_on_jax as lesson")
+          .replace("**Time:** about 40 minutes", "**Time:** about 45 minutes"), encoding="utf-8")
+    code = ("import conftest, json\nfrom course_utils import lessons\nfrom tests import test_notebook_modes as m\n"
+            "print(json.dumps([[l.id for l in lessons.LESSONS], list(conftest.ALL_CORES_NOTEBOOKS), m.XLA_LESSONS]))")
+    (root / "tests").mkdir()
+    (root / "tests" / "__init__.py").write_text("")
+    shutil.copy2(ROOT / "tests" / "test_notebook_modes.py", root / "tests" / "test_notebook_modes.py")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+    lint = run("-m", "course_utils", "lint")
+    assert lint.returncode == 1 and "rows for 09 differ" in lint.stdout, lint.stdout + lint.stderr
+    fixed = run("-m", "course_utils", "lint", "--fix")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "README.md: fixed: the curriculum table" in fixed.stdout
+    row = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("| 09 |"))
+    assert row.startswith("| 09 | [*Advanced:* Keras on JAX](notebooks/09_keras_on_jax.ipynb) | 45 min | the same "
+                          "model on JAX | [![Open In Colab]"), row
+    assert run("-m", "course_utils.lessons", "--ci-shape", "gpu").stdout.split() == [
+        "01", "02", "03", "04", "05", "06", "09"]
+    assert run("-m", "course_utils.lessons", "--ci-shape", "tpu-1").stdout.split()[-1] == "07"
+    listed = json.loads(run("-c", code).stdout)
+    assert listed[0][-1] == "09" and listed[1][-1] == "09_keras_on_jax.ipynb" and listed[2][-1] == "09_"
 
 
 def _code_lines(text: str) -> list[str]:

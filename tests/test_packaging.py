@@ -91,8 +91,9 @@ def test_the_wheel_ships_every_module_including_the_lessons(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("course_utils-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {n for n in names if n.endswith(".py")}
-    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "course_utils").rglob("*.py")}
+    shipped = {n for n in names if n.endswith((".py", "lesson.toml"))}  # the lessons' manifests: LESSONS reads them
+    expected = {p.relative_to(ROOT).as_posix() for pattern in ("*.py", "lesson.toml")
+                for p in (ROOT / "course_utils").rglob(pattern)}
     assert expected - shipped == set(), f"missing from the wheel: {sorted(expected - shipped)}"
     assert not [n for n in names if n.startswith("devtools/")], "the maintainer tools ship in the learners' wheel"
     # PEP 639: the licence files in .dist-info/licenses/, named in METADATA, as they are in the checkout

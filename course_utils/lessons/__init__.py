@@ -1,37 +1,56 @@
 """The course's lessons, one folder each, named after its notebook without the number.
 
 ``course_utils/lessons/<name>/`` holds what ``notebooks/NN_<name>.ipynb`` measures and claims (``experiments``), its
-exercises (``exercises``) and, in lesson 08, the worker programs it launches. :data:`LESSONS` is the one list of them:
-``prove``, the tests and the notebook lint read it.
+exercises (``exercises``), in lesson 08 the worker programs it launches, and its manifest, ``lesson.toml``: its id,
+title, time, what it measures, and how it is run (replicas, cost, XLA, cores, CI's stand-in shapes). :data:`LESSONS`
+is read from the manifests; ``prove``, the tests, conftest, ``.ci/run``, the notebook lint and the README's curriculum
+table (which ``lint --fix`` writes) all read it. A new lesson is a folder with a manifest, and its notebook.
+
+``python -m course_utils.lessons [--ci-shape SHAPE]`` prints the lesson ids (those CI proves in SHAPE).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
+import tomllib
 import types
+from pathlib import Path
 
-from . import (activation_memory, bfloat16_conversion, cifar10_capstone, data_pipeline_sharding, gradient_accumulation,
-               mixed_precision, scaling_out, tpu_initialization)
+MANIFEST = "lesson.toml"
 
 
 @dataclasses.dataclass(frozen=True)
 class Lesson:
-    """One lesson: its number (``"05"``), title, package (``module.experiments`` has ``measure(lab)`` and
-    ``claims(results)``, ``module.exercises`` its bank), and how ``prove`` runs it."""
+    """One lesson, as its manifest declares it: its number (``"05"``), title, time and what it measures; the package
+    (``module.experiments`` has ``measure(lab)`` and ``claims(results)``, ``module.exercises`` its bank); and how it is
+    run."""
 
     id: str
     title: str
-    module: types.ModuleType
+    package: str  # course_utils.lessons.<name>
+    minutes: int = 30
+    measures: str = ""
+    advanced: bool = False
     cpu_replicas: int = 1  # on a CPU, split it into this many devices (lessons about replicas)
     # how long it takes, relative to the others, in full mode and in smoke mode (measured on one core each, smoke
     # in the TPU shape, where XLA compiles dominate): prove --jobs starts the longest first
     cost: int = 1
     smoke_cost: int = 1
+    xla_notebook: bool = False  # `pytest -m xla` runs its notebook with COURSE_JIT=1
+    all_cores: bool = False  # the unit tests wait while its notebook runs (conftest)
+    ci_shapes: tuple[str, ...] = ()  # the stand-in shapes .ci/run proves it in
 
     @property
     def name(self) -> str:
         """The folder's name, and the notebook's without its number: ``gradient_accumulation``."""
-        return self.module.__name__.rpartition(".")[2]
+        return self.package.rpartition(".")[2]
+
+    @property
+    def module(self) -> types.ModuleType:
+        """The lesson's package (light: its parts load TensorFlow on first use)."""
+        return importlib.import_module(self.package)
 
     @property
     def notebook(self) -> str:
@@ -39,19 +58,80 @@ class Lesson:
         return f"notebooks/{self.id}_{self.name}.ipynb"
 
     @property
+    def curriculum_title(self) -> str:
+        """The title as the README's curriculum lists it: ``*Advanced:* Activation memory``."""
+        return f"*Advanced:* {self.title}" if self.advanced else self.title
+
+    @property
     def experiments(self) -> types.ModuleType:
         return self.module.experiments
 
 
-LESSONS: tuple[Lesson, ...] = (
-    Lesson("01", "TPU initialization", tpu_initialization, cost=10, smoke_cost=2),
-    Lesson("02", "bfloat16 conversion", bfloat16_conversion, cost=7, smoke_cost=4),
-    Lesson("03", "Mixed precision", mixed_precision, cost=1, smoke_cost=1),
-    Lesson("04", "Data pipelines and sharding", data_pipeline_sharding, cpu_replicas=4, cost=16, smoke_cost=7),
-    Lesson("05", "Gradient accumulation", gradient_accumulation, cpu_replicas=4, cost=5, smoke_cost=10),
-    Lesson("06", "CIFAR-10 capstone", cifar10_capstone, cost=58, smoke_cost=19),
-    Lesson("07", "Activation memory", activation_memory, cost=31, smoke_cost=9),
-    Lesson("08", "Scaling out", scaling_out, cost=17, smoke_cost=10),
-)
+_TOP = {"id": str, "title": str, "minutes": int, "measures": str, "advanced": bool}
+_RUN = {"cpu_replicas": int, "cost": int, "smoke_cost": int, "xla_notebook": bool, "all_cores": bool,
+        "ci_shapes": list}
+CI_SHAPES = ("tpu-1", "gpu")
+"""The stand-in shapes ``.ci/run`` proves lessons in (prove --shape)."""
+
+
+class ManifestError(ValueError):
+    """A lesson's manifest that cannot be read: the message names the file and the field."""
+
+
+def read_manifest(path: str | Path, package_prefix: str = __name__) -> Lesson:
+    """The :class:`Lesson` that ``<folder>/lesson.toml`` declares; :class:`ManifestError` names what is wrong."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ManifestError(f"{path}: cannot read it as TOML: {err}") from None
+    fields: dict = {}
+    for table, spec in ((data, _TOP), (data.get("run", {}), _RUN)):
+        if not isinstance(table, dict):
+            raise ManifestError(f"{path}: [run] must be a table")
+        unknown = sorted(set(table) - set(spec) - ({"run"} if table is data else set()))
+        if unknown:
+            raise ManifestError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(spec)}")
+        for key, kind in spec.items():
+            if key not in table:
+                continue
+            value = table[key]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ManifestError(f"{path}: {key} must be a {kind.__name__}, not {value!r}")
+            fields[key] = value
+    for key in ("id", "title"):
+        if key not in fields:
+            raise ManifestError(f"{path}: no {key}")
+    if not re.fullmatch(r"\d\d", fields["id"]):
+        raise ManifestError(f"{path}: id must be two digits, like \"09\", not {fields['id']!r}")
+    bad = [s for s in fields.get("ci_shapes", []) if s not in CI_SHAPES]
+    if bad:
+        raise ManifestError(f"{path}: ci_shapes {bad} are not among {list(CI_SHAPES)}")
+    fields["ci_shapes"] = tuple(fields.get("ci_shapes", ()))
+    for key in ("minutes", "cpu_replicas", "cost", "smoke_cost"):
+        if key in fields and fields[key] < 1:
+            raise ManifestError(f"{path}: {key} must be at least 1, not {fields[key]}")
+    return Lesson(package=f"{package_prefix}.{path.parent.name}", **fields)
+
+
+def discover(folder: str | Path = Path(__file__).parent, package_prefix: str = __name__) -> tuple[Lesson, ...]:
+    """Every lesson whose folder under ``folder`` has a manifest, in the order of their ids (unique)."""
+    found = sorted((read_manifest(p, package_prefix) for p in Path(folder).glob(f"*/{MANIFEST}")),
+                   key=lambda lesson: lesson.id)
+    ids = [lesson.id for lesson in found]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ManifestError(f"lesson id(s) {', '.join(twice)} declared by more than one manifest under {folder}")
+    return tuple(found)
+
+
+LESSONS: tuple[Lesson, ...] = discover()
 
 BY_ID = {lesson.id: lesson for lesson in LESSONS}
+
+
+def __getattr__(name: str) -> types.ModuleType:
+    """``course_utils.lessons.<name>``: a lesson's package, imported on first use (PEP 562)."""
+    if name in {lesson.name for lesson in LESSONS}:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

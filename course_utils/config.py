@@ -35,8 +35,9 @@ class ConfigError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes:
-    """Every size a lesson uses. Smoke sizes keep each notebook under 90 s on 2 CPU cores."""
+class CommonSizes:
+    """The sizes several lessons share. Smoke sizes keep each notebook under 90 s on 2 CPU cores. A lesson's own sizes
+    are in its manifest (``[sizes]`` in ``course_utils/lessons/<name>/lesson.toml``); :data:`Sizes` holds both."""
 
     per_replica_batch: int  # examples per replica per step (TPUs like 128)
     train_examples: int
@@ -49,129 +50,55 @@ class Sizes:
     timing_repeats: int  # timed repeats after one warm-up; report the median
     # examples per step in memory demos: enough that activations dominate the peak, not the part of a
     # CPU step's peak that does not grow with the batch (conv scratch space, whole allocator blocks)
-    memory_batch: int = 128
+    memory_batch: int
     # filters of the CNN in memory demos: at width 8 a step's peak (a few MiB of activations) moves by ±20% between
     # processes and repeats, as whole allocator blocks come and go; at 16 it is steady within a few percent
-    memory_width: int = 16
-    # lesson 06: wall-clock seconds per training run (each recipe, each ablation)
-    capstone_budget_s: float = 120.0
-    capstone_ablations: int = 4  # lesson 06: how many of its ablations run (each is one budgeted training run)
-    # lesson 06 §2: the budgets of the accuracy-against-budget sweep (both recipes each; the run of §2 is reused at its
-    # own budget); it trains on real images only
-    capstone_sweep_budgets: tuple = (60.0, 120.0, 240.0)
-    # lesson 06 §5: fresh processes per precision variant (3 short epochs each); a speed-up needs repeats: five, so
-    # that the spread is the middle half (with three it is min-max, and one stalled process made it inconclusive)
-    capstone_precision_repeats: int = 5
-    # lesson 06 §5-6: training (and test) images of each short command-line run: the precision runs and the
-    # kill-and-resume demo (they time epochs and check files, not accuracy)
-    capstone_short_run_examples: int = 2048
-    # lesson 07: the block net (tokens × width, `block_depth` residual MLP blocks) measured at `block_batch`
-    block_width: int = 128
-    block_depth: int = 4
-    block_tokens: int = 64
-    block_batch: int = 64
-    # lesson 07: interleaved timing rounds of its fresh-process measurements (each round times every technique,
-    # without and with XLA, against the plain step): 7 in full mode; 3 in smoke mode, where the spread is min-max
-    isolated_rounds: int = 7
-    # lesson 07 §4: fresh processes per LayerNorm variant (each one reading of its peak)
-    isolated_processes: int = 3
-    # lesson 07: logits rows × classes for the chunked cross-entropy
-    logits_rows: int = 2048
-    logits_classes: int = 4096
-    # lesson 07: the few-bit GELU training run (a small CNN; images from the course's data source)
-    gelu_epochs: int = 15
-    gelu_width: int = 16
-    gelu_train_examples: int = 4096
-    gelu_seeds: int = 2  # pairs of runs (exact, few-bit), one per seed: one run's accuracy is noisy
-    gelu_test_examples: int = 1024
-    # lesson 08: local clusters (one TensorFlow process per task; each start costs seconds, not the model)
-    cluster_steps: int = 6  # training steps of the 2-worker runs (the kill-and-resume demo kills after half)
-    scaling_workers: tuple = (1, 2, 4)  # the step-time figure
-    scaling_steps: int = 20  # steps per timed round (3 rounds)
-    ps_steps: int = 20  # steps the parameter-server coordinator schedules
-    pipeline_width: int = 512  # the model-parallel MLP: width, layers per stage, batch
-    pipeline_layers: int = 4
-    pipeline_batch: int = 256
-    pipeline_rounds: int = 3
+    memory_width: int
 
 
-FULL_SIZES = Sizes(
-    per_replica_batch=128,
-    train_examples=20_000,
-    test_examples=4_000,
-    epochs=5,
-    image_size=32,
-    num_classes=10,
-    model_width=32,
-    matmul_size=2048,
-    timing_repeats=20,
-    memory_batch=256,
-    memory_width=32,
-    capstone_budget_s=120.0,  # 2 minutes on any hardware
-    capstone_sweep_budgets=(60.0, 120.0, 240.0),  # real images only: 4 runs (10 minutes: 2 × 60 s + 2 × 240 s) besides §2's two
-    capstone_short_run_examples=2048,  # 16 steps of 128 an epoch; 3 epochs of 4,000 took 45 s per run on one core
-    block_width=128,
-    block_depth=4,
-    block_tokens=64,
-    block_batch=64,
-    isolated_rounds=7,
-    isolated_processes=3,
-    logits_rows=2048,
-    logits_classes=4096,
-    gelu_epochs=15,
-    gelu_width=16,
-    gelu_train_examples=4096,  # the dev file's size: 15 epochs take about a minute per run on 2 CPU cores
-    gelu_seeds=2,
-    gelu_test_examples=1024,  # the dev file has 1,017
-    cluster_steps=6,
-    scaling_workers=(1, 2, 4),
-    scaling_steps=50,
-    ps_steps=100,
-    pipeline_width=512,
-    pipeline_layers=4,
-    pipeline_batch=1024,  # stages of ~30 ms: a micro-batch's dispatch (~3 ms) does not hide the overlap
-    pipeline_rounds=5,
-)
+_COMMON = {
+    "full": CommonSizes(per_replica_batch=128, train_examples=20_000, test_examples=4_000, epochs=5, image_size=32,
+                        num_classes=10, model_width=32, matmul_size=2048, timing_repeats=20, memory_batch=256,
+                        memory_width=32),
+    "smoke": CommonSizes(per_replica_batch=32, train_examples=1_024, test_examples=256, epochs=4, image_size=32,
+                         num_classes=10, model_width=8, matmul_size=512, timing_repeats=5, memory_batch=128,
+                         memory_width=16),
+}
 
-SMOKE_SIZES = Sizes(
-    per_replica_batch=32,
-    train_examples=1_024,
-    test_examples=256,
-    epochs=4,
-    image_size=32,
-    num_classes=10,
-    model_width=8,
-    matmul_size=512,
-    timing_repeats=5,
-    memory_batch=128,
-    memory_width=16,
-    capstone_budget_s=4.0,  # one epoch for the ResNet (compiling alone takes longer): the notebook says what that shows
-    capstone_ablations=1,  # each run costs ~8 s of compiling and one epoch, and shows nothing at this budget
-    capstone_precision_repeats=1,  # one process per variant (~5 s each): the table, not a verdict
-    capstone_sweep_budgets=(4.0,),  # §2's own budget: nothing more to train
-    capstone_short_run_examples=256,
-    block_width=64,
-    block_depth=2,
-    block_tokens=32,
-    block_batch=64,
-    isolated_rounds=3,  # §1's cell took 42 s of the notebook's 108 with 5 (2-core AVX2 VM)
-    isolated_processes=1,  # one reading per LayerNorm variant (2 fresh processes took 9 s)
-    logits_rows=1024,
-    logits_classes=2048,
-    gelu_epochs=2,
-    gelu_width=8,
-    gelu_train_examples=512,
-    gelu_seeds=1,
-    gelu_test_examples=256,
-    cluster_steps=6,
-    scaling_workers=(1, 2),  # a 4-worker cluster takes ~15 s to start on 2 cores: full mode only
-    scaling_steps=10,
-    ps_steps=20,
-    pipeline_width=384,
-    pipeline_layers=3,
-    pipeline_batch=192,
-    pipeline_rounds=2,
-)
+
+def _lesson_sizes() -> list[tuple[str, object, object, str]]:
+    """(name, full, smoke, lesson id) of every size a lesson's manifest declares; a name declared twice, or one that
+    is a common size, is an error."""
+    from .lessons import LESSONS, ManifestError
+
+    seen = {f.name: "config.CommonSizes" for f in dataclasses.fields(CommonSizes)}
+    out = []
+    for lesson in LESSONS:
+        for name, full, smoke in lesson.sizes:
+            if name in seen:
+                raise ManifestError(f"lesson {lesson.id}'s manifest declares sizes.{name}, which {seen[name]} has")
+            seen[name] = f"lesson {lesson.id}'s manifest"
+            out.append((name, full, smoke, lesson.id))
+    return out
+
+
+_LESSON_SIZES = _lesson_sizes()
+Sizes = dataclasses.make_dataclass(
+    "Sizes", [(f.name, f.type) for f in dataclasses.fields(CommonSizes)] + [(n, type(full)) for n, full, _, _ in
+                                                                            _LESSON_SIZES],
+    frozen=True)
+Sizes.__module__ = __name__  # (make_dataclass's module= is Python 3.12's): pickles and prints as config.Sizes
+Sizes.__doc__ = ("Every size a lesson uses, in one mode: :class:`CommonSizes` and each lesson manifest's [sizes] "
+                 "(``config.get().sizes.block_width``).")
+
+
+def _sizes(mode: str) -> Sizes:
+    lesson = {name: (full if mode == "full" else smoke) for name, full, smoke, _ in _LESSON_SIZES}
+    return Sizes(**dataclasses.asdict(_COMMON[mode]), **lesson)
+
+
+FULL_SIZES = _sizes("full")
+SMOKE_SIZES = _sizes("smoke")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -532,6 +532,13 @@ def test_a_manifest_that_cannot_be_read_is_one_line_naming_file_and_field(tmp_pa
         ('id = "09"\ntitle = "X"\n[run]\nall_cores = 1', "all_cores must be a bool, not 1"),
         ('id = "09"\ntitle = "X"\n[run]\ncost = 0', "cost must be at least 1, not 0"),
         ('id = "09" title', "cannot read it as TOML"),
+        ('id = "09"\ntitle = "X"\n[sizes]\nsteps = 3', "sizes.steps must be { full = ..., smoke = ... }, not 3"),
+        ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = 3 }', "sizes.steps must be { full = ..., smoke"),
+        ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = 3, smoke = 1.5 }', "are of different kinds"),
+        ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = true, smoke = false }',
+         "sizes.steps.full must be a number or a list of numbers, not True"),
+        ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = [], smoke = [1] }', "sizes.steps.full must be a number"),
+        ('id = "09"\ntitle = "X"\n[sizes]\nStepCount = { full = 3, smoke = 1 }', "lower_case_with_underscores"),
     ]:
         manifest.write_text(text)
         with pytest.raises(ManifestError, match=re.escape(says)) as err:
@@ -557,14 +564,16 @@ def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
     (folder / "__init__.py").write_text('"""Lesson 09."""\n')
     (folder / "lesson.toml").write_text(
         'id = "09"\ntitle = "Keras on JAX"\nadvanced = true\nminutes = 45\nmeasures = "the same model on JAX"\n'
-        '[run]\nxla_notebook = true\nall_cores = true\nci_shapes = ["gpu"]\n')
+        '[run]\nxla_notebook = true\nall_cores = true\nci_shapes = ["gpu"]\n'
+        '[sizes]\njax_steps = { full = 100, smoke = 5 }\njax_batches = { full = [64, 128], smoke = [8] }\n')
     nb = (ROOT / "notebooks" / "08_scaling_out.ipynb").read_text(encoding="utf-8")
     (root / "notebooks" / "09_keras_on_jax.ipynb").write_text(
         nb.replace("from course_utils.lessons import scaling_out as lesson",
                    "from course_utils.lessons import keras_on_jax as lesson")
           .replace("**Time:** about 40 minutes", "**Time:** about 45 minutes"), encoding="utf-8")
-    code = ("import conftest, json\nfrom course_utils import lessons\nfrom tests import test_notebook_modes as m\n"
-            "print(json.dumps([[l.id for l in lessons.LESSONS], list(conftest.ALL_CORES_NOTEBOOKS), m.XLA_LESSONS]))")
+    code = ("import conftest, json\nfrom course_utils import config, lessons\nfrom tests import test_notebook_modes as m\n"
+            "print(json.dumps([[l.id for l in lessons.LESSONS], list(conftest.ALL_CORES_NOTEBOOKS), m.XLA_LESSONS,"
+            " [config.FULL_SIZES.jax_steps, config.SMOKE_SIZES.jax_batches, config.get().sizes.block_width]]))")
     (root / "tests").mkdir()
     (root / "tests" / "__init__.py").write_text("")
     shutil.copy2(ROOT / "tests" / "test_notebook_modes.py", root / "tests" / "test_notebook_modes.py")
@@ -586,6 +595,21 @@ def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
     assert run("-m", "course_utils.lessons", "--ci-shape", "tpu-1").stdout.split()[-1] == "07"
     listed = json.loads(run("-c", code).stdout)
     assert listed[0][-1] == "09" and listed[1][-1] == "09_keras_on_jax.ipynb" and listed[2][-1] == "09_"
+    assert listed[3] == [100, [8], 64]  # its sizes, beside lesson 07's (smoke mode: conftest sets it)
+
+
+def test_a_lesson_size_that_another_manifest_or_the_common_sizes_declare_is_refused(monkeypatch):
+    from course_utils import config, lessons
+
+    mine = lessons.Lesson("09", "X", "course_utils.lessons.x", sizes=(("memory_batch", 1, 1),))
+    monkeypatch.setattr(lessons, "LESSONS", (*lessons.LESSONS, mine))
+    with pytest.raises(lessons.ManifestError, match="lesson 09's manifest declares sizes.memory_batch, which "
+                                                    "config.CommonSizes has"):
+        config._lesson_sizes()
+    mine = lessons.Lesson("09", "X", "course_utils.lessons.x", sizes=(("block_width", 1, 1),))
+    monkeypatch.setattr(lessons, "LESSONS", (*lessons.LESSONS[:-1], mine))
+    with pytest.raises(lessons.ManifestError, match="sizes.block_width, which lesson 07's manifest has"):
+        config._lesson_sizes()
 
 
 def _code_lines(text: str) -> list[str]:

@@ -41,6 +41,8 @@ class Lesson:
     xla_notebook: bool = False  # `pytest -m xla` runs its notebook with COURSE_JIT=1
     all_cores: bool = False  # the unit tests wait while its notebook runs (conftest)
     ci_shapes: tuple[str, ...] = ()  # the stand-in shapes .ci/run proves it in
+    # its own sizes, (name, full, smoke) each: config.get().sizes.<name> in the mode the process runs in
+    sizes: tuple[tuple[str, object, object], ...] = ()
 
     @property
     def name(self) -> str:
@@ -78,6 +80,33 @@ class ManifestError(ValueError):
     """A lesson's manifest that cannot be read: the message names the file and the field."""
 
 
+def _size_value(path: Path, name: str, mode: str, value: object) -> object:
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ManifestError(f"{path}: sizes.{name}.{mode} must be a number or a list of numbers, not {value!r}")
+        return tuple(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ManifestError(f"{path}: sizes.{name}.{mode} must be a number or a list of numbers, not {value!r}")
+    return value
+
+
+def _sizes(path: Path, table: object) -> tuple[tuple[str, object, object], ...]:
+    """``[sizes]``: ``name = { full = X, smoke = Y }`` each, X and Y of one kind (int, float, list of numbers)."""
+    if not isinstance(table, dict):
+        raise ManifestError(f"{path}: [sizes] must be a table")
+    out = []
+    for name, modes in table.items():
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            raise ManifestError(f"{path}: sizes.{name}: a size's name is lower_case_with_underscores")
+        if not isinstance(modes, dict) or set(modes) != {"full", "smoke"}:
+            raise ManifestError(f"{path}: sizes.{name} must be {{ full = ..., smoke = ... }}, not {modes!r}")
+        full, smoke = (_size_value(path, name, mode, modes[mode]) for mode in ("full", "smoke"))
+        if type(full) is not type(smoke):
+            raise ManifestError(f"{path}: sizes.{name}: full ({full!r}) and smoke ({smoke!r}) are of different kinds")
+        out.append((name, full, smoke))
+    return tuple(out)
+
+
 def read_manifest(path: str | Path, package_prefix: str = __name__) -> Lesson:
     """The :class:`Lesson` that ``<folder>/lesson.toml`` declares; :class:`ManifestError` names what is wrong."""
     path = Path(path)
@@ -89,7 +118,7 @@ def read_manifest(path: str | Path, package_prefix: str = __name__) -> Lesson:
     for table, spec in ((data, _TOP), (data.get("run", {}), _RUN)):
         if not isinstance(table, dict):
             raise ManifestError(f"{path}: [run] must be a table")
-        unknown = sorted(set(table) - set(spec) - ({"run"} if table is data else set()))
+        unknown = sorted(set(table) - set(spec) - ({"run", "sizes"} if table is data else set()))
         if unknown:
             raise ManifestError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(spec)}")
         for key, kind in spec.items():
@@ -108,6 +137,7 @@ def read_manifest(path: str | Path, package_prefix: str = __name__) -> Lesson:
     if bad:
         raise ManifestError(f"{path}: ci_shapes {bad} are not among {list(CI_SHAPES)}")
     fields["ci_shapes"] = tuple(fields.get("ci_shapes", ()))
+    fields["sizes"] = _sizes(path, data.get("sizes", {}))
     for key in ("minutes", "cpu_replicas", "cost", "smoke_cost"):
         if key in fields and fields[key] < 1:
             raise ManifestError(f"{path}: {key} must be at least 1, not {fields[key]}")

@@ -2,9 +2,11 @@
 
 Each lesson's measurements and claims live in code (``course_utils/lessons/<name>/experiments.py``, listed in
 :data:`course_utils.lessons.LESSONS`): ``measure(lab)`` runs what the notebook measures and returns JSON-able
-results, ``claims(results)`` turns them into :class:`report.Claim`s. The notebook calls the same pieces and ends with the table ``claims(results)`` builds; this command runs
-``measure`` and ``claims`` for each lesson in a fresh process (its own TensorFlow, CPU split and settings),
-one lesson after another, and writes
+results, ``claims(results)`` turns them into :class:`report.Claim`s. The notebook calls the same pieces and ends
+with the table ``claims(results)`` builds; this command runs ``measure`` and ``claims`` for each lesson in a fresh
+process (its own TensorFlow, CPU split and settings) — or, with ``--from notebooks``, executes the lesson's
+notebook there (:mod:`course_utils.notebook_run`) and reads the claims its table saved — one lesson after another
+(or ``--jobs`` at a time), and writes
 
 - ``DIR/claims.json`` — every claim (id, lesson, claim, expected, measured, verdict in words and its reason,
   the samples where it came from repeats) and the machine it ran on, in format :data:`FORMAT_VERSION`;
@@ -181,6 +183,7 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
         **({"jobs": int(os.environ[JOBS_VARIABLE])} if os.environ.get(JOBS_VARIABLE, "1") != "1" else {}),
         "mode": cfg.mode,
         "data": cfg.data,
+        **({"from": "notebooks"} if os.environ.get(FROM_VARIABLE) == "notebooks" else {}),
     }
 
 
@@ -205,12 +208,56 @@ def machine_line(machine: dict) -> str:
             f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · " + ", ".join(extra)
             + (f" · {SHAPES[machine['shape']]['what']}" if machine.get("shape") in SHAPES else "")
             + (f" · {machine['jobs']} lessons at a time, each on its own {cpu['usable_cores']} core(s)"
-               if machine.get("jobs") else ""))
+               if machine.get("jobs") else "")
+            + (" · claims read from the executed notebooks" if machine.get("from") == "notebooks" else ""))
 
 
 # ----------------------------------------------------------------------------------------------
 # One lesson, in the process that measures it
 # ----------------------------------------------------------------------------------------------
+
+
+def checkout_notebook(lesson: Lesson) -> pathlib.Path | None:
+    """The lesson's notebook in the checkout this ``course_utils`` runs from, or None (an installed package: the
+    notebooks are not installed with it)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / lesson.notebook
+    return path if path.is_file() else None
+
+
+def notebook_claims(lesson: Lesson, progress: Callable[[str], None]) -> list[report.Claim]:
+    """``--from notebooks``: execute the lesson's notebook top to bottom in a fresh kernel with this process's
+    settings (mode, shape, replicas, XLA, data: the driver set them) and read the claims its last table saved
+    (``report.ClaimsTable``, ``claims-NN.json``). A notebook that stops, or saves no table, is an error."""
+    import nbformat
+
+    from . import notebook_run
+
+    path = checkout_notebook(lesson)
+    if path is None:
+        raise FileNotFoundError(f"{lesson.notebook} is not beside this course_utils (prove --from notebooks runs "
+                                "from a checkout of the course's repository)")
+    nb = nbformat.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix=f"prove-{lesson.id}-") as scratch:
+        claims_dir, workdir = pathlib.Path(scratch, "claims"), pathlib.Path(scratch, "work")
+        workdir.mkdir()
+        env = {**os.environ, report.CLAIMS_DIR_VARIABLE: str(claims_dir)}
+
+        def cell(index: int, seconds: float, how: str) -> None:
+            if how or seconds >= 2:  # the slow cells, an error, one still running: a line each
+                progress(f"cell {index + 1}/{len(nb.cells)} {seconds:.1f} s" + (f" — {how}" if how else ""))
+
+        seconds, failure = notebook_run.run(nb, env, workdir=workdir, timeout=MAX_TIMEOUT_S,
+                                            log_path=pathlib.Path(scratch, "kernel.log"), report_cell=cell,
+                                            still_running_every_s=60.0)
+        if failure:
+            raise RuntimeError(f"{lesson.notebook}: {failure}")
+        saved = claims_dir / f"claims-{lesson.id}.json"
+        try:
+            data = json.loads(fileguard.read_regular(saved, MAX_CLAIMS_BYTES, follow_links=False))
+        except (OSError, ValueError) as err:
+            raise RuntimeError(f"{lesson.notebook} ran ({seconds:.0f} s) but saved no claims table for lesson "
+                               f"{lesson.id} ({type(err).__name__})") from None
+    return [report.Claim.from_dict(c) for c in data]
 
 
 def run_lesson(lesson_id: str, out_path: str) -> int:
@@ -225,9 +272,11 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     def progress(message: str) -> None:
         print(f"  · {message} ({time.perf_counter() - start:.0f} s)", flush=True)
 
-    module = lesson.experiments
-    results = module.measure(Lab(cfg, runtime, progress))
-    claims = module.claims(results)
+    if os.environ.get(FROM_VARIABLE) == "notebooks":
+        claims = notebook_claims(lesson, progress)
+    else:
+        module = lesson.experiments
+        claims = module.claims(module.measure(Lab(cfg, runtime, progress)))
     for claim in claims:
         claim.lesson = claim.lesson or lesson.id
     problems = report.id_problems(claims, lesson.id)
@@ -240,6 +289,7 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
 
 
 SHAPE_VARIABLE = "COURSE_PROVE_SHAPE"  # prove's --shape, for the machine description its child writes
+FROM_VARIABLE = "COURSE_PROVE_FROM"  # prove's --from: "notebooks" executes each lesson's notebook
 JOBS_VARIABLE = "COURSE_PROVE_JOBS"  # prove's --jobs, likewise
 CPUS_VARIABLE = "COURSE_PROVE_CPUS"  # the cores a lesson's process is pinned to under --jobs ("0,1"), before TensorFlow
 
@@ -277,6 +327,7 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
         env["COURSE_DATA"] = args.data
     env["COURSE_CPU_REPLICAS"] = str(shape["replicas"] if shape else lesson.cpu_replicas if lesson else 1)
     env[SHAPE_VARIABLE] = getattr(args, "shape", None) or ""
+    env[FROM_VARIABLE] = getattr(args, "source", "code")
     if shape:
         env["COURSE_STANDIN"] = shape["standin"]
     else:
@@ -556,6 +607,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="measure N lessons at a time, each pinned to its own equal share of the cores (Linux; "
                              "default 1: one lesson at a time on every core). The claims then hold for that share: "
                              "--jobs 2 on 2 cores proves every lesson on one core")
+    parser.add_argument("--from", dest="source", choices=("code", "notebooks"), default="code",
+                        help="code (default): each lesson's measure() and claims(), no Jupyter; notebooks: execute each "
+                             "lesson's notebook (from a checkout) and read the claims its last table saved")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds one lesson may take (default: 900 in smoke mode, 3600 in full)")
     args = parser.parse_args(argv)
@@ -568,6 +622,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if lesson_id not in lessons:
             lessons.append(lesson_id)
     args.lessons = lessons
+    if args.source == "notebooks":
+        missing = [BY_ID[i].notebook for i in lessons if checkout_notebook(BY_ID[i]) is None]
+        if missing:
+            raise UsageError(f"--from notebooks runs the lessons' notebooks, which are not beside this course_utils "
+                             f"({', '.join(missing)}): run it from a checkout of the course's repository")
+        try:
+            import nbclient  # noqa: F401
+            import nbformat  # noqa: F401
+        except ImportError as err:
+            raise UsageError(f"--from notebooks needs nbclient and nbformat ({err.name} is missing): "
+                             "pip install -r requirements.txt") from None
     # XLA: --jit, --shape tpu, or COURSE_JIT=1 in the environment (as the notebooks read it)
     args.jit = bool(args.jit or _config.get().jit)
     if args.mode is None:  # smoke, unless the environment asks (COURSE_SMOKE=1 or 0, as the notebooks read it)

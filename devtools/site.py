@@ -34,7 +34,6 @@ index; the rest of the site is still built (exit status 1).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -53,7 +52,7 @@ from typing import Any, Callable
 
 from course_utils import _repo
 from course_utils import config as _config
-from course_utils import commandline, fileguard, processes, report
+from course_utils import commandline, fileguard, notebook_run, processes, report
 from course_utils.proof import code_fingerprint
 
 LESSON_DIR = "lessons"
@@ -64,8 +63,7 @@ CARDS_DIR = "report_cards"  # the committed cards: report_cards/<name>/claims.js
 DEFAULT_TIMEOUT_S = 1800  # one cell; the longest full-mode cells (lesson 06's runs) take a few minutes
 CARD_LIMIT_BYTES = 16 << 20  # a claims.json is about 100 KB
 EXECUTED_LIMIT_BYTES = 512 << 20  # an executed notebook, its figures inline: a few MB
-STILL_RUNNING_EVERY_S = 30.0  # a progress line while one cell runs longer than this
-STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+STILL_RUNNING_EVERY_S = notebook_run.STILL_RUNNING_EVERY_S  # a progress line while one cell runs longer than this
 from .notebooks import CURRICULUM_ROW  # noqa: E402 - the README's lesson table, as the lint reads it
 
 
@@ -236,19 +234,6 @@ def execution_key(notebook: pathlib.Path, env: dict) -> str:
     return digest.hexdigest()[:20]
 
 
-def _failed_cell(nb) -> tuple[int, str]:
-    """(index, "ErrorName: message") of the cell that stopped the run: the first error output in a cell that was not
-    tagged raises-exception."""
-    for index, cell in enumerate(nb.cells):
-        if cell.get("cell_type") != "code" or "raises-exception" in cell.get("metadata", {}).get("tags", []):
-            continue
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                message = str(output.get("evalue", "")).strip().splitlines()
-                return index, f"{output.get('ename', 'Error')}: {message[0][:300] if message else ''}".rstrip(": ")
-    return -1, ""
-
-
 def sections(nb) -> list[str]:
     """For each cell of ``nb``, the section it is in, short, for the progress lines: ``§3`` under a heading
     "## 3. …", the heading's first words under one without a number, "start" before the first."""
@@ -261,107 +246,6 @@ def sections(nb) -> list[str]:
                 here = f"§{number.group(1)}" if number else (text if len(text) <= 24 else text[:23] + "…")
         out.append(here)
     return out
-
-
-def _stop_signals() -> list[int]:
-    return [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
-
-
-def _client_class():
-    """nbclient's NotebookClient, changed in two ways. A stop signal (SIGINT, SIGTERM, SIGHUP) while a kernel runs
-    stops the kernel at once and ends the execution (nbclient's own handlers shut the kernel down and let the
-    execution carry on, so the notebook would be marked failed with a ZMQ error and the build would go on); the
-    caller raises KeyboardInterrupt or :class:`processes.Stopped` after it. And each cell reports its progress."""
-    from jupyter_core.utils import run_sync
-    from nbclient import NotebookClient
-
-    class Client(NotebookClient):
-        course_stop: int | None = None  # the signal that stopped the execution
-        course_task: asyncio.Task | None = None
-        course_km: Any = None
-        course_saved: dict = {}  # the Python-level handlers before the execution, put back after it
-        course_running: tuple[int, float] | None = None  # (cell index, start) of the cell running now
-        course_note_at = 0.0
-        course_report: Callable[[int, float, str], None] | None = None  # (index, seconds, how) → a progress line
-
-        def _course_on_signal(self, signum: int) -> None:
-            if self.course_stop is None:  # the first one: later ones must not cut the kernel's shutdown short
-                self.course_stop = signum
-                self.shutdown_kernel = "immediate"  # killed, not asked: a busy kernel does not answer
-                if self.course_task is not None:
-                    self.course_task.cancel()
-
-        def _course_handle_signals(self) -> None:
-            loop = asyncio.get_running_loop()
-            for sig in _stop_signals():
-                try:
-                    loop.add_signal_handler(sig, self._course_on_signal, sig)
-                except (RuntimeError, ValueError, NotImplementedError):  # not the main thread, or no signals
-                    pass
-
-        async def async_start_new_kernel(self, **kwargs: Any) -> None:
-            # nbclient has just put its own handlers in (async_setup_kernel): ours replace them before the
-            # kernel exists, with no await in between
-            self._course_handle_signals()
-            self.course_task = self.course_task or asyncio.current_task()
-            self.course_km = self.km
-            await super().async_start_new_kernel(**kwargs)
-
-        async def async_execute(self, reset_kc: bool = False, **kwargs: Any) -> Any:
-            self.course_task = asyncio.current_task()
-            self._course_handle_signals()
-            ticker = asyncio.ensure_future(self._course_tick())
-            try:
-                return await super().async_execute(reset_kc=reset_kc, **kwargs)
-            finally:
-                ticker.cancel()
-                loop = asyncio.get_running_loop()
-                for sig in _stop_signals():
-                    try:
-                        loop.remove_signal_handler(sig)  # asyncio leaves SIG_DFL behind: the old ones go back
-                        if sig in self.course_saved:
-                            signal.signal(sig, self.course_saved[sig])
-                    except (RuntimeError, ValueError, NotImplementedError):
-                        pass
-
-        execute = run_sync(async_execute)  # nbclient's execute wraps its own async_execute, not this one
-
-        async def _course_tick(self) -> None:
-            while True:
-                await asyncio.sleep(1.0)
-                if self.course_running is not None and self.course_report is not None:
-                    index, start = self.course_running
-                    if time.perf_counter() - start >= self.course_note_at:
-                        self.course_report(index, time.perf_counter() - start, "still running")
-                        self.course_note_at += STILL_RUNNING_EVERY_S
-
-        def course_cell_started(self, cell: Any, cell_index: int, **_: Any) -> None:
-            self.course_running = (cell_index, time.perf_counter())
-            self.course_note_at = STILL_RUNNING_EVERY_S
-
-        def course_cell_ended(self, cell: Any, cell_index: int, execute_reply: Any = None, **_: Any) -> None:
-            if self.course_running is None or self.course_running[0] != cell_index:
-                return  # reported already (on_cell_error comes before on_cell_executed)
-            seconds = time.perf_counter() - self.course_running[1]
-            self.course_running = None
-            status = (execute_reply or {}).get("content", {}).get("status", "ok")
-            if self.course_report is not None:
-                self.course_report(cell_index, seconds, "" if status == "ok" else "error")
-
-    return Client
-
-
-def _kill_kernel_left(km: Any) -> None:
-    """The kernel of ``km`` and its process group, killed if its process still runs (a stop that came while it
-    started, before nbclient's cleanup could see it). Only a process this build started and has not reaped."""
-    process = getattr(getattr(km, "provisioner", None), "process", None)
-    if process is None or process.poll() is not None:
-        return
-    processes.kill_group(process, signal.SIGKILL)  # jupyter_client starts each kernel in its own session
-    try:
-        process.wait(10)
-    except Exception:  # noqa: BLE001 - reaped or not, it was sent SIGKILL
-        pass
 
 
 def _read_executed(cached: pathlib.Path, key: str):
@@ -390,7 +274,6 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
     "executed_at"}``; a stop signal stops the kernel and raises KeyboardInterrupt (SIGINT) or
     :class:`processes.Stopped`, with no copy written."""
     import nbformat
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     key = execution_key(notebook, env)
     cached = cache_dir / notebook.name
@@ -410,54 +293,15 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
             extra = {"": "", "error": " — error"}.get(how, f" — {how}")
             progress(f"[{label}] cell {index + 1}/{len(nb.cells)} ({where[index]}) {seconds:.1f} s{extra}")
 
-    client = _client_class()(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
-                             resources={"metadata": {"path": str(workdir or notebook.parent)}})
-    client.course_saved = {sig: signal.getsignal(sig) for sig in _stop_signals()}
-    client.course_report = report_cell
-    client.on_cell_execute = client.course_cell_started
-    client.on_cell_error = client.course_cell_ended
-    client.on_cell_executed = client.course_cell_ended
     # the kernel's own output (its warnings, a crash) goes to a log beside the executed copy, not to the terminal
     log_path = cache_dir / f"{notebook.stem}.kernel.log"
-    try:
-        os.unlink(log_path)  # a name only: a link or a pipe put there is removed, never followed or opened
-    except FileNotFoundError:
-        pass
-    log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                       | getattr(os, "O_CLOEXEC", 0), 0o666), "wb")
-    start = time.perf_counter()
-    failure = ""
-    try:
-        client.execute(env=env, stdout=log, stderr=log)
-    except CellTimeoutError as err:
-        failure = f"a cell ran past the {timeout:g} s limit ({str(err).strip().splitlines()[0][:200]})"
-    except DeadKernelError as err:
-        failure = (f"the kernel died ({str(err).strip()[:200]}; its output is in "
-                   f"{EXECUTED_DIR}/{cache_dir.name}/{log_path.name})")
-    except CellExecutionError:
-        index, error = _failed_cell(nb)
-        failure = f"cell {index + 1} of {len(nb.cells)}: {error}" if index >= 0 else "a cell failed"
-    except KeyboardInterrupt:  # before our handlers were in, or after
-        client.course_stop = client.course_stop or signal.SIGINT
-    except processes.Stopped as stop:
-        client.course_stop = client.course_stop or stop.signum
-    except asyncio.CancelledError:
-        failure = "" if client.course_stop else "could not run (the execution was cancelled)"
-    except Exception as err:  # noqa: BLE001 - e.g. no kernel: reported, the site goes on
-        failure = f"could not run ({type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''})"
-    finally:
-        _kill_kernel_left(client.course_km)
-        log.close()
-        for sig, handler in client.course_saved.items():  # whatever happened inside, the old handlers are back
-            try:
-                signal.signal(sig, handler)
-            except (ValueError, OSError, TypeError):
-                pass
-    if client.course_stop is not None:
-        if client.course_stop == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise processes.Stopped(client.course_stop)
-    info = {"key": key, "seconds": round(time.perf_counter() - start, 1), "failure": shown(failure),
+    seconds, failure = notebook_run.run(nb, env, workdir=workdir or notebook.parent, timeout=timeout,
+                                        log_path=log_path, report_cell=report_cell,
+                                        still_running_every_s=STILL_RUNNING_EVERY_S)
+    if failure.startswith("the kernel died"):
+        failure = failure.replace(f"its output is in {log_path.name}",
+                                  f"its output is in {EXECUTED_DIR}/{cache_dir.name}/{log_path.name}")
+    info = {"key": key, "seconds": seconds, "failure": shown(failure),
             "executed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "mode": "smoke" if env.get("COURSE_SMOKE") == "1" else "full"}
     nb.metadata["course_site"] = info
@@ -1014,7 +858,7 @@ def _signals_ignored():
     """SIGINT, SIGTERM and SIGHUP ignored while a stopped build puts its site in order (main thread only)."""
     old = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in _stop_signals():
+        for sig in notebook_run.stop_signals():
             old[sig] = signal.signal(sig, signal.SIG_IGN)
     try:
         yield

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import time
 
 import pytest
 
@@ -39,8 +38,9 @@ FULL_TIMEOUT_S = int(os.environ.get("COURSE_FULL_CELL_TIMEOUT_S", "900"))
 def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: pathlib.Path
              ) -> tuple[list[str], list[str]]:
     """Execute ``path`` in a fresh kernel with ``env`` set; return (unexpected errors, claims that do not hold)."""
-    import nbclient
     import nbformat
+
+    from course_utils import notebook_run
 
     for name, value in {**env, report.CLAIMS_DIR_VARIABLE: str(claims_dir)}.items():
         monkeypatch.setenv(name, value)
@@ -49,12 +49,10 @@ def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: p
     # the GPU and TPU stand-ins of lesson 08) would otherwise share runs/08 and read each other's files.
     workdir = claims_dir / "notebook_cwd"
     workdir.mkdir(exist_ok=True)
-    client = nbclient.NotebookClient(nb, timeout=FULL_TIMEOUT_S, kernel_name="python3", allow_errors=True,
-                                     resources={"metadata": {"path": str(workdir)}})
-    start = time.perf_counter()
-    client.execute()
-    print(f"{path.name} {env}: {time.perf_counter() - start:.0f} s")
-    errors = []
+    seconds, failure = notebook_run.run(nb, dict(os.environ), workdir=workdir, timeout=FULL_TIMEOUT_S,
+                                        log_path=claims_dir / "kernel.log", allow_errors=True)
+    print(f"{path.name} {env}: {seconds:.0f} s")
+    errors = [failure] if failure else []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue

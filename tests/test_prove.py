@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -822,3 +823,68 @@ def test_a_truncated_or_pickled_npz_is_refused_before_any_lesson_starts(tmp_path
         assert proc.returncode == 2 and says in proc.stderr, (path, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
         assert not (tmp_path / "out").exists()
+
+
+# --from notebooks: the card read from the executed notebook (the issue: the notebook is the proof)
+
+def _notebook(path: pathlib.Path, *sources: str) -> pathlib.Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+TABLE = ("from course_utils import report\n"
+         "report.ClaimsTable([report.Claim('It holds', '§1', 'x', 'x', True, lesson='03', id='03.fake',"
+         " where='m:f'), report.Claim('It cannot be seen', '§2', 'y', '—', None, lesson='03', id='03.other',"
+         " note='smoke sizes')])")
+
+
+@pytest.mark.parametrize("cells, says", [
+    ((TABLE,), None),
+    (("import os\nassert os.getcwd() != " + repr(str(ROOT)), TABLE), None),  # a scratch folder, not the checkout
+    (("x = 1", "raise ValueError('boom')", TABLE), "cell 2 of 3: ValueError: boom"),
+    (("x = 1",), "but saved no claims table for lesson 03 (FileNotFoundError)"),
+])
+def test_notebook_claims_are_what_the_executed_notebooks_table_saved(tmp_path, monkeypatch, cells, says):
+    path = _notebook(tmp_path / "03_fake.ipynb", *cells)
+    monkeypatch.setattr(proof, "checkout_notebook", lambda lesson: path)
+    lines: list[str] = []
+    if says is None:
+        claims = proof.notebook_claims(lessons.BY_ID["03"], lines.append)
+        assert [(c.id, c.outcome, c.where, c.note) for c in claims] == [
+            ("03.fake", report.Verdict.HOLDS, "m:f", ""), ("03.other", report.Verdict.UNMEASURABLE, "", "smoke sizes")]
+    else:
+        with pytest.raises(RuntimeError, match=re.escape(says)):
+            proof.notebook_claims(lessons.BY_ID["03"], lines.append)
+    assert not list(tmp_path.glob("claims-*")) and not (tmp_path / "runs").exists()  # written in its own scratch
+
+
+def test_from_notebooks_needs_the_notebooks_and_says_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(proof, "checkout_notebook", lambda lesson: None)
+    with pytest.raises(proof.UsageError, match=r"^--from notebooks runs the lessons' notebooks, which are not beside "
+                                               r"this course_utils \(notebooks/03_mixed_precision.ipynb\): run it from "
+                                               "a checkout"):
+        proof._parse(["--from", "notebooks", "--lessons", "03", "--out", str(tmp_path)])
+    args = proof._parse(["--lessons", "03", "--out", str(tmp_path)])  # --from code needs no notebook
+    assert args.source == "code" and proof._child_env(args, lessons.BY_ID["03"])[proof.FROM_VARIABLE] == "code"
+
+
+@pytest.mark.extended  # lesson 03 proved twice, from its code and from its notebook (~40 s)
+def test_prove_from_the_notebook_reads_the_same_verdicts_as_from_the_code(tmp_path):
+    cards = {}
+    for source in ("code", "notebooks"):
+        out = tmp_path / source
+        proc = subprocess.run([sys.executable, "-m", "course_utils", "prove", "--from", source, "--lessons", "03",
+                               "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        cards[source] = json.loads((out / "claims.json").read_text())
+    assert cards["notebooks"]["machine"]["from"] == "notebooks" and "from" not in cards["code"]["machine"]
+    assert "claims read from the executed notebooks" in (tmp_path / "notebooks" / "report.md").read_text()
+    compare = subprocess.run([str(ROOT / ".ci" / "compare-verdicts"), str(tmp_path / "code" / "claims.json"),
+                              str(tmp_path / "notebooks" / "claims.json")], capture_output=True, text=True, timeout=60)
+    assert compare.returncode == 0 and ", 0 differ" in compare.stdout, compare.stdout + compare.stderr
+    ids = {source: sorted(c["id"] for c in card["lessons"]["03"]["claims"]) for source, card in cards.items()}
+    assert ids["code"] == ids["notebooks"] and len(ids["code"]) >= 10

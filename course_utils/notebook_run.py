@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from jupyter_core.utils import run_sync
+from nbclient import NotebookClient
+
 from . import processes
 
 STILL_RUNNING_EVERY_S = 30.0  # a progress line while one cell runs longer than this
@@ -27,89 +30,85 @@ def stop_signals() -> list[int]:
     return [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]
 
 
-def _client_class():
+class Client(NotebookClient):
     """nbclient's NotebookClient, changed in two ways. A stop signal (SIGINT, SIGTERM, SIGHUP) while a kernel runs
     stops the kernel at once and ends the execution (nbclient's own handlers shut the kernel down and let the
     execution carry on, so the notebook would be marked failed with a ZMQ error and the build would go on); the
     caller raises KeyboardInterrupt or :class:`processes.Stopped` after it. And each cell reports its progress."""
-    from jupyter_core.utils import run_sync
-    from nbclient import NotebookClient
 
-    class Client(NotebookClient):
-        course_stop: int | None = None  # the signal that stopped the execution
-        course_task: asyncio.Task | None = None
-        course_km: Any = None
-        course_saved: dict = {}  # the Python-level handlers before the execution, put back after it
-        course_running: tuple[int, float] | None = None  # (cell index, start) of the cell running now
-        course_note_at = 0.0
-        course_report: Callable[[int, float, str], None] | None = None  # (index, seconds, how) → a progress line
-        course_every_s = STILL_RUNNING_EVERY_S
+    course_stop: int | None = None  # the signal that stopped the execution
+    course_task: asyncio.Task | None = None
+    course_km: Any = None
+    course_saved: dict = {}  # the Python-level handlers before the execution, put back after it
+    course_running: tuple[int, float] | None = None  # (cell index, start) of the cell running now
+    course_note_at = 0.0
+    course_report: Callable[[int, float, str], None] | None = None  # (index, seconds, how) → a progress line
+    course_every_s = STILL_RUNNING_EVERY_S
 
-        def _course_on_signal(self, signum: int) -> None:
-            if self.course_stop is None:  # the first one: later ones must not cut the kernel's shutdown short
-                self.course_stop = signum
-                self.shutdown_kernel = "immediate"  # killed, not asked: a busy kernel does not answer
-                if self.course_task is not None:
-                    self.course_task.cancel()
+    def _course_on_signal(self, signum: int) -> None:
+        if self.course_stop is None:  # the first one: later ones must not cut the kernel's shutdown short
+            self.course_stop = signum
+            self.shutdown_kernel = "immediate"  # killed, not asked: a busy kernel does not answer
+            if self.course_task is not None:
+                self.course_task.cancel()
 
-        def _course_handle_signals(self) -> None:
+    def _course_handle_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in stop_signals():
+            try:
+                loop.add_signal_handler(sig, self._course_on_signal, sig)
+            except (RuntimeError, ValueError, NotImplementedError):  # not the main thread, or no signals
+                pass
+
+    async def async_start_new_kernel(self, **kwargs: Any) -> None:
+        # nbclient has just put its own handlers in (async_setup_kernel): ours replace them before the
+        # kernel exists, with no await in between
+        self._course_handle_signals()
+        self.course_task = self.course_task or asyncio.current_task()
+        self.course_km = self.km
+        await super().async_start_new_kernel(**kwargs)
+
+    async def async_execute(self, reset_kc: bool = False, **kwargs: Any) -> Any:
+        self.course_task = asyncio.current_task()
+        self._course_handle_signals()
+        ticker = asyncio.ensure_future(self._course_tick())
+        try:
+            return await super().async_execute(reset_kc=reset_kc, **kwargs)
+        finally:
+            ticker.cancel()
             loop = asyncio.get_running_loop()
             for sig in stop_signals():
                 try:
-                    loop.add_signal_handler(sig, self._course_on_signal, sig)
-                except (RuntimeError, ValueError, NotImplementedError):  # not the main thread, or no signals
+                    loop.remove_signal_handler(sig)  # asyncio leaves SIG_DFL behind: the old ones go back
+                    if sig in self.course_saved:
+                        signal.signal(sig, self.course_saved[sig])
+                except (RuntimeError, ValueError, NotImplementedError):
                     pass
 
-        async def async_start_new_kernel(self, **kwargs: Any) -> None:
-            # nbclient has just put its own handlers in (async_setup_kernel): ours replace them before the
-            # kernel exists, with no await in between
-            self._course_handle_signals()
-            self.course_task = self.course_task or asyncio.current_task()
-            self.course_km = self.km
-            await super().async_start_new_kernel(**kwargs)
+    execute = run_sync(async_execute)  # nbclient's execute wraps its own async_execute, not this one
 
-        async def async_execute(self, reset_kc: bool = False, **kwargs: Any) -> Any:
-            self.course_task = asyncio.current_task()
-            self._course_handle_signals()
-            ticker = asyncio.ensure_future(self._course_tick())
-            try:
-                return await super().async_execute(reset_kc=reset_kc, **kwargs)
-            finally:
-                ticker.cancel()
-                loop = asyncio.get_running_loop()
-                for sig in stop_signals():
-                    try:
-                        loop.remove_signal_handler(sig)  # asyncio leaves SIG_DFL behind: the old ones go back
-                        if sig in self.course_saved:
-                            signal.signal(sig, self.course_saved[sig])
-                    except (RuntimeError, ValueError, NotImplementedError):
-                        pass
+    async def _course_tick(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.course_running is not None and self.course_report is not None:
+                index, start = self.course_running
+                if time.perf_counter() - start >= self.course_note_at:
+                    self.course_report(index, time.perf_counter() - start, "still running")
+                    self.course_note_at += self.course_every_s
 
-        execute = run_sync(async_execute)  # nbclient's execute wraps its own async_execute, not this one
+    def course_cell_started(self, cell: Any, cell_index: int, **_: Any) -> None:
+        self.course_running = (cell_index, time.perf_counter())
+        self.course_note_at = self.course_every_s
 
-        async def _course_tick(self) -> None:
-            while True:
-                await asyncio.sleep(1.0)
-                if self.course_running is not None and self.course_report is not None:
-                    index, start = self.course_running
-                    if time.perf_counter() - start >= self.course_note_at:
-                        self.course_report(index, time.perf_counter() - start, "still running")
-                        self.course_note_at += self.course_every_s
+    def course_cell_ended(self, cell: Any, cell_index: int, execute_reply: Any = None, **_: Any) -> None:
+        if self.course_running is None or self.course_running[0] != cell_index:
+            return  # reported already (on_cell_error comes before on_cell_executed)
+        seconds = time.perf_counter() - self.course_running[1]
+        self.course_running = None
+        status = (execute_reply or {}).get("content", {}).get("status", "ok")
+        if self.course_report is not None:
+            self.course_report(cell_index, seconds, "" if status == "ok" else "error")
 
-        def course_cell_started(self, cell: Any, cell_index: int, **_: Any) -> None:
-            self.course_running = (cell_index, time.perf_counter())
-            self.course_note_at = self.course_every_s
-
-        def course_cell_ended(self, cell: Any, cell_index: int, execute_reply: Any = None, **_: Any) -> None:
-            if self.course_running is None or self.course_running[0] != cell_index:
-                return  # reported already (on_cell_error comes before on_cell_executed)
-            seconds = time.perf_counter() - self.course_running[1]
-            self.course_running = None
-            status = (execute_reply or {}).get("content", {}).get("status", "ok")
-            if self.course_report is not None:
-                self.course_report(cell_index, seconds, "" if status == "ok" else "error")
-
-    return Client
 
 
 def kill_kernel_left(km: Any) -> None:
@@ -149,7 +148,7 @@ def run(nb: Any, env: dict, *, workdir: str | os.PathLike, timeout: float, log_p
     :class:`processes.Stopped`."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    client = _client_class()(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
+    client = Client(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
                              resources={"metadata": {"path": str(workdir)}})
     client.course_saved = {sig: signal.getsignal(sig) for sig in stop_signals()}
     client.course_report = report_cell

@@ -524,12 +524,12 @@ def test_a_manifest_that_cannot_be_read_is_one_line_naming_file_and_field(tmp_pa
     folder.mkdir()
     manifest = folder / "lesson.toml"
     for text, says in [
-        ('id = "09"\ntitle = "X"\nminutes = "forty"', "minutes must be a int, not 'forty'"),
+        ('id = "09"\ntitle = "X"\nminutes = "forty"', "minutes must be a whole number, not 'forty'"),
         ('id = "9"\ntitle = "X"', 'id must be two digits, like "09", not \'9\''),
         ('title = "X"', "no id"),
         ('id = "09"\ntitle = "X"\ncolour = 1', "unknown field(s) colour"),
         ('id = "09"\ntitle = "X"\n[run]\nci_shapes = ["tpu"]', "ci_shapes ['tpu'] are not among"),
-        ('id = "09"\ntitle = "X"\n[run]\nall_cores = 1', "all_cores must be a bool, not 1"),
+        ('id = "09"\ntitle = "X"\n[run]\nall_cores = 1', "all_cores must be true or false, not 1"),
         ('id = "09"\ntitle = "X"\n[run]\ncost = 0', "cost must be at least 1, not 0"),
         ('id = "09" title', "cannot read it as TOML"),
         ('id = "09"\ntitle = "X"\n[sizes]\nsteps = 3', "sizes.steps must be { full = ..., smoke = ... }, not 3"),

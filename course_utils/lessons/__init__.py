@@ -126,7 +126,8 @@ def read_manifest(path: str | Path, package_prefix: str = __name__) -> Lesson:
                 continue
             value = table[key]
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ManifestError(f"{path}: {key} must be a {kind.__name__}, not {value!r}")
+                what = {int: "a whole number", str: "a string", bool: "true or false", list: "a list"}[kind]
+                raise ManifestError(f"{path}: {key} must be {what}, not {value!r}")
             fields[key] = value
     for key in ("id", "title"):
         if key not in fields:

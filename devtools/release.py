@@ -302,7 +302,12 @@ def release_problems(root: str | os.PathLike = ROOT) -> list[str]:
     for path in list_notebooks(root):
         rel = path.relative_to(root).as_posix()
         seen = set()
-        for use in notebook_uses(path, record.get("package", PACKAGE)):
+        try:
+            uses = notebook_uses(path, record.get("package", PACKAGE))
+        except (OSError, ValueError) as err:  # not UTF-8, not JSON: the lint says more
+            problems.append(f"{rel}: cannot read it as a notebook ({type(err).__name__})")
+            continue
+        for use in uses:
             problem = use_problem(use, record)
             if problem and problem not in seen:
                 seen.add(problem)

@@ -231,3 +231,10 @@ def test_the_setup_cell_says_when_the_installed_course_utils_is_not_its_release(
         f"course_utils 2026.10.0 is installed, but this notebook was written for {nbl.REF}: ")
     same = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert same.returncode == 0 and same.stdout == ""
+
+
+def test_a_notebook_that_is_not_json_is_one_problem_not_a_traceback(tmp_path):
+    root = _release_root(tmp_path)
+    (root / release.API_FILE).write_text(release.dump_record({**RECORD, "version": nbl.REF[1:]}))
+    (root / "notebooks" / "01_x.ipynb").write_bytes(b"\xff{not json")
+    assert release.release_problems(root) == ["notebooks/01_x.ipynb: cannot read it as a notebook (UnicodeDecodeError)"]

@@ -46,10 +46,14 @@ def test_flop_accounting_and_the_timed_result():
 
 def test_time_grows_with_the_chain_length():
     """Four times the matmuls per call must take clearly longer: the loop is not dropped or cut short,
-    and the timer waits for the work (a timer that measured only dispatch would see about 1×)."""
-    short = timing.matmul_tflops(256, "float32", repeats=5, jit=False, matmuls=6)
-    long = timing.matmul_tflops(256, "float32", repeats=5, jit=False, matmuls=24)
-    ratio = min(long.timing.times_s) / min(short.timing.times_s)
+    and the timer waits for the work (a timer that measured only dispatch would see about 1×).
+    Three interleaved rounds, the fastest call of each length: on CI's 2-vCPU VM, beside a notebook on the other
+    worker, every call of one round can land in a slow window (one round read 1.96×)."""
+    short_s, long_s = [], []
+    for _ in range(3):
+        short_s += timing.matmul_tflops(256, "float32", repeats=5, jit=False, matmuls=6).timing.times_s
+        long_s += timing.matmul_tflops(256, "float32", repeats=5, jit=False, matmuls=24).timing.times_s
+    ratio = min(long_s) / min(short_s)
     assert 2.0 < ratio < 8.0, ratio
 
 

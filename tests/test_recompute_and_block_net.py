@@ -162,6 +162,23 @@ def test_gelu_plan_repeats_seeds_on_real_images_and_shortens_synthetic_runs():
     assert exp.gelu_plan(smoke, "synthetic", 0) == ([0], smoke.gelu_epochs)  # already fewer
 
 
+def test_gelu_cnn_stages():
+    """§3's CNN: two conv-BN-GELU per stage, the filters doubling per stage; full mode trains all three stages, smoke
+    mode one (sizes.gelu_stages); another count is refused with the values it takes."""
+    from course_utils import config
+
+    def convs(model):
+        return [layer.filters for layer in model.layers if type(layer).__name__ == "Conv2D"]
+
+    assert convs(exp.gelu_cnn(8, stages=3)) == [8, 8, 16, 16, 32, 32] == convs(exp.gelu_cnn(8))
+    one = exp.gelu_cnn(8, "few_bit", stages=1)
+    assert convs(one) == [8, 8] and one.output_shape == (None, 10)
+    assert (config.FULL_SIZES.gelu_stages, config.SMOKE_SIZES.gelu_stages) == (3, 1)
+    for bad in (0, 4, "2"):
+        with pytest.raises(ValueError, match="stages must be 1, 2 or 3"):
+            exp.gelu_cnn(8, stages=bad)
+
+
 def test_the_memory_profile_uses_at_least_four_blocks():
     """§7: at 2 blocks (smoke mode) recomputing saved too little to show on one core; the profile deepens the net."""
     from course_utils.lessons.activation_memory import experiments as exp

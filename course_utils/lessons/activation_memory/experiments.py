@@ -218,18 +218,23 @@ def largest_batch(peak_small: float, peak_large: float, batch_small: int, batch_
 # ----------------------------------------------------------------------------------------------
 
 
-def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes: int = 10, seed: int = 0):
+def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes: int = 10, seed: int = 0,
+             stages: int = 3):
     """conv-BN-GELU ×2 (w) · pool · ×2 (2w) · pool · ×2 (4w) · global average · Dense — GELU exact or few-bit.
 
-    Inputs are pixels 0-255 (rescaled in the model). Weights depend only on ``seed``.
+    ``stages``: how many of the three conv-BN-GELU ×2 stages (smoke mode: 1; tracing the step is most of a short run's
+    time, and it grows with the layers). Inputs are pixels 0-255 (rescaled in the model). Weights depend only on
+    ``seed``.
     """
     if activation not in ("exact", "few_bit"):
         raise ValueError(f"activation must be 'exact' or 'few_bit', got {activation!r}")
+    if stages not in (1, 2, 3):
+        raise ValueError(f"stages must be 1, 2 or 3, got {stages!r}")
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((32, 32, 3))
     x = layers.Rescaling(1 / 127.5, offset=-1.0)(inputs)
     n = 0
-    for stage, filters in enumerate((width, 2 * width, 4 * width)):
+    for stage, filters in enumerate((width, 2 * width, 4 * width)[:stages]):
         if stage:
             x = layers.MaxPooling2D()(x)
         for _ in range(2):
@@ -243,8 +248,8 @@ def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes:
 
 
 def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs: int = 10, batch: int = 128,
-                   width: int = 16, lr: float = 0.01, seed: int = 0, verbose: bool = True) -> dict:
-    """Train :func:`gelu_cnn` on ``train`` (an unbatched (image uint8, label) ``tf.data`` dataset) with flip + crop.
+                   width: int = 16, lr: float = 0.01, seed: int = 0, verbose: bool = True, stages: int = 3) -> dict:
+    """Train :func:`gelu_cnn` (``stages`` of it) on ``train`` (an unbatched (image uint8, label) ``tf.data`` dataset) with flip + crop.
 
     AdamW with a cosine decay to zero over ``epochs``; the test split is evaluated after every epoch.
     Prints one line per epoch when ``verbose``. Returns ``{"epochs": [...], "test_accuracy": [...],
@@ -252,7 +257,7 @@ def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs
     """
     n = data._count(train)
     steps = max(1, n // batch)
-    model = gelu_cnn(width, activation, bits, seed=seed)
+    model = gelu_cnn(width, activation, bits, seed=seed, stages=stages)
     schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=epochs * steps)
     model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=5e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
@@ -523,7 +528,7 @@ def measure(lab) -> dict:
     for seed in out["seeds"]:
         for activation in ("exact", "few_bit"):
             curve = train_gelu_cnn(gelu_data.train, gelu_data.test, activation=activation, bits=2,
-                                   epochs=epochs, width=sizes.gelu_width, seed=seed)
+                                   epochs=epochs, width=sizes.gelu_width, seed=seed, stages=sizes.gelu_stages)
             out["gelu_final"][(activation, seed)] = float(np.mean(curve["test_accuracy"][-out["last"]:]))
     lab.progress("output-saving LayerNorm and chunked logits")
     out["ln_peaks"] = memory.measure_peaks_isolated(

@@ -1048,8 +1048,8 @@ def test_jit_asked_on_several_replicas_is_refused_with_the_reason():
 
 
 def _plan(**kw):
-    base = dict(options={}, steps_per_epoch=10, policy="float32", width=8, epochs=10, initial_epochs=10,
-                warmup_steps=20, budget_s=100.0, epoch_estimate_s=8.0, final_eval_estimate_s=2.0)
+    base = dict(options={}, global_batch=128, steps_per_epoch=10, policy="float32", width=8, epochs=10,
+                initial_epochs=10, warmup_steps=20, budget_s=100.0, epoch_estimate_s=8.0, final_eval_estimate_s=2.0)
     return capstone.BudgetPlan(**{**base, **kw})
 
 
@@ -1172,10 +1172,13 @@ def test_budget_plan_first_estimates_and_what_fits():
     ({"warmup_steps": 10 ** 9}, "warmup_steps is 1000000000, not within the plan's 100 steps"),
     ({"epoch_estimate_s": float("nan")}, "epoch_estimate_s is nan"), ({"options": []}, "options are not a mapping"),
     ({"tta_views": 3}, "tta_views is 3, not one of (10, 2, 1)"), ({"tta_views": True}, "tta_views is True"),
+    ({"global_batch": 0}, "global_batch is 0"), ({"global_batch": "128"}, "global_batch is '128'"),
 ])
 def test_budget_plan_from_dict_refuses_what_the_trainer_did_not_write(change, reason):
     good = _plan().to_dict()
     assert capstone.BudgetPlan.from_dict(good) == _plan()
+    old = {k: v for k, v in good.items() if k != "global_batch"}  # a plan from before it kept the global batch
+    assert capstone.BudgetPlan.from_dict(old).global_batch is None
     with pytest.raises(ValueError, match=re.escape(reason)):
         capstone.BudgetPlan.from_dict({**good, **change})
 
@@ -1306,20 +1309,27 @@ def test_a_run_on_two_replicas_doubles_the_global_batch_and_the_learning_rate(tm
     summary = read(out / "summary.json")
     assert (summary["replicas"], summary["per_replica_batch"], summary["global_batch"]) == (2, 128, 256)
     assert summary["peak_learning_rate"] == pytest.approx(capstone.peak_learning_rate(256)) == pytest.approx(0.8)
-    assert summary["options"]["batch_size"] == 256 and summary["steps_per_epoch"] == 576 // 256
+    # what was asked (no --batch-size: the recipe's per replica) apart from what the run derived
+    assert summary["options"]["batch_size"] is None and summary["steps_per_epoch"] == 576 // 256
     assert summary["steps_per_execution"] == 1 and "keras-team/keras#19246" in summary["steps_per_execution_why"]
-    assert read(out / "plan.json")["options"]["batch_size"] == 256  # what --resume checks against
+    assert read(out / "plan.json")["global_batch"] == 256  # what --resume checks against
     plan_line = next(line for line in proc.stdout.splitlines() if line.startswith("Global batch"))
     assert plan_line.startswith("Global batch 256 (128 per replica × 2 replicas;")
     assert f"peak learning rate {capstone.peak_learning_rate(256):.4g} " in plan_line
 
 
 def test_resume_on_other_replicas_is_refused_with_the_batch_to_give(tmp_path):
-    o = capstone.Options(epochs=1, out=str(tmp_path), batch_size=256)
-    capstone.check_same_batch({"batch_size": 256}, o, "128 per replica × 2 replicas")
-    with pytest.raises(capstone.OptionsError, match=r"global batch of 512, and here it would be 256 \(128 per "
-                                                    r"replica × 2 replicas\): resume with --batch-size 512"):
-        capstone.check_same_batch({"batch_size": 512}, o, "128 per replica × 2 replicas")
+    def plan(global_batch, options_batch=None):
+        return capstone.BudgetPlan(options={"batch_size": options_batch}, global_batch=global_batch, steps_per_epoch=1,
+                                   policy="float32", width=8, epochs=1, initial_epochs=1, warmup_steps=0)
+
+    why = "128 per replica × 2 replicas"
+    capstone.check_same_batch(plan(256), 256, why, str(tmp_path))
+    capstone.check_same_batch(plan(None, options_batch=256), 256, why, str(tmp_path))  # a plan from before
+    for old in (plan(512), plan(None, options_batch=512)):
+        with pytest.raises(capstone.OptionsError, match=r"global batch of 512, and here it would be 256 \(128 per "
+                                                        r"replica × 2 replicas\): resume with --batch-size 512"):
+            capstone.check_same_batch(old, 256, why, str(tmp_path))
 
 
 @pytest.mark.parametrize("asked,kind,replicas,steps,expected", [
@@ -1362,7 +1372,7 @@ def test_training_pipeline_augments_whole_batches_with_augment_batch(monkeypatch
     monkeypatch.setattr(data, "augment_batch", spy)
     monkeypatch.setattr(data, "augment", per_image)
     o = capstone.resolved(capstone.Options(epochs=1, batch_size=64))
-    train_ds, val_ds = capstone.trainer._pipelines(o, _splits(same_image=True))
+    train_ds, val_ds = capstone.trainer._pipelines(o, _splits(same_image=True), batch=64)
     assert calls == [4], calls  # traced once, on a batch (rank 4), not on an image
     assert train_ds.element_spec[0].shape.as_list() == [64, 32, 32, 3] and train_ds.element_spec[0].dtype == tf.float32
     assert train_ds.element_spec[1].shape.as_list() == [64, 10] and train_ds.element_spec[1].dtype == tf.float32
@@ -1372,7 +1382,8 @@ def test_training_pipeline_augments_whole_batches_with_augment_batch(monkeypatch
     assert val_ds.element_spec[0].dtype == tf.float32
 
     calls.clear()  # --no-augment: the images as they are, no augmentation traced
-    plain = capstone.trainer._pipelines(capstone.resolved(capstone.Options(epochs=1, batch_size=64, augment=False)), _splits())[0]
+    plain = capstone.trainer._pipelines(capstone.resolved(capstone.Options(epochs=1, batch_size=64, augment=False)), _splits(),
+                                        batch=64)[0]
     assert calls == [] and plain.element_spec[0].shape.as_list() == [64, 32, 32, 3]
 
 
@@ -1434,7 +1445,8 @@ def test_float16_on_several_replicas_trains_through_accumulating_model_so_an_ove
         o = capstone.Options(recipe="course", epochs=1, out="unused", batch_size=256)
         splits = types.SimpleNamespace(train=(np.random.rand(16, 32, 32, 3).astype("float32"),))
         for policy in ("mixed_float16", "mixed_bfloat16"):
-            _, model, *_ = capstone.trainer._compiled_model(o, capstone.RECIPES["course"], policy, False, strategy, 8, splits)
+            _, model, *_ = capstone.trainer._compiled_model(o, capstone.RECIPES["course"], policy, False, strategy, 8, splits,
+                                                            batch=256, steps_per_execution=1)
             print(policy, type(model).__name__, type(model.optimizer).__name__)
     """)
     proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
@@ -1454,8 +1466,9 @@ splits = capstone.Splits((x, y), (x[:256], y[:256]), (x[:64], y[:64]), "syntheti
 o = capstone.resolved(capstone.Options(recipe="baseline", epochs=3, batch_size=64, steps_per_execution=1))
 rt = runtime.detect()
 strategy = capstone.trainer._fit_strategy(rt) if fixed else rt.strategy
-train_ds, val_ds = capstone.trainer._pipelines(o, splits, 1, autotune=strategy is rt.strategy)
-_, model, *_ = capstone.trainer._compiled_model(o, capstone.RECIPES["baseline"], "float32", False, strategy, 8, splits)
+train_ds, val_ds = capstone.trainer._pipelines(o, splits, 1, autotune=strategy is rt.strategy, batch=64)
+_, model, *_ = capstone.trainer._compiled_model(o, capstone.RECIPES["baseline"], "float32", False, strategy, 8, splits,
+                                                batch=64, steps_per_execution=1)
 waits, epochs = [], []
 
 class Spy(keras.callbacks.Callback):

@@ -87,9 +87,10 @@ class Progress(keras.callbacks.Callback):
     the budget after every epoch (:meth:`BudgetPlan.replan`)."""
 
     def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
-                 steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None):
+                 steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None, *, global_batch: int):
         super().__init__()
         self.o, self.plan, self.run, self.clock, self.history = o, plan, run, clock, list(history)
+        self.global_batch = global_batch
         self.schedule, self.steps_per_epoch, self.say = schedule, steps_per_epoch, say
         self.time_view, self.view_times = time_view, []
         self.last_tick = 0.0
@@ -136,7 +137,7 @@ class Progress(keras.callbacks.Callback):
                          f"{self.plan.final_eval_estimate_s:.1f} s kept for it, was {before:.1f} s)")
         now = time.perf_counter()
         train_s = (self.t_test or now) - self.t_epoch
-        images = self.steps_per_epoch * self.o.batch_size
+        images = self.steps_per_epoch * self.global_batch
         step = int(self.model.optimizer.iterations.numpy())
         entry = {
             "epoch": epoch + 1,

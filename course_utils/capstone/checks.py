@@ -15,6 +15,22 @@ from .. import config as _config
 from ..data import MAX_NPZ_IMAGES
 
 
+def data_and_replicas(o: Options) -> tuple[str, int]:
+    """The run's data source and CPU replicas: ``--data`` (parsed) and ``--cpu-replicas`` as given, else the course
+    config's (``COURSE_DATA``, ``COURSE_CPU_REPLICAS``). The one place the capstone resolves either (:func:`validate`
+    and the trainer); a bad value is an :class:`OptionsError` in the flags' words."""
+    if o.cpu_replicas is not None and not is_int(o.cpu_replicas):
+        raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
+    try:
+        data = _config.parse_data(o.data) if o.data is not None else _config.get().data
+        replicas = _config.get().cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
+    except _config.ConfigError as exc:
+        raise OptionsError(str(exc).replace("COURSE_DATA=", "--data ")) from None
+    if not 1 <= replicas <= _config.MAX_CPU_REPLICAS:
+        raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
+    return data, replicas
+
+
 def validate(o: Options) -> None:
     """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written)."""
     if o.recipe not in RECIPES:
@@ -67,15 +83,7 @@ def validate(o: Options) -> None:
         raise OptionsError(f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
                            f" got {o.validation_examples!r}")
 
-    if o.cpu_replicas is not None and not is_int(o.cpu_replicas):
-        raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
-    try:
-        data = _config.parse_data(o.data) if o.data is not None else _config.get().data
-        replicas = _config.get().cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
-    except _config.ConfigError as exc:
-        raise OptionsError(str(exc).replace("COURSE_DATA=", "--data ")) from None
-    if not 1 <= replicas <= _config.MAX_CPU_REPLICAS:
-        raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
+    data, replicas = data_and_replicas(o)
     if data.startswith("npz:"):
         from ..data import file_problem
 

@@ -201,6 +201,9 @@ class BudgetPlan:
     initial_epochs: int
     warmup_steps: int
     budget_s: float | None = None
+    # the global batch the run derived (the recipe's per replica × the replicas, or --batch-size); ``options`` holds
+    # what was asked. None: a plan from before it was kept here (its options hold the derived batch then)
+    global_batch: int | None = None
     epoch_estimate_s: float = 0.0
     final_eval_estimate_s: float = 0.0
     warm_up_epoch_s: float | None = None  # the warm-up's estimate: a vote in replan until 3 epochs are measured
@@ -336,6 +339,8 @@ class BudgetPlan:
             value = getattr(plan, name)
             if not is_int(value) or not 1 <= value <= MAX_SCHEDULE_STEPS:
                 raise ValueError(f"{name} is {value!r}, not a whole number from 1")
+        if plan.global_batch is not None and (not is_int(plan.global_batch) or plan.global_batch < 1):
+            raise ValueError(f"global_batch is {plan.global_batch!r}, not a whole number from 1")
         if not is_int(plan.warmup_steps) or not 0 <= plan.warmup_steps <= plan.epochs * plan.steps_per_epoch:
             raise ValueError(f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
                              f"{plan.epochs * plan.steps_per_epoch} steps")

@@ -204,8 +204,8 @@ def _check_same_run(stored: dict, o: Options) -> None:
     for key in ("recipe", "data", "batch_size", "width", "accumulate", "policy", "augment", "label_smoothing",
                 "schedule", "ema", "whiten", "train_examples", "test_examples", "validation_examples", "time_budget",
                 "epochs"):
-        if key == "batch_size" and o.batch_size is None:  # the recipe's per-replica batch: checked once the
-            continue  # replicas are known (train: check_same_batch)
+        if key == "batch_size" and (o.batch_size is None or stored.get(key) is None):  # the recipe's per-replica
+            continue  # batch, here or then: the global batches are compared once the replicas are known (check_same_batch)
         if key not in stored:  # a plan from before the option existed: its model is not this trainer's
             raise OptionsError(f"--resume: {o.out} was started by an earlier version of the trainer (its plan has no "
                                f"{key!r}); nothing was changed: start it again with --overwrite, or use another --out")
@@ -214,13 +214,14 @@ def _check_same_run(stored: dict, o: Options) -> None:
             raise OptionsError(f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
                                "resume with the same options or use another --out")
 
-def check_same_batch(stored: dict, o: Options, why: str) -> None:
-    """--resume: the global batch chosen here (the recipe's per replica × this machine's replicas) must be the one the
-    run started with — its plan's steps per epoch and learning rate depend on it."""
-    if stored.get("batch_size") != o.batch_size:
-        raise OptionsError(f"--resume: {o.out} was started with a global batch of {stored.get('batch_size')}, and here "
-                           f"it would be {o.batch_size} ({why}): resume with --batch-size {stored.get('batch_size')} "
-                           "or use another --out")
+def check_same_batch(plan, batch: int, why: str, out: str) -> None:
+    """--resume: the global batch chosen here (``batch``: the recipe's per replica × this machine's replicas) must be
+    the one the run started with (``plan``'s) — its plan's steps per epoch and learning rate depend on it. (A plan
+    from before plans kept ``global_batch`` holds it in its options, which the run rewrote then.)"""
+    stored = plan.global_batch if plan.global_batch is not None else plan.options.get("batch_size")
+    if stored != batch:
+        raise OptionsError(f"--resume: {out} was started with a global batch of {stored}, and here it would be "
+                           f"{batch} ({why}): resume with --batch-size {stored} or use another --out")
 
 def check_backup_fits(run: RunFolder, model) -> None:
     """A backup another run wrote (another recipe or width) fails inside fit with a shape error: refuse it first."""

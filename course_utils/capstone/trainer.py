@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from .. import fileguard, processes
-from .checks import validate
+from .checks import data_and_replicas, validate
 from .models import whitening_kernel
 from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
@@ -69,7 +69,8 @@ class Result:
     summary: dict
     history: list
     model: Any
-    options: Options
+    options: Options  # as asked, with the recipe's defaults (summary.json's "options"); what the run derived from
+    # the hardware and the data (global batch, steps_per_execution, policy, XLA, width, …) is in the summary's own keys
     _test: Any = dataclasses.field(default=None, repr=False)
     _predictions: Any = dataclasses.field(default=None, repr=False)
 
@@ -80,7 +81,7 @@ class Result:
             return self._predictions
         x, y = self._test
         probs = _predict_probs(self.model, x, self.summary.get("tta_views", TTA_VIEWS) if tta else 1,
-                               self.options.batch_size)
+                               self.summary["global_batch"])
         return Predictions(x, y, probs.argmax(1), probs, tta)
 
 def tta_views(x, views: int = TTA_VIEWS):
@@ -152,8 +153,8 @@ def split_validation(x, y, size: int):
     held, kept = np.sort(order[:size]), np.sort(order[size:])
     return (x[kept], y[kept]), (x[held], y[held])
 
-def _load_splits(o: Options, cfg, say) -> Splits:
-    source = o.data if o.data is not None else cfg.data
+def _load_splits(o: Options, source: str) -> Splits:
+    """The run's splits from ``source`` (:func:`checks.data_and_replicas`: ``--data`` or the course config's)."""
     synthetic = source == "synthetic"
     n_train = o.train_examples if o.train_examples is not None else (None if synthetic else -1)
     n_test = o.test_examples if o.test_examples is not None else (None if synthetic else -1)
@@ -187,44 +188,47 @@ def _fit_strategy(rt):
         return rt.one_device_strategy()
     return rt.strategy
 
-def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = True):
+def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = True, *, batch: int):
     """The trainer's pipelines (lesson 04's order, with its faster augmentation): training images uint8-cached,
     shuffled every epoch, batched with the global batch, then augmented a whole batch per call
     (:func:`data.augment_batch`: each image its own flip and crop; lesson 04 measured this order faster than
     :func:`data.augment` per image before ``batch``); validation in batches of at least 256, the last one partial.
     ``autotune=False``: tf.data's autotuning off (:func:`data.without_autotune`), so that no iterator waits for an
-    autotuning thread when it is destroyed (:func:`_fit_strategy`)."""
+    autotuning thread when it is destroyed (:func:`_fit_strategy`). ``batch``: the global batch the run derived
+    (:meth:`Recipe.global_batch`)."""
     import tensorflow as tf
 
     def one_hot(x, y):
         return x, tf.one_hot(y, 10)
 
     (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
-    train_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_train, y_train)), o.batch_size,
+    train_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_train, y_train)), batch,
                                     training=True, augment_fn=None,
                                     batch_augment_fn=_data.augment_batch if o.augment else None,
                                     shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
     train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(o, len(x_val), replicas),
+    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(batch, len(x_val), replicas),
                                   training=False, drop_remainder=False, prefetch=False)
     val_ds = val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
     if not autotune:
         train_ds, val_ds = _data.without_autotune(train_ds), _data.without_autotune(val_ds)
     return train_ds, val_ds
 
-def _eval_batch(o: Options, n: int, replicas: int = 1) -> int:
-    """The evaluation batch for ``n`` images: at least 256. Smaller splits are one batch of a multiple of the
+def _eval_batch(batch: int, n: int, replicas: int = 1) -> int:
+    """The evaluation batch for ``n`` images: at least 256 (and at least the training's global ``batch``). Smaller splits are one batch of a multiple of the
     replicas: under a strategy Keras builds the model from the first evaluation batch averaged across replicas
     (keras/src/backend/tensorflow/trainer.py, ``_maybe_symbolic_build``: ``strategy.reduce("MEAN", batch)``), which
     fails when that batch splits unevenly (102 images on 4 replicas: 26, 26, 26, 24)."""
-    batch = -(-max(o.batch_size, 256) // replicas) * replicas  # whole batches split evenly too
+    batch = -(-max(batch, 256) // replicas) * replicas  # whole batches split evenly too
     if n < batch:
         batch = max(n - n % replicas, min(n, replicas))
     return batch
 
-def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits):
+def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits,
+                    *, batch: int, steps_per_execution: int):
     """``(net, model, schedule, peak_lr)``: the recipe's network, the model fit trains (wrapped for --accumulate)
-    compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``."""
+    compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``; ``batch`` and
+    ``steps_per_execution``: the values the run derived (the peak learning rate follows the global batch)."""
     import keras
     import tensorflow as tf
 
@@ -237,7 +241,7 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
     try:
         with strategy.scope():
             net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None)
-            peak = recipe.peak_learning_rate(o.batch_size)
+            peak = recipe.peak_learning_rate(batch)
             schedule = BudgetSchedule(peak, o.schedule)
             model = net
             # float16 on several replicas: Keras' LossScaleOptimizer decides to skip an overflowing step from the
@@ -252,7 +256,7 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
                           loss=keras.losses.CategoricalCrossentropy(from_logits=True,
                                                                     label_smoothing=o.label_smoothing),
                           metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-                          steps_per_execution=o.steps_per_execution, jit_compile=jit_compile)
+                          steps_per_execution=steps_per_execution, jit_compile=jit_compile)
             model.optimizer.build(model.trainable_variables)
     finally:
         keras.config.set_dtype_policy(previous_policy)
@@ -286,7 +290,10 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
 
 
 def _train(options: Options, t0: float) -> Result:
+    # What was asked, with the recipe's defaults: never changed below. What the hardware and the data decide (the
+    # global batch, steps_per_execution, the policy, XLA, the width) are values of their own, each with its reason.
     o = resolved(options)
+    source, cpu_replicas = data_and_replicas(o)
     recipe = RECIPES[o.recipe]
     say = print if o.verbose >= 0 else (lambda *a, **k: None)
     run = RunFolder(o.out)
@@ -307,9 +314,9 @@ def _train(options: Options, t0: float) -> Result:
                                     "install: python -m course_utils doctor") from None
     # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
     # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
-    rt = _runtime.detect(cpu_replicas=o.cpu_replicas)
+    rt = _runtime.detect(cpu_replicas=cpu_replicas)
     cfg = _config.get()
-    splits = _load_splits(o, cfg, say)
+    splits = _load_splits(o, source)
 
     import keras
     import tensorflow as tf
@@ -319,12 +326,11 @@ def _train(options: Options, t0: float) -> Result:
     tf.get_logger().setLevel("ERROR")
     strategy, replicas = _fit_strategy(rt), rt.strategy.num_replicas_in_sync
     # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here)
-    o.batch_size, batch_why = recipe.global_batch(options.batch_size, replicas, o.accumulate,
-                                                  len(splits.train[0]))
+    batch, batch_why = recipe.global_batch(o.batch_size, replicas, o.accumulate, len(splits.train[0]))
     if state is not None:
-        check_same_batch(state.plan.options, o, batch_why)
-    if o.batch_size % (replicas * o.accumulate):
-        raise OptionsError(f"--batch-size {o.batch_size} is not divisible by replicas × accumulate = "
+        check_same_batch(state.plan, batch, batch_why, o.out)
+    if batch % (replicas * o.accumulate):
+        raise OptionsError(f"--batch-size {batch} is not divisible by replicas × accumulate = "
                            f"{replicas} × {o.accumulate} on this {rt.kind}; use a multiple of {replicas * o.accumulate}")
     if o.steps_per_execution is not None and o.steps_per_execution > 1 and rt.strategy_name == "MirroredStrategy":
         raise OptionsError(
@@ -338,17 +344,16 @@ def _train(options: Options, t0: float) -> Result:
         keep = len(splits.validation[0]) - len(splits.validation[0]) % replicas
         splits = dataclasses.replace(splits, validation=tuple(a[:keep] for a in splits.validation))
     (x_train, _), (x_val, _), (x_test, y_test) = splits.train, splits.validation, splits.test
-    steps_per_epoch = len(x_train) // o.batch_size
+    steps_per_epoch = len(x_train) // batch
     if steps_per_epoch < 1:
-        raise OptionsError(f"--batch-size {o.batch_size} is larger than the {len(x_train)} training images")
+        raise OptionsError(f"--batch-size {batch} is larger than the {len(x_train)} training images")
     if o.epochs is not None and o.epochs * steps_per_epoch > MAX_SCHEDULE_STEPS:
         raise OptionsError(f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
                            "the float32 schedule counts exactly; use fewer epochs")
     policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
     jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit, replicas)
-    o.steps_per_execution, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas,
-                                                                steps_per_epoch)
-    peak_lr = recipe.peak_learning_rate(o.batch_size)
+    spe, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas, steps_per_epoch)
+    peak_lr = recipe.peak_learning_rate(batch)
     lr_why = recipe.learning_rate_rule()
     if state is None:
         run.start_afresh()  # only now: every input has been checked
@@ -361,18 +366,19 @@ def _train(options: Options, t0: float) -> Result:
     kernels = _hardware.kernel_path() if rt.kind == "CPU" else None  # which CPU kernels run here, and why
     if kernels:
         say(_hardware.kernel_path_line())
-    micro = o.batch_size // replicas // o.accumulate
+    micro = batch // replicas // o.accumulate
     say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why})")
-    say(f"Global batch {o.batch_size} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
-        f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {o.steps_per_execution} "
+    say(f"Global batch {batch} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
+        f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {spe} "
         f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
-    train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy)
-    val_batch = _eval_batch(o, len(x_val), replicas)
+    train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy, batch=batch)
+    val_batch = _eval_batch(batch, len(x_val), replicas)
     val_sizes = [min(val_batch, len(x_val) - i) for i in range(0, len(x_val), val_batch)]  # the last may be partial
-    val_steps, test_steps = len(val_sizes), math.ceil(len(x_test) / _eval_batch(o, len(x_test), replicas))
+    val_steps, test_steps = len(val_sizes), math.ceil(len(x_test) / _eval_batch(batch, len(x_test), replicas))
 
     def build(width: int):
-        return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits)
+        return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits, batch=batch,
+                               steps_per_execution=spe)
 
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
@@ -380,8 +386,8 @@ def _train(options: Options, t0: float) -> Result:
     start = start_width(kernels[0] if kernels else None, AUTO_WIDTH) if auto_width else COURSE["width"]
     width = state.plan.width if state else (o.width or min(start, cfg.sizes.model_width))
     net, model, schedule, peak = build(width)
-    if o.batch_size > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
-        say(f"Note: global batch {o.batch_size} > {MAX_LR_SCALING_BATCH}: the linear LR rule gets unreliable here")
+    if batch > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
+        say(f"Note: global batch {batch} > {MAX_LR_SCALING_BATCH}: the linear LR rule gets unreliable here")
 
     # Reset the allocator's peak so the figure is this run's (CPU with the BFC allocator, GPU, TPU).
     mem_device = _memory.default_device()
@@ -394,7 +400,7 @@ def _train(options: Options, t0: float) -> Result:
     if state is None:
         plan, (net, model, schedule, peak) = _new_plan(
             o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_sizes, test_steps, auto_width,
-            build, (net, model, schedule, peak))
+            build, (net, model, schedule, peak), batch=batch, steps_per_execution=spe)
         width = plan.width
         fileguard.write_json(run.plan, plan.to_dict())
     else:
@@ -422,22 +428,22 @@ def _train(options: Options, t0: float) -> Result:
         predict on one (padded) batch, the final evaluation's shape, so that it reuses it, and time two views (one
         view's time doubled now and then: 2 cores, 0.34 s where others took 0.18)."""
         if compile:
-            _predict_probs(net, x_test[:1], 1, o.batch_size)
+            _predict_probs(net, x_test[:1], 1, batch)
         times = []
         for _ in range(2 if compile else 1):
             started = time.perf_counter()
-            _predict_probs(net, x_test, 1, o.batch_size)
+            _predict_probs(net, x_test, 1, batch)
             times.append(time.perf_counter() - started)
         return times
 
-    progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view)
+    progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view, global_batch=batch)
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
     # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
     callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
                                                  save_weights_only=True),
                  keras.callbacks.BackupAndRestore(run.backup, double_checkpoint=True)]
     if o.tensorboard:
-        calls = math.ceil(steps_per_epoch / o.steps_per_execution)  # the callback counts calls, not steps
+        calls = math.ceil(steps_per_epoch / spe)  # the callback counts calls, not steps
         first = min(3, calls)
         callbacks.append(keras.callbacks.TensorBoard(
             o.tensorboard, profile_batch=(first, min(first + 4, calls)), write_graph=False))
@@ -468,8 +474,8 @@ def _train(options: Options, t0: float) -> Result:
     # The test split, once, with the last epoch's weights (counted in the wall time): plain and with TTA.
     t_final = time.perf_counter()
     views = plan.tta_views if o.tta else 1  # sized to the budget (BudgetPlan.views_from_view)
-    probs_plain = _predict_probs(net, x_test, 1, o.batch_size)
-    probs = _predict_probs(net, x_test, views, o.batch_size, plain=probs_plain) if views > 1 else probs_plain
+    probs_plain = _predict_probs(net, x_test, 1, batch)
+    probs = _predict_probs(net, x_test, views, batch, plain=probs_plain) if views > 1 else probs_plain
     acc_plain = float((probs_plain.argmax(1) == y_test).mean())
     acc = float((probs.argmax(1) == y_test).mean())
     final_eval_s = time.perf_counter() - t_final
@@ -506,12 +512,12 @@ def _train(options: Options, t0: float) -> Result:
         "images_per_s": ips,
         "images_per_s_per_replica": ips / replicas if ips else None,
         "replicas": replicas,
-        "global_batch": o.batch_size,
-        "per_replica_batch": o.batch_size // replicas,
-        "micro_batch_per_replica": o.batch_size // replicas // o.accumulate,
+        "global_batch": batch,
+        "per_replica_batch": batch // replicas,
+        "micro_batch_per_replica": batch // replicas // o.accumulate,
         "global_batch_why": batch_why,
         "steps_per_epoch": steps_per_epoch,
-        "steps_per_execution": o.steps_per_execution,
+        "steps_per_execution": spe,
         "steps_per_execution_why": spe_why,
         "peak_learning_rate": peak,
         "peak_learning_rate_why": lr_why,
@@ -530,7 +536,7 @@ def _train(options: Options, t0: float) -> Result:
         "train_examples": len(x_train),
         "validation_examples": len(x_val),
         "test_examples": len(x_test),
-        "options": dataclasses.asdict(o),
+        "options": dataclasses.asdict(o),  # as asked, with the recipe's defaults; the derived values are above
         "hardware": dict(rt.as_dict(), cpu_count=os.cpu_count()),
         "kernel_path": kernels[0] if kernels else None,
         "kernel_path_why": kernels[1] if kernels else None,
@@ -568,11 +574,12 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
     return _memory.maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
 
 def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
-              val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple
-              ) -> tuple[BudgetPlan, tuple]:
+              val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple, *,
+              batch: int, steps_per_execution: int) -> tuple[BudgetPlan, tuple]:
     """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
     width: the widths it tried, and the model of the one chosen)."""
-    plan = BudgetPlan(options=dataclasses.asdict(o), steps_per_epoch=steps_per_epoch, policy=policy, width=width,
+    plan = BudgetPlan(options=dataclasses.asdict(o), global_batch=batch, steps_per_epoch=steps_per_epoch, policy=policy,
+                      width=width,
                       epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
     if o.time_budget is not None:
         budget = o.time_budget
@@ -580,7 +587,7 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
         warm_started = clock()
 
         def warm_up(model):
-            return _warm_up(model, *datasets, o.steps_per_execution, steps_per_epoch, val_steps,
+            return _warm_up(model, *datasets, steps_per_execution, steps_per_epoch, val_steps,
                             one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(budget, clock()),
                             eval_sizes=val_sizes)
 

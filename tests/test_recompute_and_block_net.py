@@ -174,7 +174,7 @@ def test_gelu_cnn_stages():
     one = exp.gelu_cnn(8, "few_bit", stages=1)
     assert convs(one) == [8, 8] and one.output_shape == (None, 10)
     assert (config.FULL_SIZES.gelu_stages, config.SMOKE_SIZES.gelu_stages) == (3, 1)
-    for bad in (0, 4, "2"):
+    for bad in (0, 4, "2", True, 2.5):
         with pytest.raises(ValueError, match="stages must be 1, 2 or 3"):
             exp.gelu_cnn(8, stages=bad)
 

@@ -207,7 +207,8 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = T
                                     batch_augment_fn=_data.augment_batch if o.augment else None,
                                     shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
     train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)), _eval_batch(batch, len(x_val), replicas),
+    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)),
+                                  _eval_batch(batch, len(x_val), replicas),
                                   training=False, drop_remainder=False, prefetch=False)
     val_ds = val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
     if not autotune:
@@ -215,9 +216,9 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = T
     return train_ds, val_ds
 
 def _eval_batch(batch: int, n: int, replicas: int = 1) -> int:
-    """The evaluation batch for ``n`` images: at least 256 (and at least the training's global ``batch``). Smaller splits are one batch of a multiple of the
-    replicas: under a strategy Keras builds the model from the first evaluation batch averaged across replicas
-    (keras/src/backend/tensorflow/trainer.py, ``_maybe_symbolic_build``: ``strategy.reduce("MEAN", batch)``), which
+    """The evaluation batch for ``n`` images: at least 256, and at least the training's global ``batch``. Smaller
+    splits are one batch of a multiple of the replicas: under a strategy Keras builds the model from the first
+    evaluation batch averaged across replicas (keras/src/backend/tensorflow/trainer.py, ``_maybe_symbolic_build``: ``strategy.reduce("MEAN", batch)``), which
     fails when that batch splits unevenly (102 images on 4 replicas: 26, 26, 26, 24)."""
     batch = -(-max(batch, 256) // replicas) * replicas  # whole batches split evenly too
     if n < batch:

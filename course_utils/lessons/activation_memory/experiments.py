@@ -228,7 +228,7 @@ def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes:
     """
     if activation not in ("exact", "few_bit"):
         raise ValueError(f"activation must be 'exact' or 'few_bit', got {activation!r}")
-    if stages not in (1, 2, 3):
+    if isinstance(stages, bool) or stages not in (1, 2, 3):
         raise ValueError(f"stages must be 1, 2 or 3, got {stages!r}")
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((32, 32, 3))
@@ -249,7 +249,8 @@ def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes:
 
 def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs: int = 10, batch: int = 128,
                    width: int = 16, lr: float = 0.01, seed: int = 0, verbose: bool = True, stages: int = 3) -> dict:
-    """Train :func:`gelu_cnn` (``stages`` of it) on ``train`` (an unbatched (image uint8, label) ``tf.data`` dataset) with flip + crop.
+    """Train :func:`gelu_cnn` (``stages`` of it) on ``train`` (an unbatched (image uint8, label) ``tf.data``
+    dataset) with flip + crop.
 
     AdamW with a cosine decay to zero over ``epochs``; the test split is evaluated after every epoch.
     Prints one line per epoch when ``verbose``. Returns ``{"epochs": [...], "test_accuracy": [...],

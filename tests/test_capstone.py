@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from course_utils import capstone, data, hardware
+from course_utils import capstone, config, data, hardware
 
 ENV = dict(os.environ, COURSE_SMOKE="1", COURSE_CPU_REPLICAS="1", COURSE_DATA="synthetic")
 ENV.pop("COURSE_JIT", None)
@@ -316,6 +316,25 @@ def test_python_api_result_and_predictions(tmp_path, capsys):
     plain = result.predict_test(tta=False)
     assert plain.accuracy == pytest.approx(result.summary["test_accuracy_no_tta"])
     assert result.summary["options"]["label_smoothing"] == 0.2 and result.summary["options"]["schedule"] == "onecycle"
+
+
+def test_train_uses_the_courses_mode_it_is_passed_over_the_config(tmp_path, monkeypatch):
+    """``train(settings=...)``: what the options leave open (data, replicas, XLA, the width cap, the synthetic sizes)
+    comes from the caller, not from the course config behind it (COURSE_*: smoke mode here, XLA asked for, and a
+    data file that does not exist, which the config refuses)."""
+    monkeypatch.setenv("COURSE_DATA", f"npz:{tmp_path / 'absent.npz'}")
+    monkeypatch.setenv("COURSE_JIT", "1")
+    monkeypatch.setattr(config, "_CURRENT", None)  # the config as the environment now says
+    opts = capstone.Options(epochs=1, out=str(tmp_path / "r"), batch_size=32, verbose=-1, tta=False)
+    with pytest.raises(capstone.OptionsError, match="absent.npz"):
+        capstone.train(opts)
+    settings = capstone.CourseSettings(data="synthetic", cpu_replicas=1, course_jit=False, max_width=4,
+                                       synthetic_train=160, synthetic_test=48)
+    assert config.get().jit and config.get().sizes.model_width == 8 < capstone.COURSE["width"]  # smoke mode's cap
+    summary = capstone.train(opts, settings=settings).summary
+    assert summary["data"] == "synthetic" and summary["width"] == 4, summary
+    assert summary["train_examples"] + summary["validation_examples"] == 160 and summary["test_examples"] == 48
+    assert summary["xla"] is False and summary["xla_chosen_by"] == "trainer", summary  # not COURSE_JIT's
 
 
 def test_options_defaults_and_lr_rule():

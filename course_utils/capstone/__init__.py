@@ -67,7 +67,7 @@ from .plan import (AUTO_WIDTH, start_width, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SH
                    width_model, target_epochs_for, choose_width, validation_size, BudgetPlan, whole_batch_s)
 from .run_folder import (earlier_run, repair_backup, load_result, RunFolder, ResumeState, backup_epoch,
                          read_resume_state, check_same_batch, check_backup_fits)
-from .checks import validate
+from .checks import CourseSettings, course_settings, validate
 from .trainer import (progress_bar_wanted, SYNTHETIC_NOTE, Predictions, Result, tta_views, Splits, split_validation,
                       train)
 from .cli import (build_parser, parse_args, main, in_cli_words)

@@ -3,6 +3,7 @@ the output folder and an earlier run there)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -15,24 +16,42 @@ from .. import config as _config
 from ..data import MAX_NPZ_IMAGES
 
 
-def data_and_replicas(o: Options) -> tuple[str, int]:
-    """The run's data source and CPU replicas: ``--data`` (parsed) and ``--cpu-replicas`` as given, else the course
-    config's (``COURSE_DATA``, ``COURSE_CPU_REPLICAS``). The one place the capstone resolves either (:func:`validate`
-    and the trainer); a bad value is an :class:`OptionsError` in the flags' words."""
+@dataclasses.dataclass(frozen=True)
+class CourseSettings:
+    """What a run takes from the course's mode and settings where its options leave it open. :func:`course_settings`
+    reads them from the course config (``COURSE_*``: what ``prove`` and the notebooks set) once, before the run starts;
+    a caller can pass its own to :func:`trainer.train` instead, and nothing below reads the config again."""
+
+    data: str  # --data, parsed: "tfds" | "synthetic" | "npz:PATH"
+    cpu_replicas: int  # --cpu-replicas
+    course_jit: bool  # COURSE_JIT: every lesson's steps under XLA (the TPU-shaped mode)
+    max_width: int  # the mode's model width (smoke: 8): the default width's cap, when no --width is given
+    synthetic_train: int  # the mode's synthetic images, when no --train-examples / --test-examples is given
+    synthetic_test: int
+
+
+def course_settings(o: Options, cfg: _config.CourseConfig | None = None) -> CourseSettings:
+    """The run's :class:`CourseSettings`: ``--data`` (parsed) and ``--cpu-replicas`` as given, else the course
+    config's (``COURSE_DATA``, ``COURSE_CPU_REPLICAS``), with its mode's XLA, width and synthetic sizes. The one
+    place the capstone reads the config (:func:`validate` and the trainer); a bad value is an :class:`OptionsError`
+    in the flags' words."""
     if o.cpu_replicas is not None and not is_int(o.cpu_replicas):
         raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
     try:
-        data = _config.parse_data(o.data) if o.data is not None else _config.get().data
-        replicas = _config.get().cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
+        cfg = cfg or _config.get()
+        data = _config.parse_data(o.data) if o.data is not None else cfg.data
     except _config.ConfigError as exc:
         raise OptionsError(str(exc).replace("COURSE_DATA=", "--data ")) from None
+    replicas = cfg.cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
     if not 1 <= replicas <= _config.MAX_CPU_REPLICAS:
         raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
-    return data, replicas
+    return CourseSettings(data, replicas, bool(cfg.jit), cfg.sizes.model_width, cfg.sizes.train_examples,
+                          cfg.sizes.test_examples)
 
 
-def validate(o: Options) -> None:
-    """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written)."""
+def validate(o: Options, settings: CourseSettings | None = None) -> None:
+    """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written); the
+    course's settings are ``settings``, else read from its config."""
     if o.recipe not in RECIPES:
         raise OptionsError(f"unknown recipe {o.recipe!r}; use --recipe course or --recipe baseline")
     if (o.time_budget is None) == (o.epochs is None):
@@ -83,7 +102,8 @@ def validate(o: Options) -> None:
         raise OptionsError(f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
                            f" got {o.validation_examples!r}")
 
-    data, replicas = data_and_replicas(o)
+    settings = settings or course_settings(o)
+    data, replicas = settings.data, settings.cpu_replicas
     if data.startswith("npz:"):
         from ..data import file_problem
 

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from .. import fileguard, processes
-from .checks import data_and_replicas, validate
+from .checks import CourseSettings, course_settings, validate
 from .models import whitening_kernel
 from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
@@ -22,7 +22,6 @@ from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECH
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
 from .run_folder import (RunFolder, backup_epoch, check_backup_fits, check_same_batch, read_resume_state,
                          repair_backup)
-from .. import config as _config
 from .. import data as _data
 from .. import hardware as _hardware
 from .. import memory as _memory
@@ -153,12 +152,13 @@ def split_validation(x, y, size: int):
     held, kept = np.sort(order[:size]), np.sort(order[size:])
     return (x[kept], y[kept]), (x[held], y[held])
 
-def _load_splits(o: Options, source: str) -> Splits:
-    """The run's splits from ``source`` (:func:`checks.data_and_replicas`: ``--data`` or the course config's)."""
-    synthetic = source == "synthetic"
-    n_train = o.train_examples if o.train_examples is not None else (None if synthetic else -1)
-    n_test = o.test_examples if o.test_examples is not None else (None if synthetic else -1)
-    d = _data.load_cifar10(source, n_train=n_train, n_test=n_test, seed=o.seed, verbose=o.verbose >= 0)
+def _load_splits(o: Options, settings: CourseSettings) -> Splits:
+    """The run's splits from ``settings.data`` (``--data`` or the course config's): every image of the split, or on
+    synthetic data the mode's sizes, unless ``--train-examples`` / ``--test-examples`` say otherwise."""
+    synthetic = settings.data == "synthetic"
+    n_train = o.train_examples if o.train_examples is not None else (settings.synthetic_train if synthetic else -1)
+    n_test = o.test_examples if o.test_examples is not None else (settings.synthetic_test if synthetic else -1)
+    d = _data.load_cifar10(settings.data, n_train=n_train, n_test=n_test, seed=o.seed, verbose=o.verbose >= 0)
     x, y = _arrays(d.train)
     size = validation_size(len(x), o.validation_examples)
     if size >= len(x):
@@ -263,14 +263,17 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
         keras.config.set_dtype_policy(previous_policy)
     return net, model, schedule, peak
 
-def train(options: Options, *, _t0: float | None = None) -> Result:
-    """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``.
+def train(options: Options, *, settings: CourseSettings | None = None, _t0: float | None = None) -> Result:
+    """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``. What the options
+    leave open comes from ``settings`` (the course's mode: data, replicas, XLA, width cap, synthetic sizes), else from
+    the course config, read once here (:func:`checks.course_settings`).
 
     Raises :class:`OptionsError` for a bad option (or an output folder / resume state to refuse) and
     :class:`course_utils.data.DataSourceError` when the data cannot be loaded (never a silent switch to synthetic
     data). Nothing in ``out`` changes before the options, the resume state and the data have been checked."""
     t0 = time.perf_counter() if _t0 is None else _t0
-    validate(options)
+    settings = settings or course_settings(options)
+    validate(options, settings)
     # One run at a time per folder: a second run into the same --out stops at once, naming the first (two runs there
     # both finished and both said "Done", each with the other's files). The folder made here for the lock is removed
     # again if the run stops before writing anything.
@@ -278,8 +281,8 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
     try:
         os.makedirs(options.out, exist_ok=True)
         with fileguard.folder_lock(options.out, "capstone run"):
-            validate(options)  # again, under the lock: another run may have written there in between
-            return _train(options, t0)
+            validate(options, settings)  # again, under the lock: another run may have written there in between
+            return _train(options, settings, t0)
     except (fileguard.FolderBusy, fileguard.UnsafePath) as exc:
         raise OptionsError(f"--out {options.out!r}: {exc}") from None
     finally:
@@ -290,11 +293,10 @@ def train(options: Options, *, _t0: float | None = None) -> Result:
             os.rmdir(options.out)
 
 
-def _train(options: Options, t0: float) -> Result:
+def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
     # What was asked, with the recipe's defaults: never changed below. What the hardware and the data decide (the
     # global batch, steps_per_execution, the policy, XLA, the width) are values of their own, each with its reason.
     o = resolved(options)
-    source, cpu_replicas = data_and_replicas(o)
     recipe = RECIPES[o.recipe]
     say = print if o.verbose >= 0 else (lambda *a, **k: None)
     run = RunFolder(o.out)
@@ -315,9 +317,8 @@ def _train(options: Options, t0: float) -> Result:
                                     "install: python -m course_utils doctor") from None
     # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
     # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
-    rt = _runtime.detect(cpu_replicas=cpu_replicas)
-    cfg = _config.get()
-    splits = _load_splits(o, source)
+    rt = _runtime.detect(cpu_replicas=settings.cpu_replicas)
+    splits = _load_splits(o, settings)
 
     import keras
     import tensorflow as tf
@@ -352,7 +353,7 @@ def _train(options: Options, t0: float) -> Result:
         raise OptionsError(f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
                            "the float32 schedule counts exactly; use fewer epochs")
     policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
-    jit_compile, xla, jit_why = choose_jit(o, rt.kind, cfg.jit, replicas)
+    jit_compile, xla, jit_why = choose_jit(o, rt.kind, settings.course_jit, replicas)
     spe, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas, steps_per_epoch)
     peak_lr = recipe.peak_learning_rate(batch)
     lr_why = recipe.learning_rate_rule()
@@ -385,7 +386,7 @@ def _train(options: Options, t0: float) -> Result:
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
     auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
     start = start_width(kernels[0] if kernels else None, AUTO_WIDTH) if auto_width else COURSE["width"]
-    width = state.plan.width if state else (o.width or min(start, cfg.sizes.model_width))
+    width = state.plan.width if state else (o.width or min(start, settings.max_width))
     net, model, schedule, peak = build(width)
     if batch > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
         say(f"Note: global batch {batch} > {MAX_LR_SCALING_BATCH}: the linear LR rule gets unreliable here")
@@ -527,7 +528,7 @@ def _train(options: Options, t0: float) -> Result:
         "jit_compile": jit_compile,
         "xla": xla,
         "xla_why": jit_why,
-        "xla_chosen_by": "option" if o.jit is not None else ("COURSE_JIT" if cfg.jit and rt.kind != "TPU" else "trainer"),
+        "xla_chosen_by": "option" if o.jit is not None else ("COURSE_JIT" if settings.course_jit and rt.kind != "TPU" else "trainer"),
         "width": width if recipe.sized_by_width else None,
         "width_trials": plan.width_trials,
         "parameters": int(net.count_params()),

@@ -19,8 +19,9 @@ from ..data import MAX_NPZ_IMAGES
 @dataclasses.dataclass(frozen=True)
 class CourseSettings:
     """What a run takes from the course's mode and settings where its options leave it open. :func:`course_settings`
-    reads them from the course config (``COURSE_*``: what ``prove`` and the notebooks set) once, before the run starts;
-    a caller can pass its own to :func:`trainer.train` instead, and nothing below reads the config again."""
+    reads them from the course config (``COURSE_*``: what ``prove`` and the notebooks set) before the run starts, or
+    takes a caller's (:func:`trainer.train`'s ``settings``); the trainer takes its data, replicas, XLA, width cap and
+    synthetic sizes from here, not from the config. (The runtime's detection still reads ``COURSE_DEVICE``.)"""
 
     data: str  # --data, parsed: "tfds" | "synthetic" | "npz:PATH"
     cpu_replicas: int  # --cpu-replicas
@@ -30,28 +31,33 @@ class CourseSettings:
     synthetic_test: int
 
 
-def course_settings(o: Options, cfg: _config.CourseConfig | None = None) -> CourseSettings:
-    """The run's :class:`CourseSettings`: ``--data`` (parsed) and ``--cpu-replicas`` as given, else the course
-    config's (``COURSE_DATA``, ``COURSE_CPU_REPLICAS``), with its mode's XLA, width and synthetic sizes. The one
-    place the capstone reads the config (:func:`validate` and the trainer); a bad value is an :class:`OptionsError`
-    in the flags' words."""
+def course_settings(o: Options, base: CourseSettings | None = None) -> CourseSettings:
+    """The run's :class:`CourseSettings`: ``--data`` (parsed) and ``--cpu-replicas`` as given, the rest from
+    ``base`` (a caller's), else from the course config (``COURSE_DATA``, ``COURSE_CPU_REPLICAS``, and its mode's XLA,
+    width and synthetic sizes). The one place the capstone reads the config; a bad value is an
+    :class:`OptionsError`, in the flag's words where a flag gave it."""
     if o.cpu_replicas is not None and not is_int(o.cpu_replicas):
         raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
     try:
-        cfg = cfg or _config.get()
-        data = _config.parse_data(o.data) if o.data is not None else cfg.data
+        data = _config.parse_data(o.data) if o.data is not None else None
     except _config.ConfigError as exc:
         raise OptionsError(str(exc).replace("COURSE_DATA=", "--data ")) from None
-    replicas = cfg.cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
+    if base is None:
+        try:
+            cfg = _config.get()
+        except _config.ConfigError as exc:
+            raise OptionsError(str(exc)) from None
+        base = CourseSettings(cfg.data, cfg.cpu_replicas, bool(cfg.jit), cfg.sizes.model_width,
+                              cfg.sizes.train_examples, cfg.sizes.test_examples)
+    replicas = base.cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
     if not 1 <= replicas <= _config.MAX_CPU_REPLICAS:
         raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
-    return CourseSettings(data, replicas, bool(cfg.jit), cfg.sizes.model_width, cfg.sizes.train_examples,
-                          cfg.sizes.test_examples)
+    return dataclasses.replace(base, data=data or base.data, cpu_replicas=replicas)
 
 
-def validate(o: Options, settings: CourseSettings | None = None) -> None:
-    """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written); the
-    course's settings are ``settings``, else read from its config."""
+def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettings:
+    """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written); else
+    return the run's :class:`CourseSettings` (:func:`course_settings`: the options over ``settings`` or the config's)."""
     if o.recipe not in RECIPES:
         raise OptionsError(f"unknown recipe {o.recipe!r}; use --recipe course or --recipe baseline")
     if (o.time_budget is None) == (o.epochs is None):
@@ -102,7 +108,7 @@ def validate(o: Options, settings: CourseSettings | None = None) -> None:
         raise OptionsError(f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
                            f" got {o.validation_examples!r}")
 
-    settings = settings or course_settings(o)
+    settings = course_settings(o, settings)
     data, replicas = settings.data, settings.cpu_replicas
     if data.startswith("npz:"):
         from ..data import file_problem
@@ -142,3 +148,4 @@ def validate(o: Options, settings: CourseSettings | None = None) -> None:
             f"use a multiple of {unit}")
     if o.resume and not os.path.isdir(o.out):
         raise OptionsError(f"--resume: {o.out!r} does not exist; run once without --resume first")
+    return settings

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from .. import fileguard, processes
-from .checks import CourseSettings, course_settings, validate
+from .checks import CourseSettings, validate
 from .models import whitening_kernel
 from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
@@ -266,14 +266,13 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
 def train(options: Options, *, settings: CourseSettings | None = None, _t0: float | None = None) -> Result:
     """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``. What the options
     leave open comes from ``settings`` (the course's mode: data, replicas, XLA, width cap, synthetic sizes), else from
-    the course config, read once here (:func:`checks.course_settings`).
+    the course config, read once before the run (:func:`checks.course_settings`).
 
     Raises :class:`OptionsError` for a bad option (or an output folder / resume state to refuse) and
     :class:`course_utils.data.DataSourceError` when the data cannot be loaded (never a silent switch to synthetic
     data). Nothing in ``out`` changes before the options, the resume state and the data have been checked."""
     t0 = time.perf_counter() if _t0 is None else _t0
-    settings = settings or course_settings(options)
-    validate(options, settings)
+    settings = validate(options, settings)
     # One run at a time per folder: a second run into the same --out stops at once, naming the first (two runs there
     # both finished and both said "Done", each with the other's files). The folder made here for the lock is removed
     # again if the run stops before writing anything.

@@ -337,6 +337,8 @@ def test_train_uses_the_courses_mode_it_is_passed_over_the_config(tmp_path, monk
     assert summary["xla"] is False and summary["xla_chosen_by"] == "trainer", summary  # not COURSE_JIT's
     asked = capstone.course_settings(dataclasses.replace(opts, data="tfds", cpu_replicas=2), settings)
     assert asked == dataclasses.replace(settings, data="tfds", cpu_replicas=2)
+    with pytest.raises(capstone.OptionsError, match="settings must be a capstone.CourseSettings"):
+        capstone.train(opts, settings={"data": "synthetic"})
 
 
 def test_options_defaults_and_lr_rule():

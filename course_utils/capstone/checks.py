@@ -36,6 +36,8 @@ def course_settings(o: Options, base: CourseSettings | None = None) -> CourseSet
     ``base`` (a caller's), else from the course config (``COURSE_DATA``, ``COURSE_CPU_REPLICAS``, and its mode's XLA,
     width and synthetic sizes). The one place the capstone reads the config; a bad value is an
     :class:`OptionsError`, in the flag's words where a flag gave it."""
+    if base is not None and not isinstance(base, CourseSettings):
+        raise OptionsError(f"settings must be a capstone.CourseSettings (or None: the course config's), got {base!r}")
     if o.cpu_replicas is not None and not is_int(o.cpu_replicas):
         raise OptionsError(f"--cpu-replicas must be a whole number, got {o.cpu_replicas!r}")
     try:

@@ -1,12 +1,12 @@
-"""``python -m course_utils prove``: every lesson's claims, measured on this hardware, without Jupyter.
+"""``python -m course_utils prove``: every lesson's claims, measured on this hardware by its executed notebook.
 
-Each lesson's measurements and claims live in code (``course_utils/lessons/<name>/experiments.py``, listed in
-:data:`course_utils.lessons.LESSONS`): ``measure(lab)`` runs what the notebook measures and returns JSON-able
-results, ``claims(results)`` turns them into :class:`report.Claim`s. The notebook calls the same pieces and ends
-with the table ``claims(results)`` builds; this command runs ``measure`` and ``claims`` for each lesson in a fresh
-process (its own TensorFlow, CPU split and settings) — or, with ``--from notebooks``, executes the lesson's
-notebook there (:mod:`course_utils.notebook_run`) and reads the claims its table saved — one lesson after another
-(or ``--jobs`` at a time), and writes
+Each lesson's notebook (listed in :data:`course_utils.lessons.LESSONS`) ends with a table of its claims
+(``report.ClaimsTable`` of its ``experiments.claims(results)``), which saves them where ``COURSE_CLAIMS_DIR`` says.
+This command executes each lesson's notebook top to bottom in a fresh kernel (:mod:`course_utils.notebook_run`),
+in a process of its own with the lesson's settings (mode, CPU split, XLA, stand-in, data), and reads the claims its
+table saved: the card proves the notebook a learner runs. The notebooks come from the checkout, or, installed, from
+the copy the package ships (``course_utils/notebooks``). One lesson after another (or ``--jobs`` at a time); it
+writes
 
 - ``DIR/claims.json`` — every claim (id, lesson, claim, expected, measured, verdict in words and its reason,
   the samples where it came from repeats) and the machine it ran on, in format :data:`FORMAT_VERSION`;
@@ -33,9 +33,9 @@ What it writes, and what it will not do (each refusal is one line and exit statu
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -93,31 +93,6 @@ class UsageError(Exception):
 
 
 # ----------------------------------------------------------------------------------------------
-# What a lesson's measure() gets
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Lab:
-    """What a lesson's ``measure`` runs with: the course config, the runtime (hardware and strategy), and a
-    progress callback for long measurements (``lab.progress("timing 5 rounds")`` prints one line)."""
-
-    cfg: Any
-    runtime: Any
-    progress: Callable[[str], None] = lambda message: None
-
-    @property
-    def sizes(self):
-        return self.cfg.sizes
-
-    @property
-    def jit(self) -> bool:
-        """Compile the measured steps with XLA: asked for (COURSE_JIT=1, ``--jit``), or a TPU (always compiles) — the
-        notebooks' ``runtime.xla``, for the configuration this Lab was given."""
-        return bool(self.cfg.jit or getattr(self.runtime, "kind", "") == "TPU")
-
-
-# ----------------------------------------------------------------------------------------------
 # The machine
 # ----------------------------------------------------------------------------------------------
 
@@ -143,12 +118,15 @@ def _memory_gib() -> float | None:
 
 
 def code_fingerprint() -> str:
-    """A hash of course_utils' own source: a proof is redone when the code that measures changed."""
+    """A hash of course_utils' own source and the lessons' notebooks: a proof is redone when what measures changed."""
     digest = hashlib.sha256()
     root = pathlib.Path(__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
+    for lesson in BY_ID.values():
+        path = lesson_notebook(lesson)
+        digest.update(lesson.notebook.encode() + (path.read_bytes() if path else b"missing"))
     return digest.hexdigest()[:16]
 
 
@@ -183,7 +161,7 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
         **({"jobs": int(os.environ[JOBS_VARIABLE])} if os.environ.get(JOBS_VARIABLE, "1") != "1" else {}),
         "mode": cfg.mode,
         "data": cfg.data,
-        **({"from": "notebooks"} if os.environ.get(FROM_VARIABLE) == "notebooks" else {}),
+        "from": "notebooks",  # the claims come from executed notebooks (course_utils 2026.11.2's cards ran measure())
     }
 
 
@@ -217,25 +195,27 @@ def machine_line(machine: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def checkout_notebook(lesson: Lesson) -> pathlib.Path | None:
-    """The lesson's notebook in the checkout this ``course_utils`` runs from, or None (an installed package: the
-    notebooks are not installed with it)."""
-    path = pathlib.Path(__file__).resolve().parents[1] / lesson.notebook
-    return path if path.is_file() else None
+def lesson_notebook(lesson: Lesson) -> pathlib.Path | None:
+    """The lesson's notebook: in the checkout this ``course_utils`` runs from (``notebooks/``), else the copy an
+    installed package ships (``course_utils/notebooks/``, the same files); None when neither is there."""
+    here = pathlib.Path(__file__).resolve().parent
+    for path in (here.parent / lesson.notebook, here / lesson.notebook):
+        if path.is_file():
+            return path
+    return None
 
 
 def notebook_claims(lesson: Lesson, progress: Callable[[str], None]) -> list[report.Claim]:
-    """``--from notebooks``: execute the lesson's notebook top to bottom in a fresh kernel with this process's
-    settings (mode, shape, replicas, XLA, data: the driver set them) and read the claims its last table saved
-    (``report.ClaimsTable``, ``claims-NN.json``). A notebook that stops, or saves no table, is an error."""
+    """Execute the lesson's notebook top to bottom in a fresh kernel with this process's settings (mode, shape,
+    replicas, XLA, data: the driver set them) and read the claims its last table saved (``report.ClaimsTable``,
+    ``claims-NN.json``). A notebook that stops, or saves no table, is an error."""
     import nbformat
 
     from . import notebook_run
 
-    path = checkout_notebook(lesson)
+    path = lesson_notebook(lesson)
     if path is None:
-        raise FileNotFoundError(f"{lesson.notebook} is not beside this course_utils (prove --from notebooks runs "
-                                "from a checkout of the course's repository)")
+        raise FileNotFoundError(f"{lesson.notebook} is neither in this checkout nor installed with course_utils")
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix=f"prove-{lesson.id}-") as scratch:
         claims_dir, workdir = pathlib.Path(scratch, "claims"), pathlib.Path(scratch, "work")
@@ -261,22 +241,15 @@ def notebook_claims(lesson: Lesson, progress: Callable[[str], None]) -> list[rep
 
 
 def run_lesson(lesson_id: str, out_path: str) -> int:
-    """The child process: measure one lesson here and write ``{lesson, title, claims, seconds}`` to out_path."""
+    """The child process: execute one lesson's notebook here (the driver set its settings in the environment: its
+    CPU replicas or --shape's, the mode, XLA, data) and write ``{lesson, title, claims, seconds}`` to out_path."""
     lesson = BY_ID[lesson_id]
     start = time.perf_counter()
-
-    cfg = _config.get()
-    # the driver set COURSE_CPU_REPLICAS for this lesson (its own replicas, or --shape's): read it, never override it
-    runtime = course_utils.detect(cpu_replicas=cfg.cpu_replicas)
 
     def progress(message: str) -> None:
         print(f"  · {message} ({time.perf_counter() - start:.0f} s)", flush=True)
 
-    if os.environ.get(FROM_VARIABLE) == "notebooks":
-        claims = notebook_claims(lesson, progress)
-    else:
-        module = lesson.experiments
-        claims = module.claims(module.measure(Lab(cfg, runtime, progress)))
+    claims = notebook_claims(lesson, progress)
     for claim in claims:
         claim.lesson = claim.lesson or lesson.id
     problems = report.id_problems(claims, lesson.id)
@@ -289,7 +262,6 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
 
 
 SHAPE_VARIABLE = "COURSE_PROVE_SHAPE"  # prove's --shape, for the machine description its child writes
-FROM_VARIABLE = "COURSE_PROVE_FROM"  # prove's --from: "notebooks" executes each lesson's notebook
 JOBS_VARIABLE = "COURSE_PROVE_JOBS"  # prove's --jobs, likewise
 CPUS_VARIABLE = "COURSE_PROVE_CPUS"  # the cores a lesson's process is pinned to under --jobs ("0,1"), before TensorFlow
 
@@ -327,7 +299,6 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
         env["COURSE_DATA"] = args.data
     env["COURSE_CPU_REPLICAS"] = str(shape["replicas"] if shape else lesson.cpu_replicas if lesson else 1)
     env[SHAPE_VARIABLE] = getattr(args, "shape", None) or ""
-    env[FROM_VARIABLE] = getattr(args, "source", "code")
     if shape:
         env["COURSE_STANDIN"] = shape["standin"]
     else:
@@ -557,9 +528,11 @@ def writable_problem(folder: pathlib.Path) -> str | None:
 
 
 MODES_HELP = """modes:
-  smoke  (the default) tiny sizes on synthetic data, offline: seconds per lesson.
-  full   the lessons' real sizes: about 20 minutes or more for all eight on 2 CPU cores, on real CIFAR-10
-         downloaded from the internet (tensorflow-datasets) unless --data says otherwise.
+  smoke  (the default) tiny sizes on synthetic data, offline: under 90 s per notebook, about 7 minutes for all eight
+         on 2 CPU cores.
+  full   the lessons' real sizes: about 30 minutes for all eight on 2 CPU cores on synthetic data, and about 16 more
+         on real CIFAR-10 (lesson 06's sweep and ablation train on real images only), downloaded from the internet
+         (tensorflow-datasets) unless --data says otherwise.
   Without --mode: smoke, unless COURSE_SMOKE is set (COURSE_SMOKE=0: full)."""
 
 
@@ -590,8 +563,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lessons", nargs="+", metavar="NN", help="lessons to prove (default: all): 02 05 …")
     parser.add_argument("--mode", choices=("smoke", "full"), default=None,
-                        help="smoke (default: seconds per lesson, synthetic data) or full (~20+ minutes on 2 cores, "
-                             "real CIFAR-10 unless --data); see below")
+                        help="smoke (default: a minute or so per lesson, synthetic data) or full (~30+ minutes on 2 "
+                             "cores, real CIFAR-10 unless --data); see below")
     parser.add_argument("--jit", action="store_true", help="compile the measured steps with XLA, as a TPU does")
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
                         help="run every lesson in a shape learners run, emulated on this CPU: " + "; ".join(
@@ -607,9 +580,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="measure N lessons at a time, each pinned to its own equal share of the cores (Linux; "
                              "default 1: one lesson at a time on every core). The claims then hold for that share: "
                              "--jobs 2 on 2 cores proves every lesson on one core")
-    parser.add_argument("--from", dest="source", choices=("code", "notebooks"), default="code",
-                        help="code (default): each lesson's measure() and claims(), no Jupyter; notebooks: execute each "
-                             "lesson's notebook (from a checkout) and read the claims its last table saved")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="seconds one lesson may take (default: 900 in smoke mode, 3600 in full)")
     args = parser.parse_args(argv)
@@ -622,17 +592,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if lesson_id not in lessons:
             lessons.append(lesson_id)
     args.lessons = lessons
-    if args.source == "notebooks":
-        missing = [BY_ID[i].notebook for i in lessons if checkout_notebook(BY_ID[i]) is None]
-        if missing:
-            raise UsageError(f"--from notebooks runs the lessons' notebooks, which are not beside this course_utils "
-                             f"({', '.join(missing)}): run it from a checkout of the course's repository")
-        try:
-            import nbclient  # noqa: F401
-            import nbformat  # noqa: F401
-        except ImportError as err:
-            raise UsageError(f"--from notebooks needs nbclient and nbformat ({err.name} is missing): "
-                             "pip install -r requirements.txt") from None
+    missing = [BY_ID[i].notebook for i in lessons if lesson_notebook(BY_ID[i]) is None]
+    if missing:
+        raise UsageError(f"prove executes the lessons' notebooks, and {', '.join(missing)} is neither in this "
+                         "checkout nor installed with course_utils: reinstall course_utils, or run from a checkout")
+    absent = [name for name in ("nbclient", "nbformat", "ipykernel") if importlib.util.find_spec(name) is None]
+    if absent:
+        raise UsageError(f"prove executes the lessons' notebooks and needs nbclient, nbformat and ipykernel "
+                         f"({', '.join(absent)} missing): pip install -r requirements.txt, or "
+                         "pip install 'course_utils[notebook]'")
     # XLA: --jit, --shape tpu, or COURSE_JIT=1 in the environment (as the notebooks read it)
     args.jit = bool(args.jit or _config.get().jit)
     if args.mode is None:  # smoke, unless the environment asks (COURSE_SMOKE=1 or 0, as the notebooks read it)
@@ -744,6 +712,7 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
                                  "away (it keeps the lessons proved so far) to start a new one")
     if data is None:
         data = {"format": FORMAT_VERSION, "machine": machine, "fingerprint": fingerprint(machine), "lessons": {}}
+        _save(args, data)  # the machine, at once: the card names where it runs before the first lesson ends
 
     todo = []
     for lesson_id in args.lessons:

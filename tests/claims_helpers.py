@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import inspect
 import json
 import pathlib
 
@@ -27,34 +26,6 @@ def notebook_prose(notebook: str) -> str:
     """The notebook's markdown cells, joined (what a learner reads)."""
     nb = json.loads((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))
     return "\n".join("".join(cell["source"]) for cell in nb["cells"] if cell["cell_type"] == "markdown")
-
-
-def measure_keys(module) -> set[str]:
-    """The top-level keys ``module.measure`` puts in the dict it returns: its literal, ``out["key"] = ...`` (also in
-    tuple targets) and ``out.update(key=...)``."""
-    tree = ast.parse(inspect.getsource(module.measure))
-    returned = next(n.value.id for n in ast.walk(tree) if isinstance(n, ast.Return))
-    keys: set[str] = set()
-
-    def target_key(t):
-        if isinstance(t, ast.Subscript) and getattr(t.value, "id", None) == returned \
-                and isinstance(t.slice, ast.Constant):
-            keys.add(t.slice.value)
-        elif isinstance(t, ast.Tuple):
-            for e in t.elts:
-                target_key(e)
-
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if getattr(t, "id", None) == returned and isinstance(node.value, ast.Dict):
-                    keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-                target_key(t)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update"
-                and getattr(node.func.value, "id", None) == returned):
-            keys |= {kw.arg for kw in node.keywords if kw.arg}
-    return keys
 
 
 class Recording(dict):

@@ -12,13 +12,10 @@ import ast
 import dataclasses
 import json
 import pathlib
-import types
-
-import pytest
 
 from claims_helpers import Recording, claim_by_id, notebook_dict_keys, notebook_prose
 
-from course_utils import config, proof, report
+from course_utils import report
 from course_utils.lessons.mixed_precision import experiments as precision
 from course_utils.lessons.tpu_initialization import experiments as tpu_exp
 from course_utils.memory import PeakMemory
@@ -244,53 +241,9 @@ def test_lesson_03_compile_claim_fails_where_compile_would_wrap_a_per_layer_mode
         assert claim.holds is False, case
 
 
-def test_notebook_03_hands_claims_what_measure_returns():
+def test_the_hand_made_results_of_lesson_03_have_the_notebooks_keys():
     assert notebook_dict_keys("03_mixed_precision.ipynb", "results") == set(_results_03())
 
 
-def test_notebook_03_softmax_variants_are_the_ones_prove_measures():
+def test_notebook_03_softmax_variants_are_the_ones_its_claims_name():
     assert _assigned_literal("03_mixed_precision.ipynb", "variants") == precision.SOFTMAX_VARIANTS
-
-
-@pytest.mark.parametrize("jit", [False, True])
-def test_lesson_03_measure_returns_the_notebooks_keys_and_honours_lab_jit(monkeypatch, jit):
-    """measure(lab) with the isolated peaks and the timing replaced by stand-ins: the same keys as the notebook's
-    results, and every §4 step built with jit_compile = lab.jit (as the notebook does with COURSE_JIT)."""
-    import course_utils
-    from course_utils import timing
-    from course_utils.lessons.bfloat16_conversion import experiments as conversion
-
-    asked = {"peaks": [], "steps": []}
-
-    def fake_peaks(strategy, policies, repeats=3, **kwargs):
-        asked["peaks"].append(kwargs["jit"])
-        return _peaks()
-
-    def fake_step(policy, **kwargs):
-        asked["steps"].append(kwargs["jit"])
-
-        def step():
-            return None
-
-        step.xla = "the whole step" if kwargs["jit"] else "none"  # what training_step says it compiled
-        return step
-
-    monkeypatch.setattr(precision, "training_step_peaks", fake_peaks)
-    monkeypatch.setattr(precision, "training_step", fake_step)
-    monkeypatch.setattr(timing, "speedup_samples", lambda *a, **k: report.Samples([1.0, 1.0]))
-    monkeypatch.setattr(conversion, "xla_convolution_dtypes", lambda *a, **k: ["f32"])
-    cfg = dataclasses.replace(config.load({"COURSE_SMOKE": "1"}), jit=jit)
-    runtime = course_utils.detect()
-    lines = []
-    results = precision.measure(proof.Lab(cfg, runtime, lines.append))
-    assert set(results) == set(_results_03())
-    assert results["jit"] is jit and asked["peaks"] == [jit] and asked["steps"] == [jit, jit]
-    assert results["xla_upcasts"] is (jit and runtime.kind == "CPU")
-    assert results["step_xla"] == ("the whole step" if jit else "none")
-    assert len(lines) == 3 and any(("with XLA" if jit else "without XLA") in line for line in lines)
-    assert len(precision.claims(results)) == 13
-
-
-def test_lab_jit_is_true_on_a_tpu_even_without_course_jit():
-    lab = proof.Lab(config.load({"COURSE_SMOKE": "1"}), types.SimpleNamespace(kind="TPU"))
-    assert lab.jit is True

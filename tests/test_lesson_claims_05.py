@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from claims_helpers import claim_by_id as _claim, measure_keys, notebook_dict_keys
+from claims_helpers import claim_by_id as _claim, notebook_dict_keys
 
 from course_utils import report
 from course_utils.lessons.gradient_accumulation import experiments as exp
@@ -63,10 +63,8 @@ def _verdict(results, claim_id):
     return _claim(exp.claims(results), claim_id).holds
 
 
-def test_the_notebook_and_measure_hand_claims_the_same_keys():
-    popular = {"sgd", "adam_ratio"}  # measure() takes these from popular_loop_effect's dict (out.update(...))
-    assert notebook_dict_keys("05_gradient_accumulation.ipynb", "results") == measure_keys(exp) | popular \
-        == set(_results())
+def test_the_hand_made_results_of_lesson_05_have_the_notebooks_keys():
+    assert notebook_dict_keys("05_gradient_accumulation.ipynb", "results") == set(_results())
 
 
 def test_a_correct_run_holds_everywhere_and_every_claim_is_lesson_05():

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from course_utils import lessons
+
 ROOT = Path(__file__).resolve().parents[1]
 TF_FAMILY = {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly", "keras", "tf-keras"}
 # What the tests and the maintainers need and a learner does not: requirements-dev.txt, never requirements.txt.
@@ -96,6 +98,18 @@ def test_the_wheel_ships_every_module_including_the_lessons(tmp_path):
                 for p in (ROOT / "course_utils").rglob(pattern)}
     assert expected - shipped == set(), f"missing from the wheel: {sorted(expected - shipped)}"
     assert not [n for n in names if n.startswith("devtools/")], "the maintainer tools ship in the learners' wheel"
+    # the lessons' notebooks, as course_utils/notebooks: an installed prove executes them, found there
+    notebooks = {p.name: p.read_bytes() for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert {n: zipfile.ZipFile(wheel).read(f"course_utils/notebooks/{n}") for n in notebooks} == notebooks
+    installed = tmp_path / "installed"
+    zipfile.ZipFile(wheel).extractall(installed)
+    found = subprocess.run([sys.executable, "-c", "from course_utils import lessons, proof; "
+                            "print('\\n'.join(str(proof.lesson_notebook(l)) for l in lessons.LESSONS))"],
+                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed)}, capture_output=True,
+                           text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == [str(installed / "course_utils" / lesson.notebook)
+                                    for lesson in lessons.LESSONS], found.stdout
     # PEP 639: the licence files in .dist-info/licenses/, named in METADATA, as they are in the checkout
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     dist_info = metadata.rsplit("/", 1)[0]

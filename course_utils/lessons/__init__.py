@@ -24,8 +24,8 @@ MANIFEST = "lesson.toml"
 @dataclasses.dataclass(frozen=True)
 class Lesson:
     """One lesson, as its manifest declares it: its number (``"05"``), title, time and what it measures; the package
-    (``module.experiments`` has ``measure(lab)`` and ``claims(results)``, ``module.exercises`` its bank); and how it is
-    run."""
+    (``module.experiments`` has ``claims(results)``, the table its notebook ends with; ``module.exercises`` its bank);
+    and how it is run."""
 
     id: str
     title: str

@@ -332,7 +332,7 @@ def remat_scope_modes() -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# The lesson's claims: claims() turns what the notebook measured into the table
 # ----------------------------------------------------------------------------------------------
 
 TECHNIQUES = {  # the block net's switches, one technique each (§1 measures them all, without and with XLA)
@@ -497,62 +497,6 @@ def chunked_loss_difference(rows: int, classes: int, chunks: int = 4, dim: int =
     return max(float(tf.reduce_max(tf.abs(a - b))) for a, b in zip(results[0], results[chunks]))
 
 
-def measure(lab) -> dict:
-    """Everything lesson 07's claims need, measured the way the notebook measures it: every step without XLA and
-    with it, whatever ``lab.jit`` says (the lesson compares both). The notebook computes the same entries section by
-    section and passes them to :func:`claims`."""
-    from ... import data, memory
-
-    sizes, cfg = lab.sizes, lab.cfg
-    net = dict(width=sizes.block_width, depth=sizes.block_depth, tokens=sizes.block_tokens)
-    batch, rounds = sizes.block_batch, sizes.isolated_rounds
-    out: dict = {"batch": batch, "data": cfg.data}
-    model = block_net(**net)
-    out["estimates"] = {b: memory.estimate_training_memory(model, b, optimizer="adam") for b in (batch, 2 * batch)}
-    lab.progress(f"peak and time of every technique, without and with XLA, each in a fresh process ({rounds} rounds)")
-    variants = {"plain": dict(batch=batch, **net), "plain, 2·B": dict(batch=2 * batch, **net)}
-    variants |= {name: dict(batch=batch, **net, **switches) for name, switches in TECHNIQUES.items()}
-    isolated = memory.measure_isolated(make_block_net_step, {k: dict(v, jit="both") for k, v in variants.items()},
-                                       parallel=2, time_rounds=rounds, time_repeats=2, time_baseline="plain",
-                                       time_labels=list(TECHNIQUES))
-    out["peaks"], out["time_ratios"] = isolated.peaks, isolated.time_ratios
-    lab.progress("RematScope modes, gradients, few-bit GELU fidelity")
-    out["modes"] = remat_scope_modes()
-    out["diffs"] = gradient_differences(TECHNIQUES, **net)
-    out["diffs_xla"] = gradient_differences({"recompute blocks": TECHNIQUES["recompute blocks"]}, jit=True, **net)
-    out["fidelity"] = few_bit_fidelity()
-    lab.progress("training the CNN with exact and with 2-bit GELU")
-    gelu_data = data.load_cifar10(n_train=sizes.gelu_train_examples, n_test=sizes.gelu_test_examples)
-    out["seeds"], epochs = gelu_plan(sizes, gelu_data.source, cfg.seed)
-    out["last"] = min(3, epochs)
-    out["gelu_final"] = {}
-    for seed in out["seeds"]:
-        for activation in ("exact", "few_bit"):
-            curve = train_gelu_cnn(gelu_data.train, gelu_data.test, activation=activation, bits=2,
-                                   epochs=epochs, width=sizes.gelu_width, seed=seed, stages=sizes.gelu_stages)
-            out["gelu_final"][(activation, seed)] = float(np.mean(curve["test_accuracy"][-out["last"]:]))
-    lab.progress("output-saving LayerNorm and chunked logits")
-    out["ln_peaks"] = memory.measure_peaks_isolated(
-        make_layer_norm_stack_steps, {"Keras LayerNorm": dict(norm="keras", batch=batch * 4),
-                                      "output-saving": dict(norm="output_saving", batch=batch * 4)}, parallel=2,
-        processes=sizes.isolated_processes)
-    out["chunk_diff"] = chunked_loss_difference(sizes.logits_rows, sizes.logits_classes)
-    ce = memory.measure_isolated(make_cross_entropy_steps,
-                                 {"whole logits": dict(chunks=0, rows=sizes.logits_rows, classes=sizes.logits_classes),
-                                  "4 chunks": dict(chunks=4, rows=sizes.logits_rows, classes=sizes.logits_classes)},
-                                 parallel=2, time_rounds=rounds, time_repeats=3, time_baseline="whole logits")
-    out["ce_peaks"] = ce.peaks
-    lab.progress("optimizer state, and the memory profile of a plain and a recomputing step")
-    out["optimizer_state"] = optimizer_state(**net)
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="course-07-profile-") as folder:
-        profiles, out["no_profile"] = profiled_steps(folder, batch, net)
-    out["profile_peaks"] = {name: tensor_bytes_at_peak(p) for name, p in profiles.items()}
-    out["wide_share"] = {name: wide_share(p, net["width"]) for name, p in profiles.items()}
-    return out
-
-
 SYNTHETIC_GELU_EPOCHS = 5  # synthetic images are learned to ~99% within a few epochs: more shows nothing new
 
 
@@ -622,7 +566,7 @@ MEASURED_BY = {
 
 
 def claims(r: dict) -> list:
-    """Lesson 07's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    """Lesson 07's claims from the notebook's results."""
     peaks, estimates, batch = r["peaks"], r["estimates"], r["batch"]
     time_ratios = {jit: {name: r["time_ratios"][name + ("|xla" if jit else "")] for name in TECHNIQUES}
                    for jit in (False, True)}

@@ -1,5 +1,5 @@
 """Lesson 02 · bfloat16 conversion (``notebooks/02_bfloat16_conversion.ipynb``): ``experiments`` (what the notebook
-measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+measures, and ``claims(results)``, the table its last cell shows) and ``exercises`` (its bank)."""
 
 from .._parts import on_first_use
 

@@ -70,7 +70,7 @@ def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int 
 
 
 # ----------------------------------------------------------------------------------------------
-# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# The lesson's claims: claims() turns what the notebook measured into the table
 # ----------------------------------------------------------------------------------------------
 
 POLICIES = ("float32", "bfloat16", "mixed_bfloat16")
@@ -211,76 +211,6 @@ def inference_agreement(model, model_bf16, x_test, y_test) -> dict:
             "max_prob_diff": float(np.max(np.abs(p16.astype(np.float32) - p32)))}
 
 
-def measure(lab) -> dict:
-    """Everything lesson 02's claims need, measured the way the notebook measures it. The notebook computes
-    the same entries section by section and passes them to :func:`claims`."""
-    import os
-    import tempfile
-
-    sizes, strategy, seed = lab.sizes, lab.runtime.strategy, lab.cfg.seed
-    out: dict = {"jit": lab.jit, **format_facts()}
-    out["dtype_at_construction"] = {(c, b): dense_dtype(c, b) for c, b in (("float32", "bfloat16"),
-                                                                            ("bfloat16", "float32"))}
-
-    def build(policy):
-        with strategy.scope():
-            return models.build_under_policy(policy, width=sizes.model_width, num_classes=sizes.num_classes)
-
-    out["param_bytes"] = {p: memory.variable_bytes(build(p)).total for p in POLICIES}
-    lab.progress("forward-pass peak per policy, each in a fresh process")
-    out["peaks"] = memory.measure_peaks_isolated(
-        forward_step, {p: dict(policy=p, width=sizes.model_width, batch=256, jit=lab.jit, seed=seed) for p in POLICIES})
-    out["conv_dtypes"] = xla_convolution_dtypes("bfloat16", width=sizes.model_width)
-
-    lab.progress("training the float32 model, converting it")
-    (x_train, y_train), (x_test, y_test) = data.synthetic_cifar(sizes.train_examples, sizes.test_examples, seed=seed)
-    keras.utils.set_random_seed(seed)
-    model = build("float32")
-    with strategy.scope():
-        model.compile(optimizer=keras.optimizers.Adam(2e-3), loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"])
-    model.fit(x_train, y_train, batch_size=sizes.per_replica_batch * strategy.num_replicas_in_sync,
-              epochs=sizes.epochs, verbose=0)
-    out["f32_acc"] = float(model.evaluate(x_test, y_test, verbose=0)[1])
-
-    def convert(model, policy):
-        new_model = build(policy)
-        new_model.set_weights(model.get_weights())
-        return new_model
-
-    model_bf16 = convert(model, "bfloat16")
-    out["weights_equal_cast"] = weights_equal_cast(model, model_bf16)
-
-    path = os.path.join(tempfile.mkdtemp(), "small_cnn_float32.keras")
-    model.save(path)
-    file_models = convert_saved_file(path, strategy)
-    loaded, cloned, from_file = file_models["loaded"], file_models["cloned"], file_models["from_file"]
-    out["loaded_dtypes"] = sorted({w.dtype for w in loaded.weights} | {w.dtype for w in cloned.weights})
-    out["file_dtypes"] = sorted({w.dtype for w in from_file.weights})
-    out["file_same_predictions"] = bool(np.array_equal(from_file.predict(x_test[:256], verbose=0),
-                                                       model_bf16.predict(x_test[:256], verbose=0)))
-    out["kernel_setter"] = kernel_setter_error(convert(model, "float32"))
-
-    lab.progress("the private-kernel trap, one optimizer step per policy, inference")
-    victim = convert(model, "float32")
-    with strategy.scope():
-        victim.compile(optimizer=keras.optimizers.Adam(2e-3), loss="sparse_categorical_crossentropy")
-    trap = private_kernel_trap(victim, x_train[:256], y_train[:256])
-    out["warned"] = bool(trap["warnings"])
-    out["changed_kernel"], out["changed_bias"] = trap["changed"][trap["kernel"]], trap["changed"][trap["bias"]]
-
-    x_step, y_step = tf.constant(x_train[:64]), tf.constant(y_train[:64])
-    optimizers = {"SGD(0.01)": lambda: keras.optimizers.SGD(0.01), "Adam(1e-3)": lambda: keras.optimizers.Adam(1e-3)}
-    steps = {(p, o): fraction_changed(model, p, make, x_step, y_step, convert, strategy)
-             for p in POLICIES for o, make in optimizers.items()}
-    out["changed"] = {key: r[0] for key, r in steps.items()}
-    out["zero_grad_f32"] = steps["float32", "SGD(0.01)"][1]
-    out["beta_2_in_bf16"] = float(tf.cast(0.999, tf.bfloat16))
-    inference = inference_agreement(model, model_bf16, x_test, y_test)
-    out["bf16_acc"], out["agreement"] = inference["bf16_acc"], inference["agreement"]
-    return out
-
-
 # Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
 # The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
 # measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
@@ -308,7 +238,7 @@ MEASURED_BY = {
 
 
 def claims(r: dict) -> list:
-    """Lesson 02's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    """Lesson 02's claims from the notebook's results."""
     import math
 
     values, as16, asbf = ([float(v) for v in r[key]] for key in ("values", "as16", "asbf"))  # arrays or lists

@@ -1,6 +1,6 @@
-"""Lesson 06's claims: :func:`measure` runs what the capstone notebook measures (the baseline and course recipes
-under one budget, short runs per precision policy and XLA setting in fresh processes, a run killed and resumed on
-the command line) and :func:`claims` turns the results into the lesson's table. The trainer itself is
+"""Lesson 06's experiments and claims: what the capstone notebook runs beside the trainer (the accuracy-against-budget
+sweep, short runs per precision policy and XLA setting in fresh processes, a run killed and resumed on the command
+line), and :func:`claims`, which turns the notebook's results into the lesson's table. The trainer itself is
 :mod:`course_utils.capstone`."""
 
 from __future__ import annotations
@@ -278,51 +278,6 @@ def _pairwise(runs: dict, top: str, bottom: str, key: str) -> list[float]:
     return [a[key] / b[key] for a, b in zip(runs[top], runs[bottom])]
 
 
-def measure(lab) -> dict:
-    """Everything lesson 06's claims need, measured the way the notebook measures it (``lab``: a
-    :class:`course_utils.proof.Lab` — config, runtime and progress lines), with one progress line per training run:
-
-    - §2: the baseline and the course recipe, each for the config's budget (``sizes.capstone_budget_s``: 2 minutes
-      in full mode) — their summaries and per-epoch histories;
-    - §2's sweep: on real images both recipes at ``sizes.capstone_sweep_budgets`` (:func:`budget_sweep`), on
-      synthetic images §2's two runs only;
-    - §5: :func:`precision_runs` of :func:`precision_variants` (``sizes.capstone_precision_repeats`` fresh processes
-      each), without the notebook's TensorBoard profile: no claim reads the profile (§7);
-    - §6: the command line killed after its first epoch and resumed.
-
-    The ablation runs of §4 are skipped: no claim reads them (the TTA claim comes from the course run of §2,
-    which reports its accuracy with and without TTA), and each would cost one more budget. Runs write to a
-    temporary folder, removed at the end. The notebook passes its own runs to :func:`claims` under the same keys."""
-    import shutil
-    import tempfile
-
-    sizes, budget = lab.sizes, lab.sizes.capstone_budget_s
-    out_dir = tempfile.mkdtemp(prefix="course-06-")
-    r: dict = {"budget_s": budget, "data": lab.cfg.data, "kind": lab.runtime.kind, "summary": {}, "history": {}}
-    try:
-        for recipe in RECIPES:
-            lab.progress(f"§2 the {recipe} recipe, {budget:g} s budget")
-            run = capstone.train(capstone.Options(recipe=recipe, time_budget=budget, out=f"{out_dir}/{recipe}",
-                                                  verbose=-1))
-            r["summary"][recipe], r["history"][recipe] = run.summary, run.history
-        done = {recipe: {budget: s} for recipe, s in r["summary"].items()}
-        # the sweep trains on real images only: accuracy on synthetic ones says nothing about CIFAR-10
-        r["sweep"] = done if lab.cfg.data == "synthetic" else budget_sweep(
-            sizes.capstone_sweep_budgets, f"{out_dir}/sweep", done=done,
-            progress=lambda line: lab.progress(f"§2 sweep: {line}"))
-
-        variants = precision_variants(r["summary"]["course"], lab.runtime.kind)
-        r["precision"] = precision_runs(lab.cfg.data, variants, sizes.capstone_precision_repeats,
-                                        sizes.capstone_short_run_examples,
-                                        f"{out_dir}/precision", progress=lab.progress)
-
-        lab.progress("§6 the command line killed after its first epoch, then resumed")
-        r["resume"] = kill_and_resume(lab.cfg.data, f"{out_dir}/cli", sizes.capstone_short_run_examples)
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    return r
-
-
 def _longest_epoch(history: list[dict]) -> float:
     """The longest epoch of a run, as the budget sees it: wall time from one epoch's end to the next (what happens
     between epochs included), the first epoch's own time."""
@@ -396,7 +351,7 @@ LEAD_MIN_UPDATES = 550
 
 
 def claims(r: dict) -> list:
-    """Lesson 06's claims from :func:`measure`'s results (or the notebook's, under the same keys): ``summary`` and
+    """Lesson 06's claims from the notebook's results: ``summary`` and
     ``history`` map each recipe to its run's summary and per-epoch history; ``precision`` maps each variant of §5
     to its runs' summaries (:func:`precision_runs`)."""
     from ... import report

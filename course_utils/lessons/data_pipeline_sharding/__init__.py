@@ -1,5 +1,5 @@
-"""Lesson 04 · Data pipelines and sharding (``notebooks/04_data_pipeline_sharding.ipynb``): ``experiments`` (what the
-notebook measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+"""Lesson 04 · Data pipelines and sharding (``notebooks/04_data_pipeline_sharding.ipynb``): ``experiments`` (what
+the notebook measures, and ``claims(results)``, the table its last cell shows) and ``exercises`` (its bank)."""
 
 from .._parts import on_first_use
 

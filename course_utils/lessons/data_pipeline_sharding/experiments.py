@@ -8,8 +8,7 @@
   (an unseeded shuffle before ``shard`` against the two fixes), drawn by :func:`plot_worker_ids`;
 * speed: :func:`interleaved_times` (several variants timed in interleaved rounds), :func:`input_bound_check`,
   :func:`simulated_accelerator` (a training loop whose step runs "elsewhere", as on a TPU), :func:`plot_speedups`;
-* the lesson's claims: :func:`measure` (everything the claims need, measured as the notebook measures it) and
-  :func:`claims` (the table, from those results or the notebook's own).
+* the lesson's claims: :func:`claims` (the table, from the notebook's results).
 
 The tools themselves (loading, ``build_pipeline``, ``distribute``, TFRecords) are in :mod:`course_utils.data`.
 """
@@ -27,10 +26,9 @@ import tensorflow as tf
 from ...data import APIS, distribute, tfrecord_dataset
 from ...profiler import INPUT_BOUND_ABOVE
 from ...report import Samples
-from ...runtime import fit_jit_compile, usable_cores
+from ...runtime import usable_cores  # noqa: F401 - the notebook's exp.usable_cores (§4)
 from ... import data, models, profiler, report
 from ...data import augment, augment_batch, parse_record, to_float
-from ...runtime import run_with_replicas
 from ...timing import time_fn
 
 # ----------------------------------------------------------------------------------------------
@@ -778,10 +776,9 @@ def plot_speedups(speedups: dict[str, Samples], title: str = ""):
 
 
 # ----------------------------------------------------------------------------------------------
-# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# The lesson's claims: claims() turns what the notebook measured into the table
 # ----------------------------------------------------------------------------------------------
 
-N_PER_EXECUTION = 4  # §7: the steps_per_execution compared with 1 (the notebook's N)
 # §7: the small CNN's speed-up a claim of a gain asks for. On a CPU it measures about 1x (medians 1.01-1.08x, middle
 # halves reaching 1.16x at most in six proves of unchanged code on a 2-core CPU, with and without XLA): against 1.0x
 # its verdict flipped between "holds" and "inconclusive" from run to run. The guides promise a large gain on a TPU.
@@ -924,187 +921,6 @@ def steps_per_execution_auto() -> str:
         return type(e).__name__
 
 
-def measure(lab) -> dict:
-    """Everything lesson 04's claims need, measured the way the notebook measures it (``lab``: a
-    :class:`course_utils.proof.Lab` — config, runtime and progress lines), section by section with the notebook's
-    sizes and calls. The notebook computes the same entries in its cells, calling the same functions of this module,
-    and passes them to :func:`claims`."""
-    import statistics
-    import tempfile
-
-    from ... import data, models
-
-    cfg, sizes, runtime = lab.cfg, lab.sizes, lab.runtime
-    strategy = runtime.strategy
-    replicas = strategy.num_replicas_in_sync
-    rounds = min(sizes.timing_repeats, 10)
-    N = N_PER_EXECUTION
-    out: dict = {"replicas": replicas, "kind": runtime.kind, "xla_label": "with XLA" if lab.jit else "without XLA",
-                 "N": N}
-
-    # §1: one element spec for every source; a failed download is an error naming the offline options
-    lab.progress("§1 loading CIFAR-10, an .npz round trip, a simulated failed download")
-    cifar = data.load_cifar10()
-    npz_dir = tempfile.mkdtemp()
-    train_arrays, test_arrays = data.to_numpy(cifar.train.take(64)), data.to_numpy(cifar.test.take(16))
-    npz_path = data.write_npz(f"{npz_dir}/cifar10_small.npz", train_arrays, test_arrays)
-    from_npz = data.load_cifar10(f"npz:{npz_path}")
-    out["same_spec"] = from_npz.element_spec == cifar.element_spec
-    out["download_error"] = simulated_download_error()
-
-    # §2: naive vs tuned pipeline on PNG-encoded images, interleaved rounds; the order of cache and shuffle
-    per_replica_batch = sizes.per_replica_batch
-    global_batch = per_replica_batch * replicas
-    out.update(per_replica_batch=per_replica_batch, global_batch=global_batch)
-    timed_examples = min(sizes.train_examples, 32 * per_replica_batch)
-    lab.progress(f"§2 naive vs tuned pipeline, {rounds} interleaved rounds of {timed_examples} PNG images")
-    encoded = data.encode_png(cifar.train.take(timed_examples)).cache()
-    list(encoded)  # encode once, before timing
-    naive = data.build_pipeline(encoded, global_batch, decode=data.decode_png, parallel=False, cache=False,
-                                prefetch=False, seed=cfg.seed)
-    tuned = data.build_pipeline(encoded, global_batch, decode=data.decode_png, seed=cfg.seed)
-    pipe_times = interleaved_times({"naive": lambda: drain(naive), "tuned": lambda: drain(tuned)}, rounds=rounds)
-    out["pipeline_speedup"] = ratio_samples(pipe_times, "naive", "tuned").values
-
-    frozen, fresh = cache_order_rows(cifar.train, per_replica_batch)
-    out["order_frozen"] = frozen["same order both epochs"] and frozen["same pixels both epochs"]
-    out["order_fresh"] = not (fresh["same order both epochs"] or fresh["same pixels both epochs"])
-    out["shuffle_mixing"] = shuffle_mixing(seed=cfg.seed)
-    out["buffer_memory"] = shuffle_buffer_memory(encoded, timed_examples, seed=cfg.seed)
-
-    # §2: reading many files (interleave, deterministic=False); batch before map
-    lab.progress(f"§2 8 files read one at a time or interleaved (local, simulated bucket), deterministic=False, "
-                 f"batch before map, {rounds} rounds each")
-    read_files = data.write_tfrecords(f"{tempfile.mkdtemp()}/eight", cifar.train.take(min(timed_examples, 1024)),
-                                      num_files=8)
-    reads = read_pipelines(read_files, global_batch)
-    read_times = interleaved_times({name: (lambda ds=ds: drain(ds)) for name, ds in reads.items()}, rounds=rounds)
-    out["read_speedups"] = {"local files": ratio_samples(read_times, *READ_CASES[:2]).values,
-                            "bucket": ratio_samples(read_times, *READ_CASES[2:]).values}
-    tail = tail_latency_pipelines(read_files, global_batch, cycle_length=8)
-    tail_times = interleaved_times({flag: (lambda ds=ds: drain(ds)) for flag, ds in tail.items()}, rounds=rounds)
-    out["nondeterministic_speedup"] = ratio_samples(tail_times, True, False).values
-    arrived = {flag: arrival_ids(ds) for flag, ds in tail.items()}
-    out["order_moved"] = int((arrived[True] != arrived[False]).sum())
-    out["fused_moved"] = fused_map_order()
-    cached_images = cifar.train.take(timed_examples).cache()
-    list(cached_images)  # fill the cache before timing
-    placements = map_placement_pipelines(cached_images, global_batch)
-    map_times = interleaved_times({name: (lambda ds=ds: drain(ds)) for name, ds in placements.items()}, rounds=rounds)
-    out["vectorized_speedup"] = ratio_samples(map_times, *MAP_CASES).values
-    out["usable_cores"] = usable_cores()
-    out["crops"] = {CROP_CASES[0]: distinct_crops(data.augment_batch, per_replica_batch),
-                    CROP_CASES[1]: distinct_crops(augment_batch_one_crop, per_replica_batch)}
-
-    # §3: the shapes each replica gets from both APIs; the per-replica-batch mistake
-    lab.progress("§3 both distribution APIs, the per-replica batching mistake; §4 every example once")
-    ids = tf.data.Dataset.range(10 * global_batch)
-    out["shape_rows"] = [{"API": api, "global batch": global_batch,
-                          "per-replica shapes": local_shapes(strategy, next(iter(data.distribute(strategy, ids,
-                                                                                                 global_batch, api))))}
-                         for api in APIS]
-    first = next(iter(strategy.experimental_distribute_dataset(ids.batch(per_replica_batch))))
-    out["real_global"] = sum(s[0] for s in local_shapes(strategy, first))
-
-    # §4: every example exactly once on 4 replicas, the ragged last step, the traces drop_remainder saves
-    check_replicas = 4
-    n_examples = 5 * per_replica_batch * check_replicas + per_replica_batch // 2 + 3
-    out["n_examples"] = n_examples
-    out["checks"] = run_with_replicas(check_replicas, strategy, replica_checks, n_examples=n_examples,
-                                      per_replica_batch=per_replica_batch)["rows"]
-    split_sizes = [n_examples, 5 * per_replica_batch * check_replicas + per_replica_batch + 8,
-                   5 * per_replica_batch * check_replicas + 3 * per_replica_batch + 4]
-    split = run_with_replicas(check_replicas, strategy, remainder_split, per_replica_batch=per_replica_batch,
-                              examples=split_sizes)["rows"]
-    out["split"] = split
-    out["remainder_dealt"] = all(r["distribute_datasets_from_function"] == r["predicted (dealt in turn)"]
-                                 for r in split)
-
-    out["traces_ragged"], out["traces_static"] = ([s.as_list() for s in count_traces(n_examples, global_batch, drop)[1]]
-                                                  for drop in (False, True))
-
-    # §5: auto-shard policies on TFRecord files; shuffle before shard
-    lab.progress("§5 auto-shard policies on TFRecord files, shuffle before shard")
-    record_dir = tempfile.mkdtemp()
-    shard_data = cifar.train.take(4 * per_replica_batch)
-    files = data.write_tfrecords(f"{record_dir}/four", shard_data, num_files=4)
-    out["summary"] = {r["policy"]: r for r in auto_shard_table(files, num_workers=2) if r["worker"] == "all"}
-    two_files = data.write_tfrecords(f"{record_dir}/two", shard_data, num_files=2)
-    out["file_policy_failed"] = auto_shard_table(two_files, num_workers=4, policies=("FILE",))[-1]["failed"]
-    out["shuffle_rows"] = [{k: r[k] for k in ("case", "count", "duplicated", "missing")}
-                           for r in shuffle_shard_cases(len(shard_data), num_workers=4, seed=cfg.seed)]
-    out["upstream_rows"] = [{k: r[k] for k in ("case", "count", "duplicated", "missing")}
-                            for r in upstream_order_cases(f"{record_dir}/four/*.tfrecord", num_workers=4,
-                                                          seed=cfg.seed)]
-
-    # §6: the input-bound check on one replica
-    lab.progress("§6 the input-bound check")
-    one_replica = runtime.one_device_strategy()  # one replica, the first device (why not OneDeviceStrategy: §7)
-    keras.utils.set_random_seed(cfg.seed)
-    with one_replica.scope():
-        model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
-        # XLA as the course compiles fit on one replica of this hardware (on a TPU: the strategy compiles, not
-        # jit_compile=True, which would compile for the host)
-        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                      jit_compile=fit_jit_compile(runtime.kind, lab.cfg.jit, 1)[0])
-    train_pipeline = data.build_pipeline(cifar.train, global_batch, seed=cfg.seed)
-    check = input_bound_check(model, train_pipeline, steps=5, repeats=sizes.timing_repeats)
-    out["bottleneck"], out["bottleneck_ratio"] = check.bottleneck, check.ratio
-    lab.progress(f"§6 the profiler's view: {PROFILED_STEPS + 1} profiled training steps on slow reads and on the "
-                 "in-memory pipeline")
-    bucket_batches = reads[READ_CASES[2]].map(lambda b: data.to_float(b["image"], b["label"]))
-    profiles = {name: profiled_input_share(model, ds, tempfile.mkdtemp())
-                for name, ds in zip(PROFILE_CASES, (bucket_batches, train_pipeline))}
-    out["profile_shares"] = {name: p.input_share for name, p in profiles.items()}
-    out["profile_stalls"] = {name: p.stall for name, p in profiles.items()}
-    out["profile_step_ms"] = {name: p.step_ms for name, p in profiles.items()}
-
-    # §7: steps_per_execution (callbacks, speed, "auto", MirroredStrategy) and prefetch
-    lab.progress(f"§7 steps_per_execution={N}: callbacks, {rounds} timing rounds per model, 'auto', MirroredStrategy")
-
-    # XLA as the course compiles fit on one replica here (a TPU's strategy compiles its steps itself)
-    same_seed_and_xla = dict(seed=cfg.seed, jit=fit_jit_compile(runtime.kind, lab.cfg.jit, 1)[0])
-
-    steps_per_epoch = int(train_pipeline.cardinality())
-    out["steps_per_epoch"], out["calls_expected"] = steps_per_epoch, -(-steps_per_epoch // N)
-    fit_pipeline = data.without_autotune(train_pipeline)  # fit on one replica: no iterator-teardown wait (§7)
-    out["calls_per_epoch_n"] = len(fit_epochs(N, fit_pipeline, one_replica, **same_seed_and_xla))
-
-    timed = data.without_autotune(
-        cifar.train.take(timed_examples).map(data.to_float).batch(per_replica_batch, drop_remainder=True).cache())
-    list(timed)  # fill the cache: the timings below measure training, not input
-    out["spe_speedups"] = {}
-    for name, make, epoch_data in [("tiny model", tiny_model, timed.repeat(4)), ("small CNN", models.small_cnn, timed)]:
-        m1, m_n = (compiled(make, n, one_replica, **same_seed_and_xla) for n in (1, N))
-        times = interleaved_times({"1": lambda: m1.fit(epoch_data, verbose=0),
-                                   "N": lambda: m_n.fit(epoch_data, verbose=0)}, rounds=rounds)
-        out["spe_speedups"][name] = ratio_samples(times, "1", "N").values
-
-    out["spe_auto"] = steps_per_execution_auto()
-    try:  # steps_per_execution > 1 on this runtime's strategy (several replicas: MirroredStrategy)
-        fit_epochs(N, train_pipeline, strategy, epochs=1, tiny=True, **same_seed_and_xla)
-        out["mirrored_spe_ran"] = True
-    except Exception:  # noqa: BLE001 - the claim is that it fails (InvalidArgumentError)
-        out["mirrored_spe_ran"] = False
-
-    lab.progress(f"§7 prefetch with a simulated accelerator step, {rounds} rounds")
-    decode_each_epoch = dict(decode=data.decode_png, parallel=False, cache=False, training=False)
-    prefetch_files = encoded.take(8 * per_replica_batch)  # 8 batches
-    pipelines = {prefetch: data.build_pipeline(prefetch_files, per_replica_batch, prefetch=prefetch,
-                                               **decode_each_epoch)
-                 for prefetch in (False, True)}
-    plain = {p: without_auto_prefetch(ds) for p, ds in pipelines.items()}
-    prep_s = statistics.median(interleaved_times({"input": lambda: drain(plain[False])}, rounds=3)["input"]) / 8
-    sim_times = interleaved_times({
-        "plain, without": simulated_accelerator(plain[False], step_s=prep_s),
-        "plain, with": simulated_accelerator(plain[True], step_s=prep_s),
-        "defaults, without": simulated_accelerator(pipelines[False], step_s=prep_s),
-        "defaults, with": simulated_accelerator(pipelines[True], step_s=prep_s)}, rounds=rounds)
-    out["prefetch_sim"] = ratio_samples(sim_times, "plain, without", "plain, with").values
-    out["prefetch_default"] = ratio_samples(sim_times, "defaults, without", "defaults, with").values
-    return out
-
-
 def _samples(values) -> Samples:
     return values if isinstance(values, Samples) else Samples(list(values))
 
@@ -1202,7 +1018,7 @@ MEASURED_BY = {
 
 
 def claims(r: dict) -> list:
-    """Lesson 04's claims from :func:`measure`'s results (or the notebook's, under the same keys). Speed-ups are
+    """Lesson 04's claims from the notebook's results. Speed-ups are
     per-round ratios (a :class:`Samples` or a list); ``summary`` maps each auto-shard policy to its ``"all"`` row."""
     replicas, per_replica_batch, global_batch = r["replicas"], r["per_replica_batch"], r["global_batch"]
     real_global, n_examples, N = r["real_global"], r["n_examples"], r["N"]

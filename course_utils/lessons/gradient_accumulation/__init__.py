@@ -1,5 +1,5 @@
-"""Lesson 05 · Gradient accumulation (``notebooks/05_gradient_accumulation.ipynb``): ``experiments`` (what the notebook
-measures, and ``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank)."""
+"""Lesson 05 · Gradient accumulation (``notebooks/05_gradient_accumulation.ipynb``): ``experiments`` (what the
+notebook measures, and ``claims(results)``, the table its last cell shows) and ``exercises`` (its bank)."""
 
 from .._parts import on_first_use
 

@@ -624,38 +624,10 @@ def ragged_batches(strategy, steps: int = 4) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# The lesson's claims: measure() runs what the notebook measures; claims() turns it into the table
+# The lesson's claims: claims() turns what the notebook measured into the table
 # ----------------------------------------------------------------------------------------------
 
 K = 4  # micro-batches per update, the lesson's k
-
-
-def measure(lab) -> dict:
-    """Everything lesson 05's claims need, measured the way the notebook measures it (``lab``: a
-    :class:`course_utils.proof.Lab` — config, runtime and progress lines). The notebook computes the same
-    entries section by section and passes them to :func:`claims`."""
-    sizes, strategy = lab.sizes, lab.runtime.strategy
-    one_device = tf.distribute.get_strategy()
-    out: dict = {"k": K, "jit": lab.jit, "replicas": strategy.num_replicas_in_sync, "kind": lab.runtime.kind}
-    lab.progress(f"peak memory of B, 2·B, {K}·B and of 2 and {K} accumulated micro-batches, each in fresh processes")
-    peaks = step_peaks(sizes.memory_batch, ks=(1, 2, K), width=sizes.memory_width, jit=lab.jit)
-    peaks.update(step_peaks(sizes.memory_batch, ks=(2, K), accumulated=True, width=sizes.memory_width, jit=lab.jit))
-    out["peaks"] = peaks
-    lab.progress("the popular loop, the averaging bug, Keras' built-in accumulation")
-    out.update(popular_loop_effect(K))
-    out["averaging"] = _runtime.run_with_replicas(4, strategy, loss_averaging_effect)
-    out["builtin"] = builtin_accumulation(tf.distribute.OneDeviceStrategy("/cpu:0"), steps=K)
-    out["builtin_on_mirrored"] = builtin_on_mirrored(strategy, lab.runtime.kind, K)
-    lab.progress("accumulation against the big batch on 1 and 4 replicas")
-    out["runs"] = equivalence_runs(strategy, K)
-    out["ragged"] = ragged_batches(strategy, steps=K)
-    lab.progress("caveats: BatchNorm, schedules, float16 loss scaling")
-    out["bn"] = batchnorm_caveat(one_device, steps=K)
-    out["units"] = schedule_units(steps=K, updates=2, warmup=8)
-    with tf.device("/cpu:0"):
-        out["fp16"] = loss_scaling_demo(one_device, steps=K, micro_batch=32, loss_weight=1e-5)
-    out["scaling"] = _runtime.run_with_replicas(4, strategy, four_replica_loss_scaling)
-    return out
 
 
 # Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
@@ -687,7 +659,7 @@ MEASURED_BY = {
 
 
 def claims(r: dict) -> list:
-    """Lesson 05's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    """Lesson 05's claims from the notebook's results."""
     k, peaks = r["k"], r["peaks"]
     xla = "with XLA" if r["jit"] else "without XLA"
     four_note = "" if r["replicas"] >= 4 else "measured in a 4-CPU process: this runtime has fewer replicas"

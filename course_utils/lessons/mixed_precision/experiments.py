@@ -14,7 +14,6 @@ import numpy as np
 import tensorflow as tf
 
 from ... import accumulation, data, memory, models, report, runtime, standin
-from ..bfloat16_conversion import experiments as conversion
 
 
 def confident_logits(rows: int = 4096, num_classes: int = 10, boost: float = 8.0, sigma: float = 3.0, seed: int = 0):
@@ -156,7 +155,7 @@ def training_step_peaks(strategy, policies, repeats: int = 3, batch: int = 256, 
 
 
 # ----------------------------------------------------------------------------------------------
-# The lesson's claims: measure() runs what the notebook measures, claims() turns it into the table
+# The lesson's claims: claims() turns what the notebook measured into the table
 # ----------------------------------------------------------------------------------------------
 
 # §2: (dtype the logits are rounded to, dtype of the softmax; None: no softmax, from_logits=True)
@@ -326,54 +325,6 @@ def _loss_scaling_figures(build, strategy, seed: int) -> dict:
                  "apply_gradients": one_update(lambda opt, g, v: opt.apply_gradients(zip(g, v)))})
 
 
-def measure(lab) -> dict:
-    """Everything lesson 03's claims need, measured the way the notebook measures it: §4's training steps are
-    compiled with XLA when ``lab.jit`` (as the notebook does with ``COURSE_JIT=1``, and a TPU always). The notebook
-    computes the same entries section by section and passes them to :func:`claims`."""
-    import functools
-
-    from ... import hardware, memory, models, timing
-
-    cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
-    strategy = rt.strategy
-    build = functools.partial(models.build_under_policy, strategy=strategy, num_classes=sizes.num_classes,
-                              width=sizes.model_width)
-    out: dict = {"kind": rt.kind, "jit": lab.jit}
-
-    lab.progress("§1-3: dtypes per layer, the softmax in bfloat16, loss scaling")
-    mixed_model = build("mixed_bfloat16")
-    hidden = mixed_model.layers[:-1]
-    out["hidden_dtypes"] = [(layer.compute_dtype, layer.variable_dtype) for layer in hidden]
-    out.update(_softmax_figures(sizes.num_classes, cfg.seed))
-    losses, _ = model_losses(mixed_model, sizes.num_classes, cfg.seed)
-    out["model_uses_logits"] = all(float(a) == float(b) for a, b in losses.values())
-    out["wrapped"] = compile_wraps(build, strategy)
-    out.update(_loss_scaling_figures(build, strategy, cfg.seed))
-
-    mixed_policy, _ = hardware.recommended_policy(rt)
-    cpu_bf16, _ = hardware.cpu_bf16_support()
-    policies = ("float32", mixed_policy)
-    mem_batch = 2 * sizes.memory_batch
-    step_sizes = dict(width=sizes.model_width, num_classes=sizes.num_classes, jit=lab.jit, seed=cfg.seed)
-    lab.progress(f"§4: training-step peak memory, float32 vs {mixed_policy}, each in isolation "
-                 f"({'with' if lab.jit else 'without'} XLA)")
-    out["peaks"] = training_step_peaks(strategy, policies, batch=mem_batch, **step_sizes)
-    estimates = {p: memory.estimate_training_memory(build(p), mem_batch, optimizer="adam") for p in policies}
-    out["act_ratio"] = estimates[mixed_policy].activations / estimates["float32"].activations
-    out["state_equal"] = (estimates[mixed_policy].total - estimates[mixed_policy].activations
-                          == estimates["float32"].total - estimates["float32"].activations)
-    out["xla_upcasts"] = bool(lab.jit and rt.kind == "CPU" and "f32" in conversion.xla_convolution_dtypes(
-        "bfloat16", width=sizes.model_width))
-
-    time_batch = sizes.per_replica_batch * strategy.num_replicas_in_sync
-    lab.progress(f"§4: step time, float32 vs {mixed_policy}, 5 interleaved rounds")
-    steps = {p: training_step(p, batch=time_batch, strategy=strategy, **step_sizes) for p in policies}
-    out["speedup"] = timing.speedup_samples(steps["float32"], steps[mixed_policy], rounds=5, repeats=2)
-    out.update(mixed_policy=mixed_policy, cpu_bf16=cpu_bf16, mem_batch=mem_batch, time_batch=time_batch,
-               step_xla=steps["float32"].xla)
-    return out
-
-
 # Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
 # The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
 # measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
@@ -401,7 +352,7 @@ MEASURED_BY = {
 
 
 def claims(r: dict) -> list:
-    """Lesson 03's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    """Lesson 03's claims from the notebook's results."""
     mixed_policy, peaks = r["mixed_policy"], r["peaks"]
     bf, f32_out = r["stats"]["bfloat16 softmax"], r["stats"]["bfloat16 logits, float32 softmax"]
     xla = "with XLA" if r["jit"] else "without XLA"

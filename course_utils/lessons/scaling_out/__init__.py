@@ -1,5 +1,5 @@
 """Lesson 08 · Scaling out (``notebooks/08_scaling_out.ipynb``): ``experiments`` (what the notebook measures, and
-``measure(lab)`` and ``claims(results)`` for ``prove``) and ``exercises`` (its bank).
+``claims(results)``, the table its last cell shows) and ``exercises`` (its bank).
 
 Its worker programs, each run as ``python -m`` by :mod:`course_utils.cluster`: ``multiworker`` (one
 MultiWorkerMirroredStrategy worker), ``parameter_server`` (a coordinator and its servers), ``model_parallel``

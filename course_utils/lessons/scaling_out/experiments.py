@@ -1,8 +1,8 @@
-"""Lesson 08's claims: ``measure(lab)`` runs the lesson's localhost clusters (MultiWorkerMirrored workers, the Keras
+"""Lesson 08's experiments and claims: the lesson's localhost clusters (MultiWorkerMirrored workers, the Keras
 ``fit`` attempt, a worker killed and the cluster resumed, a worker that hangs and one that dies — found or not by
 the coordination service's heartbeats, a parameter-server cluster that loses a worker mid-schedule, a model split
-over two workers, step time on 1/2/4 workers) the way the notebook does, and ``claims(results)`` turns what they wrote into
-the lesson's claims; :func:`platform_matrix` runs the preemption demo in one process against a fake GCE metadata
+over two workers, step time on 1/2/4 workers), and ``claims(results)``, which turns what they wrote into the lesson's
+claims; :func:`platform_matrix` runs the preemption demo in one process against a fake GCE metadata
 server (:mod:`course_utils.gce`) as on each platform TensorFlow's ``PreemptionCheckpointHandler`` tells apart. The
 cluster programs are :mod:`.multiworker`, :mod:`.parameter_server` and :mod:`.model_parallel`; the launcher is
 :mod:`course_utils.cluster`."""
@@ -15,101 +15,12 @@ import re
 
 import numpy as np
 
-from ... import cluster, gce, report
+from ... import report
 
 # the worker programs (python -m ...), by name: importing them here would import them twice under `python -m`
 MW, PS, MP = (f"{__package__}.{name}" for name in ("multiworker", "parameter_server", "model_parallel"))
 PREEMPTED_EXIT = 42  # multiworker.PREEMPTED_EXIT (importing it here would load the worker program's module)
 COLLECTIVE_TIMEOUT_EXIT = 3  # multiworker.COLLECTIVE_TIMEOUT_EXIT
-
-
-def _max_diff(a, b) -> float:
-    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
-
-
-def measure(lab) -> dict:
-    """Everything lesson 08's claims need, from the same cluster runs as the notebook's, in a temporary folder.
-    The notebook computes the same entries section by section and passes them to :func:`claims`."""
-    import tempfile
-
-    from . import multiworker
-
-    sizes = lab.sizes
-    out_dir = tempfile.mkdtemp(prefix="course-08-")
-    steps = sizes.cluster_steps
-    r: dict = {"cluster_steps": steps, "global_batch": multiworker.GLOBAL_BATCH,
-               "scaling_workers": list(sizes.scaling_workers)}
-
-    lab.progress("two MultiWorkerMirrored workers, and one process on the same batches")
-    cluster.launch(MW, ["--steps", steps, "--out", f"{out_dir}/mwms", "--time", sizes.scaling_steps], workers=2,
-                   timeout=300, log=None)
-    (w0, info0), (w1, _info1) = (multiworker.load_result(f"{out_dir}/mwms/worker{i}.npz") for i in (0, 1))
-    single = multiworker.single_process_weights(steps)
-    r["diff_workers"], r["diff_single"] = _max_diff(w0, w1), _max_diff(w0, single["weights"])
-    r["local_examples"] = [int(multiworker.load_result(f"{out_dir}/mwms/worker{i}.npz")[1]["local_examples"])
-                           for i in (0, 1)]
-
-    lab.progress("Keras fit under MultiWorkerMirroredStrategy")
-    r["fit_log"] = []
-    try:
-        cluster.launch(MW, ["--fit", "--steps", 2, "--out", f"{out_dir}/fit"], workers=2, timeout=300,
-                       log=r["fit_log"].append)
-    except cluster.ClusterError:
-        pass  # expected: fit fails in the workers (the log says how)
-
-    lab.progress("a worker killed mid-run, the cluster restarted")
-    fault = f"{out_dir}/fault"
-    r["crash_message"], r["committed"], _ = interrupted_then_resumed(
-        fault, ["--ckpt", f"{fault}/ckpt"], ["--crash-worker", 1, "--crash-after", steps // 2], steps)
-    r["diff_resumed"] = _max_diff(multiworker.load_result(f"{fault}/worker0.npz")[0], single["weights"])
-
-    lab.progress("a preemption notice (SIGTERM) to a worker under PreemptionCheckpointHandler, off Google Cloud, the "
-                 "cluster restarted")
-    pre = f"{out_dir}/preempt"
-    with gce.FakeMetadataServer(on_gcp=False) as off_gcp:  # off Google Cloud, even on a GCE VM (Colab)
-        r["notice_message"], r["preempt_steps"], r["preempt_resumed"] = interrupted_then_resumed(
-            pre, ["--preemptible", f"{pre}/ckpt"], ["--term-worker", 1, "--term-after", steps // 2], steps,
-            env=dict(os.environ, **off_gcp.env()))
-    r["diff_preempted"] = _max_diff(multiworker.load_result(f"{pre}/worker0.npz")[0], single["weights"])
-
-    lab.progress("PreemptionCheckpointHandler on each platform (a fake GCE metadata server), and our own handler")
-    r["platform_rows"] = platform_matrix(f"{out_dir}/platforms", rows=matrix_rows(lab.cfg.smoke))
-
-    lab.progress("a worker that hangs (without and with a collective timeout) and one that dies, overlapped")
-    r["stall"] = stalled_worker(f"{out_dir}/stall", heartbeat_s=heartbeat_timeout_s(lab.cfg.smoke))
-
-    lab.progress("a parameter-server cluster (chief, 2 workers, 1 ps); worker 1 killed mid-schedule")
-    cluster.launch(PS, ["--steps", sizes.ps_steps, "--out", f"{out_dir}/ps", "--kill-worker", 1],
-                   chief=True, workers=2, ps=1, timeout=300, log=None, stop_on_failure=False)
-    with open(f"{out_dir}/ps/parameter_server.json", encoding="utf-8") as f:
-        r["ps"] = json.load(f)
-
-    lab.progress(f"a model split over two workers, naive and pipelined ({sizes.pipeline_rounds} rounds)")
-    cluster.launch(MP,
-                   ["--out", f"{out_dir}/mp", "--width", sizes.pipeline_width, "--layers", sizes.pipeline_layers,
-                    "--batch", sizes.pipeline_batch, "--rounds", sizes.pipeline_rounds, "--micro-batches", 2, 4],
-                   chief=True, workers=2, timeout=300, log=None)
-    with open(f"{out_dir}/mp/model_parallel.json", encoding="utf-8") as f:
-        r["mp"] = json.load(f)
-
-    with open(f"{out_dir}/mwms/worker0_timing.json", encoding="utf-8") as f:
-        r["timings"] = {2: json.load(f)}
-    for n in sizes.scaling_workers:
-        if n not in r["timings"]:
-            lab.progress(f"step time on {n} worker(s)")
-            cluster.launch(MW, ["--steps", 2, "--time", sizes.scaling_steps, "--out", f"{out_dir}/scale{n}"],
-                           workers=n, timeout=300, log=None)
-            with open(f"{out_dir}/scale{n}/worker0_timing.json", encoding="utf-8") as f:
-                r["timings"][n] = json.load(f)
-    r["alone"] = {}
-    for n in sizes.scaling_workers:
-        if n > 1:
-            lab.progress(f"{n} workers at once, each alone (shared cores, no communication)")
-            r["alone"][n] = time_alone(n, sizes.scaling_steps, f"{out_dir}/alone{n}")
-    import shutil
-
-    shutil.rmtree(out_dir, ignore_errors=True)
-    return r
 
 
 def _exit_code(message: str | None) -> str:
@@ -333,9 +244,6 @@ def detection_bounds_s(heartbeat_s: float) -> tuple[float, float]:
     CheckStaleness), then propagated — timeout / 2 to timeout + 1 s, with a second's margin below and two above;
     never at once."""
     return heartbeat_s / 2 - 1.0, heartbeat_s + 3.0
-
-
-DETECTION_BOUNDS_S = detection_bounds_s(HEARTBEAT_TIMEOUT_S)
 
 
 def stalled_worker(out: str, timeout_s: float = COLLECTIVE_TIMEOUT_S, heartbeat_s: float | None = None,
@@ -599,7 +507,7 @@ MEASURED_BY = {  # the worker programs by name, as MW, PS and MP
 
 
 def claims(r: dict) -> list:
-    """Lesson 08's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    """Lesson 08's claims from the notebook's results."""
     steps = list(range(1, r["cluster_steps"] + 1))
     global_examples = r["cluster_steps"] * r["global_batch"]
     fit_failed = any("model.fit failed: ValueError" in line for line in r["fit_log"])

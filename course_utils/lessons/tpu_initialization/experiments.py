@@ -1,6 +1,6 @@
 """Lesson 01's experiments: what the TPU resolver recipes do here, how one global batch splits across
 replicas, and how fast this hardware multiplies matrices in float32 and bfloat16; and the lesson's claims
-(:func:`measure` runs what the notebook measures, :func:`claims` turns it into the table).
+(:func:`claims` turns what the notebook measured into the table).
 
 The tools themselves (detection, the TPU recipe, timing) are in :mod:`course_utils.runtime` and
 :mod:`course_utils.timing`.
@@ -19,7 +19,7 @@ import tensorflow as tf
 from ... import runtime
 from ...report import Claim, Samples
 from ...timing import MatmulRate, Timing, matmul_chain, matmul_operands, time_fn
-from ... import data, models, report
+from ... import models, report
 
 
 class EpochTimer(keras.callbacks.Callback):
@@ -212,53 +212,6 @@ def optimizer_outside_scope(strategy, make_optimizer, global_batch: int) -> str:
         return type(e).__name__
 
 
-def _broken_resolver(tpu):
-    raise ConnectionError(f"simulated: no TPU answered at {tpu!r}")
-
-
-def measure(lab) -> dict:
-    """Everything lesson 01's claims need, measured the way the notebook measures it (the notebook computes
-    the same entries section by section and passes them to :func:`claims`)."""
-    cfg, sizes, rt = lab.cfg, lab.sizes, lab.runtime
-    strategy = rt.strategy
-    out: dict = {"kind": rt.kind, "strategy_name": rt.strategy_name, "replicas": rt.num_replicas,
-                 "num_classes": sizes.num_classes, "standin": rt.standin}
-
-    lab.progress("§1: chained matmuls, float32 and bfloat16 in turn")
-    out["matmul"] = compare_matmul_dtypes(sizes.matmul_size, repeats=sizes.timing_repeats,
-                                          device=rt.device_names[0], jit=lab.jit)
-
-    lab.progress("§3-4: the resolver recipes, detection with a TPU that fails on purpose")
-    out["recipes"] = resolver_recipes()
-    demo = runtime.detect(probe_tpu=True, resolver_factory=_broken_resolver, use_cache=False)
-    out["demo_kind"], out["demo_fallback"] = demo.kind, demo.fallbacks[0] if demo.fallbacks else ""
-
-    lab.progress("§5: training small_cnn with fit in strategy.scope()")
-    (x_train, y_train), (x_test, y_test) = data.synthetic_cifar(sizes.train_examples, sizes.test_examples,
-                                                                seed=cfg.seed)
-    per_replica_batch = sizes.per_replica_batch
-    global_batch = per_replica_batch * strategy.num_replicas_in_sync
-
-    train_ds = batches(x_train, y_train, global_batch, shuffle=True, seed=cfg.seed)
-    test_ds = batches(x_test, y_test, global_batch, shuffle=False, seed=cfg.seed)
-    keras.utils.set_random_seed(cfg.seed)
-    jit_compile, compiled, _why = lab.runtime.fit_jit_compile()  # Keras' "auto" is off under any strategy
-    model, _ = fit_in_scope(strategy, sizes, train_ds, jit_compile)
-    out["test_acc"] = float(model.evaluate(test_ds, verbose=0)[1])
-    out["fit_xla"] = "with XLA" if compiled else "without XLA"
-
-    lab.progress("§6-7: one batch split over 4 replicas; the scope pitfalls (4-CPU processes)")
-    out["per_replica_batch"] = per_replica_batch
-    out["split"] = runtime.run_with_replicas(4, strategy, split_one_batch, per_replica_batch=per_replica_batch)
-    out["adam_outside"] = optimizer_outside_scope(strategy, keras.optimizers.Adam, global_batch)
-    out["sgd_outside"] = optimizer_outside_scope(strategy, keras.optimizers.SGD, global_batch)
-    out["model_c_uses_strategy"] = model_built_outside_scope(strategy, sizes).distribute_strategy is strategy
-    out["outside_scope_on_4"] = runtime.run_on_cpu_replicas(4, OUTSIDE_SCOPE_ON_4).strip()
-    lab.progress("§5: fit under XLA on 2 replicas (a 2-CPU process)")
-    out["xla_replicas"] = runtime.run_with_replicas(2, strategy, fit_xla_on_replicas)
-    return out
-
-
 def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
     """XLA and ``fit`` on several replicas (MirroredStrategy; run it with ``runtime.run_with_replicas(2, ...)``): a tiny
     model fitted with ``compile(jit_compile=True)`` — Keras then compiles ``strategy.run`` over every replica as one
@@ -345,7 +298,7 @@ MEASURED_BY = {
 
 
 def claims(r: dict) -> list:
-    """Lesson 01's claims from :func:`measure`'s results (or the notebook's, under the same keys)."""
+    """Lesson 01's claims from the notebook's results."""
     standin = r["standin"]  # CPU devices answering as a GPU or TPU: its code paths run, its hardware does not
     on_tpu = r["kind"] == "TPU" and not standin
     recipes, split, matmul = r["recipes"], r["split"], r["matmul"]
@@ -491,4 +444,4 @@ class _Null:
 
 
 __all__ = ["resolver_recipes", "split_one_batch", "fit_xla_on_replicas", "xla_on_replicas_claim", "compare_matmul_dtypes", "within_claim", "optimizer_outside_scope",
-           "measure", "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]
+           "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]

@@ -249,7 +249,11 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     def progress(message: str) -> None:
         print(f"  · {message} ({time.perf_counter() - start:.0f} s)", flush=True)
 
-    claims = notebook_claims(lesson, progress)
+    try:
+        claims = notebook_claims(lesson, progress)
+    except (RuntimeError, FileNotFoundError) as err:  # a cell raised, no table was saved: one line says which
+        print(f"{LESSON_ERROR}{err}", flush=True)
+        return 1
     for claim in claims:
         claim.lesson = claim.lesson or lesson.id
     problems = report.id_problems(claims, lesson.id)
@@ -261,6 +265,7 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     return 0
 
 
+LESSON_ERROR = "lesson failed: "  # how a lesson's process prints why its notebook failed, for the driver's line
 SHAPE_VARIABLE = "COURSE_PROVE_SHAPE"  # prove's --shape, for the machine description its child writes
 JOBS_VARIABLE = "COURSE_PROVE_JOBS"  # prove's --jobs, likewise
 CPUS_VARIABLE = "COURSE_PROVE_CPUS"  # the cores a lesson's process is pinned to under --jobs ("0,1"), before TensorFlow
@@ -481,7 +486,7 @@ VERDICT_LEGEND = (
     "`course_utils` names the exact code that measured it (cards from other code are another experiment).")
 SMOKE_NOTE = (
     "**Smoke mode:** tiny sizes and generated data, so the code paths are proved but speed and accuracy figures are "
-    "not representative; for the card to keep, run `python -m course_utils prove --mode full` (about 25 minutes on "
+    "not representative; for the card to keep, run `python -m course_utils prove --mode full` (about 45 minutes on "
     "2 cores; real CIFAR-10, or `--data npz:PATH`).")
 
 
@@ -749,7 +754,9 @@ def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | No
         entry = None
     written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if entry is None:
+        said = [line.removeprefix(LESSON_ERROR) for line in tail if line.startswith(LESSON_ERROR)]
         why = (f"did not finish within {args.timeout:g} s (--timeout)" if code is None
+               else f"its notebook stopped: {said[-1]}" if said
                else f"its process failed (exit {code}): " + " | ".join(tail[-4:]))
         entry = {"lesson": lesson_id, "title": lesson.title, "error": why, "claims": [],
                  "seconds": round(time.perf_counter() - t0, 1)}

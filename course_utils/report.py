@@ -236,7 +236,8 @@ def _by_id(table: dict, claim_id: str):
 
 def placed(claims: list["Claim"], lesson: str, measured_by: dict, figures: dict | None = None) -> list["Claim"]:
     """Lesson ``lesson``'s claims, each with its ``lesson``, its ``where``: the function that measured it, from
-    ``measured_by`` (claim id -> function, or its ``module:name``; None for a claim nothing here measures), and its
+    ``measured_by`` (claim id -> function, or its ``module:name``, or ``"notebook §3"``: the notebook's own cells in that
+    section; None for a claim nothing here measures), and its
     ``figure`` from ``figures`` (claim id -> "speed" or "memory": the claims judged on how fast the accelerator
     runs or how much of its memory a step takes). A key ending in "_" or "." stands for every id it begins
     (``"02.forward_peak_"``: one claim per policy). The claims are changed in place and returned.

@@ -1,10 +1,8 @@
-"""Lessons 04 and 06 as claims data: ``measure(lab)`` returns the keys the notebook's final cell hands ``claims``,
-``claims`` gives one claim per row of the lesson's table (every one marked with its lesson), its verdicts follow
-the measurements, and a claim this hardware or size cannot show says why instead of passing.
+"""Lessons 04 and 06 as claims data: the hand-made results these tests use have the keys the notebook's final cell
+hands ``claims``, ``claims`` gives one claim per row of the lesson's table (every one marked with its lesson), its
+verdicts follow the measurements, and a claim this hardware or size cannot show says why instead of passing.
 
-The measurements themselves run in ``python -m course_utils prove`` and the notebook runs; here lesson 06's
-measure runs with the trainer replaced by a stand-in that records what it was asked (the real runs take a budget
-each)."""
+The measurements themselves run in the notebooks, which ``python -m course_utils prove`` executes."""
 
 from __future__ import annotations
 

@@ -316,7 +316,8 @@ def _ended_on_budget(summary: dict, budget: float, epoch_s: float) -> bool:
     return budget - epoch_s - _early_margin(summary) <= summary["wall_time_s"] <= budget + epoch_s
 
 
-# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
+# "where": a report card's row leads to the code)
 # The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
 # measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
 FIGURES = {

@@ -974,7 +974,8 @@ def _buffer_memory_claim(memory: dict):
         id="04.shuffle_buffer_memory")
 
 
-# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
+# "where": a report card's row leads to the code)
 # The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
 # measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
 FIGURES = {

@@ -158,14 +158,6 @@ def training_step_peaks(strategy, policies, repeats: int = 3, batch: int = 256, 
 # The lesson's claims: claims() turns what the notebook measured into the table
 # ----------------------------------------------------------------------------------------------
 
-# §2: (dtype the logits are rounded to, dtype of the softmax; None: no softmax, from_logits=True)
-SOFTMAX_VARIANTS = {
-    "reference: float32 logits and softmax": ("float32", "float32"),
-    "bfloat16 softmax": ("bfloat16", "bfloat16"),
-    "bfloat16 logits, float32 softmax": ("bfloat16", "float32"),
-    "bfloat16 logits, from_logits=True": ("bfloat16", None),
-}
-
 
 def variant_stats(result: dict, reference: dict) -> dict:
     """§2's figures for one :func:`cross_entropy` result against the float32 reference: the share of rows whose
@@ -181,25 +173,6 @@ def variant_stats(result: dict, reference: dict) -> dict:
         grad_med=float(np.median(relative_error(result["grad"], reference["grad"], axis=1))),
         distinct=len(np.unique(top[top > 0.99])), confident=int(np.sum(top > 0.99)),
         sum_err=float(np.max(np.abs(p.sum(axis=1) - 1))))
-
-
-def _softmax_figures(num_classes: int, seed: int) -> dict:
-    """§2 as the notebook computes it: the four variants on 4,096 confident rows, and what the claims read."""
-    logits, labels = confident_logits(4096, num_classes, seed=seed)
-    ce = {name: cross_entropy(logits, labels, *dtypes) for name, dtypes in SOFTMAX_VARIANTS.items()}
-    ref = ce["reference: float32 logits and softmax"]
-    stats = {name: variant_stats(r, ref) for name, r in ce.items()}
-    at_one = ce["bfloat16 softmax"]["probs"][:, 0] == 1.0
-    loss_at_one = ce["bfloat16 softmax"]["loss"][at_one]
-    zero_rows = np.all(ce["bfloat16 softmax"]["grad"] == 0, axis=1)
-    return dict(
-        stats=stats,
-        loss_at_one_min=float(loss_at_one.min()) if at_one.any() else float("nan"),
-        zero_rows=int(zero_rows.sum()),
-        zero_at_one=float(np.mean(zero_rows[at_one])) if at_one.any() else 0.0,
-        zero_ref_loss=float(ref["loss"][zero_rows].max()) if zero_rows.any() else 0.0,
-        same_as_logits=bool(np.array_equal(ce["bfloat16 logits, float32 softmax"]["loss"],
-                                           ce["bfloat16 logits, from_logits=True"]["loss"])))
 
 
 def model_losses(mixed_model, num_classes: int, seed: int) -> tuple[dict, str]:
@@ -229,30 +202,6 @@ def optimizer_name(optimizer) -> str:
     """``"Adam"``, or ``"LossScaleOptimizer(Adam)"`` for a wrapper (its inner optimizer in brackets)."""
     inner = getattr(optimizer, "inner_optimizer", None)
     return type(optimizer).__name__ + (f"({optimizer_name(inner)})" if inner is not None else "")
-
-
-def compile_wraps(build, strategy) -> dict:
-    """§3: the optimizer ``compile`` (in ``strategy.scope()``) leaves on a tiny model (:func:`optimizer_name`): built
-    under each global policy with ``build(policy, make)``; then, under the float32 global policy, one whose layer is
-    given ``dtype="mixed_float16"``, a ``clone_model`` of the mixed_float16 model, and the mixed_float16 model compiled
-    with a ``LossScaleOptimizer`` already. Keras wraps when the *model's* policy — the global one when the model was
-    constructed — is mixed_float16 and the optimizer is not a ``LossScaleOptimizer`` yet (``Trainer.compile``)."""
-    def tiny_net(**layer_kwargs):
-        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, **layer_kwargs)])
-
-    def compiled(model, wrap=False):
-        with strategy.scope():
-            optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()) if wrap else "adam"
-            model.compile(optimizer=optimizer, loss="mse")
-        return optimizer_name(model.optimizer)
-
-    wrapped = {policy: compiled(build(policy, tiny_net)) for policy in ("float32", "mixed_bfloat16", "mixed_float16")}
-    with strategy.scope():  # the global policy is float32 here
-        per_layer, clone = tiny_net(dtype="mixed_float16"), keras.models.clone_model(build("mixed_float16", tiny_net))
-    wrapped[COMPILE_CASES[0]] = compiled(per_layer)
-    wrapped[COMPILE_CASES[1]] = compiled(clone)
-    wrapped[COMPILE_CASES[2]] = compiled(build("mixed_float16", tiny_net), wrap=True)
-    return wrapped
 
 
 def tiny_dense(build, policy: str):
@@ -295,37 +244,8 @@ def output_gradient(model, x, y, scale: float = 1.0):
     return tape.gradient(loss, pred)
 
 
-def _loss_scaling_figures(build, strategy, seed: int) -> dict:
-    """§3 as the notebook computes it: a Dense(64)'s kernel gradient of a tiny loss in float32, in float16 without
-    and with loss scaling, and the float16 gradient at the layer's output; then one update through apply and
-    through apply_gradients of a LossScaleOptimizer."""
-    x_small, y_small = small_gradient_data(seed)
-    model32, model16 = tiny_dense(build, "float32"), tiny_dense(build, "mixed_float16")
-    model16.set_weights(model32.get_weights())
-    g32, _ = kernel_gradient(model32, x_small, y_small)
-    g16, _ = kernel_gradient(model16, x_small, y_small)
-    with strategy.scope():
-        lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-        lso.build(model16.trainable_variables)
-    g16_scaled, _ = kernel_gradient(model16, x_small, y_small, lso)
-    up32, up16 = output_gradient(model32, x_small, y_small), output_gradient(model16, x_small, y_small)
-
-    def one_update(call):
-        w = tf.Variable([1.0])
-        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
-        opt.build([w])
-        call(opt, [tf.constant([0.5]) * opt.dynamic_scale], [w])
-        return float(1.0 - w.numpy()[0])
-
-    return dict(
-        zero_unscaled=float(np.mean(g16 == 0)), zero_scaled=float(np.mean(g16_scaled == 0)),
-        scaled_err=float(np.abs(g16_scaled - g32).max() / np.abs(g32).max()),
-        upstream_zero=float(np.mean(up16.numpy() == 0)), up32_median=float(np.median(np.abs(up32))),
-        updates={"apply": one_update(lambda opt, g, v: opt.apply(g, v)),
-                 "apply_gradients": one_update(lambda opt, g, v: opt.apply_gradients(zip(g, v)))})
-
-
-# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
+# "where": a report card's row leads to the code)
 # The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
 # measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
 FIGURES = {
@@ -337,14 +257,14 @@ FIGURES = {
 MEASURED_BY = {
     "03.policy_lowers_step_peak": training_step_peaks,
     "03.mixed_policy_dtypes": "course_utils.models:build_under_policy",  # the layers' dtypes, set as it builds
-    "03.saturated_probability_harmless": _softmax_figures,
-    "03.bfloat16_softmax_coarse": _softmax_figures,
+    "03.saturated_probability_harmless": "notebook §2",
+    "03.bfloat16_softmax_coarse": "notebook §2",
     "03.loss_uses_logits": model_losses,
-    "03.loss_error_from_bfloat16_logits": _softmax_figures,
-    "03.compile_wraps_loss_scale_optimizer": compile_wraps,
+    "03.loss_error_from_bfloat16_logits": "notebook §2",
+    "03.compile_wraps_loss_scale_optimizer": "notebook §3",
     "03.float16_gradients_underflow": kernel_gradient,
     "03.underflow_at_layer_output": output_gradient,
-    "03.apply_gradients_in_keras3": _loss_scaling_figures,
+    "03.apply_gradients_in_keras3": "notebook §3",
     "03.policy_halves_activations": "course_utils.memory:estimate_training_memory",
     "03.policy_faster_on_accelerator": training_step,
     "03.mixed_float16_slow_on_cpu": None,  # not run on purpose

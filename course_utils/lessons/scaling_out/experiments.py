@@ -38,29 +38,6 @@ def pipelining(mp: dict) -> tuple[str, list[float]]:
     return pipe, [a / b for a, b in zip(mp["times_s"]["split (naive)"], mp["times_s"][pipe])]
 
 
-def interrupted_then_resumed(out: str, mode: list, interrupt: list, steps: int, env: dict | None = None) -> tuple:
-    """§3: a 2-worker cluster of the worker program in ``mode`` (``--ckpt DIR`` or ``--preemptible DIR``), run once
-    with ``interrupt`` (a worker SIGKILLs itself, or sends itself SIGTERM) and once more without it. Returns the
-    launcher's line about the first run's end (None if it finished), the steps each worker logged over both runs,
-    and the step each worker's second run resumed after. ``env``: the tasks' environment (default: this process's)."""
-    from ... import cluster
-    from . import multiworker
-
-    args = ["--steps", steps, "--out", out, *mode]
-    message = None
-    try:
-        cluster.launch(MW, args + interrupt, workers=2, timeout=300, log=None, env=env)
-    except cluster.ClusterError as err:
-        message = str(err).split(" Last output")[0]
-    cluster.launch(MW, args, workers=2, timeout=300, log=None, env=env)
-    logged, resumed = {}, {}
-    for i in (0, 1):
-        with open(f"{out}/worker{i}_steps.txt", encoding="utf-8") as f:
-            logged[i] = [int(s) for s in f.read().split()]
-        resumed[i] = int(multiworker.load_result(f"{out}/worker{i}.npz")[1]["start"])
-    return message, logged, resumed
-
-
 # §3's platform matrix: TensorFlow's PreemptionCheckpointHandler as it behaves on each platform it detects (a fake
 # GCE metadata server, course_utils.gce, stands in for Google Cloud's), and the recommended pattern of our own. Each
 # row: one process (multiworker --single) given a notice after ``term_after`` steps, then the same command again.
@@ -479,14 +456,15 @@ def _worker_failure_claim(ps: dict) -> list:
         f"(GRPC_FAIL_FAST={lost['grpc_fail_fast'] or 'unset'})", holds, id="08.ps_worker_killed")]
 
 
-# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
+# "where": a report card's row leads to the code)
 MEASURED_BY = {  # the worker programs by name, as MW, PS and MP
     "08.workers_identical_weights": "course_utils.lessons.scaling_out.multiworker:train",
     "08.workers_equal_one_process": "course_utils.lessons.scaling_out.multiworker:single_process_weights",
     "08.workers_read_half": "course_utils.lessons.scaling_out.multiworker:train",
     "08.fit_fails_multiworker": "course_utils.lessons.scaling_out.multiworker:main",
-    "08.restart_resumes": interrupted_then_resumed,
-    "08.preemption_handler_off_cloud": interrupted_then_resumed,
+    "08.restart_resumes": "notebook §3",
+    "08.preemption_handler_off_cloud": "notebook §3",
     "08.preemption.": preemption_row,  # one claim per row of the platform matrix
     "08.gce_tpu_vm_path": None,  # cannot run off a TPU VM: read from TensorFlow's source
     "08.hung_worker_waits": stalled_worker,

@@ -274,7 +274,8 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
     return out
 
 
-# Each claim's id -> the function that measured it (claims.json's "where": a report card's row leads to the code)
+# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
+# "where": a report card's row leads to the code)
 # The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
 # measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
 FIGURES = {

@@ -216,7 +216,11 @@ def notebook_claims(lesson: Lesson, progress: Callable[[str], None]) -> list[rep
     path = lesson_notebook(lesson)
     if path is None:
         raise FileNotFoundError(f"{lesson.notebook} is neither in this checkout nor installed with course_utils")
-    nb = nbformat.read(path, as_version=4)
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (OSError, ValueError, UnicodeDecodeError) as err:  # truncated, hand-edited, not a notebook at all
+        raise RuntimeError(f"{path} cannot be read as a notebook ({type(err).__name__}): restore it "
+                           "(git checkout, or reinstall course_utils)") from None
     with tempfile.TemporaryDirectory(prefix=f"prove-{lesson.id}-") as scratch:
         claims_dir, workdir = pathlib.Path(scratch, "claims"), pathlib.Path(scratch, "work")
         workdir.mkdir()

@@ -889,6 +889,15 @@ def test_notebook_claims_are_what_the_executed_notebooks_table_saved(tmp_path, m
     assert not list(tmp_path.glob("claims-*")) and not (tmp_path / "runs").exists()  # written in its own scratch
 
 
+@pytest.mark.parametrize("content", [b'{"cells": [', b"not a notebook", b"\xff\xfe\x00"])
+def test_a_notebook_that_cannot_be_read_is_one_clear_error(tmp_path, monkeypatch, content):
+    path = tmp_path / "03_broken.ipynb"
+    path.write_bytes(content)
+    monkeypatch.setattr(proof, "lesson_notebook", lambda lesson: path)
+    with pytest.raises(RuntimeError, match=r"03_broken.ipynb cannot be read as a notebook \(\w+\): restore it"):
+        proof.notebook_claims(lessons.BY_ID["03"], lambda line: None)
+
+
 def test_prove_needs_the_notebooks_and_jupyters_runner_and_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(proof, "lesson_notebook", lambda lesson: None)
     with pytest.raises(proof.UsageError, match=r"^prove executes the lessons' notebooks, and "

@@ -47,8 +47,8 @@ class CommonSizes:
     num_classes: int
     model_width: int  # filters of the first conv layer; later layers scale from it
     matmul_size: int  # square matrix side for throughput probes
-    # timed repeats after one warm-up; report the median. Smoke: 4 (lesson 04 took 80-91 s of its 90 with 5 on CI's
-    # 2-vCPU AVX2 VM; its smoke timings show the table, the verdicts are full mode's)
+    # timed repeats after one warm-up; report the median. Smoke: 3 (lessons 04 and 05 took 81-87 s of their 90 with 4
+    # on CI's 2-vCPU AVX2 VM; smoke timings show the table, the verdicts are full mode's)
     timing_repeats: int
     # examples per step in memory demos: enough that activations dominate the peak, not the part of a
     # CPU step's peak that does not grow with the batch (conv scratch space, whole allocator blocks)
@@ -63,7 +63,7 @@ _COMMON = {
                         num_classes=10, model_width=32, matmul_size=2048, timing_repeats=20, memory_batch=256,
                         memory_width=32),
     "smoke": CommonSizes(per_replica_batch=32, train_examples=1_024, test_examples=256, epochs=4, image_size=32,
-                         num_classes=10, model_width=8, matmul_size=512, timing_repeats=4, memory_batch=128,
+                         num_classes=10, model_width=8, matmul_size=512, timing_repeats=3, memory_batch=128,
                          memory_width=16),
 }
 

@@ -74,7 +74,7 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
                        zip(pipeline.UPSTREAM_CASES, (17, 0, 0, 0))],
         bottleneck="training step", bottleneck_ratio=1.9, steps_per_epoch=8, calls_expected=2, calls_per_epoch_n=2,
         spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.3, 1.5, 1.9]}, spe_auto="TypeError",
-        mirrored_spe_ran=False, prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
+        mirrored_spe_ran=False, several_mirrored=replicas > 1 and kind != "TPU", prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
     results.update(changes)
     return results
 

@@ -1028,7 +1028,7 @@ def claims(r: dict) -> list:
     edd = {row["drop_remainder"]: row for row in checks if row["api"] == APIS[0]}
     unseeded, fixes = r["shuffle_rows"][0], r["shuffle_rows"][1:]
     traces_static, traces_ragged = r["traces_static"], r["traces_ragged"]
-    mirrored_measurable = replicas > 1 and kind != "TPU"
+    mirrored_measurable = r["several_mirrored"]  # the CPU stand-ins of a TPU are MirroredStrategy underneath
     fused, crops, shares = r["fused_moved"], r["crops"], r["profile_shares"]
     stalls = {name: why for name, why in r["profile_stalls"].items() if why}  # profiled runs whose loop paused
     # a step slower than the bucket's read of a batch: the pipeline keeps up and nothing waits (one core of a 2-core

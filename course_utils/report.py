@@ -261,6 +261,99 @@ def placed(claims: list["Claim"], lesson: str, measured_by: dict, figures: dict 
     return claims
 
 
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One claim, declared once, in its lesson's :class:`LessonClaims`: everything about it that is not measured.
+
+    ``id``: "03.mixed_policy_dtypes" (an id ending in "_" declares a family: ``"02.forward_peak_"`` + a suffix per
+    policy). ``claim``, ``source`` and ``expected``: the table's words; ``{threshold}`` in them is the threshold, and
+    ``{name}`` a value the claims function passes when it judges (``policy="mixed_bfloat16"``). ``where``: the
+    function that measures it (or its ``module:name``), ``"notebook §3"`` for the notebook's own cells in that
+    section, None for nothing here. ``figure``: "speed" or "memory" (:data:`FIGURE_KINDS`) for a figure judged on
+    the accelerator's speed or memory. ``op`` and ``threshold``: how repeats are judged (:meth:`Samples.compare`),
+    ``fmt`` and ``unit`` how they print. ``prose``: words the lesson's notebook states to a learner (tested), with
+    ``{threshold}`` filled in."""
+
+    id: str
+    claim: str
+    source: str
+    expected: str
+    where: object = None
+    figure: str = ""
+    op: str = ""
+    threshold: float | None = None
+    fmt: str = ".2f"
+    unit: str = "×"
+    prose: str = ""
+
+    @property
+    def family(self) -> bool:
+        return self.id.endswith("_")
+
+    def words(self, field: str, values: dict) -> str:
+        """``claim``, ``source``, ``expected`` or ``prose`` with ``{threshold}`` and ``values`` filled in."""
+        return getattr(self, field).format_map({"threshold": self.threshold, **values})
+
+
+class LessonClaims:
+    """A lesson's claims, each declared once (:class:`Declared`): the lesson's ``claims(results)`` judges them by id
+    with :meth:`judge` or :meth:`judge_samples`, passing only what was measured and the verdict, and returns
+    :meth:`all` of them. What a card says of a claim besides the measurement — its words, its threshold, the
+    function that measured it (``where``), whether it is a speed or memory figure — comes from its declaration."""
+
+    def __init__(self, lesson: str, declared: Iterable[Declared]):
+        self.lesson, self.declared = lesson, {}
+        for spec in declared:
+            if not ID_PATTERN.fullmatch(spec.id.rstrip("_")) or not spec.id.startswith(f"{lesson}."):
+                raise ValueError(f"claim id {spec.id!r} is not {lesson}.name")
+            if spec.id in self.declared:
+                raise ValueError(f"claim {spec.id!r} is declared twice")
+            if spec.figure not in ("",) + FIGURE_KINDS:
+                raise ValueError(f"{spec.id}: figure {spec.figure!r} is not one of {', '.join(FIGURE_KINDS)}")
+            self.declared[spec.id] = spec
+
+    def __iter__(self):
+        return iter(self.declared.values())
+
+    def spec(self, claim_id: str) -> Declared:
+        """The declaration of ``claim_id`` (a family's for "02.forward_peak_bfloat16"); KeyError if undeclared."""
+        found = _by_id(self.declared, claim_id)
+        if found is None or (found.family and claim_id == found.id):
+            raise KeyError(f"claim {claim_id!r} is not declared in lesson {self.lesson}'s claims")
+        return found
+
+    def judge(self, claim_id: str, measured: str, holds, note: str = "", differs_here: str = "",
+              samples: list | None = None, **values) -> Claim:
+        """Claim ``claim_id`` as measured: ``holds`` True / False / None (not measurable here) / "noise"."""
+        spec = self.spec(claim_id)
+        claim = Claim(spec.words("claim", values), spec.words("source", values), spec.words("expected", values),
+                      measured, holds, note=note, differs_here=differs_here, samples=samples, id=claim_id)
+        return placed([claim], self.lesson, {claim_id: spec.where}, {claim_id: spec.figure})[0]
+
+    def judge_samples(self, claim_id: str, samples: Samples | Iterable[float], note: str = "",
+                      differs_here: str = "", threshold: float | None = None, **values) -> Claim:
+        """Claim ``claim_id`` from repeats, judged by its declared ``op`` against its ``threshold`` (or, where the
+        lesson's line moves with the machine, the ``threshold`` given here)."""
+        spec = self.spec(claim_id)
+        if not spec.op:
+            raise ValueError(f"{claim_id} declares no op: judge it with judge()")
+        samples = samples if isinstance(samples, Samples) else Samples(list(samples))
+        line = spec.threshold if threshold is None else threshold
+        return self.judge(claim_id, samples.format(spec.fmt, spec.unit), samples.compare(spec.op, line), note=note,
+                          differs_here=differs_here, samples=list(samples.values), **values)
+
+    def all(self, claims: Iterable[Claim]) -> list[Claim]:
+        """``claims``, checked: each declared claim judged once (a family at least once), nothing else."""
+        claims = list(claims)
+        problems = id_problems(claims, self.lesson)
+        judged = {c.id for c in claims}
+        problems += [f"claim {spec.id!r} is declared but not judged" for spec in self
+                     if not (any(i.startswith(spec.id) for i in judged) if spec.family else spec.id in judged)]
+        if problems:
+            raise ValueError(f"lesson {self.lesson}'s claims: " + "; ".join(problems))
+        return claims
+
+
 def id_problems(claims: Iterable["Claim"], lesson: str) -> list[str]:
     """What is wrong with lesson ``lesson``'s claim ids ("05"): each needs one, ``05.name`` (:data:`ID_PATTERN`),
     used once. An empty list when all is well."""

@@ -84,15 +84,40 @@ def test_lessons_lists_every_notebook_once_each_with_its_folder_claims_and_exerc
         assert len(exercises.load(lesson.module)) >= 2, lesson
 
 
-def test_every_claim_id_of_every_lesson_names_the_function_that_measures_it():
-    """MEASURED_BY: one entry per claim id the lesson's code writes (a prefix for ids made in a loop), each a function
-    that exists or a section of the notebook that measures it in its own cells ("notebook §3"); a report card's row
-    leads to it (claims.json's "where")."""
+def _where_exists(lesson, key, fn) -> None:
+    """A claim's ``where``: a function that exists, or a section of the notebook that measures it in its own cells
+    ("notebook §3"), or None."""
     import importlib
+    import re
+
+    if fn is None:
+        return
+    if isinstance(fn, str) and fn.startswith("notebook §"):  # computed in the notebook's cells, there once
+        section = fn.removeprefix("notebook §")
+        headings = (ROOT / lesson.notebook).read_text(encoding="utf-8")
+        assert re.search(rf'"## {re.escape(section)}\. ', headings), f"{key}: {lesson.notebook} has no §{section}"
+        return
+    module, _, name = report.function_name(fn).partition(":")
+    target = importlib.import_module(module)
+    for part in name.split("."):
+        target = getattr(target, part)
+    assert callable(target), key
+
+
+def test_every_claim_id_of_every_lesson_names_the_function_that_measures_it():
+    """Each claim leads a report card's reader to the code that measured it (claims.json's "where"). A lesson that
+    declares its claims (``CLAIMS``, report.LessonClaims) names it in each declaration; one that does not yet has
+    MEASURED_BY: one entry per claim id the lesson's code writes (a prefix for ids made in a loop)."""
     import inspect
     import re
 
     for lesson in lessons.LESSONS:
+        declared = getattr(lesson.experiments, "CLAIMS", None)
+        if declared is not None:
+            assert isinstance(declared, report.LessonClaims) and declared.lesson == lesson.id, lesson.id
+            for spec in declared:
+                _where_exists(lesson, spec.id, spec.where)
+            continue
         table = lesson.experiments.MEASURED_BY
         source = inspect.getsource(lesson.experiments)
         written = set(re.findall(r'\bid=f?"(\d\d\.[a-z0-9_.]+)', source)) | set(
@@ -102,21 +127,25 @@ def test_every_claim_id_of_every_lesson_names_the_function_that_measures_it():
             assert any(claim_id == k or claim_id.startswith(k) for k in table if k.startswith(claim_id[:3])), claim_id
         for key, fn in table.items():
             assert any(w == key or w.startswith(key) for w in written), f"{key}: no claim has this id"
-            if fn is None:
-                continue
-            if isinstance(fn, str) and fn.startswith("notebook §"):  # computed in the notebook's cells, there once
-                section = fn.removeprefix("notebook §")
-                headings = (ROOT / lesson.notebook).read_text(encoding="utf-8")
-                assert re.search(rf'"## {re.escape(section)}\. ', headings), f"{key}: {lesson.notebook} has no §{section}"
-                continue
-            module, _, name = report.function_name(fn).partition(":")
-            target = importlib.import_module(module)
-            for part in name.split("."):
-                target = getattr(target, part)
-            assert callable(target), key
+            _where_exists(lesson, key, fn)
         for key, kind in getattr(lesson.experiments, "FIGURES", {}).items():  # a typo would leave a figure judged
             assert any(w == key or w.startswith(key) for w in written), f"FIGURES {key}: no claim has this id"
             assert kind in report.FIGURE_KINDS, (key, kind)
+
+
+def test_a_declared_claims_prose_is_in_its_notebook():
+    """A declaration's ``prose`` is what the notebook tells a learner a row will read (its threshold): the notebook
+    must say it, with the threshold the claim uses."""
+    from claims_helpers import notebook_prose
+
+    checked = 0
+    for lesson in lessons.LESSONS:
+        prose = " ".join(notebook_prose(pathlib.Path(lesson.notebook).name).split())  # one space between words
+        for spec in getattr(lesson.experiments, "CLAIMS", ()):
+            if spec.prose:
+                assert spec.words("prose", {}) in prose, (spec.id, spec.words("prose", {}))
+                checked += 1
+    assert checked
 
 
 def test_placed_sets_each_claims_lesson_and_where_and_a_prefix_covers_ids_made_in_a_loop():

@@ -93,3 +93,55 @@ def test_claim_ids_round_trip_and_id_problems_names_each_fault():
     problems = id_problems(bad, "05")
     assert len(problems) == 4 and "'05.first' is used twice" in problems[0], problems
     assert all("not 05.name" in p for p in problems[1:]), problems
+
+
+def _declared():
+    return report.LessonClaims("02", [
+        report.Declared("02.kernel_cast_raises", "casting a {what} raises", "§2", "an error", where=report.Samples),
+        report.Declared("02.speed", "{policy} is faster", "§3", "> {threshold}×", figure="speed", op=">",
+                        threshold=1.1, prose="more than {threshold}×"),
+        report.Declared("02.forward_peak_", "the forward peak is lower", "§4", "< 1×", where="notebook §4"),
+    ])
+
+
+def test_a_declared_claim_takes_its_words_threshold_and_where_from_its_declaration():
+    declared = _declared()
+    claim = declared.judge("02.kernel_cast_raises", "TypeError", True, what="kernel")
+    assert (claim.claim, claim.source, claim.expected) == ("casting a kernel raises", "§2", "an error")
+    assert claim.lesson == "02"
+    assert claim.where == "course_utils.report:Samples" and claim.figure == ""
+    fast = declared.judge_samples("02.speed", [1.2, 1.3, 1.4], policy="mixed_bfloat16")
+    assert (fast.claim, fast.expected, fast.holds) == ("mixed_bfloat16 is faster", "> 1.1×", True)
+    assert fast.figure == "speed"
+    assert fast.measured == report.Samples([1.2, 1.3, 1.4]).format(".2f", "×") and fast.samples == [1.2, 1.3, 1.4]
+    assert declared.judge_samples("02.speed", [1.05, 1.06, 1.07], policy="p").holds is False  # against 1.1
+    assert declared.judge_samples("02.speed", [1.05, 1.06, 1.07], threshold=1.0, policy="p").holds is True
+    family = declared.judge("02.forward_peak_bfloat16", "0.5×", True)
+    assert family.id == "02.forward_peak_bfloat16" and family.where == "notebook §4"
+    assert declared.spec("02.speed").words("prose", {}) == "more than 1.1×"
+
+
+def test_declared_claims_refuse_what_is_not_declared_judged_twice_or_left_out():
+    declared = _declared()
+    for undeclared in ("02.kernel_cast", "02.forward_peak_", "03.speed"):
+        with pytest.raises(KeyError, match="not declared"):
+            declared.judge(undeclared, "x", True)
+    with pytest.raises(ValueError, match="declares no op"):
+        declared.judge_samples("02.kernel_cast_raises", [1.0], what="x")
+    one = declared.judge("02.kernel_cast_raises", "x", True, what="x")
+    speed = declared.judge_samples("02.speed", [1.2], policy="p")
+    peaks = [declared.judge(f"02.forward_peak_{p}", "x", True) for p in ("float32", "bfloat16")]
+    assert declared.all([one, speed, *peaks]) == [one, speed, *peaks]
+    with pytest.raises(ValueError, match="'02.speed' is declared but not judged"):
+        declared.all([one, *peaks])
+    with pytest.raises(ValueError, match="'02.forward_peak_' is declared but not judged"):
+        declared.all([one, speed])
+    with pytest.raises(ValueError, match="used twice"):
+        declared.all([one, one, speed, *peaks])
+    for bad, says in ((report.Declared("02.x", "a", "b", "c", figure="size"), "figure"),
+                      (report.Declared("03.x", "a", "b", "c"), "not 02.name"),
+                      (report.Declared("02.Bad", "a", "b", "c"), "not 02.name")):
+        with pytest.raises(ValueError, match=says):
+            report.LessonClaims("02", [bad])
+    with pytest.raises(ValueError, match="declared twice"):
+        report.LessonClaims("02", [report.Declared("02.x", "a", "b", "c")] * 2)

@@ -244,31 +244,66 @@ def output_gradient(model, x, y, scale: float = 1.0):
     return tape.gradient(loss, pred)
 
 
-# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
-# "where": a report card's row leads to the code)
-# The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
-# measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
-FIGURES = {
-    "03.policy_lowers_step_peak": "memory",
-    "03.policy_faster_on_accelerator": "speed",
-    "03.mixed_float16_slow_on_cpu": "speed",
-}
-
-MEASURED_BY = {
-    "03.policy_lowers_step_peak": training_step_peaks,
-    "03.mixed_policy_dtypes": "course_utils.models:build_under_policy",  # the layers' dtypes, set as it builds
-    "03.saturated_probability_harmless": "notebook §2",
-    "03.bfloat16_softmax_coarse": "notebook §2",
-    "03.loss_uses_logits": model_losses,
-    "03.loss_error_from_bfloat16_logits": "notebook §2",
-    "03.compile_wraps_loss_scale_optimizer": "notebook §3",
-    "03.float16_gradients_underflow": kernel_gradient,
-    "03.underflow_at_layer_output": output_gradient,
-    "03.apply_gradients_in_keras3": "notebook §3",
-    "03.policy_halves_activations": "course_utils.memory:estimate_training_memory",
-    "03.policy_faster_on_accelerator": training_step,
-    "03.mixed_float16_slow_on_cpu": None,  # not run on purpose
-}
+# Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
+# "where": a report card's row leads to the code). A "speed" or "memory" figure is judged on the accelerator's own
+# speed or memory: under a GPU or TPU stand-in a CPU measures it, so one that does not hold there is marked, not failed.
+PEAK_RATIO = 0.95  # a mixed policy's step peak against float32's: below this, lower
+CLAIMS = report.LessonClaims("03", [
+    report.Declared("03.mixed_policy_dtypes",
+                    "Under a mixed policy layers compute in 16 bits and keep float32 variables",
+                    "Keras mixed precision guide; §1", "compute bfloat16, variables float32",
+                    where="course_utils.models:build_under_policy"),  # the layers' dtypes, set as it builds
+    report.Declared("03.saturated_probability_harmless",
+                    "A bfloat16 probability of exactly 1.0 does not make Keras' loss or gradient 0 (it clips to "
+                    "[1e-7, 1 − 1e-7] and renormalises); a gradient vanishes only where the float32 loss is < 1e-6",
+                    "Keras 3 nn.py sparse_categorical_crossentropy; §2",
+                    "rows with p₀ = 1.0: loss > 0, < 1% with zero gradient; those rows' float32 loss < 1e-6",
+                    where="notebook §2"),
+    report.Declared("03.bfloat16_softmax_coarse", "A bfloat16 softmax's probabilities are coarse: few distinct "
+                    "confidences above 0.99, rows off 1 by up to ~1%",
+                    "bfloat16 format (steps of 2⁻⁸ below 1); §2",
+                    "≤ 4 distinct values; |sum − 1| > 0.1%", where="notebook §2"),
+    report.Declared("03.loss_uses_logits", "Keras' loss uses a float32 softmax output's logits (= from_logits=True); "
+                    "a cast bfloat16 output goes through clip-and-log", "Keras 3 nn.py _get_logits; §2",
+                    "equal losses (table and model, eager/graph/XLA); bfloat16 softmax's largest error > 5× the "
+                    "other's", where=model_losses),
+    report.Declared("03.loss_error_from_bfloat16_logits",
+                    "The typical loss error comes from the bfloat16 logits: a float32 softmax does not lower it much",
+                    "§2", "median error with float32 softmax ≥ 0.5 × with bfloat16 softmax", where="notebook §2"),
+    report.Declared("03.compile_wraps_loss_scale_optimizer",
+                    "compile wraps the optimizer in a LossScaleOptimizer only for a model constructed under the "
+                    "global mixed_float16 policy — not for mixed_float16 set per layer or a clone made under "
+                    "float32 — and never wraps one twice", "Keras 3 Trainer.compile; §3",
+                    "mixed_float16: LossScaleOptimizer(Adam), given one: the same; every other case: Adam",
+                    where="notebook §3"),
+    report.Declared("03.float16_gradients_underflow",
+                    "Small float16 gradients underflow to 0 without loss scaling; scaled, they match float32", "§3",
+                    "100% zeros → 0% zeros, error < 5%", where=kernel_gradient),
+    report.Declared("03.underflow_at_layer_output",
+                    "Without loss scaling the float16 gradient at the layer output underflows to 0", "§3",
+                    "100% zeros", where=output_gradient),
+    report.Declared("03.apply_gradients_in_keras3",
+                    "apply_gradients still exists in Keras 3, and on a LossScaleOptimizer it unscales like apply",
+                    "Keras 3 base_optimizer.py; §3", "both updates 0.5", where="notebook §3"),
+    report.Declared("03.policy_halves_activations",
+                    "{policy} halves the activation bytes and leaves weights, gradients and Adam state unchanged",
+                    "Keras mixed precision guide; §4 (counted)", "activations ≈ 0.5× (< 0.6×); state equal",
+                    where="course_utils.memory:estimate_training_memory"),
+    report.Declared("03.policy_lowers_step_peak",
+                    "{policy} lowers the peak memory of a training step (measured in isolation)", "§4",
+                    "< {threshold}× without XLA and on a TPU; ≈ 1× with XLA on a CPU", where=training_step_peaks,
+                    figure="memory", op="<", threshold=PEAK_RATIO),
+    report.Declared("03.policy_faster_on_accelerator",
+                    "{policy} trains faster than float32 on a GPU with 16-bit tensor cores (a TPU: from halved memory "
+                    "traffic); slower on a CPU without bf16 instructions",
+                    "Cloud TPU bfloat16 / NVIDIA mixed-precision docs; §4",
+                    "GPU (Ampere+): > 1×, often 1.5–3×; TPU: ≥ 1×; CPU without bf16: < 1×; CPU under XLA: "
+                    "about 1× (tested at > {threshold}×)", where=training_step, figure="speed", op=">",
+                    threshold=report.NOTICEABLE_GAIN, prose="more than {threshold}×"),
+    report.Declared("03.mixed_float16_slow_on_cpu", "mixed_float16 on a CPU is much slower than float32",
+                    "TensorFlow CPU kernels (oneDNN): no fast float16 convolution gradients; §4", "many times slower",
+                    figure="speed"),  # not run on purpose
+])
 
 
 def claims(r: dict) -> list:
@@ -279,7 +314,6 @@ def claims(r: dict) -> list:
     step_xla = r["step_xla"]  # what XLA compiled of the timed step ("none" without XLA)
     speed_xla = xla if step_xla == "none" else f"{xla}: {step_xla}"
     on_accelerator = r["kind"] in ("TPU", "GPU", "multi-GPU")
-    measurable = peaks["float32"].peak_bytes > 0
     cpu_why = ("XLA on this CPU computes the bfloat16 convolutions in float32, plus the casts: about 1×, not the "
                f"{report.NOTICEABLE_GAIN}× a gain needs" if r["xla_upcasts"]
                else "CPUs without bfloat16 units (no avx512_bf16/AMX flag) convert to and from bfloat16 in software"
@@ -291,90 +325,56 @@ def claims(r: dict) -> list:
     updates, wrapped = r["updates"], r["wrapped"]
     equal_losses = r["same_as_logits"] and r["model_uses_logits"]
 
-    peak_text = (f"{mixed_policy} lowers the peak memory of a training step (measured in isolation)", "§4",
-                 "< 0.95× without XLA and on a TPU; ≈ 1× with XLA on a CPU")
-    if measurable:
+    if peaks["float32"].peak_bytes > 0:
         peak_ratio = [m / max(1, f) for m, f in zip(peaks[mixed_policy].samples or [peaks[mixed_policy].peak_bytes],
                                                     peaks["float32"].samples or [peaks["float32"].peak_bytes])]
-        peak_claim = report.Claim.from_samples(
-            *peak_text, peak_ratio, "<", 0.95, note=f"{xla}; batch {r['mem_batch']}; {peaks['float32'].method}",
+        peak_claim = CLAIMS.judge_samples(
+            "03.policy_lowers_step_peak", peak_ratio, note=f"{xla}; batch {r['mem_batch']}; {peaks['float32'].method}",
             differs_here=("XLA's CPU backend computes bfloat16 convolutions in float32 (lesson 02); expect < 1× on a "
                           "TPU, which computes in bfloat16 in hardware") if r["xla_upcasts"] else "",
-            id="03.policy_lowers_step_peak")
+            policy=mixed_policy)
     else:  # no peak to read here: not measurable, never a pass
-        peak_claim = report.Claim(*peak_text, "—", None, note="this runtime reports no peak memory",
-                                  id="03.policy_lowers_step_peak")
+        peak_claim = CLAIMS.judge("03.policy_lowers_step_peak", "—", None, note="this runtime reports no peak memory",
+                                  policy=mixed_policy)
 
-    out = [
-        report.Claim("Under a mixed policy layers compute in 16 bits and keep float32 variables",
-                     "Keras mixed precision guide; §1", "compute bfloat16, variables float32",
-                     f"hidden layers: compute {hidden[0][0]}, variables {hidden[0][1]}",
-                     all(c == "bfloat16" and v == "float32" for c, v in hidden), id="03.mixed_policy_dtypes"),
-        report.Claim("A bfloat16 probability of exactly 1.0 does not make Keras' loss or gradient 0 (it clips to "
-                     "[1e-7, 1 − 1e-7] and renormalises); a gradient vanishes only where the float32 loss is < 1e-6",
-                     "Keras 3 nn.py sparse_categorical_crossentropy; §2",
-                     "rows with p₀ = 1.0: loss > 0, < 1% with zero gradient; those rows' float32 loss < 1e-6",
+    return CLAIMS.all([
+        CLAIMS.judge("03.mixed_policy_dtypes", f"hidden layers: compute {hidden[0][0]}, variables {hidden[0][1]}",
+                     all(c == "bfloat16" and v == "float32" for c, v in hidden)),
+        CLAIMS.judge("03.saturated_probability_harmless",
                      f"p₀ = 1.0 in {bf['ones']:.1%} of rows; smallest loss {r['loss_at_one_min']:.1e}; "
                      f"zero gradient: {r['zero_rows']} rows ({r['zero_at_one']:.2%}), "
                      f"float32 loss ≤ {r['zero_ref_loss']:.1e}",
                      bool(bf["ones"] > 0 and r["loss_at_one_min"] > 0 and r["zero_at_one"] < 0.01
-                          and r["zero_ref_loss"] < 1e-6), id="03.saturated_probability_harmless"),
-        report.Claim("A bfloat16 softmax's probabilities are coarse: few distinct confidences above 0.99, rows off 1 "
-                     "by up to ~1%", "bfloat16 format (steps of 2⁻⁸ below 1); §2",
-                     "≤ 4 distinct values; |sum − 1| > 0.1%",
+                          and r["zero_ref_loss"] < 1e-6)),
+        CLAIMS.judge("03.bfloat16_softmax_coarse",
                      f"{bf['distinct']} distinct (float32 softmax: {f32_out['distinct']}); |sum − 1| up to "
-                     f"{bf['sum_err']:.4f}", bf["distinct"] <= 4 < f32_out["distinct"] and bf["sum_err"] > 1e-3,
-                     id="03.bfloat16_softmax_coarse"),
-        report.Claim("Keras' loss uses a float32 softmax output's logits (= from_logits=True); a cast bfloat16 output "
-                     "goes through clip-and-log", "Keras 3 nn.py _get_logits; §2",
-                     "equal losses (table and model, eager/graph/XLA); bfloat16 softmax's largest error > 5× the "
-                     "other's", f"equal: {equal_losses}; largest loss error {bf['loss_max']:.0%} vs "
-                     f"{f32_out['loss_max']:.0%}", equal_losses and bf["loss_max"] > 5 * f32_out["loss_max"],
-                     id="03.loss_uses_logits"),
-        report.Claim("The typical loss error comes from the bfloat16 logits: a float32 softmax does not lower it much",
-                     "§2", "median error with float32 softmax ≥ 0.5 × with bfloat16 softmax",
-                     f"median {f32_out['loss_med']:.2%} vs {bf['loss_med']:.2%}",
-                     f32_out["loss_med"] >= 0.5 * bf["loss_med"], id="03.loss_error_from_bfloat16_logits"),
-        report.Claim("compile wraps the optimizer in a LossScaleOptimizer only for a model constructed under the "
-                     "global mixed_float16 policy — not for mixed_float16 set per layer or a clone made under "
-                     "float32 — and never wraps one twice", "Keras 3 Trainer.compile; §3",
-                     "mixed_float16: LossScaleOptimizer(Adam), given one: the same; every other case: Adam",
-                     ", ".join(f"{p}: {o}" for p, o in wrapped.items()),
+                     f"{bf['sum_err']:.4f}", bf["distinct"] <= 4 < f32_out["distinct"] and bf["sum_err"] > 1e-3),
+        CLAIMS.judge("03.loss_uses_logits",
+                     f"equal: {equal_losses}; largest loss error {bf['loss_max']:.0%} vs {f32_out['loss_max']:.0%}",
+                     equal_losses and bf["loss_max"] > 5 * f32_out["loss_max"]),
+        CLAIMS.judge("03.loss_error_from_bfloat16_logits", f"median {f32_out['loss_med']:.2%} vs {bf['loss_med']:.2%}",
+                     f32_out["loss_med"] >= 0.5 * bf["loss_med"]),
+        CLAIMS.judge("03.compile_wraps_loss_scale_optimizer", ", ".join(f"{p}: {o}" for p, o in wrapped.items()),
                      wrapped == {"float32": "Adam", "mixed_bfloat16": "Adam",
                                  "mixed_float16": "LossScaleOptimizer(Adam)",
                                  COMPILE_CASES[0]: "Adam", COMPILE_CASES[1]: "Adam",
-                                 COMPILE_CASES[2]: "LossScaleOptimizer(Adam)"},
-                     id="03.compile_wraps_loss_scale_optimizer"),
-        report.Claim("Small float16 gradients underflow to 0 without loss scaling; scaled, they match float32", "§3",
-                     "100% zeros → 0% zeros, error < 5%",
+                                 COMPILE_CASES[2]: "LossScaleOptimizer(Adam)"}),
+        CLAIMS.judge("03.float16_gradients_underflow",
                      f"{r['zero_unscaled']:.0%} zeros → {r['zero_scaled']:.0%} zeros, error {r['scaled_err']:.2%}",
-                     r["zero_unscaled"] == 1.0 and r["zero_scaled"] == 0.0 and r["scaled_err"] < 0.05,
-                     id="03.float16_gradients_underflow"),
-        report.Claim("Without loss scaling the float16 gradient at the layer output underflows to 0", "§3",
-                     "100% zeros", f"{r['upstream_zero']:.0%} zeros (float32 median |g| {r['up32_median']:.0e})",
-                     r["upstream_zero"] == 1.0, id="03.underflow_at_layer_output"),
-        report.Claim("apply_gradients still exists in Keras 3, and on a LossScaleOptimizer it unscales like apply",
-                     "Keras 3 base_optimizer.py; §3", "both updates 0.5",
-                     ", ".join(f"{k}: {v:g}" for k, v in updates.items()),
-                     updates["apply"] == updates["apply_gradients"] == 0.5, id="03.apply_gradients_in_keras3"),
-        report.Claim(f"{mixed_policy} halves the activation bytes and leaves weights, gradients and Adam state "
-                     "unchanged", "Keras mixed precision guide; §4 (counted)",
-                     "activations ≈ 0.5× (< 0.6×); state equal",
+                     r["zero_unscaled"] == 1.0 and r["zero_scaled"] == 0.0 and r["scaled_err"] < 0.05),
+        CLAIMS.judge("03.underflow_at_layer_output",
+                     f"{r['upstream_zero']:.0%} zeros (float32 median |g| {r['up32_median']:.0e})",
+                     r["upstream_zero"] == 1.0),
+        CLAIMS.judge("03.apply_gradients_in_keras3", ", ".join(f"{k}: {v:g}" for k, v in updates.items()),
+                     updates["apply"] == updates["apply_gradients"] == 0.5),
+        CLAIMS.judge("03.policy_halves_activations",
                      f"activations {r['act_ratio']:.2f}×; state {'equal' if r['state_equal'] else 'differs'}",
-                     r["act_ratio"] < 0.6 and r["state_equal"], id="03.policy_halves_activations"),
+                     r["act_ratio"] < 0.6 and r["state_equal"], policy=mixed_policy),
         peak_claim,
-        report.Claim.from_samples(
-            f"{mixed_policy} trains faster than float32 on a GPU with 16-bit tensor cores (a TPU: from halved memory "
-            "traffic); slower on a CPU without bf16 instructions",
-            "Cloud TPU bfloat16 / NVIDIA mixed-precision docs; §4",
-            "GPU (Ampere+): > 1×, often 1.5–3×; TPU: ≥ 1×; CPU without bf16: < 1×; CPU under XLA: about 1× "
-            f"(tested at > {report.NOTICEABLE_GAIN}×)", r["speedup"], ">",
-            report.NOTICEABLE_GAIN if r["xla_upcasts"] else 1.0,
-            note=f"{speed_xla}; batch {r['time_batch']}; bf16 instructions: {r['cpu_bf16']}",
-            differs_here=speed_differs, id="03.policy_faster_on_accelerator"),
-        report.Claim("mixed_float16 on a CPU is much slower than float32", "TensorFlow CPU kernels (oneDNN): no fast "
-                     "float16 convolution gradients; §4", "many times slower",
-                     "not run on purpose", None, "not measured here (authors' 2-core CPU: ~40×)",
-                     id="03.mixed_float16_slow_on_cpu"),
-    ]
-    return report.placed(out, "03", MEASURED_BY, FIGURES)
+        CLAIMS.judge_samples("03.policy_faster_on_accelerator", r["speedup"],
+                             note=f"{speed_xla}; batch {r['time_batch']}; bf16 instructions: {r['cpu_bf16']}",
+                             differs_here=speed_differs,
+                             threshold=report.NOTICEABLE_GAIN if r["xla_upcasts"] else 1.0, policy=mixed_policy),
+        CLAIMS.judge("03.mixed_float16_slow_on_cpu", "not run on purpose", None,
+                     "not measured here (authors' 2-core CPU: ~40×)"),
+    ])

@@ -130,6 +130,16 @@ class Samples:
             return False
         return "noise"
 
+    def within(self, low: float, high: float) -> bool | str:
+        """True when the whole spread lies in ``[low, high)``, False when it lies wholly outside on one side, else
+        "noise" (the spread crosses a bound)."""
+        above, below = self.compare(">=", low), self.compare("<", high)
+        if above is True and below is True:
+            return True
+        if above is False or below is False:
+            return False
+        return "noise"
+
 
 @dataclasses.dataclass
 class Claim:
@@ -270,9 +280,9 @@ class Declared:
     ``{name}`` a value the claims function passes when it judges (``policy="mixed_bfloat16"``). ``where``: the
     function that measures it (or its ``module:name``), ``"notebook §3"`` for the notebook's own cells in that
     section, None for nothing here. ``figure``: "speed" or "memory" (:data:`FIGURE_KINDS`) for a figure judged on
-    the accelerator's speed or memory. ``op`` and ``threshold``: how repeats are judged (:meth:`Samples.compare`),
-    ``fmt`` and ``unit`` how they print. ``prose``: words the lesson's notebook states to a learner (tested), with
-    ``{threshold}`` filled in."""
+    the accelerator's speed or memory. ``op`` and ``threshold``: how repeats are judged (:meth:`Samples.compare`;
+    ``op="within"`` with ``threshold=(low, high)``: :meth:`Samples.within`), ``fmt`` and ``unit`` how they print.
+    ``prose``: words the lesson's notebook states to a learner (tested), with ``{threshold}`` filled in."""
 
     id: str
     claim: str
@@ -281,7 +291,7 @@ class Declared:
     where: object = None
     figure: str = ""
     op: str = ""
-    threshold: float | None = None
+    threshold: float | tuple[float, float] | None = None
     fmt: str = ".2f"
     unit: str = "×"
     prose: str = ""
@@ -331,16 +341,20 @@ class LessonClaims:
         return placed([claim], self.lesson, {claim_id: spec.where}, {claim_id: spec.figure})[0]
 
     def judge_samples(self, claim_id: str, samples: Samples | Iterable[float], note: str = "",
-                      differs_here: str = "", threshold: float | None = None, **values) -> Claim:
-        """Claim ``claim_id`` from repeats, judged by its declared ``op`` against its ``threshold`` (or, where the
-        lesson's line moves with the machine, the ``threshold`` given here)."""
+                      differs_here: str = "", threshold=None, op: str = "", fmt: str = "",
+                      unit: str | None = None, **values) -> Claim:
+        """Claim ``claim_id`` from repeats, judged by its declared ``op`` against its ``threshold`` — or, where the
+        lesson's line moves with the machine (a TPU's against a CPU's), the ``op``, ``threshold``, ``fmt`` and
+        ``unit`` given here."""
         spec = self.spec(claim_id)
-        if not spec.op:
+        op, line = op or spec.op, spec.threshold if threshold is None else threshold
+        if not op:
             raise ValueError(f"{claim_id} declares no op: judge it with judge()")
         samples = samples if isinstance(samples, Samples) else Samples(list(samples))
-        line = spec.threshold if threshold is None else threshold
-        return self.judge(claim_id, samples.format(spec.fmt, spec.unit), samples.compare(spec.op, line), note=note,
-                          differs_here=differs_here, samples=list(samples.values), **values)
+        holds = samples.within(*line) if op == "within" else samples.compare(op, line)
+        measured = samples.format(fmt or spec.fmt, spec.unit if unit is None else unit)
+        return self.judge(claim_id, measured, holds, note=note, differs_here=differs_here,
+                          samples=list(samples.values), **values)
 
     def all(self, claims: Iterable[Claim]) -> list[Claim]:
         """``claims``, checked: each declared claim judged once (a family at least once), nothing else."""

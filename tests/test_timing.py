@@ -88,6 +88,7 @@ def test_compare_matmul_dtypes_interleaves_and_counts_bytes():
     "values, verdict",
     [([0.9, 1.0, 1.2], True), ([0.2, 0.3, 0.4], False), ([2.5, 3.0], False), ([0.4, 0.6, 0.7], "noise")],
 )
-def test_within_claim_decides_from_the_spread(values, verdict):
-    claim = tpu.within_claim("c", "s", "e", Samples(values), 0.5, 2.0, id="01.c")
-    assert claim.holds == verdict
+def test_a_within_claim_decides_from_the_spread(values, verdict):
+    assert Samples(values).within(0.5, 2.0) == verdict
+    claim = tpu.bfloat16_speed_claim(Samples(values), "without XLA", "TPU", "")  # judged within its declared range
+    assert claim.holds == verdict and tpu.CLAIMS.spec(claim.id).threshold == (0.5, 2.0)

@@ -136,21 +136,6 @@ def compare_matmul_dtypes(n: int, repeats: int, device: str | None = None, jit: 
     return {"rates": rates, "speed_vs_first": speed, "bytes": nbytes, "matmuls": matmuls}
 
 
-def within_claim(claim: str, source: str, expected: str, samples: Samples, low: float, high: float,
-                 fmt: str = ".2f", unit: str = "×", note: str = "", differs_here: str = "", *, id: str) -> Claim:
-    """A claim that a repeated ratio lies in ``[low, high)``: holds when the whole spread does, fails when
-    the whole spread is outside on one side, inconclusive (noise) when the spread crosses a bound."""
-    above, below = samples.compare(">=", low), samples.compare("<", high)
-    if above is True and below is True:
-        holds = True
-    elif above is False or below is False:
-        holds = False
-    else:
-        holds = "noise"
-    return Claim(claim, source, expected, samples.format(fmt, unit), holds, note=note, differs_here=differs_here,
-                 samples=list(samples.values), id=id)
-
-
 V5E_PEAK_TFLOPS = 197.0  # §1: one TPU v5e chip's peak bfloat16 matmul rate
 
 # §7, pitfall 2 on 4 replicas: the code the notebook runs in a 4-CPU process (keep the two the same)
@@ -274,28 +259,50 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
     return out
 
 
-# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
-# "where": a report card's row leads to the code)
-# The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
-# measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
-FIGURES = {
-    "01.tpu_faster_than_cpu": "speed",
-    "01.bfloat16_matmul_speed": "speed",
-}
-
-MEASURED_BY = {
-    "01.old_recipes_fail": resolver_recipes,
-    "01.local_resolver_recipe": runtime.detect,
-    "01.detection_never_raises": runtime.detect,
-    "01.global_batch_split": split_one_batch,
-    "01.fit_in_scope_trains": fit_in_scope,
-    "01.optimizer_outside_scope": optimizer_outside_scope,
-    "01.model_outside_scope": model_built_outside_scope,
-    "01.fit_xla_on_replicas": fit_xla_on_replicas,
-    "01.tpu_faster_than_cpu": compare_matmul_dtypes,
-    "01.bfloat16_matmul_speed": compare_matmul_dtypes,
-    "01.bfloat16_halves_bytes": compare_matmul_dtypes,
-}
+# Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
+# "where": a report card's row leads to the code). A "speed" figure is judged on the accelerator's own speed: under a
+# GPU or TPU stand-in a CPU measures it, so one that does not hold there is marked, not failed.
+CPU_SHARE_OF_V5E = 0.01  # a CPU's float32 matmul rate against one v5e chip's peak: below this share
+TPU_MIN_TFLOPS = 1.0  # a TPU's bfloat16 matmul rate in this lesson's probe: above this
+BF16_SPEED_RANGE = (0.5, 2.0)  # bfloat16 ÷ float32 matmul speed on a TPU: about 1×
+CLAIMS = report.LessonClaims("01", [
+    report.Declared("01.old_recipes_fail",
+                    "Old recipes (grpc:// + COLAB_TPU_ADDR; no-argument resolver) fail on today's runtimes",
+                    "TPU VM docs; §3", "both raise on a TPU VM", where=resolver_recipes),
+    report.Declared("01.local_resolver_recipe",
+                    'TPUClusterResolver(tpu="local") → connect → initialize gives a TPUStrategy on a TPU VM',
+                    "TF TPU guide; §3", "TPUStrategy, 1 replica on v5e-1", where=runtime.detect),
+    report.Declared("01.detection_never_raises",
+                    "Detection never raises on missing or broken hardware; it falls back and says why",
+                    "course_utils; §4", "falls back, reason recorded", where=runtime.detect),
+    report.Declared("01.global_batch_split", "Global batch = per-replica batch × num_replicas_in_sync, split evenly",
+                    "tf.distribute guide; §5-6", "4 × {per_replica} = {global_batch}", where=split_one_batch),
+    report.Declared("01.fit_in_scope_trains",
+                    "A model built in strategy.scope() trains with fit on whatever hardware was found",
+                    "§5", "accuracy well above chance ({chance:.0%})", where=fit_in_scope),
+    report.Declared("01.optimizer_outside_scope",
+                    "An optimizer with state (Adam) created outside the scope makes fit fail; plain SGD() happens "
+                    "to run", "Keras 3 behaviour; §7", "Adam: RuntimeError; SGD: fit ran",
+                    where=optimizer_outside_scope),
+    report.Declared("01.model_outside_scope",
+                    "A model built outside the scope silently ignores a 1-replica strategy and fails under 4 replicas",
+                    "Keras 3 behaviour; §7", "ignored on 1; error on 4", where=model_built_outside_scope),
+    report.Declared("01.fit_xla_on_replicas",
+                    "On several replicas, fit(jit_compile=True) fails (keras#19005); the course's rule trains, and a "
+                    "custom loop compiles each replica's step", "Keras source (trainer.py); §5",
+                    "jit_compile=True raises; rule: trains without XLA; custom loop ≈", where=fit_xla_on_replicas),
+    report.Declared("01.tpu_faster_than_cpu", "One v5e chip (197 bf16 TFLOP/s) is far faster at matmuls than a CPU",
+                    "TPU v5e spec; §1", "CPU: < {threshold:g} TFLOP/s (1% of 197); TPU: > 1 TFLOP/s",
+                    where=compare_matmul_dtypes, figure="speed", op="<",
+                    threshold=CPU_SHARE_OF_V5E * V5E_PEAK_TFLOPS, fmt=".3f"),
+    report.Declared("01.bfloat16_matmul_speed", "bfloat16 matmuls are not several times faster than float32: on a "
+                    "TPU float32 already multiplies in bfloat16", "Cloud TPU docs (bfloat16); §1",
+                    "TPU: about 1× (0.5–2×); Ampere+ GPU: up to ~2× (TF32)", where=compare_matmul_dtypes,
+                    figure="speed", op="within", threshold=BF16_SPEED_RANGE),
+    report.Declared("01.bfloat16_halves_bytes",
+                    "bfloat16 halves the bytes of every matrix (the gain you can count on, on any hardware)",
+                    "bfloat16 format; §1", "2.00×", where=compare_matmul_dtypes),
+])
 
 
 def claims(r: dict) -> list:
@@ -307,79 +314,49 @@ def claims(r: dict) -> list:
     chance = 1 / r["num_classes"]
     old_recipes_fail = all(row["outcome"].startswith("raises") for row in recipes[:2])
     f32, bf16 = matmul["rates"]["float32"], matmul["rates"]["bfloat16"]
-    bf16_speed = matmul["speed_vs_first"]["bfloat16"]
     bytes_ratio = matmul["bytes"]["float32"] / matmul["bytes"]["bfloat16"]
-    v5e = "One v5e chip (197 bf16 TFLOP/s) is far faster at matmuls than a CPU"
+    matmul_id = "01.tpu_faster_than_cpu"
     if standin:
-        matmul_claim = report.Claim(v5e, "TPU v5e spec; §1", "TPU: > 1 TFLOP/s",
-                                    f"{bf16.tflops:.2f} TFLOP/s bfloat16 on CPU devices", None,
-                                    f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware",
-                                    id="01.tpu_faster_than_cpu")
+        matmul_claim = CLAIMS.judge(matmul_id, f"{bf16.tflops:.2f} TFLOP/s bfloat16 on CPU devices", None,
+                                    f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware")
     elif r["kind"] == "CPU":
-        matmul_claim = report.Claim.from_samples(
-            v5e, "TPU v5e spec; §1", "CPU: < 1% of 197 TFLOP/s", f32.samples, "<", 0.01 * V5E_PEAK_TFLOPS,
-            fmt=".3f", unit=f" TFLOP/s float32 on CPU, {f32.xla_label}", id="01.tpu_faster_than_cpu")
+        matmul_claim = CLAIMS.judge_samples(matmul_id, f32.samples, unit=f" TFLOP/s float32 on CPU, {f32.xla_label}")
     elif on_tpu:
-        matmul_claim = report.Claim.from_samples(
-            v5e, "TPU v5e spec; §1", "TPU: > 1 TFLOP/s", bf16.samples, ">", 1.0, fmt=".2f",
-            unit=f" TFLOP/s bfloat16 on TPU, {bf16.xla_label}", id="01.tpu_faster_than_cpu")
+        matmul_claim = CLAIMS.judge_samples(matmul_id, bf16.samples, op=">", threshold=TPU_MIN_TFLOPS, fmt=".2f",
+                                            unit=f" TFLOP/s bfloat16 on TPU, {bf16.xla_label}")
     else:
-        matmul_claim = report.Claim(v5e, "TPU v5e spec; §1", "CPU: < 1% of 197 TFLOP/s",
-                                    f"{f32.tflops:.2f} TFLOP/s float32 on {r['kind']}", None,
-                                    "neither a CPU nor a TPU: compare with your GPU's datasheet",
-                                    id="01.tpu_faster_than_cpu")
-    out = [
-        report.Claim(
-            "Old recipes (grpc:// + COLAB_TPU_ADDR; no-argument resolver) fail on today's runtimes",
-            "TPU VM docs; §3", "both raise on a TPU VM", "; ".join(row["outcome"] for row in recipes[:2]),
-            old_recipes_fail if on_tpu else None,
-            "" if on_tpu else "no TPU VM here: what they do on this machine says nothing about one "
-            "(the no-argument resolver even constructs wherever TPU_NAME is set)", id="01.old_recipes_fail"),
-        report.Claim(
-            'TPUClusterResolver(tpu="local") → connect → initialize gives a TPUStrategy on a TPU VM',
-            "TF TPU guide; §3", "TPUStrategy, 1 replica on v5e-1",
-            f"{r['strategy_name']}, {r['replicas']} replica(s)" if on_tpu else "no TPU on this machine",
-            (r["strategy_name"] == "TPUStrategy") if on_tpu else None,
-            "" if on_tpu else "run on a Colab TPU runtime to test it", id="01.local_resolver_recipe"),
-        report.Claim(
-            "Detection never raises on missing or broken hardware; it falls back and says why",
-            "course_utils; §4", "falls back, reason recorded", r["demo_fallback"][:70] + "…",
-            r["demo_kind"] != "TPU" and "simulated" in r["demo_fallback"], id="01.detection_never_raises"),
-        report.Claim(
-            "Global batch = per-replica batch × num_replicas_in_sync, split evenly",
-            "tf.distribute guide; §5-6", f"4 × {per_replica_batch} = {4 * per_replica_batch}",
-            f"{split['global_batch']} → {[s[0] for s in split['per_replica_shapes']]}",
-            split["global_batch"] == 4 * per_replica_batch
-            and all(s[0] == per_replica_batch for s in split["per_replica_shapes"]), id="01.global_batch_split"),
-        report.Claim(
-            "A model built in strategy.scope() trains with fit on whatever hardware was found",
-            "§5", f"accuracy well above chance ({chance:.0%})", f"{r['test_acc']:.1%} on {r['kind']} ({r['fit_xla']})",
-            r["test_acc"] > 2 * chance, id="01.fit_in_scope_trains"),
-        report.Claim(
-            "An optimizer with state (Adam) created outside the scope makes fit fail; plain SGD() happens to run",
-            "Keras 3 behaviour; §7", "Adam: RuntimeError; SGD: fit ran",
-            f"Adam: {r['adam_outside']}; SGD: {r['sgd_outside']}",
-            r["adam_outside"] == "RuntimeError" and r["sgd_outside"] == "fit ran", id="01.optimizer_outside_scope"),
-        report.Claim(
-            "A model built outside the scope silently ignores a 1-replica strategy and fails under 4 replicas",
-            "Keras 3 behaviour; §7", "ignored on 1; error on 4",
-            f"uses strategy: {r['model_c_uses_strategy']}; 4 replicas: {r['outside_scope_on_4'][:40]}",
-            (not r["model_c_uses_strategy"] or r["replicas"] > 1) and "raised" in r["outside_scope_on_4"],
-            id="01.model_outside_scope"),
+        matmul_claim = CLAIMS.judge(matmul_id, f"{f32.tflops:.2f} TFLOP/s float32 on {r['kind']}", None,
+                                    "neither a CPU nor a TPU: compare with your GPU's datasheet")
+    return CLAIMS.all([
+        CLAIMS.judge("01.old_recipes_fail", "; ".join(row["outcome"] for row in recipes[:2]),
+                     old_recipes_fail if on_tpu else None,
+                     "" if on_tpu else "no TPU VM here: what they do on this machine says nothing about one "
+                     "(the no-argument resolver even constructs wherever TPU_NAME is set)"),
+        CLAIMS.judge("01.local_resolver_recipe",
+                     f"{r['strategy_name']}, {r['replicas']} replica(s)" if on_tpu else "no TPU on this machine",
+                     (r["strategy_name"] == "TPUStrategy") if on_tpu else None,
+                     "" if on_tpu else "run on a Colab TPU runtime to test it"),
+        CLAIMS.judge("01.detection_never_raises", r["demo_fallback"][:70] + "…",
+                     r["demo_kind"] != "TPU" and "simulated" in r["demo_fallback"]),
+        CLAIMS.judge("01.global_batch_split",
+                     f"{split['global_batch']} → {[s[0] for s in split['per_replica_shapes']]}",
+                     split["global_batch"] == 4 * per_replica_batch
+                     and all(s[0] == per_replica_batch for s in split["per_replica_shapes"]),
+                     per_replica=per_replica_batch, global_batch=4 * per_replica_batch),
+        CLAIMS.judge("01.fit_in_scope_trains", f"{r['test_acc']:.1%} on {r['kind']} ({r['fit_xla']})",
+                     r["test_acc"] > 2 * chance, chance=chance),
+        CLAIMS.judge("01.optimizer_outside_scope", f"Adam: {r['adam_outside']}; SGD: {r['sgd_outside']}",
+                     r["adam_outside"] == "RuntimeError" and r["sgd_outside"] == "fit ran"),
+        CLAIMS.judge("01.model_outside_scope",
+                     f"uses strategy: {r['model_c_uses_strategy']}; 4 replicas: {r['outside_scope_on_4'][:40]}",
+                     (not r["model_c_uses_strategy"] or r["replicas"] > 1) and "raised" in r["outside_scope_on_4"]),
         xla_on_replicas_claim(r["xla_replicas"]),
         matmul_claim,
-        bfloat16_speed_claim(bf16_speed, bf16.xla_label, r["kind"], standin),
-        report.Claim(
-            "bfloat16 halves the bytes of every matrix (the gain you can count on, on any hardware)",
-            "bfloat16 format; §1", "2.00×",
-            f"{matmul['bytes']['float32'] / 2**20:.2f} MiB vs {matmul['bytes']['bfloat16'] / 2**20:.2f} MiB = "
-            f"{bytes_ratio:.2f}×", bytes_ratio == 2.0, id="01.bfloat16_halves_bytes"),
-    ]
-    return report.placed(out, "01", MEASURED_BY, FIGURES)
-
-
-BF16_SPEED = ("bfloat16 matmuls are not several times faster than float32: on a TPU float32 already multiplies in "
-              "bfloat16")
+        bfloat16_speed_claim(matmul["speed_vs_first"]["bfloat16"], bf16.xla_label, r["kind"], standin),
+        CLAIMS.judge("01.bfloat16_halves_bytes",
+                     f"{matmul['bytes']['float32'] / 2**20:.2f} MiB vs {matmul['bytes']['bfloat16'] / 2**20:.2f} MiB = "
+                     f"{bytes_ratio:.2f}×", bytes_ratio == 2.0),
+    ])
 
 
 def cpu_bf16_speed_note(speed: Samples, xla_label: str) -> str:
@@ -401,39 +378,33 @@ def cpu_bf16_speed_note(speed: Samples, xla_label: str) -> str:
 def bfloat16_speed_claim(speed: Samples, xla_label: str, kind: str, standin: str) -> Claim:
     """§1: bfloat16 ÷ float32 matmul speed, judged on a TPU (about 1×) or a GPU (up to ~2×, TF32); on a CPU or a
     stand-in not measurable — a CPU's ratio says what its instructions do, not what a TPU does."""
-    expected = "TPU: about 1× (0.5–2×); Ampere+ GPU: up to ~2× (TF32)"
     if kind == "CPU" or standin:
         note = (cpu_bf16_speed_note(speed, xla_label) if not standin else
                 f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware; "
                 + cpu_bf16_speed_note(speed, xla_label))
-        return Claim(BF16_SPEED, "Cloud TPU docs (bfloat16); §1", expected, speed.format(".2f", f"× ({xla_label})"),
-                     None, note, samples=list(speed.values), id="01.bfloat16_matmul_speed")
-    return within_claim(
-        BF16_SPEED, "Cloud TPU docs (bfloat16); §1", expected, speed, 0.5, 2.0, unit=f"× ({xla_label})",
+        return CLAIMS.judge("01.bfloat16_matmul_speed", speed.format(".2f", f"× ({xla_label})"), None, note,
+                            samples=list(speed.values))
+    return CLAIMS.judge_samples(
+        "01.bfloat16_matmul_speed", speed, unit=f"× ({xla_label})",
         differs_here={"GPU": "float32 runs as TF32 on Ampere+ GPUs, whose peak is half of bfloat16's: up to ~2× there",
-                      "multi-GPU": "float32 runs as TF32 on Ampere+ GPUs: up to ~2× there"}.get(kind, ""),
-        id="01.bfloat16_matmul_speed")
+                      "multi-GPU": "float32 runs as TF32 on Ampere+ GPUs: up to ~2× there"}.get(kind, ""))
 
 
 def xla_on_replicas_claim(x: dict | None):
     """fit with jit_compile=True fails on several MirroredStrategy replicas; the course's rule trains; a custom loop
     compiled per replica matches the same loop without XLA."""
-    text = ("On several replicas, fit(jit_compile=True) fails (keras#19005); the course's rule trains, and a custom "
-            "loop compiles each replica's step")
+    claim_id = "01.fit_xla_on_replicas"
     if not x:
-        return report.Claim(text, "Keras source; §5", "fails; trains; same weights", "not measured", None,
-                            "the notebook did not run the 2-replica check", id="01.fit_xla_on_replicas")
+        return CLAIMS.judge(claim_id, "not measured", None, "the notebook did not run the 2-replica check")
     if x["replicas"] < 2 or x.get("kind") == "TPU":  # TPUStrategy compiles across replicas itself
-        return report.Claim(text, "Keras source; §5", "fails; trains; same weights",
-                            f"{x['replicas']} replica(s): {x['jit_true']}", None,
+        return CLAIMS.judge(claim_id, f"{x['replicas']} replica(s): {x['jit_true']}", None,
                             "TPUStrategy compiles every step across its replicas: this MirroredStrategy failure "
-                            "cannot happen there", id="01.fit_xla_on_replicas")
+                            "cannot happen there")
     same = x["custom_loop_max_diff"] <= 1e-5 and x["custom_loop_moved"] > 1e-4
-    return report.Claim(
-        text, "Keras source (trainer.py); §5", "jit_compile=True raises; rule: trains without XLA; custom loop ≈",
-        f"{x['replicas']} replicas: {x['jit_true'][:60]}; rule {x['rule']} trained; custom loop Δ "
+    return CLAIMS.judge(
+        claim_id, f"{x['replicas']} replicas: {x['jit_true'][:60]}; rule {x['rule']} trained; custom loop Δ "
         f"{x['custom_loop_max_diff']:.1e}", x["jit_true"].startswith("InvalidArgumentError") and x["rule_trained"]
-        and not x["rule"][0] and same, id="01.fit_xla_on_replicas")
+        and not x["rule"][0] and same)
 
 
 class _Null:
@@ -444,5 +415,5 @@ class _Null:
         return False
 
 
-__all__ = ["resolver_recipes", "split_one_batch", "fit_xla_on_replicas", "xla_on_replicas_claim", "compare_matmul_dtypes", "within_claim", "optimizer_outside_scope",
-           "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]
+__all__ = ["resolver_recipes", "split_one_batch", "fit_xla_on_replicas", "xla_on_replicas_claim",
+           "compare_matmul_dtypes", "optimizer_outside_scope", "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]

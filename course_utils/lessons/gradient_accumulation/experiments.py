@@ -605,33 +605,61 @@ def ragged_batches(strategy, steps: int = 4) -> dict:
 K = 4  # micro-batches per update, the lesson's k
 
 
-# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
-# "where": a report card's row leads to the code)
-# The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
-# measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
-FIGURES = {
-    "05.peak_grows_with_batch": "memory",
-    "05.accumulated_peak": "memory",
-}
-
-MEASURED_BY = {
-    "05.peak_grows_with_batch": step_peaks,
-    "05.missing_divide_by_k": "notebook §2",
-    "05.adam_hides_missing_k": "notebook §2",
-    "05.compute_average_loss": loss_averaging_effect,
-    "05.reduce_mean_per_replica": loss_averaging_effect,
-    "05.builtin_equals_big_batch": builtin_accumulation,
-    "05.builtin_crashes_mirrored": builtin_on_mirrored,
-    "05.accumulation_equals_big_batch": equivalence_runs,
-    "05.iterations_count_updates": equivalence_runs,
-    "05.accumulated_peak": step_peaks,
-    "05.ragged_batches_refused": ragged_batches,
-    "05.batchnorm_per_micro_batch": batchnorm_caveat,
-    "05.schedule_units": schedule_units,
-    "05.float16_needs_loss_scaling": loss_scaling_demo,
-    "05.loss_scale_optimizer_in_tools": four_replica_loss_scaling,
-    "05.keras_loss_scale_first_replica": keras_loss_scaling_overflow,
-}
+# Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
+# "where": a report card's row leads to the code). A "memory" figure is judged on the accelerator's own memory: under
+# a GPU or TPU stand-in a CPU measures it, so one that does not hold there is marked, not failed.
+PEAK_GROWTH = 1.5  # k·B's step peak against B's: above this, it grows with the batch
+ACCUMULATED_EXTRA = 0.25  # what an accumulated k × B step adds over B, as a share of what k·B adds: below this
+CLAIMS = report.LessonClaims("05", [
+    report.Declared("05.peak_grows_with_batch", "Peak memory grows with the batch (activations)", "§1",
+                    "{k}·B well above B (> {threshold}×)", where=step_peaks, figure="memory", op=">",
+                    threshold=PEAK_GROWTH),
+    report.Declared("05.missing_divide_by_k", "The popular loop without /k makes the update k× too large; /k fixes it",
+                    "§2", "{k}.00×; then ≤ 1e-5", where="notebook §2"),
+    report.Declared("05.adam_hides_missing_k",
+                    "With Adam, forgetting /k barely changes the step (Adam normalizes the gradient's size)", "§2",
+                    "within 10% of the right step", where="notebook §2"),
+    report.Declared("05.compute_average_loss",
+                    "compute_average_loss(global batch) + SUM gives the global mean loss and an update equal to fit",
+                    "tf.distribute guide; §3", "equal to fit", where=loss_averaging_effect),
+    report.Declared("05.reduce_mean_per_replica", "reduce_mean per replica makes the update replicas× too large",
+                    "§3", "4.00× on 4 replicas (and a loss 4× the mean)", where=loss_averaging_effect),
+    report.Declared("05.builtin_equals_big_batch",
+                    "Keras' gradient_accumulation_steps equals the big batch under OneDeviceStrategy", "§4",
+                    "≤ 1e-5", where=builtin_accumulation),
+    report.Declared("05.builtin_crashes_mirrored", "…and crashes under MirroredStrategy (keras-team/keras#20582)",
+                    "§4", "RuntimeError (merge_call)", where=builtin_on_mirrored),
+    report.Declared("05.accumulation_equals_big_batch", "Strategy-safe accumulation (fit and custom loop) equals the "
+                    "big batch: float32 ≤ 1e-5, bf16 ≤ 1e-3", "§5", "all within tolerance",
+                    where=equivalence_runs),
+    report.Declared("05.iterations_count_updates", "optimizer.iterations counts updates = micro-steps / k", "§5",
+                    "micro-steps / k", where=equivalence_runs),
+    report.Declared("05.accumulated_peak",
+                    "An accumulated k×B step peaks near B's memory, not k·B's — with and without XLA", "§5",
+                    "adds < {threshold:.0%} of what {k}·B adds over B", where=step_peaks, figure="memory", op="<",
+                    threshold=ACCUMULATED_EXTRA, fmt=".0%", unit=""),
+    report.Declared("05.ragged_batches_refused", "Batches that cannot split into k micro-batches are refused (or "
+                    "dropped with a warning) before training", "§5", "clear message; 3 updates from 404 examples",
+                    where=ragged_batches),
+    report.Declared("05.batchnorm_per_micro_batch", "BatchNorm moving statistics update per micro-batch (k× per "
+                    "update)", "§6", "moves more; weights differ", where=batchnorm_caveat),
+    report.Declared("05.schedule_units",
+                    "The built-in option's LR schedule sees micro-steps; the course tools' see updates", "§6",
+                    "built-in at step {two_k}, course at 2", where=schedule_units),
+    report.Declared("05.float16_needs_loss_scaling", "float16 loses small accumulated gradients without loss "
+                    "scaling; LossScaleOptimizer keeps them; bfloat16 needs no scaling", "§6",
+                    "lost > 0 without; 0 with; bf16 0", where=loss_scaling_demo),
+    report.Declared("05.loss_scale_optimizer_in_tools",
+                    "A LossScaleOptimizer in the course's tools (custom loops; AccumulatingModel under mixed_float16) "
+                    "works under MirroredStrategy: an overflow on one replica skips the update on all and halves "
+                    "the scale", "§6", "skipped everywhere; scale ÷ 2; then applied",
+                    where=four_replica_loss_scaling),
+    report.Declared("05.keras_loss_scale_first_replica",
+                    "Keras' own LossScaleOptimizer under MirroredStrategy checks only the first replica's gradients: "
+                    "an overflow on another replica reaches every replica's weights and the scale stays (custom loop "
+                    "and fit)", "keras/src/optimizers/loss_scale_optimizer.py _tf_apply; §6",
+                    "weights non-finite, scale unchanged, in both", where=keras_loss_scaling_overflow),
+])
 
 
 def claims(r: dict) -> list:
@@ -653,81 +681,60 @@ def claims(r: dict) -> list:
     acc_ratio = peaks[f"{k} × B accumulated"].peak_bytes / max(peaks["1·B"].peak_bytes, 1)
     no_peak = "" if measurable else "this runtime reports no peak memory"
 
-    def memory_claim(claim, source, expected, samples, op, threshold, **kwargs):
+    def memory_claim(claim_id, samples, note):
         if not samples:  # no peak to read here: not measurable, never a pass or a failure
-            return report.Claim(claim, source, expected, "—", None, note=kwargs["note"], id=kwargs["id"])
-        return report.Claim.from_samples(claim, source, expected, samples, op, threshold, **kwargs)
-    out = [
-        memory_claim(
-            "Peak memory grows with the batch (activations)", "§1", f"{k}·B well above B (> 1.5×)", growth, ">", 1.5,
-            note=no_peak or f"{xla}; each step in a fresh process ({method})", id="05.peak_grows_with_batch"),
-        report.Claim("The popular loop without /k makes the update k× too large; /k fixes it", "§2",
-                     f"{k}.00×; then ≤ 1e-5", f"{sgd_without['ratio']:.3f}×; fixed: {sgd_with['diff']:.1e}",
-                     abs(sgd_without["ratio"] - k) < 1e-3 and sgd_with["diff"] <= 1e-5, id="05.missing_divide_by_k"),
-        report.Claim("With Adam, forgetting /k barely changes the step (Adam normalizes the gradient's size)", "§2",
-                     "within 10% of the right step", f"{r['adam_ratio']:.3f}×", abs(r["adam_ratio"] - 1) < 0.1,
-                     id="05.adam_hides_missing_k"),
-        report.Claim("compute_average_loss(global batch) + SUM gives the global mean loss and an update equal to fit",
-                     "tf.distribute guide; §3", "equal to fit", f"max |Δw| {averaging['diff_vs_fit_right']:.1e}",
-                     averaging["diff_vs_fit_right"] <= 1e-5, four_note, id="05.compute_average_loss"),
-        report.Claim("reduce_mean per replica makes the update replicas× too large", "§3",
-                     "4.00× on 4 replicas (and a loss 4× the mean)",
+            return CLAIMS.judge(claim_id, "—", None, note=note, k=k)
+        return CLAIMS.judge_samples(claim_id, samples, note=note, k=k)
+
+    return CLAIMS.all([
+        memory_claim("05.peak_grows_with_batch", growth, no_peak or f"{xla}; each step in a fresh process ({method})"),
+        CLAIMS.judge("05.missing_divide_by_k", f"{sgd_without['ratio']:.3f}×; fixed: {sgd_with['diff']:.1e}",
+                     abs(sgd_without["ratio"] - k) < 1e-3 and sgd_with["diff"] <= 1e-5, k=k),
+        CLAIMS.judge("05.adam_hides_missing_k", f"{r['adam_ratio']:.3f}×", abs(r["adam_ratio"] - 1) < 0.1),
+        CLAIMS.judge("05.compute_average_loss", f"max |Δw| {averaging['diff_vs_fit_right']:.1e}",
+                     averaging["diff_vs_fit_right"] <= 1e-5, four_note),
+        CLAIMS.judge("05.reduce_mean_per_replica",
                      f"{averaging['update_ratio']:.2f}× on {averaging['replicas']} "
                      f"(loss {averaging['loss_wrong'] / averaging['loss_right']:.2f}×)",
                      abs(averaging["update_ratio"] - 4) < 1e-2
-                     and abs(averaging["loss_wrong"] / averaging["loss_right"] - 4) < 1e-3, four_note,
-                     id="05.reduce_mean_per_replica"),
-        report.Claim("Keras' gradient_accumulation_steps equals the big batch under OneDeviceStrategy", "§4", "≤ 1e-5",
-                     f"{builtin['max_abs_diff']:.1e}", builtin["max_abs_diff"] <= 1e-5,
-                     id="05.builtin_equals_big_batch"),
-        report.Claim("…and crashes under MirroredStrategy (keras-team/keras#20582)", "§4", "RuntimeError (merge_call)",
-                     r["builtin_on_mirrored"], r["builtin_on_mirrored"].startswith("RuntimeError (merge_call"),
-                     "" if r["kind"] != "TPU" else "on TPU measured under TPUStrategy",
-                     id="05.builtin_crashes_mirrored"),
-        report.Claim("Strategy-safe accumulation (fit and custom loop) equals the big batch: float32 ≤ 1e-5, bf16 ≤ 1e-3",
-                     "§5", "all within tolerance",
+                     and abs(averaging["loss_wrong"] / averaging["loss_right"] - 4) < 1e-3, four_note),
+        CLAIMS.judge("05.builtin_equals_big_batch", f"{builtin['max_abs_diff']:.1e}", builtin["max_abs_diff"] <= 1e-5),
+        CLAIMS.judge("05.builtin_crashes_mirrored", r["builtin_on_mirrored"],
+                     r["builtin_on_mirrored"].startswith("RuntimeError (merge_call"),
+                     "" if r["kind"] != "TPU" else "on TPU measured under TPUStrategy"),
+        CLAIMS.judge("05.accumulation_equals_big_batch",
                      "; ".join(f"{run['where']} {run['policy']}: {max(run['result']['max_abs_diff'].values()):.0e}"
                                for run in runs),
-                     all(run["within_tolerance"] for run in runs), id="05.accumulation_equals_big_batch"),
-        report.Claim("optimizer.iterations counts updates = micro-steps / k", "§5", "micro-steps / k",
+                     all(run["within_tolerance"] for run in runs)),
+        CLAIMS.judge("05.iterations_count_updates",
                      "; ".join(f"{run['result']['micro_steps']}→{run['result']['updates_acc']['fit']}" for run in runs),
                      all(run["result"]["updates_acc"]["fit"] == run["result"]["updates_acc"]["loop"]
-                         == run["result"]["micro_steps"] // k for run in runs), id="05.iterations_count_updates"),
-        memory_claim(
-            "An accumulated k×B step peaks near B's memory, not k·B's — with and without XLA", "§5",
-            f"adds < 25% of what {k}·B adds over B", share, "<", 0.25, fmt=".0%", unit="",
-            note=no_peak or (f"{acc_ratio:.2f}× B's peak; what it adds is the {k}·B input batch and the gradient sums; "
-                             f"{xla}, fresh processes"), id="05.accumulated_peak"),
-        report.Claim("Batches that cannot split into k micro-batches are refused (or dropped with a warning) before "
-                     "training", "§5", "clear message; 3 updates from 404 examples",
+                         == run["result"]["micro_steps"] // k for run in runs)),
+        memory_claim("05.accumulated_peak", share,
+                     no_peak or (f"{acc_ratio:.2f}× B's peak; what it adds is the {k}·B input batch and the gradient "
+                                 f"sums; {xla}, fresh processes")),
+        CLAIMS.judge("05.ragged_batches_refused",
                      f"{ragged['arrays_dropped']['updates']} updates; dataset: "
                      f"{'drop_remainder' in ragged['dataset_unbatched_size']}",
                      ragged["arrays_dropped"]["updates"] == 404 // 128
                      and "dropping the last 20 of 404" in ragged["arrays_dropped"]["warning"]
                      and "drop_remainder" in ragged["dataset_unbatched_size"]
-                     and "expected global_micro_batch=" in ragged["accumulator_ragged"],
-                     id="05.ragged_batches_refused"),
-        report.Claim("BatchNorm moving statistics update per micro-batch (k× per update)", "§6",
-                     "moves more; weights differ",
+                     and "expected global_micro_batch=" in ragged["accumulator_ragged"]),
+        CLAIMS.judge("05.batchnorm_per_micro_batch",
                      f"{bn['moving_mean_moved_acc']:.4f} vs {bn['moving_mean_moved_big']:.4f}; "
                      f"Δw {bn['trainable_diff']:.1e}",
-                     bn["moving_mean_moved_acc"] > 2 * bn["moving_mean_moved_big"] and bn["trainable_diff"] > 1e-4,
-                     id="05.batchnorm_per_micro_batch"),
-        report.Claim("The built-in option's LR schedule sees micro-steps; the course tools' see updates", "§6",
-                     f"built-in at step {2 * k}, course at 2",
+                     bn["moving_mean_moved_acc"] > 2 * bn["moving_mean_moved_big"] and bn["trainable_diff"] > 1e-4),
+        CLAIMS.judge("05.schedule_units",
                      f"built-in {units['Keras built-in']['schedule_step']}, "
                      f"course {units['AccumulatingModel']['schedule_step']}",
                      units["Keras built-in"]["schedule_step"] == 2 * k
-                     and units["AccumulatingModel"]["schedule_step"] == 2, id="05.schedule_units"),
-        report.Claim("float16 loses small accumulated gradients without loss scaling; LossScaleOptimizer keeps them; "
-                     "bfloat16 needs no scaling", "§6", "lost > 0 without; 0 with; bf16 0",
+                     and units["AccumulatingModel"]["schedule_step"] == 2, two_k=2 * k),
+        CLAIMS.judge("05.float16_needs_loss_scaling",
                      f"{fp16_plain['vanished']:.1%} vs {fp16_scaled['vanished']:.1%}; "
                      f"bf16 {fp16['mixed_bfloat16']['vanished']:.1%}",
                      fp16_plain["vanished"] > 0 and fp16_scaled["vanished"] == 0
-                     and fp16["mixed_bfloat16"]["vanished"] == 0, id="05.float16_needs_loss_scaling"),
-        report.Claim("A LossScaleOptimizer in the course's tools (custom loops; AccumulatingModel under mixed_float16) "
-                     "works under MirroredStrategy: an overflow on one replica skips the update on all and halves "
-                     "the scale", "§6", "skipped everywhere; scale ÷ 2; then applied",
+                     and fp16["mixed_bfloat16"]["vanished"] == 0),
+        CLAIMS.judge("05.loss_scale_optimizer_in_tools",
                      f"applied={overflow['applied']}, unchanged {sum(overflow['replicas_unchanged'])}/"
                      f"{scaling['replicas']}, scale {overflow['scale_before']:g}→{overflow['scale_after']:g}"
                      + (f"; AccumulatingModel: weights finite {fit_overflow['finite']}, scale "
@@ -741,22 +748,22 @@ def claims(r: dict) -> list:
                      and scaling["accumulator"]["updates"] == scaling["train_step"]["updates"] == 2
                      and scaling["accumulator"]["moved"] > 1e-3
                      and max(scaling["accumulator"]["max_abs_diff"], scaling["train_step"]["max_abs_diff"]) <= 1e-5,
-                     four_note, id="05.loss_scale_optimizer_in_tools"),
+                     four_note),
         _keras_scaling_claim(scaling, four_note),
-    ]
-    return report.placed(out, "05", MEASURED_BY, FIGURES)
+    ])
 
 
 def _keras_scaling_claim(scaling: dict, four_note: str):
     """§6: Keras' own LossScaleOptimizer misses an overflow on a replica other than the first (custom loop and fit)."""
-    text = ("Keras' own LossScaleOptimizer under MirroredStrategy checks only the first replica's gradients: an "
-            "overflow on another replica reaches every replica's weights and the scale stays (custom loop and fit)",
-            "keras/src/optimizers/loss_scale_optimizer.py _tf_apply; §6",
-            "weights non-finite, scale unchanged, in both")
     keras_runs = scaling.get("keras")
     if not keras_runs:
-        return report.Claim(*text, "—", None, note="needs MirroredStrategy with ≥ 2 replicas",
-                            id="05.keras_loss_scale_first_replica")
+        return CLAIMS.judge("05.keras_loss_scale_first_replica", "—", None,
+                            note="needs MirroredStrategy with ≥ 2 replicas")
+    return CLAIMS.judge(
+        "05.keras_loss_scale_first_replica",
+        "; ".join(f"{how}: weights finite {r['finite']}, scale {r['scale_before']:g}→{r['scale_after']:g}"
+                  for how, r in keras_runs.items()),
+        all(not r["finite"] and r["scale_after"] == r["scale_before"] for r in keras_runs.values()), four_note)
     return report.Claim(
         *text, "; ".join(f"{how}: weights finite {r['finite']}, scale {r['scale_before']:g}→{r['scale_after']:g}"
                          for how, r in keras_runs.items()),

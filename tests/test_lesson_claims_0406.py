@@ -154,13 +154,9 @@ def test_lesson_04_small_cnn_gain_of_about_1x_differs_every_time_it_is_measured_
     assert _find(pipeline.claims(_results_04()), "04.spe_faster_small_cnn").holds is True  # 1.5x: a clear gain
 
 
-def test_notebooks_04_and_06_state_the_thresholds_their_claims_test():
+def test_notebook_04_states_the_threshold_its_claim_tests():
     """The prose tells a learner what a row will read: its figure must be the one the claim uses."""
-    def prose(notebook):  # one space between words, as a learner reads it
-        return " ".join(notebook_prose(notebook).split())
-
-    assert f"more than {pipeline.SPE_CLEAR_GAIN}×" in prose("04_data_pipeline_sharding.ipynb")
-    assert f"more than {report.NOTICEABLE_GAIN}×" in prose("06_cifar10_capstone.ipynb")
+    assert f"more than {pipeline.SPE_CLEAR_GAIN}×" in " ".join(notebook_prose("04_data_pipeline_sharding.ipynb").split())
 
 
 def test_lesson_04_batch_before_map_slower_on_one_core_differs_there_and_fails_on_two():
@@ -466,7 +462,7 @@ def test_lesson_06_policy_gain_of_about_1x_under_xla_on_a_cpu_differs_with_the_r
         assert claim.status == report.DIFFERS and "float32" in claim.differs_here, claim.verdict
         assert f"> {report.NOTICEABLE_GAIN}×" in claim.expected
     else:
-        assert claim.holds is True and claim.expected == "> 1.0×", claim.verdict
+        assert claim.holds is True and claim.expected.startswith("> 1.0×"), claim.verdict
     tpu = _results_06(kind="TPU")
     tpu["summary"]["course"].update(jit_compile=True, xla=True)
     for i, run in enumerate(tpu["precision"]["mixed_bfloat16"]):

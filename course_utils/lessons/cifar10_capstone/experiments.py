@@ -316,31 +316,6 @@ def _ended_on_budget(summary: dict, budget: float, epoch_s: float) -> bool:
     return budget - epoch_s - _early_margin(summary) <= summary["wall_time_s"] <= budget + epoch_s
 
 
-# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
-# "where": a report card's row leads to the code)
-# The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
-# measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
-FIGURES = {
-    "06.course_beats_tutorial": "speed",
-    "06.course_leads_15_points": "speed",
-    "06.budget_kept": "speed",
-    "06.policy_faster_than_float32": "speed",
-    "06.xla_choice_not_slower": "speed",
-}
-
-MEASURED_BY = {
-    "06.course_beats_tutorial": budget_sweep,
-    "06.course_leads_15_points": budget_sweep,
-    "06.tutorial_cnn_learns": "course_utils.capstone:train",
-    "06.resnet_learns": "course_utils.capstone:train",
-    "06.budget_kept": "course_utils.capstone:train",
-    "06.resume_after_kill": kill_and_resume,
-    "06.policy_faster_than_float32": precision_runs,
-    "06.xla_choice_not_slower": precision_runs,
-    "06.tta_does_not_hurt": "course_utils.capstone:train",
-}
-
-
 # The lead claims hold where the budget buys the course's ResNet this many updates (epochs × steps), between the most
 # where the lead was measured short of them and the fewest where it held. On a 2-core AVX2 AMD EPYC (the recipe's
 # learning rate and test-time views chosen on the validation split; test split, 2026-11-28,
@@ -349,6 +324,43 @@ MEASURED_BY = {
 # +9.6; at 120 s on two cores (one run each) 588 updates led by +18.3 and 1,092 by +17.8. On CPUs with AVX-512,
 # 60 s bought 700-800 updates and +15 to +17.
 LEAD_MIN_UPDATES = 550
+BEATS_POINTS, LEAD_POINTS = 10, 15  # the course recipe's lead over the tutorial's, in points: one budget; every budget
+LEARNED = 0.30  # test accuracy that says a network learned (chance: 10%)
+
+# Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
+# "where": a report card's row leads to the code). A "speed" figure is judged on the accelerator's own speed: under a
+# GPU or TPU stand-in a CPU measures it, so one that does not hold there is marked, not failed.
+CLAIMS = report.LessonClaims("06", [
+    report.Declared("06.course_beats_tutorial", "On real images, under one budget, the course recipe beats the "
+                    "tutorial's by ≥ {threshold} points", "§2", "≥ {threshold} points ahead on the test split",
+                    where=budget_sweep, figure="speed", threshold=BEATS_POINTS),
+    report.Declared("06.course_leads_15_points",
+                    "On real images the course recipe leads by ≥ {threshold} points at every budget measured", "§2",
+                    "≥ {threshold} points ahead at each budget of the sweep", where=budget_sweep, figure="speed",
+                    threshold=LEAD_POINTS),
+    report.Declared("06.tutorial_cnn_learns", "The tutorial's small CNN learns in the same budget", "§2",
+                    "> {threshold:.0%} from 100 updates (chance: 10%)", where="course_utils.capstone:train",
+                    threshold=LEARNED),
+    report.Declared("06.resnet_learns", "The ResNet learns once the budget buys it a few hundred updates", "§2",
+                    "> {threshold:.0%} from 300 updates", where="course_utils.capstone:train", threshold=LEARNED),
+    report.Declared("06.budget_kept", "A budgeted run ends within one epoch of its budget: not late, and not early",
+                    "§2", "{budget:g} s ± one epoch (early: + the final evaluation's margin)",
+                    where="course_utils.capstone:train", figure="speed"),
+    report.Declared("06.resume_after_kill", "A run killed mid-epoch resumes after its last saved epoch: none "
+                    "repeated, none lost, the time before the kill counted", "§6",
+                    "resumed after epoch 1; epochs [1, 2, 3]", where=kill_and_resume),
+    report.Declared("06.policy_faster_than_float32", "The policy chosen for this hardware trains faster than float32",
+                    "§5; lesson 03",
+                    f"> {{threshold}}× (a CPU under XLA: about 1×, tested at > {report.NOTICEABLE_GAIN}×)",
+                    where=precision_runs, figure="speed", op=">", threshold=1.0,
+                    prose=f"more than {report.NOTICEABLE_GAIN}×"),
+    report.Declared("06.xla_choice_not_slower", "The trainer's XLA choice for a {kind} (XLA {on}) trains at least as "
+                    "fast as the other", "§5; lesson 01", "> {threshold}× (the other way round within 5%, or slower)",
+                    where=precision_runs, figure="speed", op=">", threshold=0.95),
+    report.Declared("06.tta_does_not_hurt",
+                    "Test-time augmentation (mirrored and one-pixel-shifted copies) does not cost accuracy", "§4",
+                    "≥ −1 point", where="course_utils.capstone:train"),
+])
 
 
 def claims(r: dict) -> list:
@@ -395,72 +407,60 @@ def claims(r: dict) -> list:
     killed_mid_run = resume["killed_returncode"] == -9 and resume["finished_at_kill"] == resume["backed_up_at_kill"] == 1
     resumed_right = (resume["resumed_after"] == 1 and resume["epochs"] == [1, 2, 3] and resume["first_epoch_kept"]
                      and resume["time_counted"] and resume["plan_kept"] and resume["returncode"] == 0)
-    out = [
-        report.Claim("On real images, under one budget, the course recipe beats the tutorial's by ≥ 10 points", "§2",
-                     "≥ 10 points ahead on the test split",
+    return CLAIMS.all([
+        CLAIMS.judge("06.course_beats_tutorial",
                      f"{course['test_accuracy']:.1%} vs {base['test_accuracy']:.1%} ({gap * 100:+.1f} points)",
-                     gap >= 0.10 if real_images and updates["course"] >= LEAD_MIN_UPDATES else None,
+                     gap * 100 >= BEATS_POINTS if real_images and updates["course"] >= LEAD_MIN_UPDATES else None,
                      ("" if updates["course"] >= LEAD_MIN_UPDATES else few_updates) if real_images else
                      "synthetic images: run with COURSE_DATA=tfds or npz:PATH to test it (§2 says which runs on real "
-                     "images back it)", id="06.course_beats_tutorial"),
-        report.Claim("On real images the course recipe leads by ≥ 15 points at every budget measured", "§2",
-                     "≥ 15 points ahead at each budget of the sweep",
-                     "; ".join(f"{b:g} s: {lead:+.1f}" for b, lead in leads.items()),
-                     all(lead >= 15 for lead in leads.values()) if real_images and sweep_learned else None,
+                     "images back it)"),
+        CLAIMS.judge("06.course_leads_15_points", "; ".join(f"{b:g} s: {lead:+.1f}" for b, lead in leads.items()),
+                     all(lead >= LEAD_POINTS for lead in leads.values()) if real_images and sweep_learned else None,
                      ("" if sweep_learned else
                       "a budget of the sweep bought the ResNet fewer than the "
                       f"{LEAD_MIN_UPDATES} updates where the lead was measured to hold "
                       f"({', '.join(f'{b:g} s: {n}' for b, n in sweep_updates.items())}; smoke mode's seconds, a slow "
                       "machine, TensorFlow's own kernels): longer budgets test it") if real_images else
                      "synthetic images: run with COURSE_DATA=tfds or npz:PATH to test it (the figure of §2 shows "
-                     "the development images' sweep)", id="06.course_leads_15_points"),
-        report.Claim("The tutorial's small CNN learns in the same budget", "§2",
-                     "> 30% from 100 updates (chance: 10%)",
-                     f"{base['test_accuracy']:.1%} after {updates['baseline']} updates",
-                     base["test_accuracy"] > 0.30 if updates["baseline"] >= 100 else None,
-                     "" if updates["baseline"] >= 100 else ("this budget bought fewer than 100 updates (smoke mode's seconds, or a "
-                                                           "slow machine): a longer --time-budget tests it"),
-                     id="06.tutorial_cnn_learns"),
-        report.Claim("The ResNet learns once the budget buys it a few hundred updates", "§2", "> 30% from 300 updates",
-                     f"{course['test_accuracy']:.1%} after {updates['course']} updates",
-                     course["test_accuracy"] > 0.30 if updates["course"] >= 300 else None,
-                     "" if updates["course"] >= 300 else ("this budget bought fewer than 300 updates (smoke mode's seconds, or a "
-                                                         "slow machine): a longer --time-budget tests it"),
-                     id="06.resnet_learns"),
-        report.Claim("A budgeted run ends within one epoch of its budget: not late, and not early", "§2",
-                     f"{budget:g} s ± one epoch (early: + the final evaluation's margin)",
+                     "the development images' sweep)"),
+        CLAIMS.judge("06.tutorial_cnn_learns", f"{base['test_accuracy']:.1%} after {updates['baseline']} updates",
+                     base["test_accuracy"] > LEARNED if updates["baseline"] >= 100 else None,
+                     "" if updates["baseline"] >= 100 else ("this budget bought fewer than 100 updates (smoke mode's "
+                                                           "seconds, or a slow machine): a longer --time-budget tests "
+                                                           "it")),
+        CLAIMS.judge("06.resnet_learns", f"{course['test_accuracy']:.1%} after {updates['course']} updates",
+                     course["test_accuracy"] > LEARNED if updates["course"] >= 300 else None,
+                     "" if updates["course"] >= 300 else ("this budget bought fewer than 300 updates (smoke mode's "
+                                                         "seconds, or a slow machine): a longer --time-budget tests "
+                                                         "it")),
+        CLAIMS.judge("06.budget_kept",
                      "; ".join(_budget_end(recipe, s, history[recipe], budget, epoch_s[recipe])
                                for recipe, s in summary.items()),
                      all(_ended_on_budget(s, budget, epoch_s[recipe]) for recipe, s in summary.items())
                      if room_for_an_epoch else None,
                      "" if room_for_an_epoch else "the budget bought only the one epoch every run trains: "
-                                                  "no plan to end on time (smoke mode's seconds, or a slow machine)", id="06.budget_kept"),
-        report.Claim("A run killed mid-epoch resumes after its last saved epoch: none repeated, none lost, the time "
-                     "before the kill counted", "§6", "resumed after epoch 1; epochs [1, 2, 3]",
+                                                  "no plan to end on time (smoke mode's seconds, or a slow machine)",
+                     budget=budget),
+        CLAIMS.judge("06.resume_after_kill",
                      f"killed with {resume['finished_at_kill']} epoch(s) saved; resumed after epoch "
                      f"{resume['resumed_after']}; epochs {resume['epochs']}",
                      resumed_right if killed_mid_run else None,
                      "" if killed_mid_run else
                      f"the kill did not land inside epoch 2 with epoch 1 saved (exit code {resume['killed_returncode']},"
                      f" {resume['finished_at_kill']} epoch(s) in metrics.json, backup at epoch "
-                     f"{resume['backed_up_at_kill']})", id="06.resume_after_kill"),
-        _speed_claim("The policy chosen for this hardware trains faster than float32", "§5; lesson 03",
-                     precision, chosen, "float32", repeats, policy_note,
+                     f"{resume['backed_up_at_kill']})"),
+        _speed_claim("06.policy_faster_than_float32", precision, chosen, "float32", repeats, policy_note,
                      None if chosen != "float32" else "the trainer chose float32 on this hardware: nothing to compare",
-                     threshold=report.NOTICEABLE_GAIN if about_one else 1.0,
-                     expected=f"> {report.NOTICEABLE_GAIN}× (a CPU under XLA: about 1×)" if about_one else "> 1.0×",
-                     id="06.policy_faster_than_float32"),
+                     threshold=report.NOTICEABLE_GAIN if about_one else None),
         _xla_choice_claim(r["kind"], jit, course.get("xla_chosen_by", "trainer"), precision, chosen, xla_other,
                           repeats, int(course.get("replicas", 1))),
-        report.Claim("Test-time augmentation (mirrored and one-pixel-shifted copies) does not cost accuracy", "§4",
-                     "≥ −1 point",
+        CLAIMS.judge("06.tta_does_not_hurt",
                      f"{(course['test_accuracy'] - course['test_accuracy_no_tta']) * 100:+.1f} points",
                      course["test_accuracy"] - course["test_accuracy_no_tta"] >= -0.01 if learned and tta_ran else None,
                      "the model is near chance here: nothing for TTA to keep" if not learned else "" if tta_ran else
                      "the budget left no time for a second test-time view (the trainer keeps at most 5% of it for "
-                     "the final evaluation): nothing was averaged", id="06.tta_does_not_hurt"),
-    ]
-    return report.placed(out, "06", MEASURED_BY, FIGURES)
+                     "the final evaluation): nothing was averaged"),
+    ])
 
 
 def _xla_choice_claim(kind: str, jit: bool, chosen_by: str, precision: dict, chosen: str, xla_other: str | None,
@@ -468,13 +468,11 @@ def _xla_choice_claim(kind: str, jit: bool, chosen_by: str, precision: dict, cho
     """The trainer's XLA default against the other setting. Where COURSE_JIT=1 or --jit/--no-jit set XLA for every
     run, the trainer chose nothing: the ratio is shown, the claim is not measurable (prove --jit measured 0.53× for
     the forced XLA-on against off on a 2-core CPU — the reason the trainer's CPU default is off)."""
-    claim = _speed_claim(f"The trainer's XLA choice for a {kind} (XLA {'on' if jit else 'off'}) trains at least as fast "
-                         "as the other", "§5; lesson 01", precision, chosen, xla_other, repeats, "",
+    claim = _speed_claim("06.xla_choice_not_slower", precision, chosen, xla_other, repeats, "",
                          None if xla_other else "a TPU compiles every step: there is no XLA-off run to compare"
                          if kind == "TPU" else f"{replicas} replicas: fit cannot be compiled with XLA there "
                          "(keras-team/keras#19005), so there is no XLA-on run to compare",
-                         threshold=0.95, expected="> 0.95× (the other way round within 5%, or slower)",
-                         id="06.xla_choice_not_slower")
+                         kind=kind, on="on" if jit else "off")
     if chosen_by != "trainer" and claim.holds is not None:
         what = "COURSE_JIT=1" if chosen_by == "COURSE_JIT" else "--jit/--no-jit"
         claim.holds, claim.differs_here = None, ""
@@ -483,18 +481,15 @@ def _xla_choice_claim(kind: str, jit: bool, chosen_by: str, precision: dict, cho
     return claim
 
 
-def _speed_claim(claim: str, source: str, precision: dict, top: str, bottom: str | None, repeats: int,
-                 differs_here: str, unmeasurable: str | None, threshold: float = 1.0, expected: str = "> 1.0×", *,
-                 id: str):
-    """``top``'s images/s per replica over ``bottom``'s, repeat by repeat (each pair from fresh processes)."""
-    from ... import report
-
+def _speed_claim(claim_id: str, precision: dict, top: str, bottom: str | None, repeats: int, differs_here: str,
+                 unmeasurable: str | None, threshold: float | None = None, **values):
+    """``top``'s images/s per replica over ``bottom``'s, repeat by repeat (each pair from fresh processes), judged
+    against the declared threshold (or ``threshold``)."""
     if unmeasurable:
-        return report.Claim(claim, source, expected, "nothing to compare", None, unmeasurable, id=id)
+        return CLAIMS.judge(claim_id, "nothing to compare", None, unmeasurable, **values)
     if repeats < 2:
         ratio = precision[top][0]["images_per_s_per_replica"] / precision[bottom][0]["images_per_s_per_replica"]
-        return report.Claim(claim, source, expected, f"{ratio:.2f}× (1 run each)", None,
-                             "one process per variant: a speed-up needs repeats (full mode runs 5)", id=id)
-    return report.Claim.from_samples(claim, source, expected,
-                                     _pairwise(precision, top, bottom, "images_per_s_per_replica"), ">", threshold,
-                                     note=f"{top} vs {bottom}", differs_here=differs_here, id=id)
+        return CLAIMS.judge(claim_id, f"{ratio:.2f}× (1 run each)", None,
+                            "one process per variant: a speed-up needs repeats (full mode runs 5)", **values)
+    return CLAIMS.judge_samples(claim_id, _pairwise(precision, top, bottom, "images_per_s_per_replica"),
+                                note=f"{top} vs {bottom}", differs_here=differs_here, threshold=threshold, **values)

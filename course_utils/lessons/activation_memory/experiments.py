@@ -431,18 +431,13 @@ def profiled_steps(folder: str, batch: int, net: dict) -> tuple[dict, str]:
 
 
 def _profile_claim(r: dict):
-    text = ("At a plain step's peak most live bytes are the blocks' wide insides; recomputing blocks lowers the "
-            "profiled peak")
-    expected = "> 50% in 4·W-wide tensors; recompute < plain (bytes in tensors at the peak)"
     if r["no_profile"]:
-        return report.Claim(text, "§7; memory profile", expected, "no memory profile", None, r["no_profile"],
-                            id="07.peak_is_block_insides")
+        return CLAIMS.judge("07.peak_is_block_insides", "no memory profile", None, r["no_profile"])
     peaks, wide = r["profile_peaks"], r["wide_share"]
-    return report.Claim(text, "§7; memory profile", expected,
+    return CLAIMS.judge("07.peak_is_block_insides",
                         f"{wide['plain']:.0%} wide; peak {peaks['recompute blocks'] / 2**20:.1f} vs "
                         f"{peaks['plain'] / 2**20:.1f} MiB in tensors",
-                        wide["plain"] > 0.5 and peaks["recompute blocks"] < peaks["plain"],
-                        id="07.peak_is_block_insides")
+                        wide["plain"] > 0.5 and peaks["recompute blocks"] < peaks["plain"])
 
 
 def tensor_bytes_at_peak(profile) -> int:
@@ -485,50 +480,67 @@ def gelu_claim(seeds, final: dict, last: int, acc_exact: float, acc_fewbit: floa
     runs measured mean gaps of −1.8 points (seeds from +0.3 to −3.7, exact GELU alone 4.5 points apart) and, on TF
     2.20, −0.9 (−0.3 to −2.6), so a yes/no on "≥ exact − 2" over 2 seeds fails often with nothing wrong."""
     gaps = [(final[("few_bit", s)] - final[("exact", s)]) * 100 for s in seeds]
-    claim = report.Claim.from_samples(
-        f"2-bit GELU trains to within {GELU_GAP_POINTS:g} points of exact GELU (same epochs, each seed)", "§3",
-        f"every seed > −{GELU_GAP_POINTS:g} points (mean of the last {last} epochs)", gaps, ">", -GELU_GAP_POINTS,
-        fmt="+.1f", unit=" points",
-        note=f"{acc_fewbit:.1%} vs {acc_exact:.1%} over {len(seeds)} seed(s)", id="07.few_bit_gelu_accuracy")
+    claim = CLAIMS.judge_samples("07.few_bit_gelu_accuracy", gaps, note=f"{acc_fewbit:.1%} vs {acc_exact:.1%} over "
+                                 f"{len(seeds)} seed(s)", last=last)
     if not learned:
         claim.holds, claim.note = None, "the exact runs did not learn here (smoke mode: 2 short epochs)"
     return claim
 
 
-# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
-# "where": a report card's row leads to the code)
-# The claims judged on the accelerator's own speed or memory (report.placed): under a GPU or TPU stand-in a CPU
-# measures them, so one that does not hold there is marked, not failed. Host-side figures are not listed.
-FIGURES = {
-    "07.peak_grows_with_batch": "memory",
-    "07.recompute_lowers_peak": "memory",
-    "07.recompute_costs_time": "speed",
-    "07.few_bit_gelu_lowers_peak": "memory",
-    "07.output_saving_layernorm_peak": "memory",
-    "07.output_saving_gelu_no_gain": "memory",
-    "07.chunked_logits_lower_peak": "memory",
-    "07.larger_batch_fits": "memory",
-    "07.peak_is_block_insides": "memory",
-}
-
-MEASURED_BY = {
-    "07.few_bit_gelu_accuracy": train_gelu_cnn,
-    "07.activations_dominate": "course_utils.memory:estimate_training_memory",
-    "07.peak_grows_with_batch": make_block_net_step,
-    "07.remat_scope_list_fails_compiled": remat_scope_modes,
-    "07.recompute_same_gradients": gradient_differences,
-    "07.recompute_lowers_peak": make_block_net_step,
-    "07.recompute_costs_time": make_block_net_step,
-    "07.few_bit_gelu_gradients": "notebook §3",
-    "07.few_bit_gelu_lowers_peak": make_block_net_step,
-    "07.output_saving_layernorm_peak": make_layer_norm_stack_steps,
-    "07.output_saving_gelu_no_gain": make_block_net_step,
-    "07.chunked_logits_same_loss": "notebook §5",
-    "07.chunked_logits_lower_peak": make_cross_entropy_steps,
-    "07.larger_batch_fits": largest_batches,
-    "07.adafactor_state": optimizer_state,
-    "07.peak_is_block_insides": profile_step_memory,
-}
+# Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
+# "where": a report card's row leads to the code). A "speed" or "memory" figure is judged on the accelerator's own
+# speed or memory: under a GPU or TPU stand-in a CPU measures it, so one that does not hold there is marked, not failed.
+# The least share of the plain step's peak each technique saves, without and with XLA
+RECOMPUTE_SAVES, FEW_BIT_SAVES, LAYERNORM_SAVES, CHUNKS_SAVE = 0.15, 0.10, 0.05, 0.10
+BATCH_GAIN = 1.1  # the largest batch that fits with a technique, against plain's: above this
+CLAIMS = report.LessonClaims("07", [
+    report.Declared("07.activations_dominate", "Activations are most of a training step's memory (estimate)", "§1",
+                    "> 50% of the estimate", where="course_utils.memory:estimate_training_memory"),
+    report.Declared("07.peak_grows_with_batch",
+                    "The measured peak grows with the batch at least as fast as the estimated activations", "§1",
+                    "measured / estimated ≥ 1", where=make_block_net_step, figure="memory"),
+    report.Declared("07.remat_scope_list_fails_compiled",
+                    "keras.RematScope('list_of_layers') fails in a compiled step on the TensorFlow backend",
+                    "§2; keras#21207", "ValueError", where=remat_scope_modes),
+    report.Declared("07.recompute_same_gradients", "Recomputation gives the same gradients", "§2",
+                    "max |Δ| ≤ 1e-6 × max |gradient|, with and without XLA", where=gradient_differences),
+    report.Declared("07.recompute_lowers_peak", "Recomputing blocks lowers the peak, without and with XLA", "§2",
+                    "> {threshold:.0%} saved in both", where=make_block_net_step, figure="memory",
+                    threshold=RECOMPUTE_SAVES),
+    report.Declared("07.recompute_costs_time", "Recomputing blocks costs time", "§2", "> {threshold}× without XLA",
+                    where=make_block_net_step, figure="speed", op=">", threshold=1.0),
+    report.Declared("07.few_bit_gelu_gradients", "2-bit GELU gradients point where the exact ones do",
+                    "§3; Novikov et al.", "cosine ≥ 0.95", where="notebook §3"),
+    report.Declared("07.few_bit_gelu_lowers_peak", "Few-bit GELU lowers the peak, without and with XLA", "§3",
+                    "> {threshold:.0%} saved in both", where=make_block_net_step, figure="memory",
+                    threshold=FEW_BIT_SAVES),
+    report.Declared("07.few_bit_gelu_accuracy", f"2-bit GELU trains to within {GELU_GAP_POINTS:g} points of exact "
+                    "GELU (same epochs, each seed)", "§3",
+                    f"every seed > −{GELU_GAP_POINTS:g} points (mean of the last {{last}} epochs)",
+                    where=train_gelu_cnn, op=">", threshold=-GELU_GAP_POINTS, fmt="+.1f", unit=" points"),
+    report.Declared("07.output_saving_layernorm_peak",
+                    "An output-saving LayerNorm lowers the peak where LayerNorm is a large share (Dense + LN stack)",
+                    "§4; Tempo", "> {threshold:.0%} saved without XLA", where=make_layer_norm_stack_steps,
+                    figure="memory", op=">", threshold=LAYERNORM_SAVES, fmt=".0%", unit=""),
+    report.Declared("07.output_saving_gelu_no_gain", "Output-saving GELU does not pay in plain TensorFlow ops", "§4",
+                    "saves less than recomputing the activation (with and without XLA), at > 2× the step time",
+                    where=make_block_net_step, figure="memory"),
+    report.Declared("07.chunked_logits_same_loss", "Chunked logits give the same loss and gradients", "§5",
+                    "max |Δ| < 1e-5", where="notebook §5"),
+    report.Declared("07.chunked_logits_lower_peak", "Chunked logits lower the peak, without and with XLA", "§5",
+                    "> {threshold:.0%} saved in both", where=make_cross_entropy_steps, figure="memory",
+                    threshold=CHUNKS_SAVE),
+    report.Declared("07.larger_batch_fits",
+                    "Recomputing blocks and few-bit GELU each buy a larger batch, without and with XLA", "§6",
+                    "> {threshold}× plain's", where=largest_batches, figure="memory", threshold=BATCH_GAIN),
+    report.Declared("07.adafactor_state", "Keras' Adafactor keeps about as much state as SGD with momentum: half of "
+                    "Adam's, not the published few percent", "§7; keras/src/optimizers/adafactor.py",
+                    "Adafactor 0.95–1.1× the parameters, Adam 2×; published ≤ 0.1×", where=optimizer_state),
+    report.Declared("07.peak_is_block_insides", "At a plain step's peak most live bytes are the blocks' wide insides; "
+                    "recomputing blocks lowers the profiled peak", "§7; memory profile",
+                    "> 50% in 4·W-wide tensors; recompute < plain (bytes in tensors at the peak)",
+                    where=profile_step_memory, figure="memory"),
+])
 
 
 def claims(r: dict) -> list:
@@ -561,62 +573,43 @@ def claims(r: dict) -> list:
     bigger = ("recompute blocks", "few-bit GELU (2 bits)")
     state = r["optimizer_state"]["optimizers"]
     factored = r["optimizer_state"]["factored_bytes"] / r["optimizer_state"]["parameter_bytes"]
-    out = [
-        report.Claim("Activations are most of a training step's memory (estimate)", "§1", "> 50% of the estimate",
-                     f"{activation_share:.0%}", activation_share > 0.5, id="07.activations_dominate"),
-        report.Claim("The measured peak grows with the batch at least as fast as the estimated activations", "§1",
-                     "measured / estimated ≥ 1", f"{estimate_ratio:.2f}×", estimate_ratio >= 1.0,
-                     id="07.peak_grows_with_batch"),
-        report.Claim("keras.RematScope('list_of_layers') fails in a compiled step on the TensorFlow backend",
-                     "§2; keras#21207", "ValueError", compiled[:40] + ("…" if len(compiled) > 40 else ""),
-                     compiled != "runs", id="07.remat_scope_list_fails_compiled"),
-        report.Claim("Recomputation gives the same gradients", "§2",
-                     "max |Δ| ≤ 1e-6 × max |gradient|, with and without XLA",
+    return CLAIMS.all([
+        CLAIMS.judge("07.activations_dominate", f"{activation_share:.0%}", activation_share > 0.5),
+        CLAIMS.judge("07.peak_grows_with_batch", f"{estimate_ratio:.2f}×", estimate_ratio >= 1.0),
+        CLAIMS.judge("07.remat_scope_list_fails_compiled", compiled[:40] + ("…" if len(compiled) > 40 else ""),
+                     compiled != "runs"),
+        CLAIMS.judge("07.recompute_same_gradients",
                      f"{diffs['recompute blocks']['max_abs'] / scale:.0e} / "
                      f"{diffs_xla['recompute blocks']['max_abs'] / scale:.0e}",
-                     max(diffs["recompute blocks"]["max_abs"], diffs_xla["recompute blocks"]["max_abs"]) <= 1e-6 * scale,
-                     id="07.recompute_same_gradients"),
-        report.Claim("Recomputing blocks lowers the peak, without and with XLA", "§2", "> 15% saved in both",
-                     both("recompute blocks"), min(saved("recompute blocks"), saved("recompute blocks", "|xla")) > 0.15,
-                     id="07.recompute_lowers_peak"),
-        report.Claim.from_samples("Recomputing blocks costs time", "§2", "> 1.0× without XLA",
-                                  time_ratios[False]["recompute blocks"], ">", 1.0, id="07.recompute_costs_time"),
-        report.Claim("2-bit GELU gradients point where the exact ones do", "§3; Novikov et al.", "cosine ≥ 0.95",
-                     f"{r['fidelity'][2]:.4f}", r["fidelity"][2] >= 0.95, id="07.few_bit_gelu_gradients"),
-        report.Claim("Few-bit GELU lowers the peak, without and with XLA", "§3", "> 10% saved in both",
-                     both("few-bit GELU (2 bits)"),
-                     min(saved("few-bit GELU (2 bits)"), saved("few-bit GELU (2 bits)", "|xla")) > 0.1,
-                     id="07.few_bit_gelu_lowers_peak"),
+                     max(diffs["recompute blocks"]["max_abs"], diffs_xla["recompute blocks"]["max_abs"])
+                     <= 1e-6 * scale),
+        CLAIMS.judge("07.recompute_lowers_peak", both("recompute blocks"),
+                     min(saved("recompute blocks"), saved("recompute blocks", "|xla")) > RECOMPUTE_SAVES),
+        CLAIMS.judge_samples("07.recompute_costs_time", time_ratios[False]["recompute blocks"]),
+        CLAIMS.judge("07.few_bit_gelu_gradients", f"{r['fidelity'][2]:.4f}", r["fidelity"][2] >= 0.95),
+        CLAIMS.judge("07.few_bit_gelu_lowers_peak", both("few-bit GELU (2 bits)"),
+                     min(saved("few-bit GELU (2 bits)"), saved("few-bit GELU (2 bits)", "|xla")) > FEW_BIT_SAVES),
         gelu_claim(seeds, final, last, acc_exact, acc_fewbit, learned),
-        report.Claim.from_samples(
-            "An output-saving LayerNorm lowers the peak where LayerNorm is a large share (Dense + LN stack)",
-            "§4; Tempo", "> 5% saved without XLA", ln_saved, ">", 0.05, fmt=".0%", unit="",
-            note=f"{len(ln_saved)} readings from fresh processes; with XLA: {saved('output-saving', '|xla', **ln):.0%}",
-            id="07.output_saving_layernorm_peak"),
-        report.Claim("Output-saving GELU does not pay in plain TensorFlow ops", "§4",
-                     "saves less than recomputing the activation (with and without XLA), at > 2× the step time",
+        CLAIMS.judge_samples(
+            "07.output_saving_layernorm_peak", ln_saved,
+            note=f"{len(ln_saved)} readings from fresh processes; with XLA: "
+                 f"{saved('output-saving', '|xla', **ln):.0%}"),
+        CLAIMS.judge("07.output_saving_gelu_no_gain",
                      f"{both('output-saving GELU')} (recompute activation: {both('recompute activations')}); "
                      f"{time_ratios[False]['output-saving GELU'].median:.1f}× the time",
                      all(saved("output-saving GELU", s) < saved("recompute activations", s) for s in ("", "|xla"))
-                     and time_ratios[False]["output-saving GELU"].median > 2, id="07.output_saving_gelu_no_gain"),
-        report.Claim("Chunked logits give the same loss and gradients", "§5", "max |Δ| < 1e-5", f"{r['chunk_diff']:.1e}",
-                     r["chunk_diff"] < 1e-5, id="07.chunked_logits_same_loss"),
-        report.Claim("Chunked logits lower the peak, without and with XLA", "§5", "> 10% saved in both",
-                     both("4 chunks", **ce), min(saved("4 chunks", **ce), saved("4 chunks", "|xla", **ce)) > 0.1,
-                     id="07.chunked_logits_lower_peak"),
-        report.Claim("Recomputing blocks and few-bit GELU each buy a larger batch, without and with XLA", "§6",
-                     "> 1.1× plain's",
+                     and time_ratios[False]["output-saving GELU"].median > 2),
+        CLAIMS.judge("07.chunked_logits_same_loss", f"{r['chunk_diff']:.1e}", r["chunk_diff"] < 1e-5),
+        CLAIMS.judge("07.chunked_logits_lower_peak", both("4 chunks", **ce),
+                     min(saved("4 chunks", **ce), saved("4 chunks", "|xla", **ce)) > CHUNKS_SAVE),
+        CLAIMS.judge("07.larger_batch_fits",
                      "; ".join(f"{n.split(' (')[0]}: {largest[(n, False)] / largest[('plain', False)]:.2f}× / "
                                f"{largest[(n, True)] / largest[('plain', True)]:.2f}×" for n in bigger),
-                     all(largest[(n, j)] > 1.1 * largest[("plain", j)] for n in bigger for j in (False, True)),
-                     id="07.larger_batch_fits"),
-        report.Claim("Keras' Adafactor keeps about as much state as SGD with momentum: half of Adam's, not the "
-                     "published few percent", "§7; keras/src/optimizers/adafactor.py",
-                     "Adafactor 0.95–1.1× the parameters, Adam 2×; published ≤ 0.1×",
+                     all(largest[(n, j)] > BATCH_GAIN * largest[("plain", j)] for n in bigger for j in (False, True))),
+        CLAIMS.judge("07.adafactor_state",
                      f"Adafactor {state['Adafactor']['per_parameter']:.2f}×, Adam {state['Adam']['per_parameter']:.2f}×,"
                      f" SGD + momentum {state['SGD + momentum']['per_parameter']:.2f}×; published {factored:.2f}×",
                      0.95 <= state["Adafactor"]["per_parameter"] <= 1.1 and abs(state["Adam"]["per_parameter"] - 2) < 0.01
-                     and factored <= 0.1, id="07.adafactor_state"),
+                     and factored <= 0.1),
         _profile_claim(r),
-    ]
-    return report.placed(out, "07", MEASURED_BY, FIGURES)
+    ])

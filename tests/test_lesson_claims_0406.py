@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from claims_helpers import Recording, claim_by_id, notebook_dict_keys, notebook_prose
+from claims_helpers import Recording, claim_by_id, notebook_dict_keys
 
 from course_utils import forkserver, report
 from course_utils.lessons.cifar10_capstone import experiments as capstone_exp
@@ -152,11 +152,6 @@ def test_lesson_04_small_cnn_gain_of_about_1x_differs_every_time_it_is_measured_
                                                                 "small CNN": [1.1, 1.25, 1.3]})), "04.spe_faster_small_cnn")
     assert straddles.holds == "noise"
     assert _find(pipeline.claims(_results_04()), "04.spe_faster_small_cnn").holds is True  # 1.5x: a clear gain
-
-
-def test_notebook_04_states_the_threshold_its_claim_tests():
-    """The prose tells a learner what a row will read: its figure must be the one the claim uses."""
-    assert f"more than {pipeline.SPE_CLEAR_GAIN}×" in " ".join(notebook_prose("04_data_pipeline_sharding.ipynb").split())
 
 
 def test_lesson_04_batch_before_map_slower_on_one_core_differs_there_and_fails_on_two():

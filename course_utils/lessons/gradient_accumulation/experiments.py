@@ -764,8 +764,3 @@ def _keras_scaling_claim(scaling: dict, four_note: str):
         "; ".join(f"{how}: weights finite {r['finite']}, scale {r['scale_before']:g}→{r['scale_after']:g}"
                   for how, r in keras_runs.items()),
         all(not r["finite"] and r["scale_after"] == r["scale_before"] for r in keras_runs.values()), four_note)
-    return report.Claim(
-        *text, "; ".join(f"{how}: weights finite {r['finite']}, scale {r['scale_before']:g}→{r['scale_after']:g}"
-                         for how, r in keras_runs.items()),
-        all(not r["finite"] and r["scale_after"] == r["scale_before"] for r in keras_runs.values()), four_note,
-        id="05.keras_loss_scale_first_replica")

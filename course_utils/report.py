@@ -275,14 +275,15 @@ def placed(claims: list["Claim"], lesson: str, measured_by: dict, figures: dict 
 class Declared:
     """One claim, declared once, in its lesson's :class:`LessonClaims`: everything about it that is not measured.
 
-    ``id``: "03.mixed_policy_dtypes" (an id ending in "_" declares a family: ``"02.forward_peak_"`` + a suffix per
-    policy). ``claim``, ``source`` and ``expected``: the table's words; ``{threshold}`` in them is the threshold, and
+    ``id``: "03.mixed_policy_dtypes" (an id ending in "_" or "." declares a family: ``"02.forward_peak_"`` + a suffix
+    per policy). ``claim``, ``source`` and ``expected``: the table's words; ``{threshold}`` in them is the threshold, and
     ``{name}`` a value the claims function passes when it judges (``policy="mixed_bfloat16"``). ``where``: the
     function that measures it (or its ``module:name``), ``"notebook §3"`` for the notebook's own cells in that
     section, None for nothing here. ``figure``: "speed" or "memory" (:data:`FIGURE_KINDS`) for a figure judged on
     the accelerator's speed or memory. ``op`` and ``threshold``: how repeats are judged (:meth:`Samples.compare`;
     ``op="within"`` with ``threshold=(low, high)``: :meth:`Samples.within`), ``fmt`` and ``unit`` how they print.
-    ``prose``: words the lesson's notebook states to a learner (tested), with ``{threshold}`` filled in."""
+    ``prose``: words the lesson's notebook states to a learner (tested), with ``{threshold}`` filled in.
+    ``optional``: results measured before the claim existed leave it out (judged when they have it)."""
 
     id: str
     claim: str
@@ -295,10 +296,11 @@ class Declared:
     fmt: str = ".2f"
     unit: str = "×"
     prose: str = ""
+    optional: bool = False
 
     @property
     def family(self) -> bool:
-        return self.id.endswith("_")
+        return self.id.endswith(("_", "."))
 
     def words(self, field: str, values: dict) -> str:
         """``claim``, ``source``, ``expected`` or ``prose`` with ``{threshold}`` and ``values`` filled in."""
@@ -314,7 +316,7 @@ class LessonClaims:
     def __init__(self, lesson: str, declared: Iterable[Declared]):
         self.lesson, self.declared = lesson, {}
         for spec in declared:
-            if not ID_PATTERN.fullmatch(spec.id.rstrip("_")) or not spec.id.startswith(f"{lesson}."):
+            if not ID_PATTERN.fullmatch(spec.id.rstrip("_.")) or not spec.id.startswith(f"{lesson}."):
                 raise ValueError(f"claim id {spec.id!r} is not {lesson}.name")
             if spec.id in self.declared:
                 raise ValueError(f"claim {spec.id!r} is declared twice")
@@ -357,12 +359,13 @@ class LessonClaims:
                           samples=list(samples.values), **values)
 
     def all(self, claims: Iterable[Claim]) -> list[Claim]:
-        """``claims``, checked: each declared claim judged once (a family at least once), nothing else."""
+        """``claims``, checked: each declared claim judged once (a family at least once; an optional one at most
+        once), nothing else."""
         claims = list(claims)
         problems = id_problems(claims, self.lesson)
         judged = {c.id for c in claims}
-        problems += [f"claim {spec.id!r} is declared but not judged" for spec in self
-                     if not (any(i.startswith(spec.id) for i in judged) if spec.family else spec.id in judged)]
+        problems += [f"claim {spec.id!r} is declared but not judged" for spec in self if not spec.optional
+                     and not (any(i.startswith(spec.id) for i in judged) if spec.family else spec.id in judged)]
         if problems:
             raise ValueError(f"lesson {self.lesson}'s claims: " + "; ".join(problems))
         return claims

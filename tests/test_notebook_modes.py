@@ -9,7 +9,7 @@ behind markers (not in CI; run them before a release, or after changing a notebo
 - ``pytest -m standin``: every notebook in smoke mode on Colab's accelerators stood in for by CPU devices
   (``COURSE_STANDIN``, :mod:`course_utils.standin`): a one-core TPU (v5e-1, TPUStrategy's refusals enforced) and one
   GPU (T4-like: memory read in the process). No cell may raise — a demo that stops failing there raises too — and
-  every claim the notebook saves must hold, but the speed and memory figures (each lesson's ``FIGURES``: a CPU's,
+  every claim the notebook saves must hold, but the speed and memory figures (the claims a lesson declares a ``figure``: a CPU's,
   marked "differs on this hardware" there).
 
 A run fails when any cell raises (Colab's *Run all* stops there; failures on purpose run inside

@@ -143,5 +143,11 @@ def test_declared_claims_refuse_what_is_not_declared_judged_twice_or_left_out():
                       (report.Declared("02.Bad", "a", "b", "c"), "not 02.name")):
         with pytest.raises(ValueError, match=says):
             report.LessonClaims("02", [bad])
+    optional = report.LessonClaims("02", [report.Declared("02.x", "a", "b", "c"),
+                                          report.Declared("02.row.", "a", "b", "c", optional=True)])
+    x = optional.judge("02.x", "m", True)
+    assert optional.all([x]) == [x] and optional.spec("02.row.gce_cpu").id == "02.row."
+    with pytest.raises(ValueError, match="used twice"):
+        optional.all([x, optional.judge("02.row.a", "m", True), optional.judge("02.row.a", "m", True)])
     with pytest.raises(ValueError, match="declared twice"):
         report.LessonClaims("02", [report.Declared("02.x", "a", "b", "c")] * 2)

@@ -186,20 +186,21 @@ def _platform_claims(rows: list[dict]) -> list:
     for row, notice, claim, source, expected, holds, note in _platform_claim_specs():
         r = next((r for r in rows if r["row"] == row and r["notice"] == notice), None)
         if r is None:
-            out.append(report.Claim(claim, source, expected, "not run", None,
+            out.append(CLAIMS.judge(_platform_id(row, notice), "not run", None,
                                     "smoke mode runs only the rows a Colab CPU/TPU runtime meets; full mode "
                                     "(`python -m course_utils prove --lessons 08 --mode full`) and "
-                                    "tests/test_scaling_out.py run every row", id=_platform_id(row, notice)))
+                                    "tests/test_scaling_out.py run every row", claim=claim, source=source,
+                                    expected=expected))
             continue
         measured = (f"{r['platform']}; {_exit_text(r['exit'])}; {len(r['saved'])} checkpoint(s); run 1's last step "
                     f"{r['run1_last']}, resumed after {r['resumed']}")
-        out.append(report.Claim(claim, source, expected, measured, holds(r), note, id=_platform_id(row, notice)))
-    out.insert(1, report.Claim(
-        "On a GCE TPU VM (Colab's TPU runtime) it takes the GCE CPU VM's path: a warning, nothing else",
-        f"§3; {FH}failure_handling.py __init__, run", "as on a GCE CPU VM", "not measurable here", None,
+        out.append(CLAIMS.judge(_platform_id(row, notice), measured, holds(r), note, claim=claim, source=source,
+                                expected=expected))
+    out.insert(1, CLAIMS.judge(
+        "08.gce_tpu_vm_path", "not measurable here", None,
         "detect_platform() says GCE_TPU only when TensorFlow lists a TPU device; the source sends GCE_TPU and GCE_CPU "
         "down the same branches (the warning in __init__, run() calling the step, save_checkpoint_if_preempted "
-        "returning)", id="08.gce_tpu_vm_path"))
+        "returning)"))
     return out
 
 
@@ -342,11 +343,8 @@ def _stall_claim(stall: dict):
                f"{none['error'] or 'no step'} at step {none['failed_step']}")
     with_timeout = (f"{timed['error']} at step {timed['failed_step']} after {timed['waited_s']:.1f} s; "
                     f"{_exit_code(timed['message'])}" if timed["error"] else "no error")
-    return report.Claim(
-        "A hung worker: without a collective timeout the others wait as long as it hangs; with "
-        "CommunicationOptions(timeout_seconds=T) their all-reduce fails after T", "§3; tf.distribute.experimental",
-        f"step {after + 1} waits the whole {w:g} s stall / DeadlineExceededError after {t:g}–{t + 1.5:g} s, exit code "
-        f"{COLLECTIVE_TIMEOUT_EXIT}", f"{without} / {with_timeout}", holds, id="08.hung_worker_waits")
+    return CLAIMS.judge("08.hung_worker_waits", f"{without} / {with_timeout}", holds, step=after + 1, stall=w,
+                        low=t, high=t + 1.5)
 
 
 CAS = "tensorflow/python/distribute/collective_all_reduce_strategy.py"  # TensorFlow 2.20
@@ -379,19 +377,12 @@ def _heartbeat_claims(stall: dict) -> list:
                      + ("default" if detection.get("heartbeat_timeout_ms") == 0 else
                         f"{detection.get('heartbeat_timeout_ms')} ms"))
     return [
-        report.Claim("A worker that dies (SIGKILL) is found by the coordination service's heartbeats: its peers' "
-                     "all-reduce fails with UnavailableError about the heartbeat timeout after the death; the "
-                     "strategy's own health check (every 30 s) is off", f"§3; {CAS} (check_health), XLA "
-                     "coordination_service.cc (kDefaultHeartbeatTimeoutMs)",
-                     f"UnavailableError 'stopped sending heartbeats' {low:g}–{high:g} s after the death, exit code "
-                     f"{COLLECTIVE_TIMEOUT_EXIT}; health-check thread off; service standalone, timeout "
-                     + (f"{heartbeat:g} s (set: smoke mode)" if set_ms else f"default ({HEARTBEAT_TIMEOUT_S:g} s)"),
-                     measured_dead, found, id="08.dead_worker_found"),
-        report.Claim("... a worker that hangs longer than the heartbeat timeout is not found: it is alive and sends "
-                     "them, so without a collective timeout its peers wait the whole hang", "§3",
-                     f"step {after + 1} waits the whole {hung['stall_s']:g} s hang (> {heartbeat:g} s), "
-                     "no error", f"{waited:.1f} s, no error" if waited is not None else
-                     f"{hung['error']} at step {hung['failed_step']}", not_found, id="08.hung_worker_not_found"),
+        CLAIMS.judge("08.dead_worker_found", measured_dead, found, low=low, high=high,
+                     timeout=f"{heartbeat:g} s (set: smoke mode)" if set_ms else
+                     f"default ({HEARTBEAT_TIMEOUT_S:g} s)"),
+        CLAIMS.judge("08.hung_worker_not_found", f"{waited:.1f} s, no error" if waited is not None else
+                     f"{hung['error']} at step {hung['failed_step']}", not_found, step=after + 1,
+                     hang=hung["stall_s"], heartbeat=heartbeat),
     ]
 
 
@@ -406,16 +397,13 @@ def _evaluation_claims(ev: dict) -> list:
     exact = all(v == 1 for v in by_batch["visits"]) and by_batch["correct"] == ev["coordinator_correct"]
     one_worker_did_all = all(v == 1 for v in per_worker["visits"])  # every iterator starts at batch 1
     return [
-        report.Claim("Evaluation scheduled one batch per step sees every example once: the coordinator's accuracy",
-                     "§4", f"{n} once; right: as in the coordinator",
+        CLAIMS.judge("08.scheduled_evaluation_exact",
                      f"{visit_counts(by_batch['visits'])}; right {by_batch['correct']} vs {ev['coordinator_correct']}",
-                     exact, id="08.scheduled_evaluation_exact"),
-        report.Claim("Evaluation from a per-worker dataset (TensorFlow's tutorial) repeats some batches and skips "
-                     "others", "§4", "some examples more than once, some never",
-                     visit_counts(per_worker["visits"]), None if one_worker_did_all else
+                     exact, examples=n),
+        CLAIMS.judge("08.per_worker_evaluation_repeats", visit_counts(per_worker["visits"]),
+                     None if one_worker_did_all else
                      any(v > 1 for v in per_worker["visits"]) and 0 in per_worker["visits"],
-                     "one worker ran every step this time: exact by chance" if one_worker_did_all else "",
-                     id="08.per_worker_evaluation_repeats"),
+                     "one worker ran every step this time: exact by chance" if one_worker_did_all else ""),
     ]
 
 
@@ -428,12 +416,9 @@ def _batch_cost_claim(ev: dict) -> list:
     last = str(cost["batches"] - 1)
     skip, index = cost["skip(k).take(1)"], cost["slice by index"]
     holds = skip[last] >= 20 * skip["0"] and skip[last] >= 20 * index[last] and index[last] <= 5 * index["0"]
-    return [report.Claim(
-        f"Evaluation batch k by skip(k).take(1) produces the k batches before it (O(k) a step); sliced by index it "
-        f"costs the same for every k ({cost['batches']} batches of {cost['batch']}, with a map)", "§4",
-        "last batch by skip ≥ 20× the first and ≥ 20× by index; by index, last ≤ 5× first",
-        f"skip: {skip['0'] * 1e3:.2f} → {skip[last] * 1e3:.1f} ms; by index: {index['0'] * 1e3:.2f} → "
-        f"{index[last] * 1e3:.2f} ms", holds, id="08.skip_take_evaluation_cost")]
+    return [CLAIMS.judge(
+        "08.skip_take_evaluation_cost", f"skip: {skip['0'] * 1e3:.2f} → {skip[last] * 1e3:.1f} ms; by index: "
+        f"{index['0'] * 1e3:.2f} → {index[last] * 1e3:.2f} ms", holds, batches=cost["batches"], batch=cost["batch"])]
 
 
 def _worker_failure_claim(ps: dict) -> list:
@@ -445,43 +430,93 @@ def _worker_failure_claim(ps: dict) -> list:
     survivors_only = bool(lost["second_half"]) and lost["killed"] not in lost["second_half"]
     holds = (lost["returned"] == lost["scheduled"] and survivors_only and lost["put_back"] >= 1
              and lost["executions"] >= lost["scheduled"] and lost["grpc_fail_fast"] == "use_caller")
-    return [report.Claim(
-        "ParameterServerStrategy: a worker killed mid-schedule — the coordinator puts its failed step back and the "
-        "other worker runs it; every scheduled step returns a result, each run at least once",
-        "§4; tensorflow/python/distribute/coordinator/cluster_coordinator.py (schedule, wait_on_failure)",
-        f"{lost['scheduled']}/{lost['scheduled']} returned; every step after the kill on another worker; ≥ 1 "
-        f"closure put back; ≥ {lost['scheduled']} executions",
-        f"{lost['returned']}/{lost['scheduled']} returned; after the kill on worker(s) "
+    return [CLAIMS.judge(
+        "08.ps_worker_killed", f"{lost['returned']}/{lost['scheduled']} returned; after the kill on worker(s) "
         f"{sorted(set(lost['second_half']))}; {lost['put_back']} put back; {lost['executions']} executions "
-        f"(GRPC_FAIL_FAST={lost['grpc_fail_fast'] or 'unset'})", holds, id="08.ps_worker_killed")]
+        f"(GRPC_FAIL_FAST={lost['grpc_fail_fast'] or 'unset'})", holds, scheduled=lost["scheduled"])]
 
 
-# Each claim's id -> the function that measured it, or the notebook's section that does in its own cells (claims.json's
-# "where": a report card's row leads to the code)
-MEASURED_BY = {  # the worker programs by name, as MW, PS and MP
-    "08.workers_identical_weights": "course_utils.lessons.scaling_out.multiworker:train",
-    "08.workers_equal_one_process": "course_utils.lessons.scaling_out.multiworker:single_process_weights",
-    "08.workers_read_half": "course_utils.lessons.scaling_out.multiworker:train",
-    "08.fit_fails_multiworker": "course_utils.lessons.scaling_out.multiworker:main",
-    "08.restart_resumes": "notebook §3",
-    "08.preemption_handler_off_cloud": "notebook §3",
-    "08.preemption.": preemption_row,  # one claim per row of the platform matrix
-    "08.gce_tpu_vm_path": None,  # cannot run off a TPU VM: read from TensorFlow's source
-    "08.hung_worker_waits": stalled_worker,
-    "08.dead_worker_found": stalled_worker,
-    "08.hung_worker_not_found": stalled_worker,
-    "08.scheduled_evaluation_exact": "course_utils.lessons.scaling_out.parameter_server:main",
-    "08.per_worker_evaluation_repeats": "course_utils.lessons.scaling_out.parameter_server:main",
-    "08.skip_take_evaluation_cost": "course_utils.lessons.scaling_out.parameter_server:main",
-    "08.ps_worker_killed": "course_utils.lessons.scaling_out.parameter_server:main",
-    "08.ps_custom_loop_trains": "course_utils.lessons.scaling_out.parameter_server:train",
-    "08.fit_fails_ps": "course_utils.lessons.scaling_out.parameter_server:main",
-    "08.model_parallel_same_gradients": "course_utils.lessons.scaling_out.model_parallel:main",
-    "08.naive_model_parallel_not_faster": "course_utils.lessons.scaling_out.model_parallel:main",
-    "08.pipelining_beats_naive": "course_utils.lessons.scaling_out.model_parallel:main",
-    "08.communication_dominates": "course_utils.lessons.scaling_out.multiworker:train",
-    "08.sharing_cores_not_the_cause": time_alone,
-}
+# Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
+# "where": a report card's row leads to the code; the worker programs by name, as MW, PS and MP).
+_PROGRAMS = "course_utils.lessons.scaling_out."
+MW_TRAIN, PS_MAIN, MP_MAIN = (_PROGRAMS + name for name in ("multiworker:train", "parameter_server:main",
+                                                            "model_parallel:main"))
+NAIVE_AT_LEAST = 0.9  # the naive split's step time against one device's: at least this (not meaningfully faster)
+CLAIMS = report.LessonClaims("08", [
+    report.Declared("08.workers_identical_weights", "Two MultiWorkerMirrored workers end with identical weights", "§1",
+                    "max |Δ| = 0", where=MW_TRAIN),
+    report.Declared("08.workers_equal_one_process", "... equal to one process trained on the same global batches",
+                    "§1", "max |Δ| ≤ 1e-6", where=_PROGRAMS + "multiworker:single_process_weights"),
+    report.Declared("08.workers_read_half", "Each worker reads half of every global batch (DATA auto-sharding)",
+                    "§1; lesson 04", "{half} examples each", where=MW_TRAIN),
+    report.Declared("08.fit_fails_multiworker", "Keras 3 model.fit fails under MultiWorkerMirroredStrategy",
+                    "§2; keras#20585", "a ValueError in fit", where=_PROGRAMS + "multiworker:main"),
+    report.Declared("08.restart_resumes", "A killed worker: the restarted cluster resumes from the checkpoint, no step "
+                    "lost or repeated", "§3", "steps {first}–{last} once on each worker; equal to one process",
+                    where="notebook §3"),
+    report.Declared("08.preemption_handler_off_cloud", "PreemptionCheckpointHandler off Google Cloud: on a SIGTERM "
+                    "notice every worker saves at one step and exits 42; the restart resumes there, no step lost or "
+                    "repeated", f"§3; {FH}failure_handling.py BorgTerminationConfig",
+                    "exit code 42; steps {first}–{last} once on each worker, resumed at the same step; equal to one "
+                    "process", where="notebook §3"),
+    report.Declared("08.preemption.", "{claim}", "{source}", "{expected}", where=preemption_row,
+                    optional=True),  # one claim per row of the platform matrix (_platform_claim_specs: its words)
+    report.Declared("08.gce_tpu_vm_path",
+                    "On a GCE TPU VM (Colab's TPU runtime) it takes the GCE CPU VM's path: a warning, nothing else",
+                    f"§3; {FH}failure_handling.py __init__, run", "as on a GCE CPU VM",
+                    optional=True),  # cannot run off a TPU VM: read from TensorFlow's source
+    report.Declared("08.hung_worker_waits", "A hung worker: without a collective timeout the others wait as long as it "
+                    "hangs; with CommunicationOptions(timeout_seconds=T) their all-reduce fails after T",
+                    "§3; tf.distribute.experimental", "step {step} waits the whole {stall:g} s stall / "
+                    f"DeadlineExceededError after {{low:g}}–{{high:g}} s, exit code {COLLECTIVE_TIMEOUT_EXIT}",
+                    where=stalled_worker),
+    report.Declared("08.dead_worker_found", "A worker that dies (SIGKILL) is found by the coordination service's "
+                    "heartbeats: its peers' all-reduce fails with UnavailableError about the heartbeat timeout after "
+                    "the death; the strategy's own health check (every 30 s) is off",
+                    f"§3; {CAS} (check_health), XLA coordination_service.cc (kDefaultHeartbeatTimeoutMs)",
+                    "UnavailableError 'stopped sending heartbeats' {low:g}–{high:g} s after the death, exit code "
+                    f"{COLLECTIVE_TIMEOUT_EXIT}; health-check thread off; service standalone, timeout {{timeout}}",
+                    where=stalled_worker, optional=True),
+    report.Declared("08.hung_worker_not_found", "... a worker that hangs longer than the heartbeat timeout is not "
+                    "found: it is alive and sends them, so without a collective timeout its peers wait the whole hang",
+                    "§3", "step {step} waits the whole {hang:g} s hang (> {heartbeat:g} s), no error",
+                    where=stalled_worker, optional=True),
+    report.Declared("08.ps_custom_loop_trains", "ParameterServerStrategy trains a Keras 3 model with a custom loop; "
+                    "variables on the parameter server", "§4", "loss falls; variables on /job:ps",
+                    where=_PROGRAMS + "parameter_server:train"),
+    report.Declared("08.fit_fails_ps", "Keras 3 model.fit does not run under ParameterServerStrategy", "§4",
+                    "an error", where=PS_MAIN),
+    report.Declared("08.scheduled_evaluation_exact",
+                    "Evaluation scheduled one batch per step sees every example once: the coordinator's accuracy",
+                    "§4", "{examples} once; right: as in the coordinator", where=PS_MAIN),
+    report.Declared("08.per_worker_evaluation_repeats", "Evaluation from a per-worker dataset (TensorFlow's tutorial) "
+                    "repeats some batches and skips others", "§4", "some examples more than once, some never",
+                    where=PS_MAIN),
+    report.Declared("08.skip_take_evaluation_cost", "Evaluation batch k by skip(k).take(1) produces the k batches "
+                    "before it (O(k) a step); sliced by index it costs the same for every k ({batches} batches of "
+                    "{batch}, with a map)", "§4",
+                    "last batch by skip ≥ 20× the first and ≥ 20× by index; by index, last ≤ 5× first",
+                    where=PS_MAIN, optional=True),
+    report.Declared("08.ps_worker_killed", "ParameterServerStrategy: a worker killed mid-schedule — the coordinator "
+                    "puts its failed step back and the other worker runs it; every scheduled step returns a result, "
+                    "each run at least once",
+                    "§4; tensorflow/python/distribute/coordinator/cluster_coordinator.py (schedule, wait_on_failure)",
+                    "{scheduled}/{scheduled} returned; every step after the kill on another worker; ≥ 1 closure put "
+                    "back; ≥ {scheduled} executions", where=PS_MAIN, optional=True),
+    report.Declared("08.model_parallel_same_gradients", "A model split over two devices computes the same gradients",
+                    "§5", "max |Δ| ≤ 1e-5 × max |gradient|", where=MP_MAIN),
+    report.Declared("08.naive_model_parallel_not_faster",
+                    "Naive model parallelism is not meaningfully faster than one device", "§5",
+                    "naive step ≥ {threshold} × one device's", where=MP_MAIN, op=">=", threshold=NAIVE_AT_LEAST),
+    report.Declared("08.pipelining_beats_naive", "Pipelining micro-batches beats the naive split ({pipe})",
+                    "§5; GPipe", "naive / pipelined > {threshold}", where=MP_MAIN, op=">", threshold=1),
+    report.Declared("08.communication_dominates", "With 2+ local workers, most of the step is communication, "
+                    "synchronisation and shared cores (tiny model)", "§7",
+                    "> 50% of the step beyond the 1-worker step", where=MW_TRAIN),
+    report.Declared("08.sharing_cores_not_the_cause", "Sharing the cores does not explain the 2-worker step: the "
+                    "cluster adds time the same processes running alone at once do not", "§7",
+                    "2-worker step > 1.2 × the step alone beside another", where=time_alone),
+])
 
 
 def claims(r: dict) -> list:
@@ -500,76 +535,57 @@ def claims(r: dict) -> list:
                        {int(n): t for n, t in r["alone"].items()})
     local = r["local_examples"]
 
-    def timed(claim, source, expected, samples, op, threshold, *, id):
+    def timed(claim_id, samples, **values):
         """A §5 timing claim: from 3+ interleaved rounds a verdict; from fewer (smoke mode's 2), a difference of
         some percent cannot be told from noise between processes sharing cores: not measurable here."""
         if len(samples.values) >= 3:
-            return report.Claim.from_samples(claim, source, expected, samples, op, threshold, id=id)
-        return report.Claim(claim, source, expected, samples.format(".2f", "×"), None,
+            return CLAIMS.judge_samples(claim_id, samples, **values)
+        return CLAIMS.judge(claim_id, samples.format(".2f", "×"), None,
                             f"{len(samples.values)} timing rounds (smoke mode): too few to tell a difference of some "
-                            "percent from noise", id=id)
-    out = [
-        report.Claim("Two MultiWorkerMirrored workers end with identical weights", "§1", "max |Δ| = 0",
-                     f"{r['diff_workers']:.1e}", r["diff_workers"] == 0.0, id="08.workers_identical_weights"),
-        report.Claim("... equal to one process trained on the same global batches", "§1", "max |Δ| ≤ 1e-6",
-                     f"{r['diff_single']:.1e}", r["diff_single"] <= 1e-6, id="08.workers_equal_one_process"),
-        report.Claim("Each worker reads half of every global batch (DATA auto-sharding)", "§1; lesson 04",
-                     f"{global_examples // 2} examples each", f"{local[0]} and {local[1]}",
-                     local[0] == local[1] == global_examples // 2, id="08.workers_read_half"),
-        report.Claim("Keras 3 model.fit fails under MultiWorkerMirroredStrategy", "§2; keras#20585", "a ValueError in fit",
-                     "ValueError" if fit_failed else "ran", fit_failed, id="08.fit_fails_multiworker"),
-        report.Claim("A killed worker: the restarted cluster resumes from the checkpoint, no step lost or repeated", "§3",
-                     f"steps {steps[0]}–{steps[-1]} once on each worker; equal to one process",
-                     f"{committed[0]} / {committed[1]}; max |Δ| {r['diff_resumed']:.1e}",
+                            "percent from noise", **values)
+
+    return CLAIMS.all([
+        CLAIMS.judge("08.workers_identical_weights", f"{r['diff_workers']:.1e}", r["diff_workers"] == 0.0),
+        CLAIMS.judge("08.workers_equal_one_process", f"{r['diff_single']:.1e}", r["diff_single"] <= 1e-6),
+        CLAIMS.judge("08.workers_read_half", f"{local[0]} and {local[1]}", local[0] == local[1] == global_examples // 2,
+                     half=global_examples // 2),
+        CLAIMS.judge("08.fit_fails_multiworker", "ValueError" if fit_failed else "ran", fit_failed),
+        CLAIMS.judge("08.restart_resumes", f"{committed[0]} / {committed[1]}; max |Δ| {r['diff_resumed']:.1e}",
                      r["crash_message"] is not None and committed[0] == committed[1] == steps
-                     and r["diff_resumed"] <= 1e-6, id="08.restart_resumes"),
-        report.Claim("PreemptionCheckpointHandler off Google Cloud: on a SIGTERM notice every worker saves at one step "
-                     "and exits 42; the restart resumes there, no step lost or repeated",
-                     f"§3; {FH}failure_handling.py BorgTerminationConfig",
-                     f"exit code 42; steps {steps[0]}–{steps[-1]} once on each worker, resumed at the same step; equal to "
-                     "one process",
+                     and r["diff_resumed"] <= 1e-6, first=steps[0], last=steps[-1]),
+        CLAIMS.judge("08.preemption_handler_off_cloud",
                      f"{_exit_code(r['notice_message'])}; {r['preempt_steps'][0]} / {r['preempt_steps'][1]}, "
                      f"resumed after {r['preempt_resumed'][0]} / {r['preempt_resumed'][1]}; max |Δ| "
                      f"{r['diff_preempted']:.1e}",
                      r["notice_message"] is not None and f"exited with code {PREEMPTED_EXIT}" in r["notice_message"]
                      and r["preempt_steps"][0] == r["preempt_steps"][1] == steps
                      and r["preempt_resumed"][0] == r["preempt_resumed"][1] >= r["cluster_steps"] // 2
-                     and r["diff_preempted"] <= 1e-6, id="08.preemption_handler_off_cloud"),
+                     and r["diff_preempted"] <= 1e-6, first=steps[0], last=steps[-1]),
         *_platform_claims(r.get("platform_rows", [])),
         _stall_claim(r["stall"]),
         *_heartbeat_claims(r["stall"]),
-        report.Claim("ParameterServerStrategy trains a Keras 3 model with a custom loop; variables on the parameter server",
-                     "§4", "loss falls; variables on /job:ps",
+        CLAIMS.judge("08.ps_custom_loop_trains",
                      f"{losses[:k].mean():.3f} → {losses[-k:].mean():.3f}; {', '.join(ps['variable_devices'])}",
-                     losses[-k:].mean() < losses[:k].mean() and all("/job:ps" in d for d in ps["variable_devices"]),
-                     id="08.ps_custom_loop_trains"),
-        report.Claim("Keras 3 model.fit does not run under ParameterServerStrategy", "§4", "an error",
-                     ps["fit"].split(":")[0], ps["fit"] != "runs", id="08.fit_fails_ps"),
+                     losses[-k:].mean() < losses[:k].mean() and all("/job:ps" in d for d in ps["variable_devices"])),
+        CLAIMS.judge("08.fit_fails_ps", ps["fit"].split(":")[0], ps["fit"] != "runs"),
         *_evaluation_claims(ps["evaluation"]),
         *_batch_cost_claim(ps["evaluation"]),
         *_worker_failure_claim(ps),
-        report.Claim("A model split over two devices computes the same gradients", "§5", "max |Δ| ≤ 1e-5 × max |gradient|",
+        CLAIMS.judge("08.model_parallel_same_gradients",
                      f"{max(mp['max_grad_diff'].values()) / mp['grad_scale']:.0e} ×",
-                     max(mp["max_grad_diff"].values()) <= 1e-5 * mp["grad_scale"],
-                     id="08.model_parallel_same_gradients"),
-        timed("Naive model parallelism is not meaningfully faster than one device", "§5",
-              "naive step ≥ 0.9 × one device's", naive_vs_one, ">=", 0.9, id="08.naive_model_parallel_not_faster"),
-        timed(f"Pipelining micro-batches beats the naive split ({pipe})", "§5; GPipe", "naive / pipelined > 1",
-              pipe_vs_naive, ">", 1.0, id="08.pipelining_beats_naive") if mp.get("stage_cores", 2) >= 2 else
-        report.Claim(f"Pipelining micro-batches beats the naive split ({pipe})", "§5; GPipe", "naive / pipelined > 1",
-                     pipe_vs_naive.format(".2f", "×"), None,
+                     max(mp["max_grad_diff"].values()) <= 1e-5 * mp["grad_scale"]),
+        timed("08.naive_model_parallel_not_faster", naive_vs_one),
+        timed("08.pipelining_beats_naive", pipe_vs_naive, pipe=pipe) if mp.get("stage_cores", 2) >= 2 else
+        CLAIMS.judge("08.pipelining_beats_naive", pipe_vs_naive.format(".2f", "×"), None,
                      "the two stages' workers share one core here, so they take turns: pipelining gains only when "
-                     "each stage has a device (or core) of its own", id="08.pipelining_beats_naive"),
-        report.Claim("With 2+ local workers, most of the step is communication, synchronisation and shared cores "
-                     "(tiny model)", "§7", "> 50% of the step beyond the 1-worker step",
+                     "each stage has a device (or core) of its own", pipe=pipe),
+        CLAIMS.judge("08.communication_dominates",
                      ", ".join(f"{n}: {s:.0%}" for n, s in zip(workers[1:], comm_share[1:])),
-                     all(s > 0.5 for s in comm_share[1:]), id="08.communication_dominates"),
-        report.Claim("Sharing the cores does not explain the 2-worker step: the cluster adds time the same processes "
-                     "running alone at once do not", "§7", "2-worker step > 1.2 × the step alone beside another",
+                     all(s > 0.5 for s in comm_share[1:])),
+        CLAIMS.judge("08.sharing_cores_not_the_cause",
                      f"{parts[2]['step']:.2f} ms in the cluster vs {parts[2]['one_worker'] + parts[2]['core_sharing']:.2f}"
                      f" ms alone beside another ({parts[2]['one_worker']:.2f} ms with the cores to itself)"
                      if 2 in parts else "no 2-worker runs",
                      parts[2]["step"] > 1.2 * (parts[2]["one_worker"] + parts[2]["core_sharing"]) if 2 in parts else None,
-                     "" if 2 in parts else "this mode times no 2-worker cluster", id="08.sharing_cores_not_the_cause"),
-    ]
-    return report.placed(out, "08", MEASURED_BY)
+                     "" if 2 in parts else "this mode times no 2-worker cluster"),
+    ])

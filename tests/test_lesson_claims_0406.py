@@ -74,7 +74,9 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
                        zip(pipeline.UPSTREAM_CASES, (17, 0, 0, 0))],
         bottleneck="training step", bottleneck_ratio=1.9, steps_per_epoch=8, calls_expected=2, calls_per_epoch_n=2,
         spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.3, 1.5, 1.9]}, spe_auto="TypeError",
-        mirrored_spe_ran=False, several_mirrored=replicas > 1 and kind != "TPU", prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
+        spe_mirrored={"replicas": 4, "outcome": "InvalidArgumentError", "error": "You must feed a value for placeholder",
+                      "where": "a fresh process with 4 CPU replicas"},
+        several_mirrored=replicas > 1 and kind != "TPU", prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
     results.update(changes)
     return results
 
@@ -100,7 +102,8 @@ def test_lesson_04_verdicts_follow_the_measurements():
                                                for c in pipeline.SHUFFLE_CASES]),
         "04.data_shard_after_unseeded_shuffle": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": 0, "missing": 0}
                                                                   for c in pipeline.UPSTREAM_CASES]),
-        "04.spe_fails_on_mirrored": dict(mirrored_spe_ran=True),
+        "04.spe_fails_on_mirrored": dict(spe_mirrored={"replicas": 4, "outcome": "fit ran", "error": "",
+                                                        "where": "a fresh process with 4 CPU replicas"}),
         "04.spe_auto_fails": dict(spe_auto="fit ran"),
         "04.input_bound_check": dict(bottleneck="input pipeline"),
         "04.autotune_injects_prefetch": dict(prefetch_default=[1.5, 1.6, 1.7]),
@@ -575,3 +578,13 @@ def test_lesson_06_precision_run_past_its_timeout_is_one_message_and_stops_the_o
     with pytest.raises(RuntimeError, match=r"§5 run 'float32' did not finish within 0\.5 s and was stopped"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "t"), timeout=0.5)
     assert len(procs) == 3 and all(p.killed for p in procs)
+
+
+def test_lesson_04_a_steps_per_execution_check_that_hung_holds_with_the_reason():
+    hung = {"replicas": 4, "outcome": "hung", "error": "no result in 15 s: the process was stopped",
+            "where": "a fresh process with 4 CPU replicas"}
+    claim = _find(pipeline.claims(_results_04(spe_mirrored=hung)), "04.spe_fails_on_mirrored")
+    assert claim.holds is True and "hung" in claim.note and "hung" in claim.measured, claim.verdict
+    one = {"replicas": 1, "outcome": "fit ran", "error": "", "where": "this notebook's strategy"}
+    claim = _find(pipeline.claims(_results_04(replicas=1, real_global=32, spe_mirrored=one)), "04.spe_fails_on_mirrored")
+    assert claim.holds is None and "2 replicas" in claim.note, claim.verdict

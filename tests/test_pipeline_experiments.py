@@ -366,3 +366,16 @@ def test_steady_share_leaves_step_1_out_and_measures_the_loops_pauses():
         profiler.StepTiming(100.0 * i, 100.0, w, None, None) for i, w in enumerate((90, 60, 70))))
     no_times = exp.steady_share(analysis)  # an accelerator's analysis: no times of asking for a batch
     assert no_times.input_share == pytest.approx(0.65) and no_times.pause_ms is None and not no_times.paused
+
+
+def test_the_steps_per_execution_check_trains_on_one_replica_and_a_hung_check_is_stopped_and_says_so():
+    """§7: on one device the fit runs here; the several-replica check runs in a fresh process that is stopped at its
+    timeout (the failed step there sometimes blocks for a minute before it raises) and then reads "hung"."""
+    import tensorflow as tf
+
+    assert exp.spe_on_mirrored(tf.distribute.OneDeviceStrategy("/cpu:0"), 4) == {
+        "replicas": 1, "outcome": "fit ran", "error": ""}
+    start = time.monotonic()
+    stopped = exp.spe_on_mirrored_fresh(4, timeout=0.5)  # far less than a fresh process needs
+    assert time.monotonic() - start < 20
+    assert stopped["outcome"] == "hung" and stopped["replicas"] == 4 and "0.5 s" in stopped["error"], stopped

@@ -71,7 +71,7 @@ _COMMON = {
 def _lesson_sizes() -> list[tuple[str, object, object, str]]:
     """(name, full, smoke, lesson id) of every size a lesson's manifest declares; a name declared twice, or one that
     is a common size, is an error."""
-    from .lessons import LESSONS, ManifestError
+    from .manifests import LESSONS, ManifestError
 
     seen = {f.name: "config.CommonSizes" for f in dataclasses.fields(CommonSizes)}
     out = []

@@ -771,7 +771,9 @@ def _standin_runtime(tf, which: str, n: int, fallbacks: list, notes: list, commo
             raise _config.ConfigError(f"COURSE_STANDIN=tpu: {problem}")
         cores = tuple(f"/device:CPU:{i}" for i in range(1, got))
         standin.refuse_host_xla(cores)
-        strategy = standin.tpu_strategy(list(cores))
+        from . import standin_strategies  # imports TensorFlow
+
+        strategy = standin_strategies.tpu_strategy(list(cores))
         notes.append(f"stand-in: a TPU with {len(cores)} core(s) over CPU devices (COURSE_STANDIN=tpu); CPU:0 is its "
                      "host. It refuses what TPUStrategy refuses; it is a CPU, not faster")
         return Runtime(kind="TPU", strategy_name="TPUStrategy (stand-in)", num_replicas=len(cores),

@@ -81,25 +81,6 @@ def _in_xla_context() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()))
 
 
-def tpu_strategy(cores: list[str]):
-    """The TPU stand-in's strategy over ``cores`` (CPU device names): one core, merge in place
-    (``OneDeviceStrategy``); several, ``MirroredStrategy``. Both refuse what ``TPUStrategy.run`` refuses."""
-    from . import standin_strategies
-
-    if len(cores) == 1:
-        return standin_strategies.TPUStandInStrategy(cores[0])
-    return standin_strategies.TPUStandInMirroredStrategy(cores)
-
-
-def is_tpu_strategy(strategy: Any) -> bool:
-    """``strategy`` is a ``TPUStrategy``, or the TPU stand-in's."""
-    import tensorflow as tf
-
-    from .standin_strategies import TPURun
-
-    return isinstance(strategy, (tf.distribute.TPUStrategy, TPURun))
-
-
 _guard_lock = threading.Lock()
 _cores: tuple[str, ...] = ()
 

@@ -1,7 +1,10 @@
 """The TPU stand-in's strategies (:mod:`course_utils.standin`): classes at module level, in a module that imports
-TensorFlow at the top, so that each is one class however often a runtime is made."""
+TensorFlow at the top, so that each is one class however often a runtime is made; :func:`tpu_strategy` makes one,
+:func:`is_tpu_strategy` tells a TPU's (or its stand-in's) strategy from others."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import tensorflow as tf
 
@@ -24,3 +27,16 @@ class TPUStandInStrategy(TPURun, tf.distribute.OneDeviceStrategy):
 
 class TPUStandInMirroredStrategy(TPURun, tf.distribute.MirroredStrategy):
     """A several-core TPU stood in for by CPU devices (MirroredStrategy underneath: its merge is threaded)."""
+
+
+def tpu_strategy(cores: list[str]):
+    """The TPU stand-in's strategy over ``cores`` (CPU device names): one core, merge in place
+    (``OneDeviceStrategy``); several, ``MirroredStrategy``. Both refuse what ``TPUStrategy.run`` refuses."""
+    if len(cores) == 1:
+        return TPUStandInStrategy(cores[0])
+    return TPUStandInMirroredStrategy(cores)
+
+
+def is_tpu_strategy(strategy: Any) -> bool:
+    """``strategy`` is a ``TPUStrategy``, or the TPU stand-in's."""
+    return isinstance(strategy, (tf.distribute.TPUStrategy, TPURun))

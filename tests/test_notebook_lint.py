@@ -599,15 +599,15 @@ def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
 
 
 def test_a_lesson_size_that_another_manifest_or_the_common_sizes_declare_is_refused(monkeypatch):
-    from course_utils import config, lessons
+    from course_utils import config, lessons, manifests
 
     mine = lessons.Lesson("09", "X", "course_utils.lessons.x", sizes=(("memory_batch", 1, 1),))
-    monkeypatch.setattr(lessons, "LESSONS", (*lessons.LESSONS, mine))
+    monkeypatch.setattr(manifests, "LESSONS", (*lessons.LESSONS, mine))  # what the config reads
     with pytest.raises(lessons.ManifestError, match="lesson 09's manifest declares sizes.memory_batch, which "
                                                     "config.CommonSizes has"):
         config._lesson_sizes()
     mine = lessons.Lesson("09", "X", "course_utils.lessons.x", sizes=(("block_width", 1, 1),))
-    monkeypatch.setattr(lessons, "LESSONS", (*lessons.LESSONS[:-1], mine))
+    monkeypatch.setattr(manifests, "LESSONS", (*lessons.LESSONS, mine))
     with pytest.raises(lessons.ManifestError, match="sizes.block_width, which lesson 07's manifest has"):
         config._lesson_sizes()
 

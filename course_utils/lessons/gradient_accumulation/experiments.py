@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...accumulation import GradientAccumulator, distributed_train_step
-from ... import accumulation, data, memory, models, report, standin
+from ... import accumulation, data, memory, models, report, standin_strategies
 from ... import runtime as _runtime
 
 
@@ -368,9 +368,9 @@ def mirrored_strategy(strategy):
     """§4: a ``MirroredStrategy`` to show keras-team/keras#20582 on: ``strategy`` when it is one (several GPUs or CPU
     replicas), else one over its first device — on a TPU over the host's CPU, since ``TPUStrategy`` merges in place,
     without MirroredStrategy's replica threads whose ``merge_call`` inside a ``cond`` is the failure."""
-    if isinstance(strategy, tf.distribute.MirroredStrategy) and not standin.is_tpu_strategy(strategy):
+    if isinstance(strategy, tf.distribute.MirroredStrategy) and not standin_strategies.is_tpu_strategy(strategy):
         return strategy
-    if standin.is_tpu_strategy(strategy):
+    if standin_strategies.is_tpu_strategy(strategy):
         return tf.distribute.MirroredStrategy(["/cpu:0"])
     return tf.distribute.MirroredStrategy(strategy.extended.worker_devices[:1])
 

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ... import accumulation, data, memory, models, report, runtime, standin
+from ... import accumulation, data, memory, models, report, runtime, standin_strategies
 
 
 def confident_logits(rows: int = 4096, num_classes: int = 10, boost: float = 8.0, sigma: float = 3.0, seed: int = 0):
@@ -105,7 +105,7 @@ def training_step(policy: str, width: int = 32, batch: int = 256, num_classes: i
             scaled = optimizer.scale_loss(loss)  # × the loss scale under mixed_float16, unchanged otherwise
         return tape.gradient(scaled, model.trainable_variables), loss
 
-    tpu = standin.is_tpu_strategy(strategy)
+    tpu = standin_strategies.is_tpu_strategy(strategy)
     if runtime.whole_step_compiles("TPU" if tpu else "", replicas):
         def replica_step(x, y):
             grads, loss = gradients(x, y)

@@ -585,6 +585,9 @@ def test_lesson_04_a_steps_per_execution_check_that_hung_holds_with_the_reason()
             "where": "a fresh process with 4 CPU replicas"}
     claim = _find(pipeline.claims(_results_04(spe_mirrored=hung)), "04.spe_fails_on_mirrored")
     assert claim.holds is True and "hung" in claim.note and "hung" in claim.measured, claim.verdict
+    failed = dict(hung, outcome="process failed", error="ImportError: no TensorFlow here")
+    claim = _find(pipeline.claims(_results_04(spe_mirrored=failed)), "04.spe_fails_on_mirrored")
+    assert claim.holds is False and claim.fails, claim.verdict  # a check that never ran proves nothing
     one = {"replicas": 1, "outcome": "fit ran", "error": "", "where": "this notebook's strategy"}
     claim = _find(pipeline.claims(_results_04(replicas=1, real_global=32, spe_mirrored=one)), "04.spe_fails_on_mirrored")
     assert claim.holds is None and "2 replicas" in claim.note, claim.verdict

@@ -379,3 +379,12 @@ def test_the_steps_per_execution_check_trains_on_one_replica_and_a_hung_check_is
     stopped = exp.spe_on_mirrored_fresh(4, timeout=0.5)  # far less than a fresh process needs
     assert time.monotonic() - start < 20
     assert stopped["outcome"] == "hung" and stopped["replicas"] == 4 and "0.5 s" in stopped["error"], stopped
+
+
+def test_a_steps_per_execution_check_whose_process_fails_says_so_in_one_line(monkeypatch):
+    def failed(*args, **kwargs):
+        raise RuntimeError("the 4-replica process failed:\nTraceback ...\nImportError: no TensorFlow here")
+
+    monkeypatch.setattr(exp._runtime, "run_with_replicas", failed)
+    got = exp.spe_on_mirrored_fresh(4)
+    assert got["outcome"] == "process failed" and got["error"] == "ImportError: no TensorFlow here", got

@@ -921,15 +921,22 @@ def spe_on_mirrored_fresh(steps_per_execution: int, replicas: int = 4, timeout: 
     """§7: :func:`spe_on_mirrored` in a fresh process whose CPU is split into ``replicas`` devices (MirroredStrategy),
     stopped after ``timeout`` seconds. The step that fails there sometimes blocks its process long before it raises
     (TF 2.20, Keras 3.15.1, on 2 and 4 CPU replicas: about 1 run in 10 took 15-80 s instead of 3), so the notebook's
-    own process stays out of it. A run stopped that way reads ``"outcome": "hung"``."""
+    own process stays out of it. A run stopped that way reads ``"outcome": "hung"``; a process that failed otherwise
+    (it could not start TensorFlow), ``"process failed"`` with its last line, so that Run all goes on and the claim
+    does not hold."""
     import subprocess
 
+    where = f"a fresh process with {replicas} CPU replicas"
     try:
         return _runtime.run_with_replicas(replicas, None, spe_on_mirrored, timeout=timeout,
                                           steps_per_execution=steps_per_execution)
     except subprocess.TimeoutExpired:
-        return {"replicas": replicas, "outcome": "hung", "where": f"a fresh process with {replicas} CPU replicas",
+        return {"replicas": replicas, "outcome": "hung", "where": where,
                 "error": f"no result in {timeout:g} s: the process was stopped"}
+    except RuntimeError as err:  # runtime.run_on_cpu_replicas: the process exited with an error
+        lines = str(err).strip().splitlines()
+        return {"replicas": replicas, "outcome": "process failed", "where": where,
+                "error": lines[-1][:200] if lines else ""}
 
 
 def simulated_download_error() -> str:
@@ -1074,7 +1081,7 @@ CLAIMS = report.LessonClaims("04", [
                     "Keras 3 behaviour; §7", "TypeError", where=steps_per_execution_auto),
     report.Declared("04.spe_fails_on_mirrored", "steps_per_execution > 1 fails under MirroredStrategy with several "
                     "replicas (Keras 3.13.2 and 3.15.1, TF 2.20 and 2.21)", "measured; keras-team/keras#19246; §7",
-                    "InvalidArgumentError", where=fit_epochs),
+                    "InvalidArgumentError", where=spe_on_mirrored),
     report.Declared("04.spe_faster_tiny_model", "steps_per_execution={N} speeds up training when steps are short "
                     "(tiny model, one replica)", "Keras/TPU guides; §7", "> 1× (TPU: large gain)", where=compiled,
                     figure="speed", op=">", threshold=1.0),
@@ -1193,7 +1200,7 @@ def claims(r: dict) -> list:
                                                                            else ""),
                      spe["outcome"] in ("InvalidArgumentError", "hung") if mirrored_measurable else None,
                      ("" if spe["outcome"] != "hung" else "the failed step hung instead of raising and was stopped "
-                      "(about 1 run in 10 here)") if mirrored_measurable else
+                      "(about 1 run in 10 on a 2-core CPU, TF 2.20)") if mirrored_measurable else
                      "needs MirroredStrategy with ≥ 2 replicas"),
         CLAIMS.judge_samples("04.spe_faster_tiny_model", r["spe_speedups"]["tiny model"], note=f"{kind}, {xla_label}",
                              differs_here=cpu_tiny if kind == "CPU" else "", N=N),

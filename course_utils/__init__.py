@@ -10,7 +10,7 @@ from __future__ import annotations
 import os as _os
 import sys as _sys
 
-__version__ = "2026.11.3"
+__version__ = "2026.11.4"
 
 # Quieter TensorFlow start-up unless the learner asked otherwise. Without an NVIDIA device, TF still
 # probes CUDA and logs "failed call to cuInit" at ERROR level — alarming and meaningless there, so

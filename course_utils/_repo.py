@@ -5,4 +5,4 @@ every notebook's badge and setup cell, and the README badges; `pytest` checks th
 """
 
 REPO = "tpu-course/memory-efficient-tf"
-REF = "v2026.11.3"
+REF = "v2026.11.4"

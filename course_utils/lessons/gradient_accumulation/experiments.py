@@ -388,12 +388,18 @@ def builtin_on_mirrored(strategy, kind: str, steps: int = 4) -> str:
 TOLERANCE = {"float32": 1e-5, "mixed_bfloat16": 1e-3}  # §5: max |Δw| accumulation vs big batch, per policy
 
 
-def equivalence_runs(strategy, steps: int = 4, updates: int = 2) -> list[dict]:
-    """§5: :func:`compare_with_big_batch` on one device (float32) and on 4 replicas (float32, mixed_bfloat16; here,
-    or in a 4-CPU process when this strategy has fewer). ``[{"where", "policy", "result", "within_tolerance"}]``."""
-    runs = [("1 replica", "float32", compare_with_big_batch(tf.distribute.get_strategy(), steps, updates=updates,
-                                                           policy="float32"))]
-    for policy in ("float32", "mixed_bfloat16"):
+def equivalence_runs(strategy, steps: int = 4, updates: int = 2, bf16_replicas: int = 4) -> list[dict]:
+    """§5: :func:`compare_with_big_batch` in float32 on one device and on 4 replicas (here, or in a 4-CPU process when
+    this strategy has fewer), and in mixed_bfloat16 on ``bf16_replicas`` (1 or 4). ``[{"where", "policy", "result",
+    "within_tolerance"}]``."""
+    if bf16_replicas not in (1, 4):
+        raise ValueError(f"bf16_replicas must be 1 or 4, got {bf16_replicas!r}")
+    one = tf.distribute.get_strategy()
+    runs = [("1 replica", "float32", compare_with_big_batch(one, steps, updates=updates, policy="float32"))]
+    for policy, replicas in (("float32", 4), ("mixed_bfloat16", bf16_replicas)):
+        if replicas == 1:
+            runs.append(("1 replica", policy, compare_with_big_batch(one, steps, updates=updates, policy=policy)))
+            continue
         result = _runtime.run_with_replicas(4, strategy, compare_with_big_batch, steps=steps, updates=updates,
                                             policy=policy)
         runs.append((f"{result['replicas']} replicas", policy, result))

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from . import commandline, forkserver, processes
+from . import commandline, processes
 
 __all__ = ["ClusterError", "ClusterResult", "free_ports", "launch", "main", "run_cluster", "tf_config"]
 
@@ -216,7 +216,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     the point (do they notice? how soon?); the run then ends when the awaited tasks have ended, and a task that
     failed there is reported only if it was awaited. Each task's end, as seen by the launcher (50 ms polls), is in
     the result's ``ended``. ``fork``: a ``[sys.executable, "-m", MODULE, ...]`` command's tasks are forked from a
-    process that has imported TensorFlow once (:mod:`course_utils.forkserver`, Linux; ~4 s of CPU saved per
+    process that has imported TensorFlow once (:func:`processes.start` with ``fork=True``, Linux; ~4 s of CPU saved per
     task) instead of each starting Python afresh; :func:`launch` does this by default.
     Raises :class:`ClusterError` when a port is taken, when an awaited task exits with an error (with its
     ``result``) or after ``timeout`` seconds; every process started is stopped before it returns or raises.
@@ -264,7 +264,7 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     logs: dict[str, collections.deque] = {}
     readers = []
     start = time.monotonic()
-    fork = fork and len(command) > 2 and command[0] == sys.executable and command[1] == "-m" and forkserver.available()
+    fork = fork and len(command) > 2 and command[0] == sys.executable and command[1] == "-m"
     sentinel = processes.Sentinel()
 
     def read(name: str, stream) -> None:
@@ -289,12 +289,9 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             logs[name] = collections.deque(maxlen=MAX_LOG_LINES)
             try:
                 with processes.signals_held():  # started and on the list, or neither
-                    if fork:  # python -m MODULE ...: forked from a process that has imported TensorFlow
-                        procs[name] = forkserver.spawn(command[2], list(command[3:]), task_vars, cwd)
-                    else:
-                        procs[name] = processes.start(  # own process group: stopped as a whole
-                            command, env=task_vars, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace")
+                    procs[name] = processes.start(  # own process group: stopped as a whole; python -m MODULE
+                        command, fork=fork, env=task_vars, cwd=cwd, stdout=subprocess.PIPE,  # forked from a process
+                        stderr=subprocess.STDOUT, text=True, errors="replace")  # that has imported TensorFlow
                     sentinel.tell(str(procs[name].pid))
             except OSError as err:
                 raise ClusterError(f"could not start {name} with {list(command)[:3]}: {err.strerror or err}; "

@@ -1,35 +1,48 @@
-"""Child processes and stop signals, the plumbing every command and measurement shares (no TensorFlow here):
+"""How the course starts child processes, and stop signals (TensorFlow is imported only by the fork server):
 
+- :func:`start` starts a child in its own session (process group: :func:`kill_group` stops it and all it started);
+  with ``fork=True``, a ``python -m MODULE`` or ``python -c CODE`` child is forked on Linux from a *fork server*
+  that has imported TensorFlow and Keras once (each import costs about 4 s of CPU; lesson 08 starts some 30 cluster
+  tasks). :func:`run` also waits for it; :func:`group` holds it for a ``with`` block and stops its group however the
+  block ends. Past its time a child's group is killed and :class:`TimedOut` raised: the course's one timeout, a
+  ``subprocess.TimeoutExpired`` whose message is one line;
 - :func:`stop_on_signals` turns SIGTERM and SIGHUP into :class:`Stopped` in the main thread, so the cleanup that
   stops child processes runs and a command can exit ``128 + signal``; :func:`signals_held` holds SIGINT, SIGTERM and
   SIGHUP while a child starts, so none can leave a started process unwatched;
-- :func:`start` starts a child in its own session (process group), :func:`run` also waits for it (a timeout kills
-  the group and becomes one line, :class:`TimedOut`), :func:`tail` keeps the last lines of what it said;
 - :func:`stop_all` stops process groups (SIGTERM, then SIGKILL after a grace period) and reaps them; a
   :class:`Sentinel` process does it when this process dies without getting there (even by SIGKILL);
   :func:`die_with_parent` (Linux) has the kernel kill this process when its parent ends; :func:`crash_said` says one
   line when this process dies by a signal inside a block (a native crash while importing TensorFlow);
-- :func:`usable_cores`: the cores this process may run on; :func:`interop_threads`: TensorFlow's inter-op threads for a child that talks to its peers;
-  :func:`tensorflow_has_run_an_op`: whether a process forked from this one would start clean.
+- :func:`usable_cores`: the cores this process may run on; :func:`interop_threads`: TensorFlow's inter-op threads
+  for a child that talks to its peers; :func:`tensorflow_has_run_an_op`: whether a process forked from this one
+  would start clean.
 
-:func:`course_utils.forkserver.process_group` runs one command this way for a ``with`` block.
+A forked child is a fresh process in every way the lessons rely on: its own pid and process group, its own
+environment (``TF_CONFIG`` included), its own TensorFlow runtime (created on its first op), its output on the pipe
+the launcher reads, signals delivered to it alone. Only the import is shared. Python's ``multiprocessing``
+"forkserver" does the same for functions; this one runs modules and code, hands over the output pipes, reports exit
+codes like ``subprocess`` (``-N``: killed by signal N), and starts a new server when a setting TensorFlow reads at
+import changes (:data:`IMPORT_TIME_PREFIXES`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-__all__ = ["MIN_INTEROP_THREADS", "Sentinel", "Stopped", "TimedOut", "crash_said", "die_with_parent", "interop_threads",
-           "kill_group", "run", "signals_held", "start", "stop_all", "stop_on_signals", "tail",
-           "tensorflow_has_run_an_op", "usable_cores"]
-
+__all__ = ["MIN_INTEROP_THREADS", "Process", "Sentinel", "ServerFailed", "Stopped", "TimedOut", "can_fork",
+           "crash_said", "die_with_parent", "group", "interop_threads", "kill_group", "run", "signals_held", "start",
+           "stop_all", "stop_on_signals", "stop_servers", "tail", "tensorflow_has_run_an_op", "usable_cores"]
 
 class Stopped(BaseException):
     """SIGTERM or SIGHUP arrived (raised in the main thread by :func:`stop_on_signals`); ``signum`` says which.
@@ -176,6 +189,7 @@ def crash_said(line: str) -> Iterator[None]:
         finally:
             os.close(write_end)
 
+
 # One per cluster: the launcher writes each task's pid (= its process group) to it and "done" when every task is
 # stopped. If its input ends without "done", the launcher died (SIGKILL, a kernel restart): it stops every group.
 SENTINEL = (
@@ -197,6 +211,7 @@ SENTINEL = (
     "    time.sleep(1)\n"
 )
 
+
 class Sentinel:
     """Stops the tasks' process groups when the launcher dies without stopping them (see ``SENTINEL``)."""
 
@@ -205,9 +220,8 @@ class Sentinel:
         if not hasattr(os, "killpg"):
             return
         try:
-            self.proc = subprocess.Popen([sys.executable, "-S", "-c", SENTINEL], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                                         start_new_session=True)  # a closed terminal or Ctrl-C does not stop it
+            self.proc = start([sys.executable, "-S", "-c", SENTINEL], stdin=subprocess.PIPE,  # its own session:
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)  # Ctrl-C spares it
         except OSError:
             self.proc = None
 
@@ -233,24 +247,44 @@ class Sentinel:
         except subprocess.TimeoutExpired:  # pragma: no cover
             self.proc.kill()
 
+
 def kill_group(proc, sig: int) -> None:
     """Send ``sig`` to the process group that ``proc`` (anything with a ``pid``: a ``Popen``, a forked
-    :class:`course_utils.forkserver.Process`) leads; nothing if it is gone."""
+    :class:`Process`) leads; nothing if it is gone."""
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError, OSError):
         pass
 
 
-def start(argv: Sequence[str], **kwargs) -> subprocess.Popen:
+FORK_KWARGS = {"env", "cwd", "stdout", "stderr", "text", "errors"}
+
+
+def start(argv: Sequence[str], *, fork: bool = False, **kwargs: Any):
     """``subprocess.Popen(argv, **kwargs)`` in a new session (its own process group: :func:`kill_group` stops it and
-    all it started), with SIGINT, SIGTERM and SIGHUP held while it starts."""
+    all it started), with SIGINT, SIGTERM and SIGHUP held while it starts.
+
+    ``fork=True``: ``argv`` is ``[sys.executable, "-m", MODULE, ...]`` or ``[sys.executable, "-c", CODE, ...]`` and
+    ``env`` is given (all of it: nothing is inherited); its output is text (``stdout``: ``PIPE``, the default, or
+    ``DEVNULL``; ``stderr``: ``STDOUT``, the default, or ``PIPE``). Where :func:`can_fork`, it is forked from the fork
+    server (a :class:`Process`, which dies with that server: it must not check that its parent is this process);
+    elsewhere it starts as above. ValueError for what cannot be forked."""
+    argv = list(argv)
+    if fork:
+        kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace", **kwargs}
+        if (argv[:1] != [sys.executable] or len(argv) < 3 or not isinstance(argv[2], str) or argv[1] not in ("-m", "-c") or "env" not in kwargs
+                or set(kwargs) - FORK_KWARGS or kwargs["text"] is not True
+                or kwargs["stdout"] not in (subprocess.PIPE, subprocess.DEVNULL)
+                or kwargs["stderr"] not in (subprocess.STDOUT, subprocess.PIPE)):
+            raise ValueError("fork=True runs `python -m MODULE ...` or `python -c CODE ...` with an env, its output "
+                             "text on pipes (stdout PIPE or DEVNULL, stderr STDOUT or PIPE)")
+        if can_fork():
+            target = {"module": argv[2]} if argv[1] == "-m" else {"code": argv[2]}
+            return _server_for(kwargs["env"]).spawn(target, list(argv[3:]), kwargs["env"], kwargs.get("cwd"),
+                                                    separate_stderr=kwargs["stderr"] == subprocess.PIPE,
+                                                    discard_stdout=kwargs["stdout"] == subprocess.DEVNULL)
     with signals_held():
-        return subprocess.Popen(list(argv), start_new_session=True, **kwargs)
-
-
-class TimedOut(RuntimeError):
-    """A child ran past its time and was stopped; the message is one line (what, how long, its last words)."""
+        return subprocess.Popen(argv, start_new_session=True, **kwargs)
 
 
 def tail(text: str | bytes | None, lines: int = 5) -> str:
@@ -260,29 +294,72 @@ def tail(text: str | bytes | None, lines: int = 5) -> str:
     return "\n".join((text or "").strip().splitlines()[-lines:])
 
 
-def run(argv: Sequence[str], *, timeout: float | None = None, what: str | None = None, **kwargs) -> subprocess.CompletedProcess:
-    """:func:`start` ``argv``, its stdout and stderr captured as text (stdin ``/dev/null`` unless given), and wait.
-    Past ``timeout`` seconds, or on any exception while waiting (Ctrl-C), its whole group is killed and reaped; a
-    timeout raises :class:`TimedOut`, one line naming ``what`` (default: the command) and its last output line."""
-    kwargs.setdefault("stdin", subprocess.DEVNULL)
-    kwargs.setdefault("stdout", subprocess.PIPE)
-    kwargs.setdefault("stderr", subprocess.PIPE)
-    kwargs.setdefault("text", True)
-    kwargs.setdefault("errors", "replace")
-    proc = start(argv, **kwargs)
+class TimedOut(subprocess.TimeoutExpired):
+    """A child ran past its time and its process group was killed: the course's one timeout type (a
+    ``subprocess.TimeoutExpired``: ``except subprocess.TimeoutExpired`` catches it too, with ``output`` and
+    ``stderr``); its message is one line: what, how long, its last line of output."""
+
+    def __init__(self, cmd, timeout: float, output=None, stderr=None, what: str | None = None):
+        super().__init__(cmd, timeout, output, stderr)
+        last = tail(stderr, 1) or tail(output, 1)
+        self.what = what or " ".join(map(str, cmd))[:120]
+        self.message = (f"{self.what} ran past {timeout:g} s and was stopped"
+                        + (f" (its last line: {last[:200]})" if last else ""))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def run(argv: Sequence[str], *, timeout: float | None = None, what: str | None = None, fork: bool = False,
+        **kwargs: Any) -> subprocess.CompletedProcess:
+    """:func:`start` ``argv`` (``fork`` as there), its stdout and stderr captured as text, apart (stdin
+    ``/dev/null`` unless given; a forked child's is always), and wait. Past ``timeout`` seconds, or on any exception
+    while waiting (Ctrl-C), its whole group is killed and reaped; a timeout raises :class:`TimedOut`, naming ``what``
+    (default: the command)."""
+    kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "errors": "replace", **kwargs}
+    if not fork:
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+    proc = start(argv, fork=fork, **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc, signal.SIGKILL)
         out, err = proc.communicate()
-        last = tail(err, 1) or tail(out, 1)
-        raise TimedOut(f"{what or ' '.join(map(str, argv))[:120]} ran past {timeout:g} s and was stopped"
-                       + (f" (its last line: {last[:200]})" if last else "")) from None
+        raise TimedOut(list(argv), timeout, out, err, what=what) from None
     except BaseException:
         kill_group(proc, signal.SIGKILL)
         proc.communicate()
         raise
     return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def group(argv: Sequence[str], *, grace_s: float = 2.0, fork: bool = False, **kwargs: Any) -> Iterator[Any]:
+    """:func:`start` ``argv`` (``fork`` as there) for the ``with`` block; when the block ends, however it ends (done,
+    an exception, Ctrl-C, :class:`Stopped`), the group is stopped: SIGTERM if the process still runs, SIGKILL to the
+    whole group after ``grace_s`` (also when the process itself has ended: what it started goes too), and reaped —
+    :func:`stop_all`. If this process dies without getting there (SIGKILL included), a :class:`Sentinel` sends the
+    group SIGTERM, then SIGKILL. SIGINT/SIGTERM/SIGHUP are held while it starts and delivered inside the block's
+    guard, so no signal can leave a started process unwatched::
+
+        with processes.group([sys.executable, "-m", "tool"], stdout=subprocess.PIPE) as proc:
+            code = proc.wait(timeout=60)   # TimeoutExpired: the group is stopped on the way out
+    """
+    sentinel = proc = None
+    try:
+        sentinel = Sentinel()
+        with signals_held():
+            proc = start(argv, fork=fork, **kwargs)
+            sentinel.tell(str(proc.pid))
+        yield proc
+    finally:
+        try:
+            if proc is not None:
+                stop_all({"": proc}, grace_s=grace_s)
+        finally:
+            if sentinel is not None:
+                sentinel.close()  # every process of the group is gone: it ends without doing anything
+
 
 def stop_all(procs: dict, grace_s: float = 3.0) -> None:
     """SIGTERM every task's process group, then SIGKILL what is left after ``grace_s``; reap them all.
@@ -359,3 +436,387 @@ def tensorflow_has_run_an_op() -> bool:
         raise RuntimeError(f"TensorFlow {tf.__version__}'s eager context has no boolean '_initialized' any more: "
                            "course_utils.processes.tensorflow_has_run_an_op needs updating for this release")
     return ctx._initialized
+
+# ---- the fork server ----
+
+# environment variables read while TensorFlow and Keras are imported (logging, oneDNN, CUDA, library paths,
+# Python's own): a child must have been forked from a server that imported them with the same values
+IMPORT_TIME_PREFIXES = ("TF_", "XLA_", "ONEDNN_", "DNNL_", "CUDA_", "KERAS_", "LD_", "PYTHON", "OMP_", "MKL_",
+                        "KMP_", "TPU_", "HOME")
+# read when the program makes its strategy or runtime, after the fork: may differ per child
+PER_TASK = ("TF_CONFIG", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
+START_TIMEOUT_S = 120.0  # the server's import plus one fork
+
+_SERVER = (
+    "import sys\n"
+    "from course_utils import processes\n"
+    "processes._serve(int(sys.argv[1]))\n"
+)
+
+
+def can_fork() -> bool:
+    """Whether tasks can be forked here: Linux (``fork`` after importing TensorFlow is not safe on macOS),
+    and Python can pass a file descriptor over a socket."""
+    return sys.platform.startswith("linux") and hasattr(socket, "send_fds")
+
+
+def _import_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in PER_TASK}
+
+
+class ServerFailed(RuntimeError):
+    """The fork server started nothing: TensorFlow did not import there, or the server died (the message, one line,
+    says which)."""
+
+
+class Process:
+    """A forked task, as the launcher sees it: the parts of ``subprocess.Popen`` that :mod:`cluster` uses."""
+
+    def __init__(self, pid: int, stdout, stderr, server: "_Server"):
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr  # None: stderr is on ``stdout``
+        self.returncode: int | None = None
+        self._server = server
+        self._readers: list[threading.Thread] | None = None
+        self._texts: dict[str, list[str]] = {}
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._server.ended:
+            if not self._server.ended.wait_for(lambda: self.returncode is not None, timeout):
+                raise subprocess.TimeoutExpired(f"forked task {self.pid}", timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """Read ``stdout`` and ``stderr`` (those that are pipes) to the end and wait, as ``Popen.communicate``;
+        on ``timeout`` ``subprocess.TimeoutExpired`` (the task is left running: kill it, then call this again, which returns all it said)."""
+        if self._readers is None:  # the first call starts the readers; a call after a timeout goes on with them
+            self._texts, self._readers = {}, []
+            for name in ("stdout", "stderr"):
+                stream = getattr(self, name)
+                if stream is not None and not stream.closed:
+                    texts = self._texts[name] = []
+                    self._readers.append(threading.Thread(
+                        target=lambda f=stream, t=texts: t.extend(iter(lambda: f.read(1 << 16), "")), daemon=True))
+                    self._readers[-1].start()
+        texts = self._texts
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.wait(timeout)
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
+        for name in texts:
+            getattr(self, name).close()
+        return ("".join(texts["stdout"]) if "stdout" in texts else None,
+                "".join(texts["stderr"]) if "stderr" in texts else None)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+
+class _Server:
+    """This process's handle on a fork server (kept for later calls while the import-time settings match)."""
+
+    def __init__(self, env: dict):
+        self.key = _import_env(env)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        self.stderr = tempfile.TemporaryFile()
+        server_env = dict(self.key, PATH=env.get("PATH", os.environ.get("PATH", "")), PYTHONUNBUFFERED="1")
+        self.proc = start([sys.executable, "-c", _SERVER, str(theirs.fileno())], env=server_env,
+                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=self.stderr)
+        theirs.close()
+        self.lock = threading.Lock()  # one request at a time
+        self.ended = threading.Condition()
+        self.children: dict[int, Process] = {}
+        self.codes: dict[int, int] = {}  # exit codes that came before their pid was registered
+        self.started: list[int] = []
+        self.alive = True
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            message = json.loads(data)
+            with self.ended:
+                if "started" in message:
+                    self.started.append(message["started"])
+                elif "exit" in message:
+                    child = self.children.pop(message["exit"], None)  # ended: no longer tracked
+                    if child is None:
+                        self.codes[message["exit"]] = message["code"]
+                    else:
+                        child.returncode = message["code"]
+                elif "error" in message:
+                    self.started.append(-1)
+                    self.error = message["error"]
+                self.ended.notify_all()
+        with self.ended:  # the server is gone: its children are orphans now; stop them, report them killed
+            self.alive = False
+            for child in self.children.values():
+                if child.returncode is None:
+                    kill_group(child, signal.SIGKILL)
+                    child.returncode = -signal.SIGKILL
+            self.ended.notify_all()
+
+    def spawn(self, target: dict, args: list, env: dict, cwd: str | None, separate_stderr: bool,
+              discard_stdout: bool) -> Process:
+        pipes: list[tuple[int | None, int]] = [(None, os.open(os.devnull, os.O_WRONLY)) if discard_stdout
+                                               else os.pipe()]
+        if separate_stderr:
+            pipes.append(os.pipe())
+        request = json.dumps({**target, "args": [str(a) for a in args], "env": env,
+                              "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}).encode()
+        mine = [r for r, _ in pipes if r is not None]
+        try:
+            with self.lock:
+                with self.ended:
+                    before = len(self.started)
+                socket.send_fds(self.sock, [request], [w for _, w in pipes])
+                with self.ended:
+                    if not self.ended.wait_for(lambda: len(self.started) > before or not self.alive,
+                                               START_TIMEOUT_S):
+                        raise RuntimeError(f"the fork server did not start {_name(target)} in {START_TIMEOUT_S:g} s")
+                    if not self.alive or self.started[before] == -1:
+                        raise ServerFailed(f"the fork server could not start {_name(target)}: {self.why_not()}")
+                    pid = self.started[before]
+                    streams = [None if r is None else os.fdopen(r, "r", errors="replace") for r, _ in pipes]
+                    mine = []
+                    child = Process(pid, streams[0], streams[1] if separate_stderr else None, self)
+                    self.children[pid] = child
+                    if pid in self.codes:  # it ended before this saw its start
+                        child.returncode = self.codes.pop(pid)
+                        del self.children[pid]
+                    return child
+        finally:
+            for fd in [w for _, w in pipes] + mine:
+                os.close(fd)
+
+    def busy(self) -> bool:
+        """Whether a task it started still runs."""
+        with self.ended:
+            return any(child.returncode is None for child in self.children.values())
+
+    def why_not(self) -> str:
+        """Why the server started nothing, in one line: its own message (TensorFlow did not import), else how it
+        ended (a crash while importing TensorFlow: SIGABRT, SIGILL) and its last line of output."""
+        if getattr(self, "error", ""):
+            return self.error
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = ("it is still running" if code is None else
+               f"it died of {signal.Signals(-code).name} (while importing TensorFlow?)" if code < 0 else
+               f"it exited with code {code}")
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+        return how + (f"; its last line: {lines[-1][-300:]}" if lines else "")
+
+    def stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        text = self.stderr.read().decode(errors="replace").strip()
+        return ("; its output: " + text[-2000:]) if text else ""
+
+    def stop(self) -> None:
+        for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):  # the server ends when its
+            try:                                                                   # socket does (shutdown also
+                end()                                                              # wakes this side's reader)
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+MAX_SERVERS = 3  # servers kept at once, one per set of import-time settings (each holds a few hundred MiB)
+_servers: dict[tuple, _Server] = {}
+_server_lock = threading.Lock()
+
+
+def stop_servers() -> bool:
+    """Stop the fork servers (each holds TensorFlow's libraries, a few hundred MiB); True if one ran. A task
+    still running dies with its server (the kernel's parent-death signal)."""
+    with _server_lock:
+        running = bool(_servers)
+        for server in _servers.values():
+            server.stop()
+        _servers.clear()
+    return running
+
+
+def _server_for(env: dict) -> _Server:
+    key = tuple(sorted(_import_env(env).items()))
+    with _server_lock:
+        server = _servers.get(key)
+        if server is not None and not server.alive:
+            server.stop()
+            del _servers[key]
+            server = None
+        if server is None:
+            idle = [k for k, s in _servers.items() if not s.busy()]
+            while len(_servers) >= MAX_SERVERS and idle:  # the oldest idle one makes room
+                _servers.pop(idle.pop(0)).stop()
+            server = _servers[key] = _Server(env)
+        return server
+
+
+atexit.register(stop_servers)
+
+
+
+def _name(target: dict) -> str:
+    return target.get("module") or "python -c"
+
+
+
+# ---- the server side ----
+
+def _serve(fd: int) -> None:
+    """Import TensorFlow and Keras once, then fork a child per request until the socket closes; report each
+    child's pid when started and its exit code (``subprocess``'s convention) when it ends."""
+    sock = socket.socket(fileno=fd)
+    for name in ("SIGINT", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)  # ended by its socket closing, not by Ctrl-C
+    try:  # first, while argv and environ are as the process started (the memory it rewrites for each child)
+        import setproctitle
+
+        setproctitle.setproctitle(f"{sys.executable} -c course_utils.processes._serve (the fork server: TensorFlow imported)")
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import tensorflow  # noqa: F401 - the point: once, for every child
+        import keras  # noqa: F401
+    except BaseException as exc:  # noqa: BLE001 - a broken install: say so in one line, start nothing
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        sock.send(json.dumps({"error": f"TensorFlow could not be imported ({type(exc).__name__}: {last})"}).encode())
+        return
+
+    if tensorflow_has_run_an_op():  # pragma: no cover - an import ran an op: its children would not start clean
+        sock.send(json.dumps({"error": "importing TensorFlow ran an op here"}).encode())
+        return
+    import select
+
+    running: set[int] = set()
+    while True:
+        ready = select.select([sock], [], [], 0.05)[0]
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            running.discard(pid)
+            sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
+        if not ready:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            break
+        request = json.loads(data)
+        server = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds, sock, server)  # never returns
+        for fd in fds:
+            os.close(fd)
+        running.add(pid)
+        sock.send(json.dumps({"started": pid}).encode())
+    os._exit(0)  # skip TensorFlow's teardown; the children live on until their launcher stops them
+
+
+def _set_title(request: dict) -> None:
+    """The task's command line as ``ps``, ``top`` and ``/proc/PID/cmdline`` show it: the ``python -m`` command it
+    stands for, not the server's (setproctitle; without it, the server's)."""
+    import shlex
+
+    try:
+        import setproctitle
+    except ImportError:  # pragma: no cover - a dependency of course_utils
+        return
+    what = ["-m", request["module"]] if "module" in request else ["-c", request["code"].splitlines()[0] + " …"]
+    setproctitle.setproctitle(shlex.join([sys.executable, *what, *request["args"]]))
+
+
+def _child(request: dict, fds: list, sock: socket.socket, server_pid: int) -> None:
+    """In the forked child: become the task (own group, its output pipe, its environment), run it, exit."""
+    code = 1
+    try:
+        sock.close()
+        die_with_parent(server_pid)  # the server ends with its launcher (its socket closes): so does the task
+        os.setsid()
+        for name in ("SIGINT", "SIGHUP", "SIGTERM", "SIGCHLD"):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[-1], 2)  # the same pipe, or stderr's own
+        os.close(null)
+        for fd in fds:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        _set_title(request)
+        if "module" in request:
+            import runpy
+
+            sys.argv = [request["module"], *request["args"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:  # as `python -c`: the code runs as __main__, argv[0] is "-c"
+            import types
+
+            sys.argv = ["-c", *request["args"]]
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(request["code"], "<string>", "exec"), main.__dict__)
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - as Python would: the traceback on stderr, exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+        os._exit(code)

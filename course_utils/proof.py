@@ -48,7 +48,7 @@ import time
 from typing import Any, Callable
 
 from . import config as _config
-from . import commandline, fileguard, forkserver, processes, report
+from . import commandline, fileguard, processes, report
 from . import hardware as _hardware
 from .lessons import BY_ID, Lesson
 from .runtime import usable_cores
@@ -321,7 +321,7 @@ def _child_env(args: argparse.Namespace, lesson: Lesson | None) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.pop(report.CLAIMS_DIR_VARIABLE, None)
     env["PYTHONUNBUFFERED"] = "1"
-    if not forkserver.available():  # forked (Linux): it dies with its fork server, which ends with this process
+    if not processes.can_fork():  # forked (Linux): it dies with its fork server, which ends with this process
         env[PARENT_VARIABLE] = str(os.getpid())
     return env
 
@@ -346,14 +346,14 @@ def _echo(proc: subprocess.Popen, tail, prefix: str):
 def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple[int | None, list[str]]:
     """Run ``python -m course_utils.proof ARGV`` in its own process group, echoing its progress lines with
     ``prefix``; (exit code or None on timeout, the last lines). However it ends — the child's exit, the timeout,
-    Ctrl-C, SIGTERM — the group is stopped before this returns or raises (:func:`forkserver.process_group`): the
+    Ctrl-C, SIGTERM — the group is stopped before this returns or raises (:func:`processes.group`): the
     lesson's process and whatever it started. If this process is killed instead, the group's sentinel stops it,
     and on Linux the kernel kills the child at once (``PARENT_VARIABLE``; a forked child: with its fork server)."""
     import collections
 
     tail: collections.deque = collections.deque(maxlen=12)
     code = None
-    with forkserver.process_group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
+    with processes.group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, errors="replace", fork=True) as proc:
 
         reader = _echo(proc, tail, prefix)
@@ -662,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with fileguard.folder_lock(args.out, "prove"):
                 return _prove(args)
-        except forkserver.ServerFailed as e:  # TensorFlow does not import (or crashes on import) here
+        except processes.ServerFailed as e:  # TensorFlow does not import (or crashes on import) here
             raise commandline.Failed(f"{e}; check the install: python -m course_utils doctor") from None
         except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing half-written (fileguard)
             if e.filename is None:  # not a file of --out: this process's own output (a full or closed stdout)
@@ -803,7 +803,7 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
                 run = {"slot": slot, "result_file": result_file, "t0": time.perf_counter(),
                        "stack": contextlib.ExitStack(), "tail": collections.deque(maxlen=12)}
                 running[lesson_id] = run
-                proc = run["proc"] = run["stack"].enter_context(forkserver.process_group(
+                proc = run["proc"] = run["stack"].enter_context(processes.group(
                     [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)], env=env,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", fork=True))
                 run["reader"] = _echo(proc, run["tail"], f"[{lesson_id}]")

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from . import config as _config
-from . import forkserver, processes
+from . import processes
 from .processes import usable_cores  # noqa: F401 - the toolkit's name for it: runtime.usable_cores()
 
 
@@ -809,9 +809,9 @@ def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     """
     env = dict(os.environ, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("COURSE_STANDIN", None)  # CPU replicas, as asked: not a GPU's or TPU's stand-in
-    # forked from a process that has imported TensorFlow and run nothing (course_utils.forkserver; Linux):
+    # forked from a process that has imported TensorFlow and run nothing (course_utils.processes, fork=True; Linux):
     # a new process and TensorFlow runtime all the same, started seconds sooner
-    proc = forkserver.run(None, [], env, code=code, timeout=timeout, separate_stderr=True)
+    proc = processes.run([sys.executable, "-c", code], fork=True, env=env, timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise RuntimeError(f"the {replicas}-replica process failed:\n{tail}")

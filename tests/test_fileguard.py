@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from course_utils import fileguard, forkserver, processes
+from course_utils import fileguard, processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 posix_only = pytest.mark.skipif(not hasattr(os, "killpg") or not hasattr(os, "mkfifo"), reason="POSIX only")
@@ -193,11 +193,10 @@ GROUP = ("import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-
 def test_a_signal_stops_the_group_and_exits_128_plus_signal(signame):
     tool = _script(f"""
         import subprocess, sys
-        from course_utils import forkserver, processes
+        from course_utils import processes
         with processes.stop_on_signals():
             try:
-                with forkserver.process_group([sys.executable, "-c", {GROUP!r}], stdout=subprocess.PIPE,
-                                             text=True) as proc:
+                with processes.group([sys.executable, "-c", {GROUP!r}], stdout=subprocess.PIPE, text=True) as proc:
                     print(proc.pid, proc.stdout.readline().strip(), flush=True)
                     proc.wait()
             except processes.Stopped as stop:
@@ -215,7 +214,7 @@ def test_a_signal_stops_the_group_and_exits_128_plus_signal(signame):
 def test_the_group_is_stopped_when_the_block_ends_also_after_the_process_itself_ended():
     """What the process started (here: a grandchild left behind when the child exits) goes with the block."""
     leaves_one = GROUP.rsplit(";", 1)[0]  # starts the grandchild, prints its pid, exits
-    with forkserver.process_group([sys.executable, "-c", leaves_one], stdout=subprocess.PIPE, text=True) as proc:
+    with processes.group([sys.executable, "-c", leaves_one], stdout=subprocess.PIPE, text=True) as proc:
         grandchild = int(proc.stdout.readline())
         assert proc.wait(timeout=30) == 0 and _alive(grandchild)
     assert _gone_within(grandchild, 1)
@@ -225,8 +224,8 @@ def test_the_group_is_stopped_when_the_block_ends_also_after_the_process_itself_
 def test_the_group_dies_when_its_parent_is_killed():
     tool = _script(f"""
         import subprocess, sys, time
-        from course_utils import forkserver
-        with forkserver.process_group([sys.executable, "-c", {GROUP!r}], stdout=subprocess.PIPE, text=True) as proc:
+        from course_utils import processes
+        with processes.group([sys.executable, "-c", {GROUP!r}], stdout=subprocess.PIPE, text=True) as proc:
             print(proc.pid, proc.stdout.readline().strip(), flush=True)
             time.sleep(60)
     """)

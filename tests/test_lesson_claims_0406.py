@@ -15,7 +15,7 @@ import pytest
 
 from claims_helpers import Recording, claim_by_id, notebook_dict_keys
 
-from course_utils import forkserver, report
+from course_utils import processes, report
 from course_utils.lessons.cifar10_capstone import experiments as capstone_exp
 from course_utils.lessons.data_pipeline_sharding import experiments as pipeline
 
@@ -486,15 +486,17 @@ def test_lesson_06_precision_variants_per_hardware():
 
 
 def _spawning(cls, **extra):
-    """A fake ``forkserver.spawn`` for §5's runs: ``cls(argv, **extra)``, argv as ``python -m`` would get it."""
+    """A fake ``processes.start`` for §5's runs: ``cls(argv, **extra)``, argv as ``python -m`` would get it."""
+    import subprocess
     import sys
 
-    def spawn(module, args, env, cwd=None, code=None, separate_stderr=False, discard_stdout=False):
-        assert module == "course_utils.capstone" and code is None
-        assert separate_stderr and discard_stdout  # the last line of stderr says why a run failed
-        return cls([sys.executable, "-m", module, *args], **extra)
+    def start(argv, fork=False, **kwargs):
+        assert fork and argv[:3] == [sys.executable, "-m", "course_utils.capstone"]
+        # stdout discarded, stderr kept apart: its last line says why a run failed
+        assert kwargs["stdout"] == subprocess.DEVNULL and kwargs["stderr"] == subprocess.PIPE
+        return cls(list(argv), **extra)
 
-    return spawn
+    return start
 
 
 def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, tmp_path):
@@ -529,7 +531,7 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
         def wait(self, timeout=None):
             return self.returncode
 
-    monkeypatch.setattr(forkserver, "spawn", _spawning(Process))
+    monkeypatch.setattr(processes, "start", _spawning(Process))
     variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
     runs = capstone_exp.precision_runs("synthetic", variants, 2, 256, str(tmp_path / "p"), tensorboard="tb")
     assert [len(v) for v in runs.values()] == [2, 2, 2] and runs["float32"][1] == {"policy": "float32"}
@@ -543,7 +545,7 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
     capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "s"))
     assert most[0] == 3  # one repeat: no verdict to protect, the variants run at once
 
-    monkeypatch.setattr(forkserver, "spawn", _spawning(Process, returncode=1))
+    monkeypatch.setattr(processes, "start", _spawning(Process, returncode=1))
     with pytest.raises(RuntimeError, match="§5 run 'float32' exited with 1: boom"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "q"))
     assert alive == []  # the two variants started beside it were stopped
@@ -573,7 +575,7 @@ def test_lesson_06_precision_run_past_its_timeout_is_one_message_and_stops_the_o
         def wait(self, timeout=None):
             return self.returncode
 
-    monkeypatch.setattr(forkserver, "spawn", _spawning(Hanging))
+    monkeypatch.setattr(processes, "start", _spawning(Hanging))
     variants = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
     with pytest.raises(RuntimeError, match=r"§5 run 'float32' did not finish within 0\.5 s and was stopped"):
         capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "t"), timeout=0.5)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
-from course_utils import config, forkserver, proof
+from course_utils import config, processes, proof
 
 
 def run_standin(which: str, replicas: int, lines: list[str], timeout: float = 240) -> dict:
@@ -22,7 +23,7 @@ def run_standin(which: str, replicas: int, lines: list[str], timeout: float = 24
     env.pop("COURSE_JIT", None)
     code = "\n".join(["import json, course_utils", "rt = course_utils.detect()", "r = {}", *lines,
                       "print(json.dumps(r))"])
-    proc = forkserver.run(None, [], env, code=code, timeout=timeout, separate_stderr=True)
+    proc = processes.run([sys.executable, "-c", code], fork=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
-from ... import capstone, forkserver, memory, report
+from ... import capstone, memory, processes, report
 from ... import config as _config
 from ...capstone import BudgetPlan, TTA_VIEWS
 from ...runtime import whole_step_compiles
 
 RECIPES = ("baseline", "course")  # §2, in the notebook's order
 CLI = "course_utils.capstone"  # the trainer's command line: `python -m course_utils.capstone`, each run a new process
-# forked from one that has imported TensorFlow and run nothing (course_utils.forkserver: seconds sooner, on Linux)
+# forked from one that has imported TensorFlow and run nothing (course_utils.processes, fork=True: seconds sooner, on Linux)
 
 
 def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeout: float = 600.0) -> dict:
@@ -32,8 +34,6 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
     resumed run's wall time includes the time spent before the kill) and ``plan_kept`` (plan.json — epochs, warm-up
     and schedule length — as the killed run chose it)."""
     import signal
-    import subprocess
-    import sys
     import time
 
     args = ["--data", source, "--epochs", str(epochs), "--out", out, "--quiet", "--train-examples", str(examples),
@@ -56,7 +56,8 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
         meta = read(os.path.join("backup", "training_metadata.json"), {})  # written after the weights
         return int(meta.get("epoch", 0)) if isinstance(meta, dict) else 0
 
-    first = forkserver.spawn(CLI, first_args, dict(os.environ), discard_stdout=True)
+    first = processes.start([sys.executable, "-m", CLI, *first_args], fork=True, env=dict(os.environ),
+                            stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while first.poll() is None and time.monotonic() < deadline and (len(read("metrics.json", [])) < 1
@@ -73,8 +74,9 @@ def kill_and_resume(source: str, out: str, examples: int, epochs: int = 3, timeo
     r = {"command": cli, "killed_returncode": first.returncode, "finished_at_kill": len(history),
          "backed_up_at_kill": backed_up()}
     try:
-        resumed = forkserver.run(CLI, args + ["--resume"], dict(os.environ), timeout=timeout, separate_stderr=True)
-    except subprocess.TimeoutExpired:  # run() has killed it
+        resumed = processes.run([sys.executable, "-m", CLI, *args, "--resume"], fork=True, env=dict(os.environ),
+                                 timeout=timeout)
+    except subprocess.TimeoutExpired:  # run() has killed its group
         raise RuntimeError(f"the resumed run did not finish within {timeout:g} s and was stopped; its files are in "
                            f"{out}") from None
     after = read("metrics.json", [])
@@ -230,7 +232,8 @@ def _precision_runs(source, variants, repeats, examples, out, tensorboard, progr
             if progress:
                 progress(f"§5 {label}: run {i + 1} of {repeats}, a fresh process"
                          + (" (all variants at once: one run each is no verdict)" if repeats == 1 else ""))
-            proc = forkserver.spawn(CLI, cli, dict(os.environ), discard_stdout=True, separate_stderr=True)
+            proc = processes.start([sys.executable, "-m", CLI, *cli], fork=True, env=dict(os.environ),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             started.append((label, folder, proc))
             if repeats > 1:  # timed runs one at a time: a speed-up needs cores to itself
                 _finish(*started.pop(), runs, timeout)
@@ -239,8 +242,6 @@ def _precision_runs(source, variants, repeats, examples, out, tensorboard, progr
 
 
 def _finish(label: str, folder: str, proc, runs: dict, timeout: float) -> None:
-    import subprocess
-
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -68,7 +70,7 @@ def preemption_row(out: str, spec: dict, steps: int = 6, term_after: int = 3) ->
     resumed after and the metadata paths TensorFlow asked."""
     import re
 
-    from ... import forkserver, gce
+    from ... import gce, processes
 
     folder = f"{out}/{re.sub(r'[^A-Za-z0-9]+', '_', spec['row']).strip('_')}_{spec['notice']}"
     ckpt = f"{folder}/ckpt"
@@ -86,13 +88,15 @@ def preemption_row(out: str, spec: dict, steps: int = 6, term_after: int = 3) ->
         env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
         env.update(server.env(), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # as cluster.launch: a setting read at import (one fork server)
-        first = forkserver.run(MW, base + ["--term-worker", "0", "--term-after", str(notice_after), "--notice",
-                                           spec["notice"]], env=env, timeout=180)  # stdout: stderr too
+        first = processes.run([sys.executable, "-m", MW, *base, "--term-worker", "0", "--term-after",
+                               str(notice_after), "--notice", spec["notice"]], fork=True, env=env, timeout=180,
+                              stderr=subprocess.STDOUT)
         saved = sorted(f for f in os.listdir(ckpt) if f.endswith(".index")) if os.path.isdir(ckpt) else []
         with open(f"{folder}/worker0_steps.txt", encoding="utf-8") as f:
             run1 = [int(v) for v in f.read().split()]
         server.maintenance_event = "NONE"  # the restarted VM: no maintenance pending
-        second = forkserver.run(MW, base, env=env, timeout=180)
+        second = processes.run([sys.executable, "-m", MW, *base], fork=True, env=env, timeout=180,
+                               stderr=subprocess.STDOUT)
         asked = sorted(set(p.rsplit("/v1/", 1)[-1] for p in server.requests))
     if second.returncode != 0:
         raise RuntimeError(f"{spec['row']}: run 2 exited with {second.returncode}: {second.stdout[-500:]}")

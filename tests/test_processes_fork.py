@@ -1,5 +1,6 @@
-"""course_utils.forkserver: a forked task behaves as ``python -m module`` would — its own environment, directory,
-process group, output, exit code and TensorFlow runtime — and a changed import-time setting gets a new server."""
+"""course_utils.processes with ``fork=True``: a forked task behaves as ``python -m module`` would — its own environment,
+directory, process group, output, exit code and TensorFlow runtime — a changed import-time setting gets a new server,
+and a timeout is the course's one timeout type."""
 
 import os
 import signal
@@ -10,9 +11,18 @@ import time
 
 import pytest
 
-from course_utils import forkserver
+from course_utils import processes
 
-pytestmark = pytest.mark.skipif(not forkserver.available(), reason="forking tasks needs Linux")
+pytestmark = pytest.mark.skipif(not processes.can_fork(), reason="forking tasks needs Linux")
+
+
+def _run(args, env, cwd, timeout):  # python -m fs_program ARGS, forked, stdout and stderr on one pipe
+    return processes.run([sys.executable, "-m", "fs_program", *args], fork=True, env=env, cwd=cwd, timeout=timeout,
+                         stderr=subprocess.STDOUT)
+
+
+def _start(args, env, cwd):
+    return processes.start([sys.executable, "-m", "fs_program", *args], fork=True, env=env, cwd=cwd)
 
 PROGRAM = textwrap.dedent("""
     import json, os, sys, time
@@ -46,14 +56,14 @@ def program(tmp_path_factory):
         yield str(folder), env
     finally:
         del os.environ["FORKSERVER_TEST_PARENT_ONLY"]
-        forkserver.stop()
+        processes.stop_servers()
 
 
 def test_a_forked_task_gets_its_own_environment_directory_group_output_and_runtime(program):
     import json
 
     cwd, env = program
-    done = forkserver.run("fs_program", ["report", "x y"], dict(env, TF_CONFIG='{"task": 1}'), cwd=cwd, timeout=120)
+    done = _run(["report", "x y"], dict(env, TF_CONFIG='{"task": 1}'), cwd, 120)
     assert done.returncode == 0, done.stdout
     lines = done.stdout.splitlines()
     report = json.loads(next(line for line in lines if line.startswith("{")))
@@ -71,7 +81,7 @@ def test_a_forked_task_gets_its_own_environment_directory_group_output_and_runti
     (["exit", "0"], 0, None), (["exit", "42"], 42, None), (["raise"], 1, "ValueError: raised on purpose")])
 def test_exit_codes_are_those_of_python_m(program, what, code, shown):
     cwd, env = program
-    done = forkserver.run("fs_program", what, env, cwd=cwd, timeout=120)
+    done = _run(what, env, cwd, 120)
     assert done.returncode == code
     if shown:  # as a fresh `python -m` shows it
         fresh = subprocess.run([sys.executable, "-m", "fs_program", *what], env=env, cwd=cwd, capture_output=True,
@@ -82,8 +92,8 @@ def test_exit_codes_are_those_of_python_m(program, what, code, shown):
 
 def test_a_signal_reaches_the_task_alone_and_its_code_says_so(program):
     cwd, env = program
-    first = forkserver.spawn("fs_program", ["sleep"], env, cwd)
-    second = forkserver.spawn("fs_program", ["sleep"], env, cwd)
+    first = _start(["sleep"], env, cwd)
+    second = _start(["sleep"], env, cwd)
     try:
         assert first.stdout.readline().strip() == "sleeping"
         os.killpg(first.pid, signal.SIGTERM)
@@ -104,33 +114,54 @@ def test_an_import_time_setting_starts_a_new_server_a_per_task_one_does_not(prog
     cwd, env = program
 
     def level(**extra):
-        done = forkserver.run("fs_program", ["report"], dict(env, **extra), cwd=cwd, timeout=120)
+        done = _run(["report"], dict(env, **extra), cwd, 120)
         assert done.returncode == 0, done.stdout
         return json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))["log_level"]
 
-    forkserver.stop()
+    processes.stop_servers()
     assert level() == "2"
-    [server] = forkserver._servers.values()
+    [server] = processes._servers.values()
     level(TF_CONFIG="{}", TF_NUM_INTEROP_THREADS="1")
-    assert list(forkserver._servers.values()) == [server]  # read after the fork: the same server
+    assert list(processes._servers.values()) == [server]  # read after the fork: the same server
     assert level(TF_CPP_MIN_LOG_LEVEL="3") == "3"  # read while importing TensorFlow: a server imported with it
-    assert len(forkserver._servers) == 2 and server in forkserver._servers.values()
+    assert len(processes._servers) == 2 and server in processes._servers.values()
 
 
-def test_a_task_outlives_a_timeout_no_longer_than_the_timeout(program):
+def test_a_task_outlives_a_timeout_no_longer_than_the_timeout_and_says_so_in_one_line(program):
     cwd, env = program
     start = time.monotonic()
-    with pytest.raises(subprocess.TimeoutExpired):
-        forkserver.run("fs_program", ["sleep"], env, cwd=cwd, timeout=2)
+    with pytest.raises(processes.TimedOut) as caught:
+        processes.run([sys.executable, "-m", "fs_program", "sleep"], fork=True, env=env, cwd=cwd, timeout=2,
+                      what="the sleeping task")
     assert time.monotonic() - start < 15
+    assert isinstance(caught.value, subprocess.TimeoutExpired)  # one type: what `except TimeoutExpired` catches
+    assert str(caught.value) == "the sleeping task ran past 2 s and was stopped (its last line: sleeping)"
+    assert caught.value.output.strip() == "sleeping" and caught.value.timeout == 2
+
+
+def test_fork_takes_only_a_python_command_with_an_env_and_text_pipes(program):
+    cwd, env = program
+    for argv, extra in [(["ls"], {"env": env}), ([sys.executable, "-m", "fs_program"], {}),
+                        ([sys.executable, "-m", "fs_program"], {"env": env, "stdin": subprocess.PIPE}),
+                        ([sys.executable, "-m", "fs_program"], {"env": env, "text": False})]:
+        with pytest.raises(ValueError, match="fork=True runs"):
+            processes.start(argv, fork=True, **extra)
+
+
+def test_where_it_cannot_fork_the_same_command_starts_afresh(program, monkeypatch):
+    cwd, env = program
+    monkeypatch.setattr(processes, "can_fork", lambda: False)
+    proc = _start(["exit", "7"], env, cwd)
+    assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 7
+    proc.stdout.close()
 
 
 def test_a_dead_server_reports_its_tasks_killed(program):
     cwd, env = program
-    task = forkserver.spawn("fs_program", ["sleep"], env, cwd)
+    task = _start(["sleep"], env, cwd)
     try:
         assert task.stdout.readline().strip() == "sleeping"
-        for server in forkserver._servers.values():
+        for server in processes._servers.values():
             server.proc.kill()
         assert task.wait(timeout=30) == -signal.SIGKILL
         with pytest.raises(ProcessLookupError):  # stopped, not left running as an orphan

@@ -137,3 +137,22 @@ def test_no_peak_to_read_is_not_measurable_never_a_pass():
     results["peaks"] = {label: PeakMemory(0, "none", "CPU:0") for label in results["peaks"]}
     claims = [c for c in exp.claims(results) if c.id in ("05.peak_grows_with_batch", "05.accumulated_peak")]
     assert len(claims) == 2 and all(c.holds is None and c.status == report.UNMEASURABLE and "no peak" in c.verdict for c in claims)
+
+
+def test_smoke_modes_two_replicas_expect_twice_not_four_times():
+    """Smoke mode measures the several-replica facts on sizes.replicas = 2: reduce_mean per replica is then 2x too
+    large, and 2x holds there, 4x does not; on a one-replica runtime the note names the 2-CPU process."""
+    results = copy.deepcopy(_results())
+    results["replicas"] = 1
+    results["averaging"].update(replicas=2, update_ratio=2.0, loss_wrong=4.6)
+    claim = _claim(exp.claims(results), "05.reduce_mean_per_replica")
+    assert claim.holds is True and claim.expected.startswith("2.00× on 2 replicas") and "2-CPU process" in claim.note
+    results["averaging"].update(update_ratio=4.0, loss_wrong=9.2)
+    assert _verdict(results, "05.reduce_mean_per_replica") is False
+    results["averaging"].update(replicas=1, update_ratio=1.0, loss_wrong=2.3)  # one replica shows no error at all
+    assert _verdict(results, "05.reduce_mean_per_replica") is False
+
+
+def test_equivalence_runs_refuses_a_bfloat16_replica_count_it_does_not_run():
+    with pytest.raises(ValueError, match="bf16_replicas must be 1 or replicas"):
+        exp.equivalence_runs(None, replicas=2, bf16_replicas=4)

@@ -272,7 +272,8 @@ def start(argv: Sequence[str], *, fork: bool = False, **kwargs: Any):
     argv = list(argv)
     if fork:
         kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace", **kwargs}
-        if (argv[:1] != [sys.executable] or len(argv) < 3 or not isinstance(argv[2], str) or argv[1] not in ("-m", "-c") or "env" not in kwargs
+        if (argv[:1] != [sys.executable] or len(argv) < 3 or argv[1] not in ("-m", "-c")
+                or not isinstance(argv[2], str) or "env" not in kwargs
                 or set(kwargs) - FORK_KWARGS or kwargs["text"] is not True
                 or kwargs["stdout"] not in (subprocess.PIPE, subprocess.DEVNULL)
                 or kwargs["stderr"] not in (subprocess.STDOUT, subprocess.PIPE)):

@@ -680,12 +680,20 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     """With --time-budget 60 the width trials once used the whole budget and the run took 1.9x it, without a word:
     once the first warm-up has used more than PLANNING_SHARE of the budget, no other width is timed, and it says so.
     A width is still chosen from that one timing (keeping the start width lost most on slow kernels) and trained
-    untimed; with this tiny training set the prediction moves away from the start width on any machine.
-    (The share is made tiny here so that any machine's warm-up passes it, and compiling free so that a busy one still
-    times its steps: beside another test, data and the first compile once took the whole 12 s.)"""
+    untimed. (The share is made tiny here so that any machine's warm-up passes it, and compiling free so that a busy
+    one still times its steps: beside another test, data and the first compile once took the whole 12 s. The timed
+    epoch is made 2 s, too slow for the target's 20 epochs at width 8, so that the prediction moves away from the start
+    width on any machine: a fast one's real timing once kept width 8, the choice at the edge, and printed none.)"""
     monkeypatch.setitem(capstone.AUTO_WIDTH, "start_by_kernels", {})  # from width 8 on any kernels
     monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1e-6)
     calls = _counting_warm_up(monkeypatch)
+    timed = capstone.trainer._warm_up
+
+    def slow_epochs(model, *args, **kwargs):
+        got = timed(model, *args, **kwargs)
+        return dict(got, train_epoch_s=2.0) if got["train_step_s"] else got
+
+    monkeypatch.setattr(capstone.trainer, "_warm_up", slow_epochs)
     _without_compile_time(monkeypatch)
     opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "short"), train_examples=256,
                             test_examples=64, batch_size=64, verbose=0,

@@ -530,12 +530,6 @@ def report_card(data: dict) -> str:
     return "\n".join(lines)
 
 
-def writable_problem(folder: pathlib.Path) -> str | None:
-    """None when ``folder`` exists or can be made, and a file can be written in it; otherwise why not (one line).
-    Used for ``--out`` by ``prove`` and ``site`` (:func:`fileguard.folder_problem`)."""
-    return fileguard.folder_problem(folder)
-
-
 MODES_HELP = """modes:
   smoke  (the default) tiny sizes on synthetic data, offline: under 90 s per notebook, about 7 minutes for all eight
          on 2 CPU cores.

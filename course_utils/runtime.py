@@ -461,10 +461,6 @@ class Runtime:
         return tf.distribute.get_strategy()
 
     @property
-    def fell_back(self) -> bool:
-        return bool(self.fallbacks)
-
-    @property
     def xla(self) -> bool:
         """Do the lessons' measured steps run under XLA here? ``COURSE_JIT=1`` asks for it; a TPU compiles every step
         with XLA whatever a function or ``compile()`` is told. The one definition every lesson labels its figures by."""

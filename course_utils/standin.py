@@ -30,7 +30,6 @@ are out of its reach.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any
 
@@ -114,13 +113,3 @@ def refuse_host_xla(cores: tuple[str, ...]) -> None:
 
         xla_context.__enter__ = __enter__
         xla_context._course_standin = True
-
-
-def on_core(runtime: Any):
-    """``tf.device`` on ``runtime``'s first device when it is a TPU (real or stood in for): where XLA work outside the
-    strategy must go on a TPU VM. Elsewhere a no-op: TensorFlow's default placement is the accelerator's."""
-    if getattr(runtime, "kind", "") != "TPU":
-        return contextlib.nullcontext()
-    import tensorflow as tf
-
-    return tf.device(runtime.device_names[0])

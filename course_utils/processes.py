@@ -279,12 +279,14 @@ def start(argv: Sequence[str], *, fork: bool = False, **kwargs: Any):
                 or kwargs["stderr"] not in (subprocess.STDOUT, subprocess.PIPE)):
             raise ValueError("fork=True runs `python -m MODULE ...` or `python -c CODE ...` with an env, its output "
                              "text on pipes (stdout PIPE or DEVNULL, stderr STDOUT or PIPE)")
-        if can_fork():
+    with signals_held():
+        if fork and can_fork():
             target = {"module": argv[2]} if argv[1] == "-m" else {"code": argv[2]}
             return _server_for(kwargs["env"]).spawn(target, list(argv[3:]), kwargs["env"], kwargs.get("cwd"),
                                                     separate_stderr=kwargs["stderr"] == subprocess.PIPE,
                                                     discard_stdout=kwargs["stdout"] == subprocess.DEVNULL)
-    with signals_held():
+        if fork:  # started afresh instead: stdin /dev/null, as a forked child's
+            kwargs["stdin"] = subprocess.DEVNULL
         return subprocess.Popen(argv, start_new_session=True, **kwargs)
 
 

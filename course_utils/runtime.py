@@ -807,7 +807,8 @@ def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     env.pop("COURSE_STANDIN", None)  # CPU replicas, as asked: not a GPU's or TPU's stand-in
     # forked from a process that has imported TensorFlow and run nothing (course_utils.processes, fork=True; Linux):
     # a new process and TensorFlow runtime all the same, started seconds sooner
-    proc = processes.run([sys.executable, "-c", code], fork=True, env=env, timeout=timeout)
+    proc = processes.run([sys.executable, "-c", code], fork=True, env=env, timeout=timeout,
+                         what=f"the {replicas}-replica process")
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise RuntimeError(f"the {replicas}-replica process failed:\n{tail}")

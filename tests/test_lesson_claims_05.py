@@ -146,11 +146,15 @@ def test_smoke_modes_two_replicas_expect_twice_not_four_times():
     results["replicas"] = 1
     results["averaging"].update(replicas=2, update_ratio=2.0, loss_wrong=4.6)
     claim = _claim(exp.claims(results), "05.reduce_mean_per_replica")
-    assert claim.holds is True and claim.expected.startswith("2.00× on 2 replicas") and "2-CPU process" in claim.note
+    assert claim.holds is True and claim.expected.startswith("2.00× on 2 replicas") and "fresh 2-CPU process: this runtime has 1 replica(s)" in claim.note
     results["averaging"].update(update_ratio=4.0, loss_wrong=9.2)
     assert _verdict(results, "05.reduce_mean_per_replica") is False
     results["averaging"].update(replicas=1, update_ratio=1.0, loss_wrong=2.3)  # one replica shows no error at all
     assert _verdict(results, "05.reduce_mean_per_replica") is False
+    results["replicas"] = 4  # a runtime with more replicas (the 4-core TPU stand-in in smoke mode): said too
+    results["averaging"].update(replicas=2, update_ratio=2.0, loss_wrong=4.6)
+    claim = _claim(exp.claims(results), "05.reduce_mean_per_replica")
+    assert claim.holds is True and "fresh 2-CPU process: this runtime has 4 replica(s)" in claim.note
 
 
 def test_equivalence_runs_refuses_a_bfloat16_replica_count_it_does_not_run():

@@ -1,8 +1,9 @@
 """Every notebook runs top to bottom in full mode and under XLA, and what it saves in its claims table holds (issue 8).
 
-CI proves the claims in full mode and under XLA with ``python -m course_utils prove`` (``.ci/run``), which runs each
-lesson's measurements without executing its notebook again. These slower checks execute the notebooks themselves,
-behind markers (not in CI; run them before a release, or after changing a notebook's cells):
+A release proves the claims in full mode and under XLA with ``python -m course_utils prove`` (``--mode full``,
+``--jit``), which executes each lesson's notebook; CI (``.ci/run``) proves smoke mode under the stand-ins. These checks
+execute the notebooks under pytest, behind markers (not in CI; run them before a release, or after changing a
+notebook's cells):
 
 - ``pytest -m full``: every notebook in full mode (``COURSE_SMOKE=0``) on synthetic data (~25 min on 2 cores);
 - ``pytest -m xla``: the lessons whose claims depend on XLA in smoke mode with ``COURSE_JIT=1``;

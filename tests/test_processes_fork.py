@@ -154,6 +154,9 @@ def test_where_it_cannot_fork_the_same_command_starts_afresh(program, monkeypatc
     proc = _start(["exit", "7"], env, cwd)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 7
     proc.stdout.close()
+    done = processes.run([sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"], fork=True, env=env,
+                         timeout=60)
+    assert done.stdout.strip() == "''"  # stdin /dev/null, as a forked child's: never the launcher's terminal
 
 
 def test_a_dead_server_reports_its_tasks_killed(program):

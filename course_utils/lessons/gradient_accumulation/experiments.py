@@ -676,7 +676,8 @@ def claims(r: dict) -> list:
     averaging, builtin, ragged, bn, units, fp16 = (
         r[key] for key in ("averaging", "builtin", "ragged", "bn", "units", "fp16"))
     n = averaging["replicas"]  # the replicas the several-replica facts ran on (sizes.replicas: 4; 2 in smoke mode)
-    four_note = "" if r["replicas"] >= n else f"measured in a {n}-CPU process: this runtime has fewer replicas"
+    four_note = ("" if r["replicas"] == n else
+                 f"measured in a fresh {n}-CPU process: this runtime has {r['replicas']} replica(s)")
     sgd_without, sgd_with = r["sgd"]["without /k"], r["sgd"]["with /k"]
     fp16_plain, fp16_scaled = fp16["mixed_float16, no loss scaling"], fp16["mixed_float16 + LossScaleOptimizer"]
     scaling = r["scaling"]

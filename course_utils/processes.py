@@ -553,9 +553,15 @@ class _Server:
         self.reader.start()
 
     def _read(self) -> None:
+        resets = 0
         while True:
             try:
                 data = self.sock.recv(1 << 16)
+            except ConnectionResetError:  # the server ended with a request of ours unread: the kernel reports that
+                resets += 1               # once, and what the server sent before (its error) is still to be read
+                if resets <= 3:
+                    continue
+                data = b""
             except OSError:
                 data = b""
             if not data:
@@ -715,7 +721,9 @@ def _serve(fd: int) -> None:
         import keras  # noqa: F401
     except BaseException as exc:  # noqa: BLE001 - a broken install: say so in one line, start nothing
         last = (str(exc).strip().splitlines() or [""])[-1]
-        sock.send(json.dumps({"error": f"TensorFlow could not be imported ({type(exc).__name__}: {last})"}).encode())
+        error = f"TensorFlow could not be imported ({type(exc).__name__}: {last})"
+        print(error, file=sys.stderr, flush=True)  # also its last line: ServerFailed says it if the message is lost
+        sock.send(json.dumps({"error": error}).encode())
         return
 
     if tensorflow_has_run_an_op():  # pragma: no cover - an import ran an op: its children would not start clean

@@ -173,3 +173,24 @@ def test_a_dead_server_reports_its_tasks_killed(program):
                 time.sleep(0.1)
     finally:
         task.stdout.close()
+
+
+def test_a_server_whose_error_message_is_lost_still_says_why(tmp_path, monkeypatch):
+    """A server that cannot import TensorFlow sends why and exits; if our request reached it unread, the kernel
+    reported ECONNRESET and its message was once lost ("could not start ...: it exited with code 0"). Its own stderr
+    line keeps the reason: here the message is dropped on purpose, and the reason must still come through."""
+    fake = tmp_path / "fake" / "tensorflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("libtensorflow_framework.so.2: cannot open")\n')
+    # PYTHONPATH is read at import: a server of its own, which finds this broken TensorFlow
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]))
+    real = processes.json.loads  # the json module itself: patched for this test only
+
+    def drop_errors(data):
+        message = real(data)
+        return {"ignored": True} if isinstance(message, dict) and "error" in message else message
+
+    monkeypatch.setattr(processes.json, "loads", drop_errors)
+    with pytest.raises(processes.ServerFailed) as caught:
+        processes.start([sys.executable, "-c", "pass"], fork=True, env=env)
+    assert "TensorFlow could not be imported (ImportError: libtensorflow_framework.so.2" in str(caught.value)

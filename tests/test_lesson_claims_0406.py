@@ -323,21 +323,68 @@ def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
 
 
 def test_lesson_06_reference_sweep_is_what_the_readme_and_the_lesson_quote():
-    """The development images' sweep (drawn in §2's figure) and the lead tables in the README and in §2 are one set of
-    figures: each table cell is the median of the reference runs, course vs baseline, and the lead its difference."""
+    """The development images' sweep (drawn in §2's figure, a panel per kernel path) and the lead tables in the README
+    and in §2 are one set of figures: each table cell is the median of the reference runs, course vs baseline, and the
+    lead their difference; and the lead claims' update threshold agrees with it: every cell where the course made
+    LEAD_MIN_UPDATES or more led by LEAD_POINTS or more."""
     import statistics
+
+    from course_utils import hardware
 
     root = pathlib.Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text(encoding="utf-8")
     lesson = "".join("".join(c["source"]) for c in json.loads(
         (root / "notebooks" / "06_cifar10_capstone.ipynb").read_text(encoding="utf-8"))["cells"])
-    for setting, runs in capstone_exp.DEV_SWEEP.items():
-        for budget in sorted(runs["course"]):
-            course, base = (statistics.median(runs[r][budget]) for r in ("course", "baseline"))
-            cell = f"{course:.1f}% vs {base:.1f}% (+{course - base:.1f})"
-            assert cell in readme, (setting, budget, cell)
-            assert cell.replace("(+", "(**+").replace(")", "**)") in lesson, (setting, budget, cell)
-            assert course - base >= 15, (setting, budget)  # the lesson's claim, on the development images
+    assert set(capstone_exp.DEV_SWEEP) == set(hardware.KERNEL_PATHS)
+    cells = 0
+    for path, by_cores in capstone_exp.DEV_SWEEP.items():
+        for cores, runs in by_cores.items():
+            for budget in sorted(runs["course"]):
+                course = statistics.median(runs["course"][budget])
+                updates = capstone_exp.DEV_SWEEP_UPDATES[path][cores][budget]
+                if budget not in runs["baseline"]:  # the course alone (600 s): its median and updates
+                    assert f"{course:.1f}%" in readme and f"{course:.1f}%" in lesson, (path, cores, budget)
+                    continue
+                base = statistics.median(runs["baseline"][budget])
+                cell = f"{course:.1f}% vs {base:.1f}% ({course - base:+.1f})"
+                assert cell in readme, (path, cores, budget, cell)
+                assert cell.replace(" (", " (**").replace(")", "**)") + f" · {updates:,}" in lesson, (path, cores, budget, cell)
+                if updates >= capstone_exp.LEAD_MIN_UPDATES:
+                    assert course - base >= capstone_exp.LEAD_POINTS, (path, cores, budget, updates)
+                cells += 1
+    assert cells >= 12  # three paths × two core counts × 60 and 120 s
+    assert f"buys the ResNet {capstone_exp.LEAD_MIN_UPDATES} updates or more" in " ".join(lesson.split())
+    assert f"tested from {capstone_exp.LEAD_MIN_UPDATES} updates" in " ".join(readme.split())
+
+
+def test_lesson_06_sweep_figure_puts_this_run_in_its_kernel_paths_panel():
+    """§2's figure: a panel per kernel path of the reference, its runs as thin lines (2 cores solid, one dashed); this
+    run's stars only in the panel of the kernel path its summaries say it took, and in every panel when it took none
+    (a GPU or TPU run: kernel_path None)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reference = {path: {2: {"baseline": {60: [50.0, 52.0, 51.0]}, "course": {60: [70.0, 71.0, 69.0]}},
+                        1: {"baseline": {60: [49.0]}, "course": {60: [66.0]}}}
+                 for path in ("onednn-bf16", "onednn-fp32", "eigen")}
+
+    def run(path):
+        return {recipe: {60.0: dict(_summary(recipe, acc, 10, 28, 60.0), kernel_path=path)}
+                for recipe, acc in (("baseline", 0.5), ("course", 0.7))}
+
+    def stars(fig):
+        return [sum(1 for line in ax.get_lines() if line.get_marker() == "*") for ax in fig.axes]
+
+    fig = capstone_exp.plot_sweep(run("eigen"), reference=reference)
+    assert len(fig.axes) == 3 and stars(fig) == [0, 0, 2]
+    assert fig.axes[2].get_title() == "eigen (this machine)" and fig.axes[0].get_title() == "onednn-bf16"
+    styles = sorted({line.get_linestyle() for line in fig.axes[0].get_lines() if line.get_marker() == "."})
+    assert styles == ["-", "--"]  # 2 cores and one
+    assert stars(capstone_exp.plot_sweep(run(None), reference=reference)) == [2, 2, 2]
+    assert stars(capstone_exp.plot_sweep(run("onednn-bf16"), reference=reference)) == [2, 0, 0]
+    plt.close("all")
 
 
 def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch, tmp_path):

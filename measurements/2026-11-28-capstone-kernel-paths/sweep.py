@@ -31,7 +31,8 @@ from course_utils import hardware  # noqa: E402  (no TensorFlow)
 
 KEEP = ("test_accuracy", "test_accuracy_no_tta", "validation_accuracy", "best_validation_accuracy", "epochs",
         "width", "policy", "wall_time_s", "time_before_first_epoch_s", "final_eval_s", "images_per_s",
-        "kernel_path", "kernel_path_why", "width_trials", "train_examples", "validation_examples", "test_examples")
+        "kernel_path", "kernel_path_why", "width_trials", "train_examples", "validation_examples", "test_examples",
+        "steps_per_epoch", "tta_views", "budget_used_s")
 
 
 def run_one(args, path: str, cores: int, recipe: str, budget: float, repeat: int) -> dict:
@@ -45,7 +46,8 @@ def run_one(args, path: str, cores: int, recipe: str, budget: float, repeat: int
         command = [sys.executable, "-m", "course_utils.capstone", "--data", f"npz:{args.data}", "--recipe", recipe,
                    "--time-budget", f"{budget:g}", "--out", str(folder), "--quiet", "--overwrite", *args.extra]
         if cores < (os.cpu_count() or 1):
-            command = ["taskset", "-c", ",".join(str(c) for c in range(cores)), *command]
+            cpus = range(args.first_core, args.first_core + cores)
+            command = ["taskset", "-c", ",".join(str(c) for c in cpus), *command]
         start = time.perf_counter()
         proc = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
         (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
@@ -66,6 +68,8 @@ def main() -> int:
     p.add_argument("--budgets", nargs="+", type=float, default=[60.0])
     p.add_argument("--recipes", nargs="+", default=["baseline", "course"])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-core", type=int, default=0, help="the first CPU a run with fewer cores than the machine's "
+                   "is pinned to (two one-core sweeps side by side: 0 and 1)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs/sweep"))
     p.add_argument("--test", action="store_true", help="print the test split's accuracy (quote it; never choose by it)")
     p.add_argument("extra", nargs="*", help="after --: more capstone options (e.g. -- --width 4)")

@@ -131,9 +131,10 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
 
 # §2's reference sweep: each run's test accuracy (%) on the development file of real CIFAR-10 images (4,068 training
 # images, 407 of them held out for validation; 1,017 test), by CPU kernel path (hardware.KERNEL_PATHS), cores, recipe
-# and budget (seconds). The protocol: every choice in the recipe (learning rate, width rule, test-time views, the
-# whitening layer) was made on the validation split; each run read the test split once, at its end, and no figure read
-# there chose anything. Three runs per cell (the lesson quotes their median), each a fresh
+# and budget (seconds). The protocol: the recipe's learning rate and test-time views were chosen, and its width rule
+# and whitening layer checked, on the validation split (the epoch targets of budgets over a minute are older, chosen
+# on the test split: lesson 06 §1); each run read the test split once, at its end, and nothing read there chose
+# anything. Three runs per cell (600 s: one; the lesson quotes their median), each a fresh
 # `python -m course_utils.capstone --data npz:FILE --recipe R --time-budget B` on one core (taskset) or two
 # (measurements/2026-11-28-capstone-kernel-paths/sweep.py). DEV_SWEEP_UPDATES: the course's updates (epochs × steps)
 # in each cell, the median of its runs.

@@ -663,7 +663,8 @@ def test_the_warm_up_times_a_whole_evaluation_batch_when_the_last_is_partial():
     assert capstone.whole_batch_s([(3, 1.0), (7, 1.4)], [10] * 8) == pytest.approx(0.1)
 
 
-def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys):
+def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: True)  # a warm-up expected to fit
     opts = capstone.Options(data="synthetic", time_budget=1.0, out=str(tmp_path / "tiny"), width=4,
                             train_examples=256, test_examples=64, batch_size=64, verbose=0)
     result = capstone.train(opts)
@@ -673,6 +674,143 @@ def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_pa
     assert plan["warm_up"]["train_step_s"] is None and plan["warm_up"]["compile_s"] > 0
     assert plan["width_trials"] == [[4, None, 1]]
     assert result.summary["epochs"] == 1 and len(result.history) == 1 and result.summary["test_accuracy"] >= 0
+
+
+def test_the_budget_counts_from_the_process_start_to_within_its_own_start_up():
+    """``process_start`` on Linux reads the start from /proc against CLOCK_BOOTTIME: psutil's creation time adds the
+    boot time in whole seconds and read 0.40 s early on a 2-core VM (up to a second anywhere). Before the first line
+    of this process only Python's own start-up went by; then 0.4 s of sleep."""
+    code = ("import time; t = time.perf_counter(); time.sleep(0.4)\n"
+            "from course_utils.capstone.cli import process_start\nprint(t - process_start())")
+    before = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                  timeout=60).stdout)
+    assert 0.0 <= before <= 0.35, before
+    # the command's name may hold brackets and spaces: the fields count from the last ")"
+    ticks = os.sysconf("SC_CLK_TCK")
+    line = "4242 (a) b (c)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 " + str(5 * ticks) + " 99 100\n"
+    assert capstone.cli.stat_start_s(line) == pytest.approx(5.0)
+
+
+@pytest.mark.extended  # a fresh process (Keras' import): .ci/run runs it after the README's pytest
+def test_the_command_line_imports_keras_without_pyplot_and_allows_it_after():
+    code = textwrap.dedent("""
+        import sys
+        from course_utils.capstone.trainer import _keras_without_pyplot
+        with _keras_without_pyplot(True):
+            import keras
+        from keras.src.visualization import plot_image_gallery
+        print("matplotlib" in sys.modules, plot_image_gallery.plt)
+        import matplotlib.pyplot as plt
+        print(plt.__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "None", "matplotlib.pyplot"], out.stderr[-2000:]
+
+
+def test_a_warm_up_runs_only_where_it_is_expected_to_end_within_the_planning_share():
+    # start-up 3.3 s of 60: a warm-up of 0.8 × 3.3 s ends at 5.9 s, within 10%; 3.4 s: at 6.1 s, past it
+    assert capstone.trainer.warm_up_fits(60.0, 3.3) and not capstone.trainer.warm_up_fits(60.0, 3.4)
+    assert capstone.trainer.warm_up_fits(120.0, 6.6) and not capstone.trainer.warm_up_fits(4.0, 0.3)  # smoke: 4 s
+    # 40 s of it downloading the data, 600 s: the warm-up's estimate is of the 4 s of Python, imports and the model
+    assert capstone.trainer.warm_up_fits(600.0, 44.0, loading_s=40.0) and not capstone.trainer.warm_up_fits(600.0, 44.0)
+
+
+def test_the_first_epochs_own_steps_time_like_a_warm_up_without_its_compiling_calls():
+    # 5 training calls of 128 images: the first (compiling) ended 1.5 s after the epoch began, the others 0.1 s apart
+    # but one 0.9 s (a profiler's call, a stall: the median leaves it out); 2 validation batches of 256 and 151
+    # images: the first (compiling) 0.8 s after the evaluation began, the second 0.03 s on
+    first_epoch_times = capstone.trainer.first_epoch_times
+    got = first_epoch_times([(0, 11.5), (1, 11.6), (2, 12.5), (3, 12.6), (4, 12.7)], [(0, 13.5), (1, 13.53)],
+                            10.0, 12.7, steps_per_epoch=5, eval_sizes=[256, 151], global_batch=128)
+    assert got["train_step_s"] == pytest.approx(0.1) and got["train_epoch_s"] == pytest.approx(0.5)
+    assert got["eval_step_s"] == pytest.approx(0.03 * 256 / 151) and got["timed_steps"] == 4
+    assert got["compile_s"] == pytest.approx((1.5 - 0.1) + (0.8 - 0.03 * 256 / 151))
+    assert got["eval_epoch_s"] == pytest.approx(2 * 0.03 * 256 / 151) and got["in_first_epoch"] is True
+    # one validation batch (its call compiled): a training step's time per image for its 256 images
+    one_val = first_epoch_times([(0, 11.5), (1, 11.6), (2, 11.7)], [(0, 12.5)], 10.0, 11.7, steps_per_epoch=3,
+                                eval_sizes=[256], global_batch=128)
+    assert one_val["eval_step_s"] == pytest.approx(0.2) and one_val["compile_s"] == pytest.approx(1.4 + 0.6)
+    # one call only: its time, compiling included, is the step's (an over-estimate the next epoch corrects)
+    one = first_epoch_times([(0, 11.0)], [], 10.0, None, steps_per_epoch=1, eval_sizes=[64], global_batch=64)
+    assert one["train_step_s"] == pytest.approx(1.0) and one["eval_step_s"] == pytest.approx(1.0)
+    assert one["compile_s"] == 0.0
+
+
+def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps_set_the_plan(tmp_path, capsys,
+                                                                                                monkeypatch):
+    """A 60 s budget on one core: start-up (Python, TensorFlow's import, the data, the model) took 4-5 s, and the
+    warm-up put the first epoch at 5.3-6.9 s, past 10% of the budget. With no room for a warm-up (made so here on any
+    machine) none runs: the start width trains at once, and its first epoch's own steps make the plan."""
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: False)
+    monkeypatch.setattr(capstone.trainer, "_warm_up", lambda *a, **k: pytest.fail("a warm-up ran"))
+    opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=512,
+                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    result = capstone.train(opts)
+    out = capsys.readouterr().out
+    width = capstone.start_width(result.summary["kernel_path"])
+    assert f"→ width {width} trains now; its first epoch's steps set the plan" in out, out
+    assert re.search(r"\(budget 20 s: epoch 1 measured [0-9.]+ ms/step \(compiling: [0-9.]+ s\), ~[0-9.]+ s/epoch "
+                     r"with validation; [0-9.]+ s used so far → [0-9]+ epochs?\)", out), out
+    plan = read(tmp_path / "r" / "plan.json")
+    assert plan["warm_up"]["in_first_epoch"] and plan["warm_up"]["train_step_s"] > 0, plan["warm_up"]
+    assert plan["warm_up"]["timed_steps"] == result.summary["steps_per_epoch"] - 1  # the compiling call left out
+    ((tried, epoch_s, planned),) = plan["width_trials"]
+    assert tried == width == result.summary["width"] and epoch_s > 0 and planned == plan["initial_epochs"]
+    assert result.summary["parameters"] == _course_params(width)
+    # planned from epoch 1's figures, as from a warm-up's: its training and validation steps and the epoch's margin
+    warm, first, steps = plan["warm_up"], result.history[0], plan["steps_per_epoch"]
+    assert epoch_s == round(warm["train_epoch_s"] + warm["eval_epoch_s"] + capstone.BudgetPlan.EPOCH_MIN_S, 2)
+    assert first["planned_epochs"] == plan["initial_epochs"]  # epoch 1's own line names the plan it made
+    # the learning rate: epoch 1 ran on the provisional plan's warm-up (the epochs auto width aims at); the schedule
+    # ends with the plan (the last step's rate is the decay's last: peak / (total - warm-up steps))
+    provisional = capstone.BudgetPlan.warmup_for(capstone.target_epochs_for(20.0), steps)
+    peak = result.summary["peak_learning_rate"]
+    assert first["lr"] == pytest.approx(peak * steps / provisional, rel=1e-4), (first, plan)
+    total = result.summary["epochs"] * steps
+    assert result.summary["epochs"] == plan["epochs"] >= 2 and result.history[-1]["lr"] == pytest.approx(
+        peak / max(total - plan["warmup_steps"], 1), rel=1e-4), (result.history[-1], plan)
+    # the budget kept within an epoch (the margins of a loaded 2-core machine: as the CLI's run), and the first epoch
+    # began right after the model was built
+    slowest = max(h["epoch_time_s"] for h in result.history[1:]) if len(result.history) > 1 else first["epoch_time_s"]
+    assert 20.0 - 2 * slowest - 3 <= result.summary["wall_time_s"] <= 20.0 + slowest, result.summary["wall_time_s"]
+    assert result.summary["time_before_first_epoch_s"] < plan["planning_elapsed_s"] + 2.0
+
+
+def test_a_run_stopped_before_its_first_epochs_plan_was_saved_resumes_and_plans_from_its_next_epoch(
+        tmp_path, capsys, monkeypatch):
+    """The backup holds epoch 1 before the plan made from it is saved: a kill in between leaves the provisional plan.
+    The resumed run plans from its own first epoch (epoch 2) and keeps the budget."""
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: False)
+    real = capstone.trainer.first_epoch_times
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capstone.trainer, "first_epoch_times", stopped)
+    opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "r"), train_examples=512,
+                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    with pytest.raises(KeyboardInterrupt):
+        capstone.train(opts)
+    provisional = read(tmp_path / "r" / "plan.json")
+    assert provisional["warm_up"] == {"in_first_epoch": True, "train_step_s": None}
+    assert capstone.backup_epoch(str(tmp_path / "r" / "backup")) == 1
+    monkeypatch.setattr(capstone.trainer, "first_epoch_times", real)
+    result = capstone.train(dataclasses.replace(opts, resume=True))
+    plan = read(tmp_path / "r" / "plan.json")
+    assert result.summary["resumed_after_epoch"] == 1 and plan["warm_up"]["train_step_s"] > 0, plan["warm_up"]
+    assert result.history[-1]["epoch"] == plan["epochs"] >= 2 and result.history[0]["epoch"] == 2  # (epoch 1 unlisted)
+    slowest = max(h["epoch_time_s"] for h in result.history)
+    assert result.summary["wall_time_s"] <= 12.0 + slowest, result.summary["wall_time_s"]
+
+
+def test_with_no_room_for_a_warm_up_a_budget_spent_in_the_first_epoch_ends_after_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: False)
+    opts = capstone.Options(data="synthetic", time_budget=1.0, out=str(tmp_path / "tiny"), width=4,
+                            train_examples=256, test_examples=64, batch_size=64, verbose=0)
+    result = capstone.train(opts)
+    out = capsys.readouterr().out
+    assert "→ 1 epoch)" in out and "final evaluation: a view" not in out, out  # no view timed for a plan done
+    assert result.summary["epochs"] == 1 and read(tmp_path / "tiny" / "plan.json")["epochs"] == 1
 
 
 @pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
@@ -686,6 +824,7 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
     width on any machine: a fast one's real timing once kept width 8, the choice at the edge, and printed none.)"""
     monkeypatch.setitem(capstone.AUTO_WIDTH, "start_by_kernels", {})  # from width 8 on any kernels
     monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1e-6)
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: True)  # it ran, and overran
     calls = _counting_warm_up(monkeypatch)
     timed = capstone.trainer._warm_up
 

@@ -70,6 +70,22 @@ class WarmUpTimes(keras.callbacks.Callback):
         self.test.append((batch, time.perf_counter()))
 
 
+class FirstEpochTimes(keras.callbacks.Callback):
+    """When each training and test call of an epoch ended (``.train``, ``.test``: ``(batch, perf_counter)``), for
+    :class:`Progress` to plan from its process's first epoch; Progress empties them at each epoch's end. (A callback
+    of its own: one that has ``on_test_batch_end`` turns Keras' asynchronous evaluation calls off.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.train, self.test = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.train.append((batch, time.perf_counter()))
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.test.append((batch, time.perf_counter()))
+
+
 class PlanProgbar(keras.callbacks.ProgbarLogger):
     """Keras' progress bar, showing the current plan's epoch count ("Epoch 3/17") rather than fit's cap."""
 
@@ -87,8 +103,14 @@ class Progress(keras.callbacks.Callback):
     the budget after every epoch (:meth:`BudgetPlan.replan`)."""
 
     def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
-                 steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None, *, global_batch: int):
+                 steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None, *, global_batch: int,
+                 plan_first_epoch: Callable[..., str] | None = None):
         super().__init__()
+        # With no separate warm-up (plan.in_first_epoch): the first epoch's call ends (FirstEpochTimes, which the
+        # trainer puts before the callbacks that save) make the plan, through plan_first_epoch
+        self.plan_first_epoch = plan_first_epoch
+        self.first_epoch = FirstEpochTimes() if plan_first_epoch is not None else None
+        self.cap: int | None = None  # the plan's cap once made in the first epoch (else fit's epochs)
         self.o, self.plan, self.run, self.clock, self.history = o, plan, run, clock, list(history)
         self.global_batch = global_batch
         self.schedule, self.steps_per_epoch, self.say = schedule, steps_per_epoch, say
@@ -121,6 +143,20 @@ class Progress(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
+        step = int(self.model.optimizer.iterations.numpy())
+        lr = self.schedule.value(max(step - 1, 0))  # the rate the epoch's last step ran at
+        planned = None
+        timed = self.first_epoch
+        if timed is not None and timed.train and self.plan.in_first_epoch and not self.epoch_times:
+            # the plan, from this epoch's own steps (no warm-up ran before it), saved at once: a kill from here on
+            # resumes with it
+            fit_cap = self.params.get("epochs") or self.plan.epochs
+            planned = self.plan_first_epoch(timed.train, timed.test, self.t_epoch, self.t_test, epoch + 1, fit_cap)
+            self.cap = min(fit_cap, max(2 * self.plan.epochs, self.plan.epochs + 5))  # as fit's cap after a warm-up
+            self.schedule.set_plan(*self.plan.schedule_steps())
+            fileguard.write_json(self.run.plan, self.plan.to_dict())
+        if timed is not None:
+            timed.train, timed.test = [], []
         view_line = None
         due = (self.plan.view_to_time(len(self.epoch_times) + 1, len(self.view_times), epoch + 1)
                if self.time_view is not None else None)
@@ -138,7 +174,6 @@ class Progress(keras.callbacks.Callback):
         now = time.perf_counter()
         train_s = (self.t_test or now) - self.t_epoch
         images = self.steps_per_epoch * self.global_batch
-        step = int(self.model.optimizer.iterations.numpy())
         entry = {
             "epoch": epoch + 1,
             "elapsed_s": self.clock(),
@@ -150,7 +185,7 @@ class Progress(keras.callbacks.Callback):
             "val_loss": float(logs.get("val_loss", float("nan"))),
             "val_accuracy": float(logs.get("val_accuracy", float("nan"))),
             "images_per_s": images / train_s if train_s > 0 else None,
-            "lr": self.schedule.value(max(step - 1, 0)),
+            "lr": lr,
             "planned_epochs": self.plan.epochs,
         }
         # For the plan: wall time since the previous epoch's end in this process (what happens between
@@ -166,11 +201,13 @@ class Progress(keras.callbacks.Callback):
             f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
             f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
             f"{entry['images_per_s']:.0f} images/s")
+        if planned:
+            self.pending.append(planned)
         if view_line:
             self.pending.append(view_line)
         if self.o.verbose < 1 or not getattr(self, "bar", False):  # no bar to finish its line first
             self._flush()
-        cap = self.params.get("epochs") or self.plan.epochs
+        cap = self.cap or self.params.get("epochs") or self.plan.epochs
         changed = self.plan.replan(epoch + 1, self.clock(), self.epoch_times, cap)
         if changed or due:  # the new plan, or the final evaluation's measured views and estimate
             fileguard.write_json(self.run.plan, self.plan.to_dict())

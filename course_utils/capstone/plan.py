@@ -57,12 +57,23 @@ TTA_CHOICES = (TTA_VIEWS, 2, 1)
 
 FINAL_EVAL_SHARE = 0.05
 
-# At most this share of a time budget goes to planning (compiling and timing warm-up steps) before the first epoch:
-# the chosen width is warmed up too only when that fits in it (else its first epoch compiles it, and the plan is
-# corrected after each epoch), and a budget the first warm-up already overran is told so up front
+# At most this share of a time budget goes to starting up and planning (from the process's start to the first epoch:
+# Python, TensorFlow's import, the data, the model, compiling and timing warm-up steps): the first warm-up runs only
+# where it is expected to fit in it (WARM_UP_PER_START_UP), the chosen width is warmed up too only when that fits
+# (else its first epoch compiles it, and the plan is corrected after each epoch), and a budget the first warm-up
+# overran all the same is told so up front
 PLANNING_SHARE = 0.10
 
 PLANNING_MARGIN = 1.25  # another width's warm-up, estimated from the last one's, must fit with this factor
+
+# A warm-up (compiling training and evaluation, timing a few steps, putting the weights back) took up to this share of
+# the start-up before it — Python, TensorFlow's import, the model: both are mostly Python on one thread (loading the
+# data is left out: a download says nothing of it). 0.48-0.78 from process start on a 2-core AMD EPYC VM (TF 2.20; one
+# core and two, every kernel path, 60 s budgets, 2026-12-02). Where start-up plus this much would pass PLANNING_SHARE
+# of the budget, there is no separate warm-up: the start width trains at once, and its first epoch's own steps set the
+# plan (BudgetPlan.plan_in_first_epoch; the trainer's warm_up_fits decides). With a warm-up first, the first epoch
+# had started at 5.3-6.9 s of 60 (10-12%), and a width other than the start width was chosen in 3 of 18 runs
+WARM_UP_PER_START_UP = 0.8
 
 # Steps the warm-up times after its compiling one (fewer on a TPU, whose calls run steps_per_execution each): 6 cost
 # 0.4 s of a 60 s budget on one core at width 8; the plan is corrected after each epoch anyway
@@ -217,6 +228,38 @@ class BudgetPlan:
     def warmup_for(epochs: int, steps_per_epoch: int) -> int:
         return round(COURSE["warmup_fraction"] * epochs * steps_per_epoch)
 
+    @property
+    def in_first_epoch(self) -> bool:
+        """Whether the plan is still to be made from the first epoch's own steps (no separate warm-up ran)."""
+        return bool(self.warm_up and self.warm_up.get("in_first_epoch") and self.warm_up.get("train_step_s") is None)
+
+    def plan_in_first_epoch(self, done: int, elapsed_s: float, warm: dict, val_steps: int, test_steps: int,
+                            tta: bool, cap: int) -> tuple[float, int]:
+        """The plan from the step times of this process's first epoch (``warm``: as a warm-up's figures, its
+        compiling calls left out), ``done`` epochs done and ``elapsed_s`` of the budget used, at most ``cap`` epochs:
+        ``(epoch seconds, epochs)``, the final evaluation estimated as after a warm-up (:meth:`estimates`; it is
+        measured after this epoch as after any first one)."""
+        epoch_s, final_s, views = self.estimates(warm, val_steps, test_steps, tta, self.budget_s)
+        self.final_eval_estimate_s = final_s
+        if tta:
+            self.tta_views = views
+        left = self.budget_s - elapsed_s - final_s
+        epochs = min(max(done + int(left / epoch_s + self.ROUND_UP), done), cap)
+        self.warm_up, self.warm_up_epoch_s, self.epoch_estimate_s = warm, epoch_s, epoch_s
+        self.width_trials = [[self.width, round(epoch_s, 2), epochs]]
+        self.resize(done, epochs)
+        self.initial_epochs = self.epochs
+        return epoch_s, self.epochs
+
+    def resize(self, done: int, epochs: int) -> None:
+        """The plan's length set to ``epochs`` after ``done``: still in the learning rate's warm-up, the warm-up
+        keeps its share of the new plan."""
+        self.epochs = epochs
+        step = done * self.steps_per_epoch
+        if step < self.warmup_steps:
+            self.warmup_steps = min(max(step, self.warmup_for(epochs, self.steps_per_epoch)),
+                                    epochs * self.steps_per_epoch)
+
     @classmethod
     def no_time_to_time_steps(cls, budget_s: float, elapsed_s: float) -> bool:
         """After the first (compiling) step: less left than a final evaluation and two epochs at their least?
@@ -313,10 +356,8 @@ class BudgetPlan:
             return None
         if fits == self.epochs:
             return None
-        old, self.epochs = self.epochs, fits
-        step = done * self.steps_per_epoch
-        if step < self.warmup_steps:  # still warming up: the warm-up keeps its share of the new plan
-            self.warmup_steps = min(max(step, self.warmup_for(fits, self.steps_per_epoch)), fits * self.steps_per_epoch)
+        old = self.epochs
+        self.resize(done, fits)
         return old, fits, left, epoch_s
 
     def to_dict(self) -> dict:
@@ -346,6 +387,8 @@ class BudgetPlan:
                              f"{plan.epochs * plan.steps_per_epoch} steps")
         if plan.tta_views not in TTA_CHOICES or isinstance(plan.tta_views, bool):
             raise ValueError(f"tta_views is {plan.tta_views!r}, not one of {TTA_CHOICES}")
+        if plan.warm_up is not None and not isinstance(plan.warm_up, dict):
+            raise ValueError(f"warm_up is {type(plan.warm_up).__name__}, not a mapping")
         for name in ("epoch_estimate_s", "final_eval_estimate_s"):
             value = getattr(plan, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -14,9 +15,9 @@ from typing import Any, Callable
 from .. import fileguard, processes
 from .checks import CourseSettings, validate
 from .models import whitening_kernel
-from .options import COURSE, LOCK, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
+from .options import COURSE, LOCK, MAX_EPOCHS, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
-                   TTA_VIEWS, start_width,
+                   TTA_VIEWS, WARM_UP_PER_START_UP, FINAL_EVAL_SHARE, start_width,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
                    validation_size)
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
@@ -166,6 +167,21 @@ def _load_splits(o: Options, settings: CourseSettings) -> Splits:
     train, validation = split_validation(x, y, size)
     return Splits(train, validation, _arrays(d.test), d.source)
 
+@contextlib.contextmanager
+def _keras_without_pyplot(on: bool):
+    """Keras' import loads matplotlib.pyplot for ``keras.visualization`` (0.3-0.5 s of its 2.4-2.7 s on one core of a
+    2-core AMD EPYC VM, Keras 3.15.1); the command line plots nothing, and its budget counts the import. With ``on``
+    (and matplotlib not imported yet) that import fails for the while (Keras keeps ``plt = None`` then) and is
+    allowed again after: ``import matplotlib.pyplot`` works as before."""
+    blocked = on and "matplotlib" not in sys.modules
+    if blocked:
+        sys.modules["matplotlib"] = None  # "import matplotlib" raises ImportError
+    try:
+        yield
+    finally:
+        if blocked and "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+            del sys.modules["matplotlib"]
+
 class _Clock:
     """Wall time of the whole run, across restarts: time before this process + time in it."""
 
@@ -263,7 +279,8 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
         keras.config.set_dtype_policy(previous_policy)
     return net, model, schedule, peak
 
-def train(options: Options, *, settings: CourseSettings | None = None, _t0: float | None = None) -> Result:
+def train(options: Options, *, settings: CourseSettings | None = None, _t0: float | None = None,
+          _command_line: bool = False) -> Result:
     """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``. What the options
     leave open comes from ``settings`` (the course's mode: data, replicas, XLA, width cap, synthetic sizes), else from
     the course config, read once before the run (:func:`checks.course_settings`).
@@ -281,7 +298,7 @@ def train(options: Options, *, settings: CourseSettings | None = None, _t0: floa
         os.makedirs(options.out, exist_ok=True)
         with fileguard.folder_lock(options.out, "capstone run"):
             validate(options, settings)  # again, under the lock: another run may have written there in between
-            return _train(options, settings, t0)
+            return _train(options, settings, t0, lean_imports=_command_line)
     except (fileguard.FolderBusy, fileguard.UnsafePath) as exc:
         raise OptionsError(f"--out {options.out!r}: {exc}") from None
     finally:
@@ -292,7 +309,7 @@ def train(options: Options, *, settings: CourseSettings | None = None, _t0: floa
             os.rmdir(options.out)
 
 
-def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
+def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: bool = False) -> Result:
     # What was asked, with the recipe's defaults: never changed below. What the hardware and the data decide (the
     # global batch, steps_per_execution, the policy, XLA, the width) are values of their own, each with its reason.
     o = resolved(options)
@@ -307,7 +324,7 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
     crashed = (f"{PROG}: error: importing TensorFlow killed this process (a crash in its native code, no Python error); "
                "python -m course_utils doctor says why")
     try:
-        with processes.crash_said(crashed):
+        with processes.crash_said(crashed), _keras_without_pyplot(lean_imports):
             import keras  # noqa: F401 - imports TensorFlow (Keras' backend) too
             import tensorflow  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a RuntimeError from a library it loads
@@ -317,7 +334,9 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
     # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
     # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
     rt = _runtime.detect(cpu_replicas=settings.cpu_replicas)
+    loading = clock()
     splits = _load_splits(o, settings)
+    loading_s = clock() - loading  # (a warm-up's estimate leaves it out: warm_up_fits)
 
     import keras
     import tensorflow as tf
@@ -401,7 +420,7 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
     if state is None:
         plan, (net, model, schedule, peak) = _new_plan(
             o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_sizes, test_steps, auto_width,
-            build, (net, model, schedule, peak), batch=batch, steps_per_execution=spe)
+            build, (net, model, schedule, peak), batch=batch, steps_per_execution=spe, loading_s=loading_s)
         width = plan.width
         fileguard.write_json(run.plan, plan.to_dict())
     else:
@@ -420,6 +439,8 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
         if done > len(history):
             say(f"metrics.json lists {len(history)} of the {done} epochs in the backup: the records of the others "
                 "were lost with the kill (their training was not)")
+        if plan.in_first_epoch and history:  # killed before its first epoch's plan was saved: that epoch's time
+            plan.epoch_estimate_s = history[-1]["epoch_time_s"]
         say(f"Resuming after epoch {done} of {plan.epochs}; {clock():.1f} s already spent"
             + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
     fileguard.write_json(run.metrics, history)
@@ -437,7 +458,16 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
             times.append(time.perf_counter() - started)
         return times
 
-    progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view, global_batch=batch)
+    def plan_first_epoch(train_ends: list, test_ends: list, t_epoch: float, t_test: float | None, done: int,
+                         cap: int) -> str:
+        warm = first_epoch_times(train_ends, test_ends, t_epoch, t_test, steps_per_epoch, val_sizes, batch)
+        epoch_s, epochs = plan.plan_in_first_epoch(done, clock(), warm, len(val_sizes), test_steps, o.tta, cap)
+        return (f"  (budget {o.time_budget:g} s: epoch {done} measured {warm['train_step_s'] * 1e3:.1f} ms/step "
+                f"(compiling: {warm['compile_s']:.1f} s), ~{epoch_s:.1f} s/epoch with validation; {clock():.1f} s "
+                f"used so far → {epochs} epoch{'s' * (epochs != 1)})")
+
+    progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view, global_batch=batch,
+                        plan_first_epoch=plan_first_epoch if plan.in_first_epoch else None)
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
     # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
     callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
@@ -449,6 +479,8 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
         callbacks.append(keras.callbacks.TensorBoard(
             o.tensorboard, profile_batch=(first, min(first + 4, calls)), write_graph=False))
     callbacks.append(progress)
+    if progress.first_epoch is not None:
+        callbacks.insert(0, progress.first_epoch)  # its clock first, as the warm-up's
     if o.ema:
         # Evaluate with the averaged weights (swapped in for each evaluation and back), train and back up the raw
         # ones (+ the averages, which are optimizer variables); fit's end assigns the averages to the model.
@@ -464,7 +496,10 @@ def _train(options: Options, settings: CourseSettings, t0: float) -> Result:
     if done < plan.epochs and plan.fits_another(done, clock()):
         # With a budget the plan may still grow (the warm-up over-estimated) or shrink (the machine got
         # slower): fit may run up to `cap` epochs and the progress callback stops it at the plan.
+        # A plan still to be made in the first epoch may come out at any length.
         cap = plan.epochs if o.time_budget is None else max(2 * plan.epochs, plan.epochs + 5)
+        if plan.in_first_epoch:
+            cap = max(cap, min(MAX_EPOCHS, MAX_SCHEDULE_STEPS // steps_per_epoch))
         model.fit(train_ds, epochs=cap, validation_data=val_ds, callbacks=callbacks,
                   verbose=1 if bar else 0)
     else:  # nothing left to train: load the last backup
@@ -576,12 +611,29 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
 
 def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
               val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple, *,
-              batch: int, steps_per_execution: int) -> tuple[BudgetPlan, tuple]:
+              batch: int, steps_per_execution: int, loading_s: float = 0.0) -> tuple[BudgetPlan, tuple]:
     """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
     width: the widths it tried, and the model of the one chosen)."""
     plan = BudgetPlan(options=dataclasses.asdict(o), global_batch=batch, steps_per_epoch=steps_per_epoch, policy=policy,
                       width=width,
                       epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
+    if o.time_budget is not None and steps_per_execution == 1 and not warm_up_fits(o.time_budget, clock(), loading_s):
+        # (several steps per call, a TPU's: the warm-up times whole calls; an epoch's last call may run fewer steps)
+        # No room for a separate warm-up: the start width trains now; Progress times its first epoch's steps and
+        # makes the plan from them (BudgetPlan.plan_in_first_epoch). Until then: the epochs auto width aims at
+        budget, started = o.time_budget, clock()
+        plan.epochs = plan.initial_epochs = target_epochs_for(budget, AUTO_WIDTH)
+        plan.warm_up, plan.width_trials = {"in_first_epoch": True, "train_step_s": None}, [[width, None, None]]
+        plan.planning_elapsed_s = started
+        # the final evaluation's share of the budget at most (tta_views_for), until a view is timed after epoch 1
+        plan.final_eval_estimate_s = FINAL_EVAL_SHARE * budget
+        plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
+        network = f"width {width}" if auto_width else "the network"
+        say(f"Budget {budget:g} s: {started:.1f} s went to starting up (Python, TensorFlow, the data, the model; "
+            f"{started / budget:.0%}), and a warm-up would take "
+            f"~{WARM_UP_PER_START_UP * max(started - loading_s, 0.0):.1f} s more (over {PLANNING_SHARE:.0%} of the "
+            f"budget) → {network} trains now; its first epoch's steps set the plan")
+        return plan, built
     if o.time_budget is not None:
         budget = o.time_budget
         val_steps = len(val_sizes)
@@ -682,6 +734,38 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                 f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
     plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
     return plan, built
+
+def warm_up_fits(budget_s: float, elapsed_s: float, loading_s: float = 0.0) -> bool:
+    """Whether a separate warm-up, estimated at :data:`WARM_UP_PER_START_UP` of the start-up it follows (the
+    ``elapsed_s`` of the budget, less ``loading_s`` of loading the data: a download or a disk says nothing of how fast
+    this machine compiles), ends within :data:`PLANNING_SHARE` of the budget; else the first epoch times itself."""
+    return elapsed_s + WARM_UP_PER_START_UP * max(elapsed_s - loading_s, 0.0) <= PLANNING_SHARE * budget_s
+
+def first_epoch_times(train: list, test: list, t_epoch: float, t_test: float | None, steps_per_epoch: int,
+                      eval_sizes: list[int], global_batch: int) -> dict:
+    """A warm-up's figures (:func:`_warm_up`) from the first epoch of a process with one step per call:
+    ``train``/``test``, ``(batch, perf_counter)`` at each call's end (:class:`~.callbacks.FirstEpochTimes`), the
+    epoch's and its evaluation's start. The first call of each traced and compiled: left out. A training step: the
+    median time between calls (a profiler's or a stall's call moves it little); the only call, compiling included, where
+    there is one (an over-estimate the plan corrects after the next epoch). An evaluation step of one validation batch
+    (its call compiled): a training step's time per image, a forward pass being at most that."""
+    first_train = train[0][1] - t_epoch
+    if len(train) > 1:
+        train_step = statistics.median((b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(train, train[1:]))
+    else:
+        train_step = first_train / (train[0][0] + 1)
+    per_image = train_step / global_batch
+    if test and t_test is not None:
+        first_eval = test[0][1] - t_test
+        eval_step = whole_batch_s(test, eval_sizes) if len(test) > 1 else min(first_eval, per_image * eval_sizes[0])
+    else:  # no evaluation ran in this epoch
+        first_eval, eval_step = 0.0, per_image * eval_sizes[0]
+    steps_before = train[0][0] + 1  # the steps the first call ran
+    return {"train_step_s": train_step, "eval_step_s": eval_step,
+            "compile_s": max(first_train - train_step * steps_before, 0.0) + max(first_eval - eval_step, 0.0),
+            "timed_steps": train[-1][0] - train[0][0], "in_first_epoch": True,
+            "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
+            "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * len(eval_sizes)}
 
 def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
              one_epoch_only: Callable[[], bool] = lambda: False, eval_sizes: list[int] | None = None) -> dict:

@@ -100,7 +100,8 @@ def _check_epochs_that_fit(answer: Any) -> str:
                             "round down (`//`), whatever the fraction.")
         raise Incorrect(f"Not quite: {quote}. (budget − setup) // epoch, and at least 1.")
     return ("Whole epochs after the setup, at least one: the trainer does this with the step time it measures in its "
-            "warm-up, then stretches the learning-rate schedule over exactly those epochs.")
+            "warm-up (or, where start-up left no room for one, in its first epoch), then stretches the learning-rate "
+            "schedule over exactly those epochs.")
 
 
 # -- 3. one_knob ------------------------------------------------------------------------------

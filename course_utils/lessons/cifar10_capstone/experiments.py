@@ -137,32 +137,33 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
 # anything. Three runs per cell (600 s: one; the lesson quotes their median), each a fresh
 # `python -m course_utils.capstone --data npz:FILE --recipe R --time-budget B` on one core (taskset) or two
 # (measurements/2026-11-28-capstone-kernel-paths/sweep.py). DEV_SWEEP_UPDATES: the course's updates (epochs × steps)
-# in each cell, the median of its runs.
+# in each cell, the median of its runs. 120 and 600 s: 2026-12-01; 60 s: 2026-12-02, with the trainer that starts
+# training at once where start-up leaves no room for a warm-up (the machine ran 20-25% fewer images/s that day).
 DEV_SWEEP_MACHINE = "2-core AMD EPYC VM (KVM, family 26), AVX-512 bfloat16, no AMX, TensorFlow 2.20.0, December 2026"
 DEV_SWEEP = {
     "onednn-bf16": {
-        2: {"baseline": {60: [52.4, 52.2, 52.2], 120: [52.3, 52.4, 52.5]},
-            "course": {60: [74.8, 76.9, 77.7], 120: [78.9, 79.0, 80.7], 600: [83.7]}},
-        1: {"baseline": {60: [52.5, 52.5, 52.2], 120: [52.1, 52.1, 52.0]},
-            "course": {60: [74.9, 75.4, 75.6], 120: [78.6, 78.6, 77.8]}},
+        2: {"baseline": {60: [52.6, 51.7, 51.3], 120: [52.3, 52.4, 52.5]},
+            "course": {60: [73.4, 72.1, 74.7], 120: [78.9, 79.0, 80.7], 600: [83.7]}},
+        1: {"baseline": {60: [52.6, 52.6, 52.5], 120: [52.1, 52.1, 52.0]},
+            "course": {60: [72.3, 73.1, 74.1], 120: [78.6, 78.6, 77.8]}},
     },
     "onednn-fp32": {
-        2: {"baseline": {60: [53.4, 53.0, 53.1], 120: [53.7, 54.1, 53.7]},
-            "course": {60: [77.2, 74.0, 74.8], 120: [77.7, 76.4, 77.7]}},
-        1: {"baseline": {60: [53.0, 53.4, 53.5], 120: [53.0, 53.4, 53.3]},
-            "course": {60: [70.4, 73.0, 70.2], 120: [76.2, 76.2, 76.6]}},
+        2: {"baseline": {60: [51.9, 50.9, 50.4], 120: [53.7, 54.1, 53.7]},
+            "course": {60: [74.3, 70.8, 71.7], 120: [77.7, 76.4, 77.7]}},
+        1: {"baseline": {60: [51.2, 54.0, 52.9], 120: [53.0, 53.4, 53.3]},
+            "course": {60: [69.1, 71.1, 72.1], 120: [76.2, 76.2, 76.6]}},
     },
     "eigen": {
-        2: {"baseline": {60: [51.8, 51.5, 51.1], 120: [51.1, 51.2, 50.9]},
-            "course": {60: [69.3, 69.1, 69.5], 120: [78.8, 78.3, 75.4]}},
-        1: {"baseline": {60: [51.9, 50.0, 50.9], 120: [52.3, 51.9, 52.3]},
-            "course": {60: [66.3, 63.8, 66.2], 120: [71.3, 69.8, 69.1]}},
+        2: {"baseline": {60: [51.0, 52.3, 50.3], 120: [51.1, 51.2, 50.9]},
+            "course": {60: [69.2, 64.4, 66.0], 120: [78.8, 78.3, 75.4]}},
+        1: {"baseline": {60: [51.2, 53.2, 50.1], 120: [52.3, 51.9, 52.3]},
+            "course": {60: [60.6, 61.6, 63.8], 120: [71.3, 69.8, 69.1]}},
     },
 }
 DEV_SWEEP_UPDATES = {
-    "onednn-bf16": {2: {60: 1008, 120: 1204, 600: 2324}, 1: {60: 812, 120: 1008}},
-    "onednn-fp32": {2: {60: 812, 120: 756}, 1: {60: 672, 120: 1204}},
-    "eigen": {2: {60: 756, 120: 1344}, 1: {60: 532, 120: 1092}},
+    "onednn-bf16": {2: {60: 616, 120: 1204, 600: 2324}, 1: {60: 728, 120: 1008}},
+    "onednn-fp32": {2: {60: 560, 120: 756}, 1: {60: 532, 120: 1204}},
+    "eigen": {2: {60: 616, 120: 1344}, 1: {60: 420, 120: 1092}},
 }
 
 
@@ -353,8 +354,9 @@ def _ended_on_budget(summary: dict, budget: float, epoch_s: float) -> bool:
 # where the lead was measured short of them and the fewest where it held (test split, medians of 3 at 60 s; the
 # recipe's choices made on the validation split). On a 2-core AVX2 AMD EPYC (2026-11-28): TensorFlow's own kernels
 # bought 140 updates on one core and 224-252 on two and led by -1.1 and +2.5 points, oneDNN in float32 280-308 and
-# 364-420, +8.2 and +9.6 (measurements/2026-11-28-capstone-kernel-paths). On DEV_SWEEP's machine every cell led by 15
-# or more, the fewest updates 532 (Eigen, one core: +15.3).
+# 364-420, +8.2 and +9.6 (measurements/2026-11-28-capstone-kernel-paths). On DEV_SWEEP's machine every cell with
+# 532 updates or more led by 15 or more (oneDNN in float32, one core, 60 s: 532, +18.2); Eigen on one core at 60 s
+# bought 420 on 2026-12-02 and led by +10.4 (532 and +15.3 the day before).
 LEAD_MIN_UPDATES = 500
 BEATS_POINTS, LEAD_POINTS = 10, 15  # the course recipe's lead over the tutorial's, in points: one budget; every budget
 LEARNED = 0.30  # test accuracy that says a network learned (chance: 10%)

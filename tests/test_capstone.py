@@ -736,6 +736,7 @@ def test_the_first_epochs_own_steps_time_like_a_warm_up_without_its_compiling_ca
     assert one["compile_s"] == 0.0
 
 
+@pytest.mark.extended  # a 20 s / 12 s budgeted scenario: .ci/run runs it after the README's pytest
 def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps_set_the_plan(tmp_path, capsys,
                                                                                                 monkeypatch):
     """A 60 s budget on one core: start-up (Python, TensorFlow's import, the data, the model) took 4-5 s, and the
@@ -776,6 +777,7 @@ def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps
     assert result.summary["time_before_first_epoch_s"] < plan["planning_elapsed_s"] + 2.0
 
 
+@pytest.mark.extended  # a 20 s / 12 s budgeted scenario: .ci/run runs it after the README's pytest
 def test_a_run_stopped_before_its_first_epochs_plan_was_saved_resumes_and_plans_from_its_next_epoch(
         tmp_path, capsys, monkeypatch):
     """The backup holds epoch 1 before the plan made from it is saved: a kill in between leaves the provisional plan.

@@ -1386,6 +1386,7 @@ def test_budget_plan_first_estimates_and_what_fits():
     ({"epoch_estimate_s": float("nan")}, "epoch_estimate_s is nan"), ({"options": []}, "options are not a mapping"),
     ({"tta_views": 3}, "tta_views is 3, not one of (10, 2, 1)"), ({"tta_views": True}, "tta_views is True"),
     ({"global_batch": 0}, "global_batch is 0"), ({"global_batch": "128"}, "global_batch is '128'"),
+    ({"warm_up": "x"}, "warm_up is str, not a mapping"), ({"warm_up": [1]}, "warm_up is list, not a mapping"),
 ])
 def test_budget_plan_from_dict_refuses_what_the_trainer_did_not_write(change, reason):
     good = _plan().to_dict()

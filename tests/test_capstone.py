@@ -1356,6 +1356,47 @@ def test_auto_width_starts_narrower_on_tensorflows_own_kernels():
     assert capstone.start_width("eigen", dict(capstone.AUTO_WIDTH, widths=(8, 16))) == capstone.AUTO_WIDTH["start"]
 
 
+def test_auto_width_halves_the_batch_only_on_slow_kernels_with_a_short_budget():
+    rule = capstone.SMALL_BATCH
+    assert capstone.small_batch("eigen", 60.0) == rule["per_replica"] < capstone.COURSE["batch_size"]
+    assert capstone.small_batch("eigen", rule["up_to_s"]) == rule["per_replica"]  # the bound included
+    for kernels, budget in (("eigen", 120.0), ("eigen", None), ("onednn-bf16", 60.0), ("onednn-fp32", 60.0),
+                            (None, 60.0)):  # a longer budget, --epochs, the faster paths, not a CPU
+        assert capstone.small_batch(kernels, budget) is None, (kernels, budget)
+    course = capstone.RECIPES["course"]
+    batch, why = course.global_batch(None, 4, 1, 45_000, per_replica=(64, "the reason"))
+    assert batch == 256 and why == "64 per replica × 4 replicas (the reason)"
+    # a split too small for one step still halves from there, and says from what
+    batch, why = course.global_batch(None, 4, 1, 230, per_replica=(64, "the reason"))
+    assert batch == 128 and "64 per replica would make one step larger than the 230 training images" in why
+
+
+class _BatchChosen(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kernels, budget, width, expected", [
+    ("eigen", 60.0, None, 64), ("eigen", 120.0, None, 128), ("onednn-bf16", 60.0, None, 128),
+    ("eigen", 60.0, 8, 128)])  # a fixed width: not auto width, the recipe's batch
+def test_the_trainer_trains_auto_width_with_the_small_batch_where_the_rule_says(tmp_path, monkeypatch, capsys,
+                                                                               kernels, budget, width, expected):
+    """The batch is decided before anything is built: stopped at the pipelines, which take it."""
+    monkeypatch.setattr(capstone.trainer._hardware, "kernel_path", lambda *a, **k: (kernels, "as the test says"))
+
+    def pipelines(*args, batch, **kwargs):
+        raise _BatchChosen(batch)
+
+    monkeypatch.setattr(capstone.trainer, "_pipelines", pipelines)
+    opts = capstone.Options(data="synthetic", time_budget=budget, width=width, out=str(tmp_path / "r"),
+                            train_examples=1024, test_examples=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    with pytest.raises(_BatchChosen) as chosen:
+        capstone.train(opts)
+    out = capsys.readouterr().out
+    assert chosen.value.args[0] == expected, out
+    assert (f"Global batch {expected} ({expected} per replica × 1 replica" in out), out
+    assert ("doubles the few updates it buys" in out) == (expected < capstone.COURSE["batch_size"]), out
+
+
 def test_budget_plan_first_estimates_and_what_fits():
     warm = {"train_epoch_s": 5.0, "eval_step_s": 0.1}
     epoch_s, final_s, views = capstone.BudgetPlan.estimates(warm, val_steps=10, test_steps=20, tta=True)

@@ -315,6 +315,14 @@ def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
     claim = _find(capstone_exp.claims(few), "06.course_leads_15_points")
     assert claim.holds is None and f"fewer than the {capstone_exp.LEAD_MIN_UPDATES} updates" in claim.note
     assert "60 s: 62" in claim.note, claim.note  # the updates each budget bought
+    # a halved batch (capstone.small_batch) makes twice the updates of the same images: counted in updates of 128
+    halved = _results_06()
+    halved["sweep"]["course"][60.0].update(steps_per_epoch=62, per_replica_batch=64)  # 1,240 updates of 64: 620
+    assert capstone_exp.updates_of_128(halved["sweep"]["course"][60.0]) == 620
+    assert _find(capstone_exp.claims(halved), "06.course_leads_15_points").holds is True
+    halved["sweep"]["course"][60.0]["epochs"] = 12  # 744 updates of 64: 372 of 128, below the threshold
+    claim = _find(capstone_exp.claims(halved), "06.course_leads_15_points")
+    assert claim.holds is None and "60 s: 372" in claim.note, claim.note
     slow = _results_06()  # the run's own budget bought too few updates for the 10-point claim: not measured to hold
     slow["summary"]["course"]["epochs"] = 5
     slow["summary"]["course"]["test_accuracy"] = 0.55

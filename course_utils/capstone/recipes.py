@@ -35,8 +35,9 @@ RECIPE_TABLE = [
                "not per image)", "lesson": "04", "source": "data.build_pipeline(batch_augment_fn=data.augment_batch)"},
     {"choice": "random crop (pad 4) + horizontal flip, each image its own; per-channel normalization", "lesson": "04",
      "source": "data.augment_batch; Page"},
-    {"choice": "a batch of 128 per replica: the global batch is 128 × replicas", "lesson": "08",
-     "source": "lesson 08 §6; capstone.Recipe.global_batch"},
+    {"choice": "a batch of 128 per replica: the global batch is 128 × replicas (auto width on TensorFlow's own CPU "
+               "kernels with a budget of 90 s or less: 64, twice the few updates such a budget buys)", "lesson": "08",
+     "source": "lesson 08 §6; capstone.Recipe.global_batch, capstone.small_batch"},
     {"choice": "SGD, Nesterov momentum 0.9, decoupled weight decay", "lesson": "capstone",
      "source": "Page; Loshchilov & Hutter 2019 (decoupled weight decay)"},
     {"choice": "label smoothing 0.2", "lesson": "capstone", "source": "Szegedy et al. 2016; airbench"},
@@ -81,24 +82,28 @@ class Recipe:
         return o
 
     def global_batch(self, asked: int | None, replicas: int, accumulate: int = 1,
-                     train_images: int | None = None) -> tuple[int, str]:
+                     train_images: int | None = None, per_replica: tuple[int, str] | None = None) -> tuple[int, str]:
         """``(global batch per update, why)``. ``asked`` (``--batch-size``) is the global batch as given. Else the
         baseline keeps its global batch (the tutorial's, on any number of replicas), and the course recipe gives
         each replica :attr:`batch_size` (128) — so the global batch, and with it the peak learning rate
         (:func:`peak_learning_rate`), grows with the replicas: 128 on one, 1,024 on a v5e-8 (lesson 08 §6). Only
         where that global batch is larger than ``train_images`` (an epoch would have no whole step) is the
-        per-replica batch halved until one step fits, and the reason says so."""
+        per-replica batch halved until one step fits, and the reason says so. ``per_replica``: ``(images, why)`` in
+        place of :attr:`batch_size` (auto width's :func:`~course_utils.capstone.plan.small_batch`)."""
         if asked is not None:
             return asked, "--batch-size"
         if not self.per_replica_batch:
             return self.batch_size, f"the {self.name} recipe's, on any number of replicas"
-        per = self.batch_size
+        first, per_why = per_replica or (self.batch_size, "")
+        per = first
         while (train_images is not None and per * replicas > train_images and per % 2 == 0
                and (per // 2) % accumulate == 0):
             per //= 2
         why = f"{per} per replica × {replicas} replica{'s' if replicas != 1 else ''}"
-        if per != self.batch_size:
-            why += (f" ({self.batch_size} per replica would make one step larger than the {train_images} training "
+        if per_why:
+            why += f" ({per_why})"
+        if per != first:
+            why += (f" ({first} per replica would make one step larger than the {train_images} training "
                     "images)")
         return per * replicas, why
 

@@ -17,7 +17,7 @@ from .checks import CourseSettings, validate
 from .models import whitening_kernel
 from .options import COURSE, LOCK, MAX_EPOCHS, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
-                   TTA_VIEWS, WARM_UP_PER_START_UP, FINAL_EVAL_SHARE, start_width,
+                   TTA_VIEWS, WARM_UP_PER_START_UP, FINAL_EVAL_SHARE, start_width, small_batch,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
                    validation_size)
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
@@ -345,8 +345,17 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
 
     tf.get_logger().setLevel("ERROR")
     strategy, replicas = _fit_strategy(rt), rt.strategy.num_replicas_in_sync
-    # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here)
-    batch, batch_why = recipe.global_batch(o.batch_size, replicas, o.accumulate, len(splits.train[0]))
+    kernels = _hardware.kernel_path() if rt.kind == "CPU" else None  # which CPU kernels run here, and why
+    auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
+    # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here; auto width
+    # on a slow kernel path with a short budget: plan.small_batch)
+    small = small_batch(kernels[0] if kernels else None, o.time_budget) if auto_width and recipe.per_replica_batch \
+        else None
+    per_replica = None
+    if small and small % o.accumulate == 0:
+        per_replica = (small, f"auto width on CPU kernels {kernels[0]} with a {o.time_budget:g} s budget: "
+                              f"{small} rather than {recipe.batch_size} doubles the few updates it buys")
+    batch, batch_why = recipe.global_batch(o.batch_size, replicas, o.accumulate, len(splits.train[0]), per_replica)
     if state is not None:
         check_same_batch(state.plan, batch, batch_why, o.out)
     if batch % (replicas * o.accumulate):
@@ -383,7 +392,6 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         runtime_line += ("; the trainer fits under TensorFlow's default strategy on this one device (lesson 06 §2: no "
                          "wait for the last epoch's iterator)")
     say(runtime_line)
-    kernels = _hardware.kernel_path() if rt.kind == "CPU" else None  # which CPU kernels run here, and why
     if kernels:
         say(_hardware.kernel_path_line())
     micro = batch // replicas // o.accumulate
@@ -402,7 +410,6 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
 
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
-    auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
     start = start_width(kernels[0] if kernels else None, AUTO_WIDTH) if auto_width else COURSE["width"]
     width = state.plan.width if state else (o.width or min(start, settings.max_width))
     net, model, schedule, peak = build(width)

@@ -136,9 +136,10 @@ def budget_sweep(budgets, out: str, done: dict | None = None, data: str | None =
 # on the test split: lesson 06 §1); each run read the test split once, at its end, and nothing read there chose
 # anything. Three runs per cell (600 s: one; the lesson quotes their median), each a fresh
 # `python -m course_utils.capstone --data npz:FILE --recipe R --time-budget B` on one core (taskset) or two
-# (measurements/2026-11-28-capstone-kernel-paths/sweep.py). DEV_SWEEP_UPDATES: the course's updates (epochs × steps)
-# in each cell, the median of its runs. 120 and 600 s: 2026-12-01; 60 s: 2026-12-02, with the trainer that starts
-# training at once where start-up leaves no room for a warm-up (the machine ran 20-25% fewer images/s that day).
+# (measurements/2026-11-28-capstone-kernel-paths/sweep.py). DEV_SWEEP_UPDATES: the course's updates of 128 images
+# (updates_of_128) in each cell, the median of its runs. 120 and 600 s: 2026-12-01; 60 s: 2026-12-02, with the trainer
+# that starts training at once where start-up leaves no room for a warm-up (the machine ran 20-25% fewer images/s that
+# day); Eigen's 60 s cells again later that day, with 64 per replica there (capstone.small_batch), both recipes.
 DEV_SWEEP_MACHINE = "2-core AMD EPYC VM (KVM, family 26), AVX-512 bfloat16, no AMX, TensorFlow 2.20.0, December 2026"
 DEV_SWEEP = {
     "onednn-bf16": {
@@ -154,16 +155,16 @@ DEV_SWEEP = {
             "course": {60: [69.1, 71.1, 72.1], 120: [76.2, 76.2, 76.6]}},
     },
     "eigen": {
-        2: {"baseline": {60: [51.0, 52.3, 50.3], 120: [51.1, 51.2, 50.9]},
-            "course": {60: [69.2, 64.4, 66.0], 120: [78.8, 78.3, 75.4]}},
-        1: {"baseline": {60: [51.2, 53.2, 50.1], 120: [52.3, 51.9, 52.3]},
-            "course": {60: [60.6, 61.6, 63.8], 120: [71.3, 69.8, 69.1]}},
+        2: {"baseline": {60: [51.1, 51.4, 51.7], 120: [51.1, 51.2, 50.9]},
+            "course": {60: [68.6, 68.4, 67.5], 120: [78.8, 78.3, 75.4]}},
+        1: {"baseline": {60: [50.1, 53.2, 53.2], 120: [52.3, 51.9, 52.3]},
+            "course": {60: [66.1, 61.1, 63.8], 120: [71.3, 69.8, 69.1]}},
     },
 }
 DEV_SWEEP_UPDATES = {
     "onednn-bf16": {2: {60: 616, 120: 1204, 600: 2324}, 1: {60: 728, 120: 1008}},
     "onednn-fp32": {2: {60: 560, 120: 756}, 1: {60: 532, 120: 1204}},
-    "eigen": {2: {60: 616, 120: 1344}, 1: {60: 420, 120: 1092}},
+    "eigen": {2: {60: 712, 120: 1344}, 1: {60: 456, 120: 1092}},
 }
 
 
@@ -350,14 +351,24 @@ def _ended_on_budget(summary: dict, budget: float, epoch_s: float) -> bool:
     return budget - epoch_s - _early_margin(summary) <= summary["wall_time_s"] <= budget + epoch_s
 
 
-# The lead claims hold where the budget buys the course's ResNet this many updates (epochs × steps), between the most
+# The lead claims hold where the budget buys the course's ResNet this many updates of 128 images per replica
+# (updates_of_128: the training bought, whatever the batch), between the most
 # where the lead was measured short of them and the fewest where it held (test split, medians of 3 at 60 s; the
 # recipe's choices made on the validation split). On a 2-core AVX2 AMD EPYC (2026-11-28): TensorFlow's own kernels
 # bought 140 updates on one core and 224-252 on two and led by -1.1 and +2.5 points, oneDNN in float32 280-308 and
 # 364-420, +8.2 and +9.6 (measurements/2026-11-28-capstone-kernel-paths). On DEV_SWEEP's machine every cell with
 # 532 updates or more led by 15 or more (oneDNN in float32, one core, 60 s: 532, +18.2); Eigen on one core at 60 s
-# bought 420 on 2026-12-02 and led by +10.4 (532 and +15.3 the day before).
+# bought 420 on 2026-12-02 and led by +10.4 (532 and +15.3 the day before), and 456 of 128 (912 of 64) with the
+# halved batch later that day, +10.6.
 LEAD_MIN_UPDATES = 500
+
+
+def updates_of_128(summary: dict) -> int:
+    """A course run's training counted in updates of the recipe's 128 images per replica (epochs × steps × its
+    per-replica batch / 128): its updates where it trained 128 per replica, half of them where auto width halved the
+    batch (capstone.small_batch) — the same images seen, so the same training bought, whatever the batch."""
+    per = summary.get("per_replica_batch") or capstone.COURSE["batch_size"]  # (a summary from before it was kept)
+    return round(summary["epochs"] * summary["steps_per_epoch"] * per / capstone.COURSE["batch_size"])
 BEATS_POINTS, LEAD_POINTS = 10, 15  # the course recipe's lead over the tutorial's, in points: one budget; every budget
 LEARNED = 0.30  # test accuracy that says a network learned (chance: 10%)
 
@@ -416,10 +427,11 @@ def claims(r: dict) -> list:
     real_images = r["data"] != "synthetic"
     sweep = r["sweep"]
     leads = sweep_leads(sweep)
-    sweep_updates = {b: s["epochs"] * s["steps_per_epoch"] for b, s in sweep["course"].items()}
+    sweep_updates = {b: updates_of_128(s) for b, s in sweep["course"].items()}
     sweep_learned = all(n >= LEAD_MIN_UPDATES for n in sweep_updates.values())
-    updates = {recipe: s["epochs"] * s["steps_per_epoch"] for recipe, s in summary.items()}
-    few_updates = (f"the ResNet's updates in this budget: {updates['course']}, fewer than the {LEAD_MIN_UPDATES} where the "
+    updates = {"baseline": base["epochs"] * base["steps_per_epoch"], "course": updates_of_128(course)}
+    few_updates = (f"the ResNet's updates (of 128 images) in this budget: {updates['course']}, fewer than the "
+                   f"{LEAD_MIN_UPDATES} where the "
                    "lead was measured to hold (a slow machine, TensorFlow's own kernels, a short budget: §2 gives "
                    "the leads measured there); longer budgets test it")
     learned = course["test_accuracy_no_tta"] > 0.30
@@ -452,7 +464,7 @@ def claims(r: dict) -> list:
                      all(lead >= LEAD_POINTS for lead in leads.values()) if real_images and sweep_learned else None,
                      ("" if sweep_learned else
                       "a budget of the sweep bought the ResNet fewer than the "
-                      f"{LEAD_MIN_UPDATES} updates where the lead was measured to hold "
+                      f"{LEAD_MIN_UPDATES} updates of 128 images where the lead was measured to hold "
                       f"({', '.join(f'{b:g} s: {n}' for b, n in sweep_updates.items())}; smoke mode's seconds, a slow "
                       "machine, TensorFlow's own kernels): longer budgets test it") if real_images else
                      "synthetic images: run with COURSE_DATA=tfds or npz:PATH to test it (the figure of §2 shows "
@@ -462,7 +474,7 @@ def claims(r: dict) -> list:
                      "" if updates["baseline"] >= 100 else ("this budget bought fewer than 100 updates (smoke mode's "
                                                            "seconds, or a slow machine): a longer --time-budget tests "
                                                            "it")),
-        CLAIMS.judge("06.resnet_learns", f"{course['test_accuracy']:.1%} after {updates['course']} updates",
+        CLAIMS.judge("06.resnet_learns", f"{course['test_accuracy']:.1%} after {updates['course']} updates of 128",
                      course["test_accuracy"] > LEARNED if updates["course"] >= 300 else None,
                      "" if updates["course"] >= 300 else ("this budget bought fewer than 300 updates (smoke mode's "
                                                          "seconds, or a slow machine): a longer --time-budget tests "

@@ -182,15 +182,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 UNIT_TEST_NICENESS = 5  # under xdist, a worker running unit tests yields this much to the one running notebooks
 # Notebooks that have the machine to themselves: while one runs, the workers running unit tests wait between tests,
-# so its time is its own against its budget (the budgets are a notebook's time on 2 cores, as a learner's Run all).
-# A lesson's manifest says it (`all_cores`, true unless set false, in course_utils/lessons/<name>/lesson.toml); every
-# lesson's is true. On a 2-vCPU VM the two "cores" may be one physical core's two hyperthreads: a unit test on the
-# other one slows a notebook whatever its priority (2-core AVX2 VM: lesson 05 took 74 s alone, 92-106 s beside the
-# unit tests, lesson 07 92-96 s alone and 117-133 s beside them, at niceness 5 and at 15 alike). Lessons 01, 02, 03
-# and 08 ran beside them until CI's run of 331215b: 28.7, 33.7, 25.4 and 59.2 s there, 22.2, 24.2, 18.2 and 49.2 s
-# alone (nbclient) on a machine of its kind; that run's notebooks took 484 s of their 480. COURSE_ALL_CORES_NOTEBOOKS
-# (file names, comma-separated) replaces the list. The wait ends after ALL_CORES_WAIT_S in all (the notebooks' total
-# budget and a margin), whatever the flag says.
+# so its time is its own. A lesson's manifest says it (`all_cores`, false unless set true, in
+# course_utils/lessons/<name>/lesson.toml): lesson 04 sets it, whose claims time tf.data pipelines on every core. The
+# others run beside the unit tests: a notebook keeps about one core busy (190 s of its 380 core-seconds idle while the
+# eight ran alone here), and they took 207 s beside them against 221 s with all eight waited for, the README's
+# pytest 7.3 minutes instead of 9.0 (2-vCPU AMD EPYC VM, 2026-12-02). On a 2-vCPU VM the two "cores" may be one
+# physical core's two hyperthreads, where a test beside a notebook slows it whatever its priority (a 2-core AVX2 VM,
+# 2026-11: lesson 05 took 74 s alone, 92-106 s beside the unit tests); the budgets (90 s each, 480 in all) leave more
+# than twice that room now. COURSE_ALL_CORES_NOTEBOOKS (file names, comma-separated) replaces the list. The wait ends
+# after ALL_CORES_WAIT_S in all (the notebooks' total budget and a margin), whatever the flag says.
 ALL_CORES_NOTEBOOKS = tuple(pathlib.Path(lesson.notebook).name for lesson in _LESSONS if lesson.all_cores)
 ALL_CORES_WAIT_S = 600.0
 _ALL_CORES_FLAG = _SHARED_DIR / ".a-notebook-uses-every-core"
@@ -202,6 +202,20 @@ _waited_s = 0.0
 def _all_cores_notebooks() -> set[str]:
     names = os.environ.get("COURSE_ALL_CORES_NOTEBOOKS")
     return set(ALL_CORES_NOTEBOOKS) if names is None else {n.strip() for n in names.split(",") if n.strip()}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """The notebooks of :data:`ALL_CORES_NOTEBOOKS` first, each in its own order: the unit tests wait only at the
+    start of the run, before any has begun, so none that started beside an earlier notebook is still running when
+    such a notebook's timings start (lesson 04 read its input-bound check wrong beside a 26 s test that had begun
+    during lesson 03). The rest keep their order (a stable sort, the same in every pytest-xdist worker)."""
+    every_core = _all_cores_notebooks()
+
+    def first(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return 0 if path.endswith(".ipynb") and pathlib.PurePath(path).name in every_core else 1
+
+    items.sort(key=first)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

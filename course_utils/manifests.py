@@ -34,7 +34,7 @@ class Lesson:
     cost: int = 1
     smoke_cost: int = 1
     xla_notebook: bool = False  # `pytest -m xla` runs its notebook with COURSE_JIT=1
-    all_cores: bool = True  # the unit tests wait while its notebook runs (conftest): its budget is its own time
+    all_cores: bool = False  # true: the unit tests wait while its notebook runs (conftest), for timings on every core
     ci_shapes: tuple[str, ...] = ()  # the stand-in shapes .ci/run proves it in
     # its own sizes, (name, full, smoke) each: config.get().sizes.<name> in the mode the process runs in
     sizes: tuple[tuple[str, object, object], ...] = ()

@@ -122,3 +122,22 @@ def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_
     assert len(notebooks) == 1, workers  # every cell of both notebooks on one worker
     assert re.search(r"FAILED b(\.|::)ipynb::Cell 2", proc.stdout) and "1 failed" in proc.stdout, proc.stdout[-3000:]
     assert "- 07.a_claim: expected > 1, measured 0.5 (a reason)" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_notebooks_that_use_every_core_run_first_and_the_rest_keep_their_order(monkeypatch):
+    """Unit tests wait only while no test has begun beside an earlier notebook: the all-cores notebooks first."""
+    import types
+
+    import conftest
+
+    monkeypatch.setenv("COURSE_ALL_CORES_NOTEBOOKS", "04_b.ipynb")
+    ids = ["tests/test_a.py::test_1", "notebooks/01_a.ipynb::Cell 0", "notebooks/01_a.ipynb::Cell 1",
+           "notebooks/04_b.ipynb::Cell 0", "notebooks/04_b.ipynb::Cell 1", "tests/test_z.py::test_2",
+           "notebooks/05_c.ipynb::Cell 0"]
+    items = [types.SimpleNamespace(nodeid=i) for i in ids]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [ids[3], ids[4], ids[0], ids[1], ids[2], ids[5], ids[6]]
+    monkeypatch.setenv("COURSE_ALL_CORES_NOTEBOOKS", "")  # none: the order as collected
+    items = [types.SimpleNamespace(nodeid=i) for i in ids]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == ids

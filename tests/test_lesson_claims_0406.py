@@ -328,6 +328,9 @@ def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
     slow["summary"]["course"]["test_accuracy"] = 0.55
     beats = _find(capstone_exp.claims(slow), "06.course_beats_tutorial")
     assert beats.holds is None and f"fewer than the {capstone_exp.LEAD_MIN_UPDATES} where the lead was measured to hold" in beats.note
+    slow["summary"]["course"].update(per_replica_batch=64, steps_per_epoch=62)  # 310 of 64: 155 of 128
+    beats = _find(capstone_exp.claims(slow), "06.course_beats_tutorial")
+    assert beats.holds is None and "in this budget: 155 (310 of 64), fewer than the" in beats.note, beats.note
 
 
 def test_lesson_06_reference_sweep_is_what_the_readme_and_the_lesson_quote():

@@ -430,7 +430,9 @@ def claims(r: dict) -> list:
     sweep_updates = {b: updates_of_128(s) for b, s in sweep["course"].items()}
     sweep_learned = all(n >= LEAD_MIN_UPDATES for n in sweep_updates.values())
     updates = {"baseline": base["epochs"] * base["steps_per_epoch"], "course": updates_of_128(course)}
-    few_updates = (f"the ResNet's updates (of 128 images) in this budget: {updates['course']}, fewer than the "
+    per = course.get("per_replica_batch") or capstone.COURSE["batch_size"]
+    raw = "" if per == capstone.COURSE["batch_size"] else f" ({course['epochs'] * course['steps_per_epoch']} of {per})"
+    few_updates = (f"the ResNet's updates (of 128 images) in this budget: {updates['course']}{raw}, fewer than the "
                    f"{LEAD_MIN_UPDATES} where the "
                    "lead was measured to hold (a slow machine, TensorFlow's own kernels, a short budget: §2 gives "
                    "the leads measured there); longer budgets test it")

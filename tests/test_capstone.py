@@ -1397,6 +1397,124 @@ def test_the_trainer_trains_auto_width_with_the_small_batch_where_the_rule_says(
     assert ("doubles the few updates it buys" in out) == (expected < capstone.COURSE["batch_size"]), out
 
 
+def test_the_s2d_stem_runs_the_first_layers_at_16x16_with_the_same_weights():
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 255, (16, 32, 32, 3)).astype("float32")
+    mean, var = x.reshape(-1, 3).mean(0), x.reshape(-1, 3).var(0)
+    kernel = capstone.whitening_kernel(x, mean, var)
+
+    def sizes(net):  # the spatial size of every convolution's output, in order
+        return [layer.output.shape[1] for layer in net.layers if isinstance(layer, keras.layers.Conv2D)]
+
+    for whiten in (kernel, None):
+        full = capstone.resnet9(4, mean=mean, variance=var, whiten=whiten)
+        s2d = capstone.resnet9(4, mean=mean, variance=var, whiten=whiten, stem="s2d")
+        assert [w.shape for w in full.weights] == [w.shape for w in s2d.weights]  # the same parameters
+        assert max(sizes(full)) == 32 and max(sizes(s2d)) == 16  # no layer left at 32×32
+        # from layer1's residual on, the same sizes: the stem's stride replaces layer1's max-pool
+        n = 2 + (whiten is not None)
+        assert sizes(full)[n:] == sizes(s2d)[n:] and s2d.output.shape == full.output.shape
+    # the whitening convolution takes each 2×2 patch once: its responses, at every other pixel
+    s2d = capstone.resnet9(4, mean=mean, variance=var, whiten=kernel, stem="s2d")
+    z = (x - mean) / np.sqrt(var)
+    patches = z.reshape(16, 16, 2, 16, 2, 3).transpose(0, 1, 3, 2, 4, 5).reshape(16, 16, 16, 12)  # (row, col, ch)
+    white = keras.Model(s2d.input, s2d.get_layer("whiten").output)
+    assert np.allclose(white.predict(x, verbose=0), patches @ kernel.reshape(12, 12), atol=1e-3)
+    assert capstone.resnet9_macs(4, "s2d") < capstone.resnet9_macs(4)
+    with pytest.raises(ValueError, match="stem must be one of full, s2d, got 'half'"):
+        capstone.resnet9(4, stem="half")
+
+
+@pytest.mark.parametrize("stem", capstone.STEMS)
+@pytest.mark.parametrize("width", [4, 16])
+def test_resnet9_macs_counts_each_stems_convolutions(width, stem):
+    import keras
+
+    net = capstone.resnet9(width, stem=stem)
+    counted = sum(layer.output.shape[1] * layer.output.shape[2] * int(np.prod(layer.kernel.shape))
+                  for layer in net.layers if isinstance(layer, keras.layers.Conv2D))
+    assert capstone.resnet9_macs(width, stem) == counted
+
+
+def test_the_plan_names_the_s2d_stem_only_where_the_narrowest_network_fits_few_epochs():
+    narrowest, few = min(capstone.AUTO_WIDTH["widths"]), capstone.FEW_EPOCHS
+    hint = capstone.stem_hint(narrowest, few - 1, "full")
+    assert hint.startswith(f"only {few - 1} epochs of the narrowest network fit: --stem s2d") and "§2" in hint
+    assert capstone.stem_hint(narrowest, 1, "full").startswith("only 1 epoch of")
+    assert capstone.stem_hint(narrowest, few, "full") is None  # the bound: fewer than FEW_EPOCHS
+    assert capstone.stem_hint(narrowest, 3, "s2d") is None  # already taken
+    assert capstone.stem_hint(sorted(capstone.AUTO_WIDTH["widths"])[1], 3, "full") is None  # a wider one fits: wider
+
+
+class _StemChosen(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kernels, asked", [("eigen", None), ("onednn-bf16", None), ("onednn-bf16", "s2d"),
+                                           ("eigen", "s2d"), ("eigen", "full")])
+def test_the_trainer_builds_the_stem_stem_says_and_the_full_one_without(tmp_path, monkeypatch, capsys, kernels, asked):
+    """The stem is decided before the network is built: stopped where the recipe builds it."""
+    monkeypatch.setattr(capstone.trainer._hardware, "kernel_path", lambda *a, **k: (kernels, "as the test says"))
+    course = capstone.RECIPES["course"]
+
+    def model(width, mean, variance, whiten=None, stem="full"):
+        raise _StemChosen(stem)
+
+    monkeypatch.setattr(course, "model", model)
+    opts = capstone.Options(data="synthetic", time_budget=60.0, out=str(tmp_path / "r"), stem=asked,
+                            train_examples=1024, test_examples=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    with pytest.raises(_StemChosen) as chosen:
+        capstone.train(opts)
+    out = capsys.readouterr().out
+    assert chosen.value.args[0] == (asked or "full"), out
+    assert ("Stem s2d: prep and layer1's first convolution at 16×16 from 2×2 patches (--stem)" in out) == (
+        asked == "s2d"), out
+
+
+def test_a_budget_that_fits_few_epochs_of_the_narrowest_network_names_the_s2d_stem(tmp_path, monkeypatch, capsys):
+    """Both plans (after a warm-up, and from the first epoch's steps) print the hint where few epochs fit."""
+    monkeypatch.setattr(capstone.trainer, "stem_hint", lambda width, epochs, stem: f"HINT {width} {epochs} {stem}")
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a, **k: True)
+    opts = capstone.Options(data="synthetic", time_budget=4.0, out=str(tmp_path / "w"), train_examples=256,
+                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    capstone.train(opts)
+    out = capsys.readouterr().out
+    assert re.search(r"^Budget 4 s: HINT \d+ \d+ full$", out, re.M), out
+    monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a, **k: False)  # no warm-up: the first epoch plans
+    capstone.train(dataclasses.replace(opts, out=str(tmp_path / "f")))
+    out = capsys.readouterr().out
+    assert re.search(r"→ \d+ epochs?; HINT \d+ \d+ full\)$", out, re.M), out
+    # a fixed width has no narrower network to be told of
+    capstone.train(dataclasses.replace(opts, out=str(tmp_path / "x"), width=4))
+    assert "HINT" not in capsys.readouterr().out
+
+
+def test_the_stem_is_kept_in_the_plan_and_the_summary_and_resume_keeps_it(tmp_path):
+    out = tmp_path / "s"
+    opts = capstone.Options(data="synthetic", epochs=1, out=str(out), width=4, stem="s2d", train_examples=256,
+                            test_examples=64, batch_size=64, verbose=-1, **_ONE_REPLICA_NO_XLA)
+    result = capstone.train(opts)
+    assert result.summary["stem"] == "s2d" and result.summary["stem_why"] == "--stem"
+    assert read(out / "plan.json")["stem"] == "s2d"
+    assert result.model.get_layer("whiten").output.shape[1] == 16
+    (out / "summary.json").unlink()  # as if interrupted after its plan was written
+    with pytest.raises(capstone.OptionsError, match="was started with --stem s2d, not full"):
+        capstone.train(dataclasses.replace(opts, stem="full", resume=True))
+    # a plan from before the stem was kept: the full stem, the only one then
+    plan = {k: v for k, v in read(out / "plan.json").items() if k != "stem"}
+    assert capstone.BudgetPlan.from_dict(plan).stem == "full"
+    with pytest.raises(ValueError, match="stem is 'half', not one of"):
+        capstone.BudgetPlan.from_dict({**plan, "stem": "half"})
+    baseline = capstone.train(capstone.Options(recipe="baseline", data="synthetic", epochs=1, out=str(tmp_path / "b"),
+                                               train_examples=256, test_examples=64, verbose=-1, **_ONE_REPLICA_NO_XLA))
+    assert baseline.summary["stem"] is None  # the tutorial's CNN has no stem to choose
+    assert capstone.parse_args(["--stem", "s2d", "--epochs", "1", "--out", str(tmp_path / "cli")]).stem == "s2d"
+    with pytest.raises(capstone.OptionsError, match="unknown stem 'half'; use one of full, s2d"):
+        capstone.parse_args(["--stem", "half", "--epochs", "1", "--out", str(tmp_path / "cli2")])
+
+
 def test_budget_plan_first_estimates_and_what_fits():
     warm = {"train_epoch_s": 5.0, "eval_step_s": 0.1}
     epoch_s, final_s, views = capstone.BudgetPlan.estimates(warm, val_steps=10, test_steps=20, tta=True)

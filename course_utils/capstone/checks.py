@@ -8,7 +8,7 @@ import math
 import os
 
 from .options import (MAX_BATCH, MAX_BUDGET_S, MAX_EPOCHS, MAX_SEED, MAX_STEPS_PER_EXECUTION, MAX_WIDTH, Options,
-                      OptionsError, POLICIES, RunStateError, SCHEDULES, bounded, divisor_below, folder_problem,
+                      OptionsError, POLICIES, RunStateError, SCHEDULES, STEMS, bounded, divisor_below, folder_problem,
                       is_int, out_problem, tensorboard_installed)
 from .recipes import RECIPES
 from .run_folder import earlier_run
@@ -95,6 +95,9 @@ def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettin
     if o.label_smoothing is not None and (isinstance(o.label_smoothing, bool) or not isinstance(
             o.label_smoothing, (int, float)) or not 0 <= o.label_smoothing < 1):
         raise OptionsError(f"--label-smoothing must be in [0, 1), got {o.label_smoothing!r}")
+    if o.stem is not None and o.stem not in STEMS:
+        raise OptionsError(f"unknown stem {o.stem!r}; use one of {', '.join(STEMS)} (or leave it out: full, "
+                           "the course's)")
     if o.width is not None:
         if is_int(o.width) and o.width < 1:
             raise OptionsError(f"--width must be at least 1, got {o.width}")

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no test-time augmentation (mirror and one-pixel shifts)")
     p.add_argument("--no-whiten", dest="whiten", action="store_const", const=False, default=None,
                    help="course: no fixed patch-whitening first convolution (an ablation)")
+    p.add_argument("--stem", default=None, help="course: full (the first layers at 32x32) | s2d (at 16x16, from "
+                   "2x2 patches: about twice the epochs where a budget fits few); default: full")
     p.add_argument("--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
                                                      "a notebook, never into a log or a pipe)")

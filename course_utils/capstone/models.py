@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .options import COURSE
+from .options import COURSE, STEMS
 
 
 def whitening_kernel(x, mean, variance, size: int = 2, eps: float = 5e-4, images: int = 512):
@@ -21,7 +21,7 @@ def whitening_kernel(x, mean, variance, size: int = 2, eps: float = 5e-4, images
     return kernel.reshape(size, size, z.shape[-1], -1).astype(np.float32)
 
 def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, variance=None,
-            logit_scale: float = COURSE["logit_scale"], name: str = "resnet9", whiten=None):
+            logit_scale: float = COURSE["logit_scale"], name: str = "resnet9", whiten=None, stem: str = "full"):
     """A ResNet-9-style network for 32×32 images (Page's DAWNBench net), widths ``w, 2w, 4w, 8w``.
 
     prep: conv-BN-ReLU(w) · layer1: conv-BN-ReLU(2w), max-pool, residual(2 × conv-BN-ReLU) ·
@@ -29,12 +29,23 @@ def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, vari
     dense · ×``logit_scale``. Inputs are pixels 0-255; the first layer normalizes per channel with the
     training split's ``mean``/``variance``. ``whiten``: a :func:`whitening_kernel`, the weights of a fixed
     (untrained) convolution before prep (airbench's first layer). Outputs float32 logits under any policy.
+
+    ``stem="s2d"``: prep and layer1's first convolution run at 16×16 instead of 32×32 — the whitening convolution
+    takes each 2×2 patch once (stride 2: its 12 filters are an invertible map of the patch's 12 values, so nothing is
+    lost; without whitening, prep's convolution strides 2), and layer1 drops its max-pool, so layer1's residual and
+    everything after it see the same sizes as with ``"full"``. The weights have the same shapes either way. It
+    removes the only layers at 32×32, where the channels are fewest and TensorFlow's own CPU kernels slowest
+    (where it pays: :data:`~course_utils.capstone.plan.FEW_EPOCHS`).
     """
     import keras
     from keras import layers
 
-    def cbr(x, filters):
-        x = layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+    if stem not in STEMS:
+        raise ValueError(f"stem must be one of {', '.join(STEMS)}, got {stem!r}")
+    s2d = stem == "s2d"
+
+    def cbr(x, filters, strides=1):
+        x = layers.Conv2D(filters, 3, strides=strides, padding="same", use_bias=False)(x)
         x = layers.BatchNormalization(momentum=0.9)(x)
         return layers.ReLU()(x)
 
@@ -48,12 +59,13 @@ def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, vari
     else:
         x = layers.Rescaling(1 / 255)(inputs)
     if whiten is not None:
-        white = layers.Conv2D(whiten.shape[-1], whiten.shape[0], padding="same", use_bias=False, trainable=False,
-                              name="whiten")
+        white = layers.Conv2D(whiten.shape[-1], whiten.shape[0], strides=whiten.shape[0] if s2d else 1,
+                              padding="valid" if s2d else "same", use_bias=False, trainable=False, name="whiten")
         x = white(x)
         white.set_weights([whiten])
-    x = cbr(x, w)
-    x = residual(layers.MaxPooling2D()(cbr(x, 2 * w)), 2 * w)
+    x = cbr(x, w, strides=2 if s2d and whiten is None else 1)
+    x = cbr(x, 2 * w)
+    x = residual(x if s2d else layers.MaxPooling2D()(x), 2 * w)
     x = layers.MaxPooling2D()(cbr(x, 4 * w))
     x = residual(layers.MaxPooling2D()(cbr(x, 8 * w)), 8 * w)
     x = layers.GlobalMaxPooling2D()(x)

@@ -47,6 +47,7 @@ MAX_BUDGET_S = 7 * 86_400  # a week: no runtime the course targets lives longer 
 
 MAX_BATCH = 65_536
 
+STEMS = ("full", "s2d")  # resnet9's first layers: at 32×32, or at 16×16 from 2×2 patches (models.resnet9)
 MAX_WIDTH = 512  # 8w = 4,096 filters: beyond any memory the course targets
 
 MAX_STEPS_PER_EXECUTION = 10_000
@@ -111,6 +112,7 @@ class Options:
     schedule: str | None = None  # "onecycle" | "constant"
     tta: bool | None = None
     whiten: bool | None = None  # course: a fixed first convolution that whitens 2×2 patches (whitening_kernel)
+    stem: str | None = None  # course: "full" | "s2d" (models.STEMS); None: "full" (a resumed run: its plan's)
     ema: bool | None = None
     verbose: int = 1  # 1: progress bar + a line per epoch; 0: the line per epoch; -1: silent
 

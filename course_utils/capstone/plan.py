@@ -7,7 +7,7 @@ import dataclasses
 import math
 from typing import Any, Callable, ClassVar
 
-from .options import COURSE, MAX_SCHEDULE_STEPS, is_int
+from .options import COURSE, MAX_SCHEDULE_STEPS, STEMS, is_int
 
 
 # Auto width (the course recipe with a time budget and no --width): the widest base width in `widths` that the
@@ -47,6 +47,26 @@ def small_batch(kernels: str | None, budget_s: float | None, rule: dict = SMALL_
     recipe's own)."""
     if kernels in rule["kernels"] and budget_s is not None and budget_s <= rule["up_to_s"]:
         return rule["per_replica"]
+    return None
+
+# Where a budget fits fewer than `FEW_EPOCHS` epochs of auto width's narrowest network, the plan's line says so and
+# names `--stem s2d` (models.resnet9: prep and layer1's first convolution at 16×16 from 2×2 patches). A train step on
+# TensorFlow's own kernels (one core, width 4, 64 per replica): 111 ms with the full stem, 54 with s2d, 80 for the
+# tutorial's CNN. On the dev images' validation split, Eigen, 60 s (2026-12-02): on a 2-core AVX2 EPYC, where the full
+# stem fit 6-9 epochs, s2d trained 13-17 and read 2 to 4 points higher (two runs each); on the 2-core AVX-512 EPYC,
+# where it fit 11-20, s2d trained 19-29 and read lower, medians of 3: 60.4 vs 62.4 on one core, 62.2 vs 62.7 on two;
+# on the AVX2 EPYC at 120 s (15-23 epochs) it tied or lost. Twice the epochs pay only where there are very few, and a
+# run learns how few only from its first epoch, too late to rebuild the network within a minute: so it is a hint,
+# not a choice the trainer makes
+FEW_EPOCHS = 10
+
+def stem_hint(width: int, epochs: int, stem: str, rule: dict = AUTO_WIDTH, few: int = FEW_EPOCHS) -> str | None:
+    """The plan line's hint for auto width's ``width`` planned for ``epochs`` with ``stem``: ``--stem s2d`` where
+    the narrowest of ``rule["widths"]`` fits fewer than ``few`` epochs with the full stem, else None."""
+    if stem == "full" and width == min(rule["widths"]) and epochs < few:
+        return (f"only {epochs} epoch{'s' * (epochs != 1)} of the narrowest network fit: --stem s2d runs its first "
+                "layers at 16×16 and trains about twice as many, which read 2-4 validation points higher where 6-9 "
+                "fit (lesson 06 §2)")
     return None
 
 # When the chosen width is timed too and its epoch is off the prediction by more than this factor (either way), the
@@ -107,10 +127,14 @@ MAX_VALIDATION = 5_000
 
 VALIDATION_SEED = 20_240_101
 
-def resnet9_macs(width: int) -> int:
+def resnet9_macs(width: int, stem: str = "full") -> int:
     """Multiply-accumulates of :func:`resnet9`'s convolutions per 32×32 image: 9·(3·1024·w + 10,240·w²) (width 8:
     6.1 M, 16: 24 M, 64: 380 M); the whitening convolution adds about 9·9·1024·w + 0.15 M (width 8: +0.8 M), left
-    out: the width choice needs the growth, not the count."""
+    out: the width choice needs the growth, not the count. ``stem="s2d"``: 9·(3·256·w + 8,704·w²) (layer1's first
+    convolution and prep, without whitening, at 16×16). The width choice grows epochs by the full stem's count: from
+    width 4 to 64 the s2d count grows 5% more, within what the re-choice from a second timed width corrects."""
+    if stem == "s2d":
+        return 9 * (3 * 256 * width + 8_704 * width * width)
     return 9 * (3 * 1024 * width + 10_240 * width * width)
 
 def predicted_epoch_s(epoch_s: float, width: int, at: int, fixed_share: float = AUTO_WIDTH["fixed_share"]) -> float:
@@ -239,6 +263,7 @@ class BudgetPlan:
     width_trials: list | None = None  # [width, epoch_s, epochs] per width the warm-up tried
     final_view_s: float | None = None  # one view of the test split, timed after the first epoch (None: not yet)
     tta_views: int = TTA_VIEWS  # the final evaluation's test-time views (1: none; sized to the budget)
+    stem: str = "full"  # the network's stem (models.STEMS; plans from before it was kept: "full", the only one then)
 
     @staticmethod
     def warmup_for(epochs: int, steps_per_epoch: int) -> int:
@@ -401,6 +426,8 @@ class BudgetPlan:
         if not is_int(plan.warmup_steps) or not 0 <= plan.warmup_steps <= plan.epochs * plan.steps_per_epoch:
             raise ValueError(f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
                              f"{plan.epochs * plan.steps_per_epoch} steps")
+        if plan.stem not in STEMS:
+            raise ValueError(f"stem is {plan.stem!r}, not one of {STEMS}")
         if plan.tta_views not in TTA_CHOICES or isinstance(plan.tta_views, bool):
             raise ValueError(f"tta_views is {plan.tta_views!r}, not one of {TTA_CHOICES}")
         if plan.warm_up is not None and not isinstance(plan.warm_up, dict):

@@ -29,6 +29,9 @@ RECIPE_TABLE = [
     {"choice": "a fixed first convolution that whitens 2×2 patches (its filters computed once from the training "
                "images; learning starts faster)", "lesson": "capstone",
      "source": "airbench (K. Jordan 2024); capstone.whitening_kernel"},
+    {"choice": "optional --stem s2d: the first layers at 16×16 from 2×2 patches, about twice the epochs; the plan "
+               "names it where a budget fits fewer than 10 epochs of the narrowest network", "lesson": "capstone",
+     "source": "capstone.resnet9(stem=...), capstone.stem_hint; lesson 06 §2"},
     {"choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
      "lesson": "03", "source": "hardware.recommended_policy"},
     {"choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
@@ -116,7 +119,8 @@ class Recipe:
     def learning_rate_rule(self) -> str:  # pragma: no cover - how peak_learning_rate scales, in words
         raise NotImplementedError
 
-    def model(self, width: int, mean, variance, whiten=None):  # pragma: no cover - whiten: a whitening_kernel
+    def model(self, width: int, mean, variance, whiten=None, stem: str = "full"):  # pragma: no cover - whiten: a
+        # whitening_kernel; stem: models.STEMS
         raise NotImplementedError
 
     def optimizer(self, schedule, ema: bool):  # pragma: no cover
@@ -142,8 +146,8 @@ class _Course(Recipe):
     def learning_rate_rule(self) -> str:
         return f"the linear rule: {COURSE['lr_per_256']:g} per 256 examples per update"
 
-    def model(self, width, mean, variance, whiten=None):
-        return resnet9(width, mean=mean, variance=variance, whiten=whiten)
+    def model(self, width, mean, variance, whiten=None, stem="full"):
+        return resnet9(width, mean=mean, variance=variance, whiten=whiten, stem=stem)
 
     def optimizer(self, schedule, ema):
         import keras
@@ -161,7 +165,7 @@ class _Baseline(Recipe):
     def learning_rate_rule(self) -> str:
         return f"Adam's {BASELINE['learning_rate']:g} at the tutorial's {BASELINE['batch_size']}, linear in the batch"
 
-    def model(self, width, mean, variance, whiten=None):
+    def model(self, width, mean, variance, whiten=None, stem="full"):
         return tutorial_cnn()
 
     def optimizer(self, schedule, ema):

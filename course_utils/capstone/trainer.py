@@ -17,7 +17,7 @@ from .checks import CourseSettings, validate
 from .models import whitening_kernel
 from .options import COURSE, LOCK, MAX_EPOCHS, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
 from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
-                   TTA_VIEWS, WARM_UP_PER_START_UP, FINAL_EVAL_SHARE, start_width, small_batch,
+                   TTA_VIEWS, WARM_UP_PER_START_UP, FINAL_EVAL_SHARE, start_width, small_batch, stem_hint,
                    VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
                    validation_size)
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
@@ -242,7 +242,7 @@ def _eval_batch(batch: int, n: int, replicas: int = 1) -> int:
     return batch
 
 def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits,
-                    *, batch: int, steps_per_execution: int):
+                    *, batch: int, steps_per_execution: int, stem: str = "full"):
     """``(net, model, schedule, peak_lr)``: the recipe's network, the model fit trains (wrapped for --accumulate)
     compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``; ``batch`` and
     ``steps_per_execution``: the values the run derived (the peak learning rate follows the global batch)."""
@@ -257,7 +257,8 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
     keras.config.set_dtype_policy(policy)
     try:
         with strategy.scope():
-            net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None)
+            net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None,
+                               stem=stem)
             peak = recipe.peak_learning_rate(batch)
             schedule = BudgetSchedule(peak, o.schedule)
             model = net
@@ -356,6 +357,16 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         per_replica = (small, f"auto width on CPU kernels {kernels[0]} with a {o.time_budget:g} s budget: "
                               f"{small} rather than {recipe.batch_size} doubles the few updates it buys")
     batch, batch_why = recipe.global_batch(o.batch_size, replicas, o.accumulate, len(splits.train[0]), per_replica)
+    # The network's stem (models.STEMS): --stem, else the full one; a resumed run keeps the one it started with
+    if state is not None:
+        stem, stem_why = state.plan.stem, "the run's plan (resumed)"
+        if o.stem is not None and o.stem != stem:
+            raise OptionsError(f"--resume: {o.out} was started with --stem {stem}, not {o.stem}; resume with the "
+                               "same options or use another --out")
+    elif o.stem is not None:
+        stem, stem_why = o.stem, "--stem"
+    else:
+        stem, stem_why = "full", "the course's"
     if state is not None:
         check_same_batch(state.plan, batch, batch_why, o.out)
     if batch % (replicas * o.accumulate):
@@ -399,6 +410,8 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     say(f"Global batch {batch} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
         f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {spe} "
         f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
+    if recipe.sized_by_width and stem != "full":
+        say(f"Stem {stem}: prep and layer1's first convolution at 16×16 from 2×2 patches ({stem_why})")
     train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy, batch=batch)
     val_batch = _eval_batch(batch, len(x_val), replicas)
     val_sizes = [min(val_batch, len(x_val) - i) for i in range(0, len(x_val), val_batch)]  # the last may be partial
@@ -406,7 +419,7 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
 
     def build(width: int):
         return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits, batch=batch,
-                               steps_per_execution=spe)
+                               steps_per_execution=spe, stem=stem)
 
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
@@ -427,7 +440,8 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     if state is None:
         plan, (net, model, schedule, peak) = _new_plan(
             o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_sizes, test_steps, auto_width,
-            build, (net, model, schedule, peak), batch=batch, steps_per_execution=spe, loading_s=loading_s)
+            build, (net, model, schedule, peak), batch=batch, steps_per_execution=spe, loading_s=loading_s,
+            stem=stem)
         width = plan.width
         fileguard.write_json(run.plan, plan.to_dict())
     else:
@@ -469,9 +483,10 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
                          cap: int) -> str:
         warm = first_epoch_times(train_ends, test_ends, t_epoch, t_test, steps_per_epoch, val_sizes, batch)
         epoch_s, epochs = plan.plan_in_first_epoch(done, clock(), warm, len(val_sizes), test_steps, o.tta, cap)
+        hint = stem_hint(plan.width, epochs, stem) if auto_width else None
         return (f"  (budget {o.time_budget:g} s: epoch {done} measured {warm['train_step_s'] * 1e3:.1f} ms/step "
                 f"(compiling: {warm['compile_s']:.1f} s), ~{epoch_s:.1f} s/epoch with validation; {clock():.1f} s "
-                f"used so far → {epochs} epoch{'s' * (epochs != 1)})")
+                f"used so far → {epochs} epoch{'s' * (epochs != 1)}{'; ' + hint if hint else ''})")
 
     progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view, global_batch=batch,
                         plan_first_epoch=plan_first_epoch if plan.in_first_epoch else None)
@@ -571,6 +586,8 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         "xla_why": jit_why,
         "xla_chosen_by": "option" if o.jit is not None else ("COURSE_JIT" if settings.course_jit and rt.kind != "TPU" else "trainer"),
         "width": width if recipe.sized_by_width else None,
+        "stem": stem if recipe.sized_by_width else None,
+        "stem_why": stem_why if recipe.sized_by_width else None,
         "width_trials": plan.width_trials,
         "parameters": int(net.count_params()),
         "peak_memory_bytes": peak_bytes,
@@ -618,11 +635,12 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
 
 def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
               val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple, *,
-              batch: int, steps_per_execution: int, loading_s: float = 0.0) -> tuple[BudgetPlan, tuple]:
+              batch: int, steps_per_execution: int, loading_s: float = 0.0,
+              stem: str = "full") -> tuple[BudgetPlan, tuple]:
     """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
     width: the widths it tried, and the model of the one chosen)."""
     plan = BudgetPlan(options=dataclasses.asdict(o), global_batch=batch, steps_per_epoch=steps_per_epoch, policy=policy,
-                      width=width,
+                      width=width, stem=stem,
                       epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
     if o.time_budget is not None and steps_per_execution == 1 and not warm_up_fits(o.time_budget, clock(), loading_s):
         # (several steps per call, a TPU's: the warm-up times whole calls; an epoch's last call may run fewer steps)
@@ -739,6 +757,9 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
             say(f"Budget {budget:g} s: {measured} {warm['train_step_s'] * 1e3:.1f} ms/step "
                 f"(compile excluded: {warm['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with validation; "
                 f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
+        hint = stem_hint(width, epochs, stem) if auto_width else None
+        if hint:
+            say(f"Budget {budget:g} s: {hint}")
     plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
     return plan, built
 

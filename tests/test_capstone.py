@@ -1473,6 +1473,7 @@ def test_the_trainer_builds_the_stem_stem_says_and_the_full_one_without(tmp_path
         asked == "s2d"), out
 
 
+@pytest.mark.extended  # end to end (20/15 s): the README's pytest tests the pieces
 def test_a_budget_that_fits_few_epochs_of_the_narrowest_network_names_the_s2d_stem(tmp_path, monkeypatch, capsys):
     """Both plans (after a warm-up, and from the first epoch's steps) print the hint where few epochs fit."""
     monkeypatch.setattr(capstone.trainer, "stem_hint", lambda width, epochs, stem: f"HINT {width} {epochs} {stem}")
@@ -1672,6 +1673,7 @@ def test_course_batch_is_per_replica_and_the_learning_rate_follows_the_global_ba
     assert course.global_batch(None, 4, 2, 45_000)[0] == 512  # accumulation splits the 128, not the update
 
 
+@pytest.mark.extended  # end to end (20/15 s): the README's pytest tests the pieces
 def test_a_run_on_two_replicas_doubles_the_global_batch_and_the_learning_rate(tmp_path):
     """End to end on 2 CPU replicas (the multi-GPU shape): 128 per replica, so a global batch of 256 and the peak
     learning rate of 256 examples (0.2, twice one replica's); shown in the plan line and in summary.json."""

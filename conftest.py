@@ -59,6 +59,7 @@ def float32_policy():
     yield
     keras.config.set_dtype_policy(before)
 
+
 _DEFAULT_NOTEBOOK_BUDGET_S = 90.0
 _DEFAULT_TOTAL_BUDGET_S = 480.0
 
@@ -131,9 +132,11 @@ def _fail_fast_on_a_dead_kernel() -> None:
                 km = getattr(self, "km", None)
                 if km is not None and not km.is_alive():
                     code = getattr(getattr(km, "provisioner", None), "exit_code", None)
-                    raise KernelDied(f"the notebook's kernel died{f' (exit code {code})' if code is not None else ''} "
-                                     "while this cell ran: a crash in native code (its last words are in the "
-                                     "kernel's stderr above) or the out-of-memory killer") from None
+                    raise KernelDied(
+                        f"the notebook's kernel died{f' (exit code {code})' if code is not None else ''} "
+                        "while this cell ran: a crash in native code (its last words are in the "
+                        "kernel's stderr above) or the out-of-memory killer"
+                    ) from None
 
     get_message._course_wrapped = True
     RunningKernel.get_message = get_message
@@ -268,8 +271,16 @@ def _new_claims() -> list[dict]:
         try:
             claims = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            new.append({"id": path.name, "claim": f"{path.name} could not be read ({e})", "verdict": "does not hold",
-                        "expected": "", "measured": "", "reason": ""})
+            new.append(
+                {
+                    "id": path.name,
+                    "claim": f"{path.name} could not be read ({e})",
+                    "verdict": "does not hold",
+                    "expected": "",
+                    "measured": "",
+                    "reason": "",
+                }
+            )
             continue
         new += [c for c in claims if isinstance(c, dict)]
     return new
@@ -294,13 +305,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             failed.append(f"- {c.get('id') or c.get('claim', '?')}: {e}")
             continue
         if verdict is Verdict.FAILS:
-            failed.append(f"- {c.get('id') or '(no id) ' + str(c.get('claim', ''))}: expected {c.get('expected', '')}, "
-                          f"measured {c.get('measured', '')} ({c.get('reason', '')})"[:400])
+            failed.append(
+                f"- {c.get('id') or '(no id) ' + str(c.get('claim', ''))}: expected {c.get('expected', '')}, "
+                f"measured {c.get('measured', '')} ({c.get('reason', '')})"[:400]
+            )
     if failed:
         rep.outcome = "failed"
-        rep.longrepr = ("this cell's claims table has a claim that does not hold in smoke mode:\n" + "\n".join(failed)
-                        + "\nwhere smoke sizes cannot show a claim, make its verdict 'not measurable here' with the "
-                          "reason (holds=None and a note)")
+        rep.longrepr = (
+            "this cell's claims table has a claim that does not hold in smoke mode:\n"
+            + "\n".join(failed)
+            + "\nwhere smoke sizes cannot show a claim, make its verdict 'not measurable here' with the "
+            "reason (holds=None and a note)"
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -320,8 +336,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     total = sum(_seconds.values())
     if total > total_budget:
         _over_budget.append(
-            f"all notebooks took {total:.1f} s, over the total budget of {total_budget:g} s "
-            "(COURSE_TOTAL_BUDGET_S)"
+            f"all notebooks took {total:.1f} s, over the total budget of {total_budget:g} s (COURSE_TOTAL_BUDGET_S)"
         )
     if _over_budget and _enforced() and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -348,18 +363,24 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         over = smoke and seconds > per_notebook
         tr.write_line(
             f"{path:<{width}}  {seconds:>8.1f}  {per_notebook:>7g}" + ("  OVER" if over else ""),
-            red=over and enforced, yellow=over and not enforced,
+            red=over and enforced,
+            yellow=over and not enforced,
         )
     total = sum(_seconds.values())
     over = smoke and total > total_budget
-    tr.write_line(f"{'total':<{width}}  {total:>8.1f}  {total_budget:>7g}" + ("  OVER" if over else ""),
-                  red=over and enforced, yellow=over and not enforced)
+    tr.write_line(
+        f"{'total':<{width}}  {total:>8.1f}  {total_budget:>7g}" + ("  OVER" if over else ""),
+        red=over and enforced,
+        yellow=over and not enforced,
+    )
     tr.write_line("(seconds include kernel start-up and shutdown)")
     if not smoke:
         tr.write_line(f"budgets not applied: COURSE_SMOKE={os.environ.get('COURSE_SMOKE', '')!r} (full mode)")
     elif not enforced:
-        tr.write_line("budgets reported, not enforced: they are for CI's 2-core machine (CI=true or "
-                      "COURSE_ENFORCE_BUDGETS=1 makes them fail the run)")
+        tr.write_line(
+            "budgets reported, not enforced: they are for CI's 2-core machine (CI=true or "
+            "COURSE_ENFORCE_BUDGETS=1 makes them fail the run)"
+        )
     for line in _over_budget:
         if enforced:
             tr.write_line(f"NOTEBOOK TIME BUDGET EXCEEDED: {line}", red=True, bold=True)

@@ -20,7 +20,11 @@ nox.options.sessions = ["pinned"]
 def _suite(session: nox.Session, requirements: str) -> None:
     session.install("-r", requirements)
     session.run("python", "-m", "course_utils", "doctor", "--offline")
-    session.run("python", "-c", "import tensorflow as tf, keras; print('TensorFlow', tf.__version__, '· Keras', keras.__version__)")
+    session.run(
+        "python",
+        "-c",
+        "import tensorflow as tf, keras; print('TensorFlow', tf.__version__, '· Keras', keras.__version__)",
+    )
     session.run("pytest", *session.posargs)
 
 
@@ -40,8 +44,15 @@ def latest(session: nox.Session) -> None:
 
 
 # The test tools on top of the TPU image, held to the image's pins (-c): nothing the image ships is replaced
-_TEST_TOOLS = ("pytest==9.2.0", "pytest-xdist==3.8.0", "nbval==0.11.0", "nbclient==0.11.0", "ipykernel==7.4.0",
-               "nbconvert==7.17.2", "pyyaml==6.0.4")
+_TEST_TOOLS = (
+    "pytest==9.2.0",
+    "pytest-xdist==3.8.0",
+    "nbval==0.11.0",
+    "nbclient==0.11.0",
+    "ipykernel==7.4.0",
+    "nbconvert==7.17.2",
+    "pyyaml==6.0.4",
+)
 
 
 @nox.session(python="3.13")

@@ -3,5 +3,7 @@ lessons' notebooks from notebooks/ shipped as course_utils/notebooks, which ``pr
 
 from setuptools import find_packages, setup
 
-setup(packages=[*find_packages(include=["course_utils", "course_utils.*"]), "course_utils.notebooks"],
-      package_dir={"course_utils.notebooks": "notebooks"})
+setup(
+    packages=[*find_packages(include=["course_utils", "course_utils.*"]), "course_utils.notebooks"],
+    package_dir={"course_utils.notebooks": "notebooks"},
+)

@@ -37,9 +37,11 @@ if "tensorflow" not in _sys.modules and not _ONEDNN_OPTS_GIVEN:
     _cap = _onednn_bf16_aborts()
     if _cap:
         _os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"
-        _ONEDNN_NOTE = (f"ONEDNN_MAX_CPU_ISA={_cap} on a CPU with AVX-512: oneDNN's custom ops are off "
-                        "(TF_ENABLE_ONEDNN_OPTS=0), so bfloat16 runs on TensorFlow's own kernels as on an AVX2 CPU "
-                        "instead of aborting the process")
+        _ONEDNN_NOTE = (
+            f"ONEDNN_MAX_CPU_ISA={_cap} on a CPU with AVX-512: oneDNN's custom ops are off "
+            "(TF_ENABLE_ONEDNN_OPTS=0), so bfloat16 runs on TensorFlow's own kernels as on an AVX2 CPU "
+            "instead of aborting the process"
+        )
 # The course runs Keras 3 on TensorFlow. Colab may preset another backend (e.g. JAX on TPU
 # runtimes); the backend is fixed when keras is first imported, so set it before that happens.
 _PREVIOUS_KERAS_BACKEND = _os.environ.get("KERAS_BACKEND")
@@ -74,10 +76,15 @@ def setup(cpu_replicas: int | None = None, device: str | None = None, verbose: b
 
     note, cap = _ONEDNN_NOTE, onednn_bf16_aborts()
     if note is None and cap:  # oneDNN is on under the cap: asked for, or TensorFlow came first (too late to change)
-        why = ("TF_ENABLE_ONEDNN_OPTS is set, and kept" if _ONEDNN_OPTS_GIVEN
-               else "TensorFlow was imported before course_utils; restart, and import course_utils first")
-        note = (f"ONEDNN_MAX_CPU_ISA={cap} on a CPU with AVX-512: the first bfloat16 op will abort this process ({why}"
-                "; TF_ENABLE_ONEDNN_OPTS=0 avoids it)")
+        why = (
+            "TF_ENABLE_ONEDNN_OPTS is set, and kept"
+            if _ONEDNN_OPTS_GIVEN
+            else "TensorFlow was imported before course_utils; restart, and import course_utils first"
+        )
+        note = (
+            f"ONEDNN_MAX_CPU_ISA={cap} on a CPU with AVX-512: the first bfloat16 op will abort this process ({why}"
+            "; TF_ENABLE_ONEDNN_OPTS=0 avoids it)"
+        )
     if note and note not in rt.notes:
         rt.notes.append(note)
     if verbose:

@@ -47,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as err:
         if err.name != module_name.partition(".")[0]:
             raise
-        print(f"{argv[0]}: a maintainer's command; it runs from a checkout of the course's repository (in its root "
-              "folder, beside course_utils/ and devtools/)", file=sys.stderr)
+        print(
+            f"{argv[0]}: a maintainer's command; it runs from a checkout of the course's repository (in its root "
+            "folder, beside course_utils/ and devtools/)",
+            file=sys.stderr,
+        )
         return 2
     func = getattr(module, func_name)
     return int(func(argv[1:]) or 0)

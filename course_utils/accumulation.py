@@ -117,17 +117,20 @@ class AccumulatingModel(keras.Model):
             if size is None:
                 raise ValueError(
                     f"AccumulatingModel(steps={k}) needs a fixed batch size: batch the dataset with "
-                    "drop_remainder=True (a ragged last batch cannot split into equal micro-batches)")
+                    "drop_remainder=True (a ragged last batch cannot split into equal micro-batches)"
+                )
             if size % unit:
                 raise ValueError(
                     f"AccumulatingModel(steps={k}) on {replicas} replica(s): the batch size {size} must be a "
-                    f"multiple of replicas × steps = {unit}")
+                    f"multiple of replicas × steps = {unit}"
+                )
         elif x is not None and hasattr(x, "__len__") and not isinstance(x, (dict, list, tuple)):
             batch = 32 if batch_size is None else int(batch_size)
             if batch % unit:
                 raise ValueError(
                     f"AccumulatingModel(steps={k}) on {replicas} replica(s): batch_size={batch} must be a "
-                    f"multiple of replicas × steps = {unit}")
+                    f"multiple of replicas × steps = {unit}"
+                )
             n = len(x)
             keep = n - n % batch
             if keep != n:
@@ -135,7 +138,9 @@ class AccumulatingModel(keras.Model):
 
                 warnings.warn(
                     f"AccumulatingModel: dropping the last {n - keep} of {n} examples (an incomplete batch "
-                    f"of {batch} cannot split into {k} equal micro-batches per replica)", stacklevel=2)
+                    f"of {batch} cannot split into {k} equal micro-batches per replica)",
+                    stacklevel=2,
+                )
                 x = x[:keep]
                 y = None if y is None else y[:keep]
                 if kwargs.get("sample_weight") is not None:
@@ -149,15 +154,19 @@ class AccumulatingModel(keras.Model):
         leaves = [t for t in tf.nest.flatten((x, y, sample_weight)) if t is not None]
         n = tf.shape(leaves[0])[0]
         tf.debugging.assert_equal(
-            n % k, 0, message=f"AccumulatingModel(steps={k}): each replica's batch must be divisible "
-            f"by {k}; drop the ragged last batch (dataset.batch(..., drop_remainder=True))")
+            n % k,
+            0,
+            message=f"AccumulatingModel(steps={k}): each replica's batch must be divisible "
+            f"by {k}; drop the ragged last batch (dataset.batch(..., drop_remainder=True))",
+        )
         micro = n // k
 
         def split(structure):  # leaf [k*m, ...] -> [k, m, ...]; micro-batch i is [i]
             if structure is None:
                 return None
             return tf.nest.map_structure(
-                lambda t: tf.reshape(t, tf.concat([[k, micro], tf.shape(t)[1:]], 0)), structure)
+                lambda t: tf.reshape(t, tf.concat([[k, micro], tf.shape(t)[1:]], 0)), structure
+            )
 
         xs, ys, ws = split(x), split(y), split(sample_weight)
         variables = self.trainable_weights
@@ -184,16 +193,20 @@ class AccumulatingModel(keras.Model):
         # A Python loop (unrolled) would rely on control dependencies that XLA is free to
         # reorder — under jit_compile (every TPU step) its peak grew to that of the big batch.
         zeros = [tf.zeros(v.shape, dtype=v.dtype) for v in variables]
-        _, acc = tf.while_loop(lambda i, _: i < k, body, (tf.constant(0), zeros),
-                               parallel_iterations=1, maximum_iterations=k)
+        _, acc = tf.while_loop(
+            lambda i, _: i < k, body, (tf.constant(0), zeros), parallel_iterations=1, maximum_iterations=k
+        )
         mean = [a / tf.cast(k, a.dtype) for a in acc]
         mean = _overflow_everywhere(self.optimizer, mean)  # LossScaleOptimizer: skip on all replicas or none
         self.optimizer.apply_gradients(zip(mean, variables))  # all-reduces (SUM) across replicas
         return self.get_metrics_result()
 
     def get_config(self):
-        return {"model": keras.saving.serialize_keras_object(self.model),
-                "steps": self.accumulation_steps, "name": self.name}
+        return {
+            "model": keras.saving.serialize_keras_object(self.model),
+            "steps": self.accumulation_steps,
+            "name": self.name,
+        }
 
     @classmethod
     def from_config(cls, config):
@@ -298,7 +311,8 @@ class GradientAccumulator:
             y_pred = self.model(x, training=True)
             per_example = tf.cast(self.per_example_loss(y, y_pred), tf.float32)
             loss = tf.nn.compute_average_loss(
-                per_example, sample_weight=None if weight is None else tf.cast(weight, tf.float32),
+                per_example,
+                sample_weight=None if weight is None else tf.cast(weight, tf.float32),
                 global_batch_size=self.effective_global_batch,
             )
             if self.model.losses:  # regularization: counted once per update, split over replicas
@@ -341,7 +355,8 @@ class GradientAccumulator:
             raise ValueError(
                 f"GradientAccumulator: a micro-batch of {sum(sizes)} examples {sizes}, expected global_micro_batch="
                 f"{self.global_micro_batch}: batch the dataset with drop_remainder=True (a ragged micro-batch would "
-                "make the mean wrong)")
+                "make the mean wrong)"
+            )
         self.micro_steps_done += 1
         return self._micro_step_fn(batch)
 
@@ -384,14 +399,16 @@ class GradientAccumulator:
         self.strategy.run(tf.function(zero, autograph=False))
 
 
-def distributed_train_step(strategy, model, optimizer, per_example_loss, global_batch: int,
-                           element_spec=None, per_replica_mean: bool = False):
+def distributed_train_step(
+    strategy, model, optimizer, per_example_loss, global_batch: int, element_spec=None, per_replica_mean: bool = False
+):
     """A plain (no accumulation) custom-loop step: ``strategy.run`` + ``compute_average_loss`` with the
     global batch + SUM reduce, traced once with ``element_spec`` as a fixed input signature.
 
     ``per_replica_mean=True`` reproduces the common mistake — ``tf.reduce_mean`` of each replica's
     loss — whose update is ``num_replicas_in_sync`` times too large (for teaching only).
     """
+
     def replica_grads(batch):
         x, y = batch[0], batch[1]
         with tf.GradientTape() as tape:
@@ -443,6 +460,7 @@ def apply_per_replica_gradients(strategy, optimizer, grads, variables):
     replicas, its variables make the step fail (the placeholder error of lesson 04 §7).
     """
     if not _is_loss_scale_optimizer(optimizer):
+
         def replica_apply(g):
             optimizer.apply_gradients(zip(g, variables))
             return tf.constant(True)
@@ -452,7 +470,8 @@ def apply_per_replica_gradients(strategy, optimizer, grads, variables):
     def replica_finite(g):
         local_ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in g if t is not None])
         bad = tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(local_ok), tf.float32))
+            tf.distribute.ReduceOp.SUM, tf.cast(tf.logical_not(local_ok), tf.float32)
+        )
         return tf.equal(bad, 0.0)
 
     finite = strategy.experimental_local_results(strategy.run(replica_finite, args=(grads,)))[0]

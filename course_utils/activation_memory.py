@@ -107,8 +107,10 @@ class PiecewiseConstant:
         return self.values[np.searchsorted(self.boundaries, np.asarray(x, np.float64), side="right")]
 
     def __repr__(self) -> str:
-        return (f"PiecewiseConstant(boundaries={np.round(self.boundaries, 4).tolist()}, "
-                f"values={np.round(self.values, 4).tolist()})")
+        return (
+            f"PiecewiseConstant(boundaries={np.round(self.boundaries, 4).tolist()}, "
+            f"values={np.round(self.values, 4).tolist()})"
+        )
 
 
 def _grid(lo: float = -8.0, hi: float = 8.0, cells: int = 1600):
@@ -463,8 +465,9 @@ def chunked_dense_cross_entropy(hidden, kernel, labels, chunks: int = 4):
             loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=block_labels[i], logits=logits)
             return i + 1, total + tf.reduce_sum(loss * weights[i])
 
-        _, total = tf.while_loop(lambda i, _: i < chunks, forward, (tf.constant(0), tf.constant(0.0, dtype)),
-                                 parallel_iterations=1)
+        _, total = tf.while_loop(
+            lambda i, _: i < chunks, forward, (tf.constant(0), tf.constant(0.0, dtype)), parallel_iterations=1
+        )
 
         def grad(upstream):
             def backward(i, d_kernel, d_hidden):
@@ -474,12 +477,18 @@ def chunked_dense_cross_entropy(hidden, kernel, labels, chunks: int = 4):
                     tape.watch(logits)
                     loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=block_labels[i], logits=logits)
                 d_logits = tape.gradient(loss, logits)  # softmax − one-hot from the fused op: one block-sized buffer
-                return (i + 1, d_kernel + tf.matmul(blocks[i] * scale, d_logits, transpose_a=True),
-                        d_hidden.write(i, tf.matmul(d_logits, k, transpose_b=True) * scale))
+                return (
+                    i + 1,
+                    d_kernel + tf.matmul(blocks[i] * scale, d_logits, transpose_a=True),
+                    d_hidden.write(i, tf.matmul(d_logits, k, transpose_b=True) * scale),
+                )
 
             _, d_kernel, d_hidden = tf.while_loop(
-                lambda i, *_: i < chunks, backward,
-                (tf.constant(0), tf.zeros_like(k), tf.TensorArray(dtype, size=chunks)), parallel_iterations=1)
+                lambda i, *_: i < chunks,
+                backward,
+                (tf.constant(0), tf.zeros_like(k), tf.TensorArray(dtype, size=chunks)),
+                parallel_iterations=1,
+            )
             return tf.reshape(d_hidden.stack(), [chunks * size, dim])[:n], d_kernel
 
         return total, grad
@@ -492,8 +501,15 @@ def chunked_dense_cross_entropy(hidden, kernel, labels, chunks: int = 4):
 # ----------------------------------------------------------------------------------------------
 
 
-def make_gelu_stack_step(activation: str = "exact", bits: int = 2, jit: bool = False, batch: int = 256,
-                         width: int = 512, depth: int = 6, seed: int = 0):
+def make_gelu_stack_step(
+    activation: str = "exact",
+    bits: int = 2,
+    jit: bool = False,
+    batch: int = 256,
+    width: int = 512,
+    depth: int = 6,
+    seed: int = 0,
+):
     """A stack of ``depth`` Dense(width) + GELU layers; returns a ``tf.function`` doing forward + backward.
 
     ``activation``: ``"exact"`` (``keras.layers.Activation`` with exact GELU), ``"few_bit"``
@@ -518,6 +534,7 @@ def make_gelu_stack_step(activation: str = "exact", bits: int = 2, jit: bool = F
 
 def _square_loss_step(model, x, jit: bool):
     """One forward + backward of mean(model(x)²) in a tf.function (XLA when ``jit``): the measured step."""
+
     @tf.function(jit_compile=bool(jit))
     def step():
         with tf.GradientTape() as tape:
@@ -541,8 +558,10 @@ class Recompute(keras.layers.Layer):
 
     def __init__(self, layer, **kwargs):
         if not isinstance(layer, keras.layers.Layer):
-            raise TypeError(f"Recompute wraps a Keras layer or model (e.g. a functional block), got "
-                            f"{type(layer).__name__}; for a plain function use tf.recompute_grad(fn)")
+            raise TypeError(
+                f"Recompute wraps a Keras layer or model (e.g. a functional block), got "
+                f"{type(layer).__name__}; for a plain function use tf.recompute_grad(fn)"
+            )
         super().__init__(**kwargs)
         self.layer = layer
 
@@ -560,8 +579,9 @@ class Recompute(keras.layers.Layer):
         return self.layer.compute_output_spec(inputs)
 
 
-def make_cross_entropy_step(chunks: int = 0, jit: bool = False, rows: int = 2048, dim: int = 64,
-                            classes: int = 4096, seed: int = 0):
+def make_cross_entropy_step(
+    chunks: int = 0, jit: bool = False, rows: int = 2048, dim: int = 64, classes: int = 4096, seed: int = 0
+):
     """Logits ``[rows, classes]`` + cross-entropy, forward and backward in one ``tf.function``.
 
     ``chunks=0``: :func:`dense_cross_entropy` (the whole logits matrix); ``chunks>=1``:
@@ -586,8 +606,9 @@ def make_cross_entropy_step(chunks: int = 0, jit: bool = False, rows: int = 2048
     return step
 
 
-def make_layer_norm_stack_step(norm: str = "keras", jit: bool = False, batch: int = 512, width: int = 256,
-                               depth: int = 6, seed: int = 0):
+def make_layer_norm_stack_step(
+    norm: str = "keras", jit: bool = False, batch: int = 512, width: int = 256, depth: int = 6, seed: int = 0
+):
     """``depth`` blocks of Dense(width) + LayerNorm; returns a ``tf.function`` doing forward + backward.
 
     ``norm``: ``"keras"`` (``keras.layers.LayerNormalization``) or ``"output_saving"``
@@ -599,6 +620,7 @@ def make_layer_norm_stack_step(norm: str = "keras", jit: bool = False, batch: in
     layers = [keras.Input((width,))]
     for _ in range(depth):
         layers.append(keras.layers.Dense(width))
-        layers.append(OutputSavingLayerNormalization() if norm == "output_saving"
-                      else keras.layers.LayerNormalization())
+        layers.append(
+            OutputSavingLayerNormalization() if norm == "output_saving" else keras.layers.LayerNormalization()
+        )
     return _square_loss_step(keras.Sequential(layers), tf.random.normal([batch, width], seed=seed), jit)

@@ -178,8 +178,10 @@ def _checked_ports(ports, n: int) -> list[int]:
     for port in ports:
         port = _whole(port, "ports must be whole numbers 1-65535")
         if port == 0:
-            raise ValueError("port 0 asks the system for any free port, but every task must know its peers' real "
-                             "ports in advance: give real ports, or none (the launcher then picks free ones)")
+            raise ValueError(
+                "port 0 asks the system for any free port, but every task must know its peers' real "
+                "ports in advance: give real ports, or none (the launcher then picks free ones)"
+            )
         if not 1 <= port <= 65535:
             raise ValueError(f"port {port} is outside 1-65535")
         out.append(port)
@@ -197,12 +199,21 @@ def _tail(lines: list[str], n: int = 6) -> str:
     return "\n".join("    " + line for line in lines[-n:]) or "    (no output)"
 
 
-def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bool = False,
-                timeout: float = 120.0, env: dict | None = None, cwd: str | None = None,
-                log: Callable[[str], None] | None = print, ports: Sequence[int] | None = None,
-                task_env: Callable[[str, int], dict] | None = None,
-                wait_for: Sequence[str] | None = None, stop_on_failure: bool = True,
-                fork: bool = False) -> ClusterResult:
+def run_cluster(
+    command: Sequence[str],
+    workers: int = 2,
+    ps: int = 0,
+    chief: bool = False,
+    timeout: float = 120.0,
+    env: dict | None = None,
+    cwd: str | None = None,
+    log: Callable[[str], None] | None = print,
+    ports: Sequence[int] | None = None,
+    task_env: Callable[[str, int], dict] | None = None,
+    wait_for: Sequence[str] | None = None,
+    stop_on_failure: bool = True,
+    fork: bool = False,
+) -> ClusterResult:
     """Run ``command`` once per task of a localhost cluster and wait for all of them.
 
     ``command``: argv, e.g. ``[sys.executable, "train.py"]``; every task runs the same program and tells
@@ -227,8 +238,10 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     if workers + ps + int(bool(chief)) < 1:
         raise ValueError("the cluster needs at least one task")
     if workers + ps + int(bool(chief)) > MAX_TASKS:
-        raise ValueError(f"at most {MAX_TASKS} tasks on one machine (each is a TensorFlow process), got "
-                         f"{workers + ps + int(bool(chief))}")
+        raise ValueError(
+            f"at most {MAX_TASKS} tasks on one machine (each is a TensorFlow process), got "
+            f"{workers + ps + int(bool(chief))}"
+        )
     try:
         timeout = float(timeout)
     except (TypeError, ValueError):
@@ -236,10 +249,13 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     if not (math.isfinite(timeout) and timeout > 0):  # nan and inf too: a cluster always has a limit
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
-    if wait_for is not None and (isinstance(wait_for, str) or not wait_for
-                                 or not set(wait_for) <= {kind for kind, _ in tasks}):
-        raise ValueError(f"wait_for must name task types of this cluster ({', '.join(sorted({k for k, _ in tasks}))}),"
-                         f" got {wait_for!r}")
+    if wait_for is not None and (
+        isinstance(wait_for, str) or not wait_for or not set(wait_for) <= {kind for kind, _ in tasks}
+    ):
+        raise ValueError(
+            f"wait_for must name task types of this cluster ({', '.join(sorted({k for k, _ in tasks}))}),"
+            f" got {wait_for!r}"
+        )
     tasks = [("chief", 0)] * bool(chief) + [("worker", i) for i in range(workers)] + [("ps", i) for i in range(ps)]
     if ports is None:  # ours to pick: a port another program took in the meantime (or was testing, as free_ports
         for _attempt in range(5):  # does in another process: the same range) is picked again
@@ -251,8 +267,10 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
         ports = _checked_ports(ports, len(tasks))
         taken = [p for p in ports if _port_in_use(p)]
     if taken:
-        raise ClusterError(f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use by another program; "
-                           "choose other ports (or none: the launcher then picks free ones)")
+        raise ClusterError(
+            f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use by another program; "
+            "choose other ports (or none: the launcher then picks free ones)"
+        )
     cluster: dict = {}
     for (task_type, _), port in zip(tasks, ports):
         cluster.setdefault(task_type, []).append(f"127.0.0.1:{port}")
@@ -290,12 +308,20 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             try:
                 with processes.signals_held():  # started and on the list, or neither
                     procs[name] = processes.start(  # own process group: stopped as a whole; python -m MODULE
-                        command, fork=fork, env=task_vars, cwd=cwd, stdout=subprocess.PIPE,  # forked from a process
-                        stderr=subprocess.STDOUT, text=True, errors="replace")  # that has imported TensorFlow
+                        command,
+                        fork=fork,
+                        env=task_vars,
+                        cwd=cwd,
+                        stdout=subprocess.PIPE,  # forked from a process
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        errors="replace",
+                    )  # that has imported TensorFlow
                     sentinel.tell(str(procs[name].pid))
             except OSError as err:
-                raise ClusterError(f"could not start {name} with {list(command)[:3]}: {err.strerror or err}; "
-                                   "check the program's path") from None
+                raise ClusterError(
+                    f"could not start {name} with {list(command)[:3]}: {err.strerror or err}; check the program's path"
+                ) from None
             except RuntimeError as err:  # the fork server could not start the task
                 raise ClusterError(f"could not start {name}: {err}") from None
             reader = threading.Thread(target=read, args=(name, procs[name].stdout), daemon=True)
@@ -316,9 +342,11 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
             if time.monotonic() - start > timeout:
                 running = [name for name, code in codes.items() if code is None]
                 processes.stop_all(procs)
-                raise ClusterError(f"the cluster did not finish in {timeout:g} s ({', '.join(running)} still "
-                                   "running; all stopped). A task waiting for a peer that never came, or a "
-                                   "limit too short? Last output of " + running[0] + ":\n" + _tail(logs[running[0]]))
+                raise ClusterError(
+                    f"the cluster did not finish in {timeout:g} s ({', '.join(running)} still "
+                    "running; all stopped). A task waiting for a peer that never came, or a "
+                    "limit too short? Last output of " + running[0] + ":\n" + _tail(logs[running[0]])
+                )
             time.sleep(0.05)
         if not stop_on_failure:  # only the awaited tasks' failures count; the first to fail is named first
             failures = [name for name in failures if wait_for is None or name.split()[0] in wait_for]
@@ -330,21 +358,33 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
 
             def how(name: str) -> str:
                 code = procs[name].returncode
-                return (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
-                        else f"exited with code {code}")
+                return (
+                    f"was killed by {signal.Signals(-code).name}"
+                    if code < 0 and -code in signal.valid_signals()
+                    else f"exited with code {code}"
+                )
 
             if stop_on_failure:
                 first = failures[0]
-                message = (f"{first} {how(first)}; the other tasks were stopped (a collective would wait for it "
-                           f"forever). Last output of {first}:\n" + _tail(logs[first]))
+                message = (
+                    f"{first} {how(first)}; the other tasks were stopped (a collective would wait for it "
+                    f"forever). Last output of {first}:\n" + _tail(logs[first])
+                )
             else:  # the survivors ran on: say how each failed task ended, and when; the last one's output
-                message = ("; ".join(f"{name} {how(name)} after {ended[name]:.1f} s" for name in failures)
-                           + f" (the tasks ran on after a failure: stop_on_failure=False). Last output of "
-                           f"{failures[-1]}:\n" + _tail(logs[failures[-1]]))
-            result = ClusterResult(cluster, {n: p.returncode for n, p in procs.items()},
-                                   {n: list(v) for n, v in logs.items()}, {n: p.pid for n, p in procs.items()},
-                                   time.monotonic() - start,
-                                   tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for), ended)
+                message = (
+                    "; ".join(f"{name} {how(name)} after {ended[name]:.1f} s" for name in failures)
+                    + f" (the tasks ran on after a failure: stop_on_failure=False). Last output of "
+                    f"{failures[-1]}:\n" + _tail(logs[failures[-1]])
+                )
+            result = ClusterResult(
+                cluster,
+                {n: p.returncode for n, p in procs.items()},
+                {n: list(v) for n, v in logs.items()},
+                {n: p.pid for n, p in procs.items()},
+                time.monotonic() - start,
+                tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for),
+                ended,
+            )
             raise ClusterError(message, result)
     except BaseException:  # KeyboardInterrupt and errors alike: never leave a task behind
         try:
@@ -359,19 +399,30 @@ def run_cluster(command: Sequence[str], workers: int = 2, ps: int = 0, chief: bo
     for reader in readers:  # the pipes close once every process in the group is gone
         reader.join(timeout=5)
     awaited = tuple(n for n in procs if wait_for is None or n.split()[0] in wait_for)
-    return ClusterResult(cluster, {n: p.returncode for n, p in procs.items()}, {n: list(v) for n, v in logs.items()},
-                         {n: p.pid for n, p in procs.items()}, time.monotonic() - start, awaited, ended)
+    return ClusterResult(
+        cluster,
+        {n: p.returncode for n, p in procs.items()},
+        {n: list(v) for n, v in logs.items()},
+        {n: p.pid for n, p in procs.items()},
+        time.monotonic() - start,
+        awaited,
+        ended,
+    )
 
 
 # TensorFlow's start-up chatter (C++ logging, absl's first-line warning): dropped by launch(quiet=True)
-TF_NOISE = re.compile(r"^(WARNING: All log messages before absl|[IWE]0000 |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] )")
+TF_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl|[IWE]0000 |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWE] )"
+)
 
 
 # a multi-line TensorFlow log message goes on with a proto dump (indented, braces, `key: value` lines) or, for a
 # failed RPC, gRPC's details (a task that is gone: the fault-tolerance demos)
-_TF_NOISE_CONTINUES = re.compile(r'^(\s.*|\}|[a-z_]+ \{|[a-z_]+: ("[^"]*"|-?\d+|true|false)'
-                                 r'|Additional GRPC error information .*|:UNKNOWN:Error received from peer .*'
-                                 r'|This could happen if the remote target has been disconnected from the client\.)?$')
+_TF_NOISE_CONTINUES = re.compile(
+    r'^(\s.*|\}|[a-z_]+ \{|[a-z_]+: ("[^"]*"|-?\d+|true|false)'
+    r"|Additional GRPC error information .*|:UNKNOWN:Error received from peer .*"
+    r"|This could happen if the remote target has been disconnected from the client\.)?$"
+)
 
 
 def _without_tf_noise(log: Callable[[str], None]) -> Callable[[str], None]:
@@ -389,9 +440,17 @@ def _without_tf_noise(log: Callable[[str], None]) -> Callable[[str], None]:
     return show
 
 
-def launch(module: str, args: Sequence[str] = (), workers: int = 2, ps: int = 0, chief: bool = False,
-           timeout: float = 120.0, log: Callable[[str], None] | None = print, quiet: bool = True,
-           **kwargs) -> ClusterResult:
+def launch(
+    module: str,
+    args: Sequence[str] = (),
+    workers: int = 2,
+    ps: int = 0,
+    chief: bool = False,
+    timeout: float = 120.0,
+    log: Callable[[str], None] | None = print,
+    quiet: bool = True,
+    **kwargs,
+) -> ClusterResult:
     """:func:`run_cluster` for ``python -m module args`` — how the lessons start their cluster programs.
 
     The tasks see no GPU (``CUDA_VISIBLE_DEVICES=""`` unless the ``env`` you pass sets it): every task on one
@@ -410,8 +469,16 @@ def launch(module: str, args: Sequence[str] = (), workers: int = 2, ps: int = 0,
             log = _without_tf_noise(log)
     kwargs.setdefault("wait_for", ("chief",) if chief else None)
     kwargs.setdefault("fork", True)
-    return run_cluster([sys.executable, "-m", module, *map(str, args)], workers=workers, ps=ps, chief=chief,
-                       timeout=timeout, log=log, env=env, **kwargs)
+    return run_cluster(
+        [sys.executable, "-m", module, *map(str, args)],
+        workers=workers,
+        ps=ps,
+        chief=chief,
+        timeout=timeout,
+        log=log,
+        env=env,
+        **kwargs,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,19 +488,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" in argv:
         split = argv.index("--")
-        own, command = argv[:split], argv[split + 1:]
+        own, command = argv[:split], argv[split + 1 :]
     else:
         own, command = argv, []
-    parser = argparse.ArgumentParser(prog="python -m course_utils cluster",
-                                     description="Run a program once per task of a TensorFlow cluster on localhost.")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils cluster",
+        description="Run a program once per task of a TensorFlow cluster on localhost.",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ps", type=int, default=0)
     parser.add_argument("--chief", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before every task is stopped")
     parser.add_argument("--module", help="run `python -m MODULE` (what follows -- are its arguments)")
-    parser.add_argument("--wait-for", choices=TASK_TYPES, action="append",
-                        help="end when these tasks end (e.g. chief: parameter servers and workers serve until "
-                             "stopped); default: every task")
+    parser.add_argument(
+        "--wait-for",
+        choices=TASK_TYPES,
+        action="append",
+        help="end when these tasks end (e.g. chief: parameter servers and workers serve until "
+        "stopped); default: every task",
+    )
     try:
         args = parser.parse_args(own)
     except SystemExit as exc:
@@ -445,11 +518,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def body() -> int:  # a closed terminal (SIGHUP), `kill` (SIGTERM) or Ctrl-C: every task is stopped, then it ends
-        result = run_cluster(command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout,
-                             wait_for=args.wait_for)
+        result = run_cluster(
+            command, workers=args.workers, ps=args.ps, chief=args.chief, timeout=args.timeout, wait_for=args.wait_for
+        )
         print(f"cluster: {len(result.returncodes)} task(s) finished in {result.seconds:.1f} s")
         return 0
 
     # ValueError: a bad option (too many tasks, a timeout <= 0 or nan, a bad port)
-    return commandline.run("cluster", body, usage=(ValueError,), failures=(ClusterError,),
-                           stopped=lambda what: f"{what}; every task was stopped")
+    return commandline.run(
+        "cluster",
+        body,
+        usage=(ValueError,),
+        failures=(ClusterError,),
+        stopped=lambda what: f"{what}; every task was stopped",
+    )

@@ -43,8 +43,14 @@ class ArgumentParser(argparse.ArgumentParser):
 _OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF)
 
 
-def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseException], ...] = (),
-        failures: tuple[type[BaseException], ...] = (), stopped: Callable[[str], str] = lambda what: what) -> int:
+def run(
+    prog: str,
+    body: Callable[[], int | None],
+    *,
+    usage: tuple[type[BaseException], ...] = (),
+    failures: tuple[type[BaseException], ...] = (),
+    stopped: Callable[[str], str] = lambda what: what,
+) -> int:
     """``body()``'s exit status, run under :func:`processes.stop_on_signals` (SIGTERM and SIGHUP raise
     :class:`processes.Stopped`, as Ctrl-C raises ``KeyboardInterrupt``). An exception of ``usage`` becomes
     ``prog: message`` and 2; a :class:`Failed` or one of ``failures``, the same and 1; Ctrl-C, ``prog: `` + ``stopped("interrupted")`` and 130;
@@ -84,4 +90,3 @@ def run(prog: str, body: Callable[[], int | None], *, usage: tuple[type[BaseExce
             pass
         print(f"{prog}: cannot write its output: {err.strerror or err}", file=sys.stderr)
         return FAILED
-

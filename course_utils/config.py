@@ -59,12 +59,32 @@ class CommonSizes:
 
 
 _COMMON = {
-    "full": CommonSizes(per_replica_batch=128, train_examples=20_000, test_examples=4_000, epochs=5, image_size=32,
-                        num_classes=10, model_width=32, matmul_size=2048, timing_repeats=20, memory_batch=256,
-                        memory_width=32),
-    "smoke": CommonSizes(per_replica_batch=32, train_examples=1_024, test_examples=256, epochs=4, image_size=32,
-                         num_classes=10, model_width=8, matmul_size=512, timing_repeats=3, memory_batch=128,
-                         memory_width=16),
+    "full": CommonSizes(
+        per_replica_batch=128,
+        train_examples=20_000,
+        test_examples=4_000,
+        epochs=5,
+        image_size=32,
+        num_classes=10,
+        model_width=32,
+        matmul_size=2048,
+        timing_repeats=20,
+        memory_batch=256,
+        memory_width=32,
+    ),
+    "smoke": CommonSizes(
+        per_replica_batch=32,
+        train_examples=1_024,
+        test_examples=256,
+        epochs=4,
+        image_size=32,
+        num_classes=10,
+        model_width=8,
+        matmul_size=512,
+        timing_repeats=3,
+        memory_batch=128,
+        memory_width=16,
+    ),
 }
 
 
@@ -86,12 +106,15 @@ def _lesson_sizes() -> list[tuple[str, object, object, str]]:
 
 _LESSON_SIZES = _lesson_sizes()
 Sizes = dataclasses.make_dataclass(
-    "Sizes", [(f.name, f.type) for f in dataclasses.fields(CommonSizes)] + [(n, type(full)) for n, full, _, _ in
-                                                                            _LESSON_SIZES],
-    frozen=True)
+    "Sizes",
+    [(f.name, f.type) for f in dataclasses.fields(CommonSizes)] + [(n, type(full)) for n, full, _, _ in _LESSON_SIZES],
+    frozen=True,
+)
 Sizes.__module__ = __name__  # (make_dataclass's module= is Python 3.12's): pickles and prints as config.Sizes
-Sizes.__doc__ = ("Every size a lesson uses, in one mode: :class:`CommonSizes` and each lesson manifest's [sizes] "
-                 "(``config.get().sizes.block_width``).")
+Sizes.__doc__ = (
+    "Every size a lesson uses, in one mode: :class:`CommonSizes` and each lesson manifest's [sizes] "
+    "(``config.get().sizes.block_width``)."
+)
 
 
 def _sizes(mode: str) -> Sizes:

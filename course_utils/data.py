@@ -106,7 +106,10 @@ class CifarData:
         return self.train.element_spec
 
     def announce(self) -> str:
-        kind = {"tfds": "real CIFAR-10 (tensorflow-datasets)", "synthetic": "SYNTHETIC CIFAR-shaped data, generated offline"}
+        kind = {
+            "tfds": "real CIFAR-10 (tensorflow-datasets)",
+            "synthetic": "SYNTHETIC CIFAR-shaped data, generated offline",
+        }
         what = kind.get(self.source, f"CIFAR-10 from a local file ({self.source[4:]})")
         return f"Data: {what} — {self.num_train} train / {self.num_test} test images; source {self.source!r}: {self.reason}"
 
@@ -135,26 +138,33 @@ def _check_arrays(path: str, name_x: str, x, name_y: str, y, image_size: int, nu
             "(if your images are floats in [0, 1], multiply by 255 first)."
         )
     if x.ndim != 4 or tuple(x.shape[1:]) != (image_size, image_size, 3):
-        hint = " It looks channels-first (NCHW): use x.transpose(0, 2, 3, 1)." if x.ndim == 4 and x.shape[1] == 3 else ""
+        hint = (
+            " It looks channels-first (NCHW): use x.transpose(0, 2, 3, 1)." if x.ndim == 4 and x.shape[1] == 3 else ""
+        )
         raise DataSourceError(f"{path}: {name_x} has shape {x.shape}, {fmt}.{hint}")
     if not np.issubdtype(y.dtype, np.integer):
-        raise DataSourceError(f"{path}: {name_y} has dtype {y.dtype}, {fmt}; labels are class numbers 0-{num_classes - 1}.")
+        raise DataSourceError(
+            f"{path}: {name_y} has dtype {y.dtype}, {fmt}; labels are class numbers 0-{num_classes - 1}."
+        )
     if y.shape != (len(x),):
         raise DataSourceError(
             f"{path}: {name_y} has shape {y.shape} but {name_x} has {len(x)} images; {fmt}"
-            + (" (one-hot labels? use y.argmax(1))" if y.ndim == 2 else "") + "."
+            + (" (one-hot labels? use y.argmax(1))" if y.ndim == 2 else "")
+            + "."
         )
     if len(x) == 0:
         split = name_x.split("_", 1)[-1]
-        raise DataSourceError(f"{path}: {name_x} has 0 images — the {split} split is empty; a course npz needs at "
-                              "least one train and one test example.")
+        raise DataSourceError(
+            f"{path}: {name_x} has 0 images — the {split} split is empty; a course npz needs at "
+            "least one train and one test example."
+        )
     if len(y) and (y.min() < 0 or y.max() >= num_classes):
         raise DataSourceError(f"{path}: {name_y} has labels from {y.min()} to {y.max()}; expected 0-{num_classes - 1}.")
 
 
 NPZ_HOWTO = (
-    "To get a good file: on a connected machine, course_utils.data.write_npz(\"cifar10.npz\", "
-    "*[to_numpy(s) for s in (d.train, d.test)]) with d = load_cifar10(\"tfds\", n_train=-1, n_test=-1), then copy it "
+    'To get a good file: on a connected machine, course_utils.data.write_npz("cifar10.npz", '
+    '*[to_numpy(s) for s in (d.train, d.test)]) with d = load_cifar10("tfds", n_train=-1, n_test=-1), then copy it '
     "here; or use COURSE_DATA=synthetic (no file needed)."
 )
 
@@ -188,8 +198,10 @@ def file_problem(path: str) -> str | None:
     return None
 
 
-_OBJECT_ARRAY = ("is an object array (pickled Python objects), which the course never loads (unsafe); save plain "
-                 "numeric arrays (uint8 images, integer labels)")
+_OBJECT_ARRAY = (
+    "is an object array (pickled Python objects), which the course never loads (unsafe); save plain "
+    "numeric arrays (uint8 images, integer labels)"
+)
 MAX_NPZ_IMAGES = 200_000  # per split: CIFAR-10 has 50,000 + 10,000; a file declaring more is refused before reading
 
 
@@ -214,31 +226,46 @@ def _npz_headers(path: str, image_size: int, num_classes: int) -> None:
                     try:
                         version = np.lib.format.read_magic(fp)
                     except ValueError:
-                        raise _npz_error(path, f"member {key} is not a numpy array (raw bytes, not written by "
-                                               "np.savez)") from None
-                    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                        raise _npz_error(
+                            path, f"member {key} is not a numpy array (raw bytes, not written by np.savez)"
+                        ) from None
+                    read_header = {
+                        (1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0,
+                    }.get(version)
                     if read_header is None:
-                        raise _npz_error(path, f"member {key} is in .npy format {version}, which the course does not "
-                                               "read (np.savez writes 1.0 or 2.0)")
+                        raise _npz_error(
+                            path,
+                            f"member {key} is in .npy format {version}, which the course does not "
+                            "read (np.savez writes 1.0 or 2.0)",
+                        )
                     try:
                         shape, _, dtype = read_header(fp, max_header_size=10_000)
                     except ValueError as exc:
                         raise _npz_error(path, f"member {key} is not a valid numpy array{_plain_reason(exc)}") from None
                     header = fp.tell()
             except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
-                raise _npz_error(path, f"is not a readable .npz archive: corrupt or truncated in member {key}"
-                                       f"{_plain_reason(exc)}; copy or download it again") from None
+                raise _npz_error(
+                    path,
+                    f"is not a readable .npz archive: corrupt or truncated in member {key}"
+                    f"{_plain_reason(exc)}; copy or download it again",
+                ) from None
             if dtype.hasobject:
                 raise _npz_error(path, f"member {key} {_OBJECT_ARRAY}")
             elements = math.prod(shape)
             if elements > limits[key[0]]:
-                raise _npz_error(path, f"member {key} declares shape {shape}: more than {MAX_NPZ_IMAGES:,} images' worth "
-                                       "(CIFAR-10 has 50,000 + 10,000); the course does not load it")
+                raise _npz_error(
+                    path,
+                    f"member {key} declares shape {shape}: more than {MAX_NPZ_IMAGES:,} images' worth "
+                    "(CIFAR-10 has 50,000 + 10,000); the course does not load it",
+                )
             if header + elements * dtype.itemsize != info.file_size:
-                raise _npz_error(path, f"member {key} declares shape {shape} of {dtype} ({elements * dtype.itemsize:,} "
-                                       f"bytes) but holds {max(info.file_size - header, 0):,}: corrupt, or not written "
-                                       "by np.savez")
+                raise _npz_error(
+                    path,
+                    f"member {key} declares shape {shape} of {dtype} ({elements * dtype.itemsize:,} "
+                    f"bytes) but holds {max(info.file_size - header, 0):,}: corrupt, or not written "
+                    "by np.savez",
+                )
 
 
 def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
@@ -264,15 +291,22 @@ def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
         with open(path, "rb") as fh:
             magic = fh.read(6)
     except PermissionError:
-        raise _npz_error(path, "cannot be read (permission denied): fix its permissions (chmod a+r) or copy it "
-                               "somewhere you can read") from None
+        raise _npz_error(
+            path,
+            "cannot be read (permission denied): fix its permissions (chmod a+r) or copy it somewhere you can read",
+        ) from None
     except OSError as exc:
         raise _npz_error(path, f"cannot be read ({exc.strerror or type(exc).__name__})") from None
     if magic == b"\x93NUMPY":
-        raise _npz_error(path, "is a single .npy array (np.save), not an .npz archive of "
-                               f"{', '.join(NPZ_KEYS)} (np.savez)")
+        raise _npz_error(
+            path, f"is a single .npy array (np.save), not an .npz archive of {', '.join(NPZ_KEYS)} (np.savez)"
+        )
     if not magic.startswith(b"PK"):
-        what = "is empty (0 bytes)" if not magic else "is not a readable .npz archive (not a zip file: another format, or corrupt)"
+        what = (
+            "is empty (0 bytes)"
+            if not magic
+            else "is not a readable .npz archive (not a zip file: another format, or corrupt)"
+        )
         raise _npz_error(path, what)
     key = None
     arrays = {}
@@ -282,8 +316,10 @@ def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
             missing = [k for k in NPZ_KEYS if k not in f.files]
             if missing:
                 raise _npz_error(
-                    path, f"lacks the key(s) {', '.join(missing)} (it has: {', '.join(f.files) or 'none'}); "
-                          f"a course npz needs exactly {', '.join(NPZ_KEYS)}")
+                    path,
+                    f"lacks the key(s) {', '.join(missing)} (it has: {', '.join(f.files) or 'none'}); "
+                    f"a course npz needs exactly {', '.join(NPZ_KEYS)}",
+                )
             for key in NPZ_KEYS:
                 value = f[key]
                 if not isinstance(value, np.ndarray):  # numpy hands back the raw bytes of a non-.npy member
@@ -300,12 +336,16 @@ def read_npz(path: str, image_size: int = 32, num_classes: int = 10):
         raise _npz_error(path, f"{member} is not a valid numpy array{_plain_reason(exc)}") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError, NotImplementedError) as exc:
         where = f" in member {key}" if key else ""
-        raise _npz_error(path, f"is not a readable .npz archive: corrupt or truncated{where}{_plain_reason(exc)}; "
-                               "copy or download it again") from None
+        raise _npz_error(
+            path,
+            f"is not a readable .npz archive: corrupt or truncated{where}{_plain_reason(exc)}; "
+            "copy or download it again",
+        ) from None
     try:
         for split in ("train", "test"):
-            _check_arrays(path, f"x_{split}", arrays[f"x_{split}"], f"y_{split}", arrays[f"y_{split}"], image_size,
-                          num_classes)
+            _check_arrays(
+                path, f"x_{split}", arrays[f"x_{split}"], f"y_{split}", arrays[f"y_{split}"], image_size, num_classes
+            )
     except DataSourceError as exc:
         raise DataSourceError(f"{exc} {NPZ_HOWTO}") from None
     return (arrays["x_train"], arrays["y_train"]), (arrays["x_test"], arrays["y_test"])
@@ -331,10 +371,12 @@ def _uint8_images(name: str, x) -> np.ndarray:
         raise DataSourceError(
             f"write_npz: {name} is {x.dtype} with values in [{low:g}, {high:g}] — images scaled to [0, 1]; casting "
             "them to uint8 would make them all black, and write_npz does not guess a scale. Pass "
-            "np.round(x * 255).astype(np.uint8).")
+            "np.round(x * 255).astype(np.uint8)."
+        )
     raise DataSourceError(
         f"write_npz: {name} is {x.dtype} with values in [{low:g}, {high:g}]; images must be whole numbers 0-255 "
-        "(uint8). Convert them yourself, e.g. np.clip(np.round(x), 0, 255).astype(np.uint8).")
+        "(uint8). Convert them yourself, e.g. np.clip(np.round(x), 0, 255).astype(np.uint8)."
+    )
 
 
 def _int_labels(name: str, y) -> np.ndarray:
@@ -360,8 +402,9 @@ def write_npz(path: str, train, test) -> str:
     try:
         (x_train, y_train), (x_test, y_test) = train, test
     except (TypeError, ValueError):
-        raise DataSourceError("write_npz(path, train, test): train and test must each be a pair (x, y) of arrays, "
-                              "e.g. to_numpy(d.train).") from None
+        raise DataSourceError(
+            "write_npz(path, train, test): train and test must each be a pair (x, y) of arrays, e.g. to_numpy(d.train)."
+        ) from None
     path = os.path.expanduser(os.fspath(path))
     if not path.endswith(".npz"):
         path += ".npz"
@@ -397,9 +440,9 @@ PROBE_TIMEOUT_S = 5.0  # all hosts are probed at once: the whole probe takes at 
 NO_INTERNET_FIX = (
     "Set COURSE_DATA=npz:/path/cifar10.npz (a copy of CIFAR-10), COURSE_DATA=synthetic (generated CIFAR-shaped "
     "data, no download) or COURSE_SMOKE=1 (small generated data) "
-    "BEFORE the setup cell runs — in a notebook: os.environ[\"COURSE_DATA\"] = \"npz:/path/cifar10.npz\" at the top, "
+    'BEFORE the setup cell runs — in a notebook: os.environ["COURSE_DATA"] = "npz:/path/cifar10.npz" at the top, '
     "or, if the setup cell already ran, restart the kernel/runtime and run again. To get CIFAR-10 for this "
-    "machine: on a connected one run load_cifar10(\"tfds\", n_train=-1, n_test=-1) and write_npz(...) "
+    'machine: on a connected one run load_cifar10("tfds", n_train=-1, n_test=-1) and write_npz(...) '
     "(see course_utils.data.write_npz), or copy its ~/tensorflow_datasets/cifar10 folder here."
 )
 
@@ -464,13 +507,15 @@ def _import_tfds():
             raise DataSourceError(
                 "tensorflow-datasets is not installed: pip install 'tensorflow-datasets>=4.9' (then restart the "
                 "kernel), or set COURSE_DATA=npz:/path/cifar10.npz or COURSE_SMOKE=1 before the setup cell. "
-                + OFFLINE_OPTIONS) from None
+                + OFFLINE_OPTIONS
+            ) from None
         from .runtime import describe_import_failure
 
         what, fix = describe_import_failure("tensorflow-datasets", exc)
         raise DataSourceError(
             f"Cannot load real CIFAR-10: {what}. Fix: {fix}. Or skip tfds: set COURSE_DATA=npz:/path/cifar10.npz "
-            "or COURSE_SMOKE=1 before the setup cell (restart the kernel if it already ran).") from None
+            "or COURSE_SMOKE=1 before the setup cell (restart the kernel if it already ran)."
+        ) from None
     return tfds
 
 
@@ -495,6 +540,7 @@ def _tfds_load(**kwargs):
 def _load_tfds(n_train: int | None, n_test: int | None, data_dir: str | None, try_gcs: bool):
     """``(train, test, read_from_gcs)``. Fails fast, with the offline options, when CIFAR-10 is not in the local
     data dir and none of its hosts can be reached (instead of minutes of download retries)."""
+
     def split(name, n):
         return name if n is None else f"{name}[:{n}]"
 
@@ -507,7 +553,8 @@ def _load_tfds(n_train: int | None, n_test: int | None, data_dir: str | None, tr
         if not reachable:
             raise DataSourceError(
                 f"No internet connection: CIFAR-10 is not in the tfds data dir ({where}/cifar10) and cannot be "
-                f"downloaded ({why}). {NO_INTERNET_FIX}")
+                f"downloaded ({why}). {NO_INTERNET_FIX}"
+            )
     try:
         train, test = _tfds_load(
             name="cifar10",
@@ -518,8 +565,11 @@ def _load_tfds(n_train: int | None, n_test: int | None, data_dir: str | None, tr
         )
     except Exception as exc:  # noqa: BLE001 - any failure: explain, never switch silently
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        fix = f" (a dependency of the tfds download is missing: pip install {exc.name})" if isinstance(
-            exc, ModuleNotFoundError) and exc.name else ""
+        fix = (
+            f" (a dependency of the tfds download is missing: pip install {exc.name})"
+            if isinstance(exc, ModuleNotFoundError) and exc.name
+            else ""
+        )
         raise DataSourceError(
             f"Could not load real CIFAR-10 with tensorflow-datasets (data dir {where}): "
             f"{type(exc).__name__}: {first}{fix}. The course does not switch to fake data by itself. {OFFLINE_OPTIONS}"
@@ -787,7 +837,9 @@ def write_tfrecords(directory: str, ds, num_files: int) -> list[str]:
                 "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
                 "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
             }
-            writers[i * num_files // len(examples)].write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+            writers[i * num_files // len(examples)].write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
     finally:
         for w in writers:
             w.close()
@@ -817,8 +869,9 @@ def tfrecord_dataset(paths: list[str], policy: str = "AUTO", cycle_length: int =
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(paths)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=cycle_length, num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=True)
+    ds = ds.interleave(
+        tf.data.TFRecordDataset, cycle_length=cycle_length, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     ds = ds.map(parse_record, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)

@@ -34,12 +34,12 @@ def short_path(path: str) -> str:
     parts = path.replace("\\", "/").split("/")
     for marker in ("site-packages", "dist-packages"):
         if marker in parts:
-            return "/".join(parts[len(parts) - parts[::-1].index(marker):])
+            return "/".join(parts[len(parts) - parts[::-1].index(marker) :])
     if "course_utils" in parts:
-        return "/".join(parts[parts.index("course_utils"):])
+        return "/".join(parts[parts.index("course_utils") :])
     for i, part in enumerate(parts[:-1]):  # the standard library: lib/python3.11/json/decoder.py -> json/decoder.py
         if part.startswith("python3") and i and parts[i - 1] == "lib":
-            return "/".join(parts[i + 1:])
+            return "/".join(parts[i + 1 :])
     return os.path.basename(path)
 
 
@@ -81,9 +81,13 @@ class expect_failure:  # noqa: N801 — used as a statement, like contextlib's s
         if not exceptions or not all(isinstance(e, type) and issubclass(e, BaseException) for e in exceptions):
             raise TypeError("expect_failure(...) takes one or more exception classes, e.g. expect_failure(KeyError)")
         never = [e for e in exceptions if not issubclass(e, Exception)]
-        if never:  # it lets these through (a learner's Ctrl-C, sys.exit must stop the cell): expecting one would stop it
-            raise TypeError(f"expect_failure cannot catch {_names(tuple(never))}: it lets SystemExit, KeyboardInterrupt "
-                            "and the like through, so that they stop the cell; expect an Exception subclass")
+        if (
+            never
+        ):  # it lets these through (a learner's Ctrl-C, sys.exit must stop the cell): expecting one would stop it
+            raise TypeError(
+                f"expect_failure cannot catch {_names(tuple(never))}: it lets SystemExit, KeyboardInterrupt "
+                "and the like through, so that they stop the cell; expect an Exception subclass"
+            )
         self.exceptions = exceptions
         self.when = bool(when)
         self.error: BaseException | None = None  # what was raised, for a later cell or a test to look at
@@ -98,12 +102,14 @@ class expect_failure:  # noqa: N801 — used as a statement, like contextlib's s
             if not self.when:
                 print(f"Ran without error, as expected here (it raises {_names(self.exceptions)} elsewhere).")
                 return False
-            raise DemoDidNotFail(f"expected {_names(self.exceptions)}, but the code ran without error: what this "
-                                 "cell demonstrates no longer fails here (a new library version?)")
+            raise DemoDidNotFail(
+                f"expected {_names(self.exceptions)}, but the code ran without error: what this "
+                "cell demonstrates no longer fails here (a new library version?)"
+            )
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             return False  # never swallow a learner's interrupt
         if not self.when or not isinstance(exc, self.exceptions):
-            expected = ("no error here" if not self.when else _names(self.exceptions))
+            expected = "no error here" if not self.when else _names(self.exceptions)
             raise DemoDidNotFail(f"expected {expected}, got {_type_name(type(exc))}: {_message(exc)}") from exc
         self.error = exc
         print(self.describe(exc, tb))

@@ -43,7 +43,9 @@ class Finding:
     fix: str = ""
 
     def render(self, ascii_only: bool = False) -> str:
-        mark = ({"ok": "ok", "warn": "!", "problem": "X"} if ascii_only else {"ok": "✔", "warn": "!", "problem": "✘"})[self.level]
+        mark = ({"ok": "ok", "warn": "!", "problem": "X"} if ascii_only else {"ok": "✔", "warn": "!", "problem": "✘"})[
+            self.level
+        ]
         text = f"  {mark} {self.name}: {self.detail}"
         if self.fix:
             text += "\n      fix: " + self.fix.replace("\n", "\n           ")
@@ -81,8 +83,14 @@ def _checked_version(version_of: Callable[[str], str | None], module: str) -> tu
 # it. So the doctor first imports TensorFlow in a child process and reads how that ended.
 
 IMPORT_PROBE_TIMEOUT_S = 600.0  # a first import on a slow disk takes a minute; a hang is not what the probe looks for
-_SIGNAL_WORDS = {"SIGILL": "illegal instruction", "SIGSEGV": "segmentation fault", "SIGBUS": "bus error",
-                 "SIGABRT": "aborted", "SIGFPE": "floating-point exception", "SIGKILL": "killed"}
+_SIGNAL_WORDS = {
+    "SIGILL": "illegal instruction",
+    "SIGSEGV": "segmentation fault",
+    "SIGBUS": "bus error",
+    "SIGABRT": "aborted",
+    "SIGFPE": "floating-point exception",
+    "SIGKILL": "killed",
+}
 _WINDOWS_STATUS = {0xC000001D: "SIGILL", 0xC0000005: "SIGSEGV", 0xC0000409: "SIGABRT"}  # NTSTATUS exit codes
 
 
@@ -103,17 +111,26 @@ def describe_import_death(returncode: int | None, package: str = "TensorFlow") -
     if name is None:
         return None
     words = _SIGNAL_WORDS.get(name)
-    what = f"importing {package} killed the process ({name}: {words})" if words else \
-        f"importing {package} killed the process ({name})"
+    what = (
+        f"importing {package} killed the process ({name}: {words})"
+        if words
+        else f"importing {package} killed the process ({name})"
+    )
     if name == "SIGILL":
-        return (f"{what} — this CPU lacks instructions {package}'s wheel needs (AVX); use Colab or a newer machine",
-                "run the course on Colab (colab.research.google.com: every lesson runs there) or on a machine whose "
-                "CPU has AVX (on Linux `grep -m1 -o avx /proc/cpuinfo` prints avx when it has)")
+        return (
+            f"{what} — this CPU lacks instructions {package}'s wheel needs (AVX); use Colab or a newer machine",
+            "run the course on Colab (colab.research.google.com: every lesson runs there) or on a machine whose "
+            "CPU has AVX (on Linux `grep -m1 -o avx /proc/cpuinfo` prints avx when it has)",
+        )
     if name == "SIGKILL":
-        return (f"{what} — most likely the system ran out of memory (its out-of-memory killer)",
-                "close other programs, or use a machine with more memory (Colab's has 12 GB)")
-    return (f"{what} — a broken or mismatched install, or a library it loads",
-            f"{_tf_install_fix()}\nin a fresh virtual environment: python3 -m venv .venv && . .venv/bin/activate")
+        return (
+            f"{what} — most likely the system ran out of memory (its out-of-memory killer)",
+            "close other programs, or use a machine with more memory (Colab's has 12 GB)",
+        )
+    return (
+        f"{what} — a broken or mismatched install, or a library it loads",
+        f"{_tf_install_fix()}\nin a fresh virtual environment: python3 -m venv .venv && . .venv/bin/activate",
+    )
 
 
 def _import_exit_status(module: str = "tensorflow", timeout: float = IMPORT_PROBE_TIMEOUT_S) -> int | None:
@@ -216,8 +233,14 @@ def run_checks(
     if (py.major, py.minor) >= MIN_PYTHON:
         out.append(Finding("ok", "Python", f"{py.major}.{py.minor}.{py.micro}"))
     else:
-        out.append(Finding("problem", "Python", f"{py.major}.{py.minor} is too old (need ≥ 3.11: Keras 3.13 and later need it)",
-                           "use Python 3.11, 3.12 or 3.13 (Colab's is fine): python3.12 -m venv .venv"))
+        out.append(
+            Finding(
+                "problem",
+                "Python",
+                f"{py.major}.{py.minor} is too old (need ≥ 3.11: Keras 3.13 and later need it)",
+                "use Python 3.11, 3.12 or 3.13 (Colab's is fine): python3.12 -m venv .venv",
+            )
+        )
 
     try:
         cfg = _config.load()
@@ -239,12 +262,24 @@ def run_checks(
     else:
         major_minor = tuple(int(p) for p in tf_version.split(".")[:2] if p.isdigit())
         if major_minor < (2, 16):
-            out.append(Finding("problem", "TensorFlow", f"{tf_version} bundles Keras 2; the course needs Keras 3 (TF ≥ 2.16)",
-                               _tf_install_fix()))
+            out.append(
+                Finding(
+                    "problem",
+                    "TensorFlow",
+                    f"{tf_version} bundles Keras 2; the course needs Keras 3 (TF ≥ 2.16)",
+                    _tf_install_fix(),
+                )
+            )
         elif not tf_version.startswith(PINNED_TF):
             tf_usable = True
-            out.append(Finding("warn", "TensorFlow", f"{tf_version} (the course is tested on {PINNED_TF}.x; most lessons should still run)",
-                               _tf_install_fix() if not in_colab() else ""))
+            out.append(
+                Finding(
+                    "warn",
+                    "TensorFlow",
+                    f"{tf_version} (the course is tested on {PINNED_TF}.x; most lessons should still run)",
+                    _tf_install_fix() if not in_colab() else "",
+                )
+            )
         else:
             tf_usable = True
             out.append(Finding("ok", "TensorFlow", tf_version))
@@ -257,53 +292,107 @@ def run_checks(
             out.append(Finding("problem", "Keras", what.split(" is ", 1)[1], fix))
         elif keras_version is None or not keras_version.startswith("3"):
             tf_usable = False
-            out.append(Finding("problem", "Keras", f"{keras_version or 'not installed'}; the course needs Keras 3",
-                               'pip install "keras>=3.10"'))
+            out.append(
+                Finding(
+                    "problem",
+                    "Keras",
+                    f"{keras_version or 'not installed'}; the course needs Keras 3",
+                    'pip install "keras>=3.10"',
+                )
+            )
         else:
             backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-            note = "" if backend == "tensorflow" else f" (KERAS_BACKEND={backend}: course_utils switches it to tensorflow)"
+            note = (
+                "" if backend == "tensorflow" else f" (KERAS_BACKEND={backend}: course_utils switches it to tensorflow)"
+            )
             out.append(Finding("ok", "Keras", keras_version + note))
 
     tfds_version, tfds_error = (None, None) if death else _checked_version(version_of, "tensorflow_datasets")
     if death:
-        out.append(Finding("warn", "tensorflow-datasets", "not checked: importing it imports TensorFlow, which cannot "
-                           "start here", "fix TensorFlow first (above), then run the doctor again"))
+        out.append(
+            Finding(
+                "warn",
+                "tensorflow-datasets",
+                "not checked: importing it imports TensorFlow, which cannot start here",
+                "fix TensorFlow first (above), then run the doctor again",
+            )
+        )
     elif tfds_error is not None:
         what, fix = describe_import_failure("tensorflow-datasets", tfds_error)
-        out.append(Finding("warn", "tensorflow-datasets",
-                           f"{what.split(' is ', 1)[1]}; lesson 04 on cannot load real CIFAR-10 with it",
-                           f"{fix}\nor do without it: COURSE_DATA=npz:/path/cifar10.npz or COURSE_DATA=synthetic"))
+        out.append(
+            Finding(
+                "warn",
+                "tensorflow-datasets",
+                f"{what.split(' is ', 1)[1]}; lesson 04 on cannot load real CIFAR-10 with it",
+                f"{fix}\nor do without it: COURSE_DATA=npz:/path/cifar10.npz or COURSE_DATA=synthetic",
+            )
+        )
     elif tfds_version is None:
-        out.append(Finding("warn", "tensorflow-datasets", "not installed (needed from lesson 04 on for real CIFAR-10)",
-                           'pip install "tensorflow-datasets>=4.9"'))
+        out.append(
+            Finding(
+                "warn",
+                "tensorflow-datasets",
+                "not installed (needed from lesson 04 on for real CIFAR-10)",
+                'pip install "tensorflow-datasets>=4.9"',
+            )
+        )
     else:
         out.append(Finding("ok", "tensorflow-datasets", tfds_version))
 
     hints = tpu_hints()
     if tf_usable and cfg is None:
-        out.append(Finding("warn", "Accelerator", "not checked: fix the course setting above first",
-                           "unset or correct the variable named above, then run the doctor again"))
+        out.append(
+            Finding(
+                "warn",
+                "Accelerator",
+                "not checked: fix the course setting above first",
+                "unset or correct the variable named above, then run the doctor again",
+            )
+        )
     elif tf_usable:
         from . import runtime
 
         rt = runtime.detect(use_cache=False)
         why = "; ".join(rt.fallbacks) or "nothing to fall back from"
-        accelerator_fix = ("in Colab: Runtime → Change runtime type → v5e-1 TPU (or a GPU), then run the notebook "
-                           "again; elsewhere nothing to do: every lesson runs on a CPU, only slower")
+        accelerator_fix = (
+            "in Colab: Runtime → Change runtime type → v5e-1 TPU (or a GPU), then run the notebook "
+            "again; elsewhere nothing to do: every lesson runs on a CPU, only slower"
+        )
         if rt.kind == "TPU":
             out.append(Finding("ok", "Accelerator", f"TPU, {rt.num_replicas} replica(s)"))
         elif hints:
-            out.append(Finding("warn", "Accelerator", f"{rt.kind} — a TPU seems attached ({hints[0]}) but did not connect. Fell back: {why}",
-                               TPU_INSTALL_FIX))
+            out.append(
+                Finding(
+                    "warn",
+                    "Accelerator",
+                    f"{rt.kind} — a TPU seems attached ({hints[0]}) but did not connect. Fell back: {why}",
+                    TPU_INSTALL_FIX,
+                )
+            )
         elif cfg.device == "tpu":
-            out.append(Finding("warn", "Accelerator", f"COURSE_DEVICE=tpu, but no TPU was found; using {rt.kind}. Fell back: {why}",
-                               "in Colab: Runtime → Change runtime type → v5e-1 TPU; or unset COURSE_DEVICE to use what "
-                               "this machine has"))
+            out.append(
+                Finding(
+                    "warn",
+                    "Accelerator",
+                    f"COURSE_DEVICE=tpu, but no TPU was found; using {rt.kind}. Fell back: {why}",
+                    "in Colab: Runtime → Change runtime type → v5e-1 TPU; or unset COURSE_DEVICE to use what "
+                    "this machine has",
+                )
+            )
         else:
-            out.append(Finding("warn" if rt.kind == "CPU" else "ok", "Accelerator",
-                               f"{rt.kind}, {rt.num_replicas} replica(s). Fell back: {why}"
-                               + (" — the course runs on CPU, slower; timings will differ from TPU/GPU" if rt.kind == "CPU" else ""),
-                               accelerator_fix if rt.kind == "CPU" else ""))
+            out.append(
+                Finding(
+                    "warn" if rt.kind == "CPU" else "ok",
+                    "Accelerator",
+                    f"{rt.kind}, {rt.num_replicas} replica(s). Fell back: {why}"
+                    + (
+                        " — the course runs on CPU, slower; timings will differ from TPU/GPU"
+                        if rt.kind == "CPU"
+                        else ""
+                    ),
+                    accelerator_fix if rt.kind == "CPU" else "",
+                )
+            )
         if rt.kind == "CPU":  # which CPU kernels the lessons run on: they differ in speed more than most choices
             from . import hardware
 
@@ -315,7 +404,9 @@ def run_checks(
         if has_tpu_support:
             out.append(Finding("ok", "TPU support in this TensorFlow", "yes (libtpu found)"))
         elif hints:
-            out.append(Finding("warn", "TPU support in this TensorFlow", "no, on a machine with a TPU", TPU_INSTALL_FIX))
+            out.append(
+                Finding("warn", "TPU support in this TensorFlow", "no, on a machine with a TPU", TPU_INSTALL_FIX)
+            )
         else:
             out.append(Finding("ok", "TPU support in this TensorFlow", "no (only needed on a TPU runtime)"))
 
@@ -334,16 +425,28 @@ def run_checks(
         if ok:
             out.append(Finding("ok", "Dataset", f"CIFAR-10 source reachable ({where})"))
         elif cfg is not None and cfg.data != "tfds":  # smoke mode or a chosen file: the download is not needed
-            out.append(Finding("ok", "Dataset", f"CIFAR-10 source not reachable ({where}); not needed with "
-                                                f"data={cfg.data} (full mode's tfds download would need it)"))
+            out.append(
+                Finding(
+                    "ok",
+                    "Dataset",
+                    f"CIFAR-10 source not reachable ({where}); not needed with "
+                    f"data={cfg.data} (full mode's tfds download would need it)",
+                )
+            )
         else:
             out.append(Finding("warn", "Dataset", f"CIFAR-10 source not reachable ({where})", offline_options))
     if cfg is not None and cfg.data.startswith("npz:"):
         problem = _npz_problem(os.path.expanduser(cfg.data[4:]))
         if problem:
-            out.append(Finding("problem", "Dataset", problem,
-                               "point COURSE_DATA at a course npz (course_utils.data.write_npz makes one), "
-                               "or use COURSE_DATA=synthetic / tfds"))
+            out.append(
+                Finding(
+                    "problem",
+                    "Dataset",
+                    problem,
+                    "point COURSE_DATA at a course npz (course_utils.data.write_npz makes one), "
+                    "or use COURSE_DATA=synthetic / tfds",
+                )
+            )
     return out
 
 
@@ -389,8 +492,10 @@ def _main(argv: list[str]) -> int:
     print("course_utils doctor — can this environment run the course?")
     network = "--offline" not in argv and os.environ.get("COURSE_OFFLINE", "").strip().lower() not in _config.TRUE_WORDS
     if network:
+
         def progress(line):
             print(f"  … {line}", flush=True)
+
         findings = run_checks(network=True, reachable=lambda: _dataset_reachable(progress=progress))
     else:
         findings = run_checks(network=False)
@@ -399,8 +504,10 @@ def _main(argv: list[str]) -> int:
     problems = [f for f in findings if f.level == "problem"]
     warnings = [f for f in findings if f.level == "warn"]
     if problems:
-        print(f"Result: cannot run the course yet — {len(problems)} problem(s): "
-              + "; ".join(f"{p.name}: {p.detail}" for p in problems))
+        print(
+            f"Result: cannot run the course yet — {len(problems)} problem(s): "
+            + "; ".join(f"{p.name}: {p.detail}" for p in problems)
+        )
         return 1
     print(f"Result: the course can run here ({len(warnings)} warning(s)).")
     return 0

@@ -152,9 +152,7 @@ def error(message: str) -> _Verdict:
 
 # CSI sequences (colours, cursor moves: ESC [ … letter), OSC sequences (ESC ] … BEL or ESC \),
 # other two-character escapes; then the C0/C1 control characters that are not whitespace.
-_ANSI = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]"
-)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _MESSAGE_LIMIT = 1000  # characters in a CheckResult message
 
@@ -197,11 +195,7 @@ def _module_of(value: Any) -> str:
 
 def _is_tensor(value: Any) -> bool:
     try:
-        return (
-            _module_of(value).startswith("tensorflow")
-            and hasattr(value, "dtype")
-            and hasattr(value, "shape")
-        )
+        return _module_of(value).startswith("tensorflow") and hasattr(value, "dtype") and hasattr(value, "shape")
     except Exception:  # noqa: BLE001 - a __getattr__ that raises something odd
         return False
 
@@ -357,8 +351,9 @@ def _learner_code(filename: str) -> bool:
         roots = {os.path.dirname(os.path.abspath(__file__))}
         roots |= {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
         path = os.path.abspath(filename) if not filename.startswith("<") else filename
-        known = _LIBRARY_FILES[filename] = (filename.startswith("<frozen") or
-                                            any(path.startswith(root + os.sep) for root in roots))
+        known = _LIBRARY_FILES[filename] = filename.startswith("<frozen") or any(
+            path.startswith(root + os.sep) for root in roots
+        )
     return not known
 
 
@@ -373,7 +368,7 @@ def _raised_in_learner_code(exc: BaseException) -> bool:
 
 
 def _learner_place(exc: BaseException) -> str:
-    """" (in `name`, line N)" of the last learner frame the exception passed through, or ""."""
+    """ " (in `name`, line N)" of the last learner frame the exception passed through, or ""."""
     import traceback
 
     try:
@@ -654,9 +649,7 @@ def read_dataset(
         for element in ds.take(limit + 1):
             elements.append(element)
     except Exception as exc:  # the learner's pipeline failed while running: their bug, one line
-        message = (
-            f"Reading the dataset from `{shown_as}` raised {type(exc).__name__}: {_short(exc)}."
-        )
+        message = f"Reading the dataset from `{shown_as}` raised {type(exc).__name__}: {_short(exc)}."
         raise error(f"{message} {on_error}".strip()) from None
     if len(elements) > limit:
         raise Incorrect(
@@ -664,6 +657,7 @@ def read_dataset(
             f"at most {limit}. Did you `.repeat()` it?"
         )
     return elements
+
 
 def require_int(value: Any, what: str = "an int") -> int:
     """Return ``value`` as a Python int (numpy ints accepted), or raise :class:`Incorrect` naming the type."""
@@ -675,15 +669,15 @@ def require_int(value: Any, what: str = "an int") -> int:
         try:
             number = int(value)
         except Exception as exc:  # noqa: BLE001 - the learner's own int class: its __int__ raised
-            raise Incorrect(f"Expected {what}, got {describe(value)}, which could not be read as a whole number "
-                            f"(int() raised {type(exc).__name__}); return a plain int.") from None
+            raise Incorrect(
+                f"Expected {what}, got {describe(value)}, which could not be read as a whole number "
+                f"(int() raised {type(exc).__name__}); return a plain int."
+            ) from None
         if number.bit_length() > _COUNT_BITS:
             raise Incorrect(f"Expected {what}, got {describe(number)}; that is far too large for this answer.")
         return number
     if isinstance(value, (str, bytes)):
-        raise Incorrect(
-            f"Expected {what}, got {describe(value)}; remove the quotes so it is a number, not text."
-        )
+        raise Incorrect(f"Expected {what}, got {describe(value)}; remove the quotes so it is a number, not text.")
     if isinstance(value, numbers.Real):
         raise Incorrect(
             f"Expected {what}, got {describe(value)}; counts and batch sizes are whole numbers "
@@ -716,9 +710,13 @@ def require_number(value: Any, what: str = "a number") -> float:
         except OverflowError:
             raise Incorrect(f"Expected {what}, got {describe(value)}; that is far too large for this answer.") from None
         except Exception as exc:  # noqa: BLE001 - the learner's own number class: its __float__ raised
-            raise Incorrect(f"Expected {what}, got {describe(value)}, which could not be read as a number "
-                            f"(float() raised {type(exc).__name__}); return a plain int or float.") from None
-    if _is_tensor(value) or (_module_of(value) in ("numpy", "ml_dtypes") and isinstance(getattr(value, "ndim", None), int)):
+            raise Incorrect(
+                f"Expected {what}, got {describe(value)}, which could not be read as a number "
+                f"(float() raised {type(exc).__name__}); return a plain int or float."
+            ) from None
+    if _is_tensor(value) or (
+        _module_of(value) in ("numpy", "ml_dtypes") and isinstance(getattr(value, "ndim", None), int)
+    ):
         try:
             shape = tuple(value.shape)
         except Exception:  # noqa: BLE001
@@ -753,8 +751,7 @@ def require_callable(value: Any, call: str, arity: int) -> Callable:
                 f"Pass the function itself: `check({name})`, not `check({call})`."
             )
         raise Incorrect(
-            f"Expected the function `{name}`, got {describe(value)}; "
-            f"pass the function itself: `check({name})`."
+            f"Expected the function `{name}`, got {describe(value)}; pass the function itself: `check({name})`."
         )
     if isinstance(value, type):
         raise Incorrect(
@@ -787,9 +784,7 @@ def call_learner(fn: Callable, *args: Any, shown_as: str, on_error: str = "") ->
     try:
         result = fn(*args)
     except NotImplementedError:
-        raise _unanswered(
-            "your function still raises NotImplementedError; replace that line with your code."
-        ) from None
+        raise _unanswered("your function still raises NotImplementedError; replace that line with your code.") from None
     except _TimedOut:
         raise
     except SystemExit as exc:
@@ -917,12 +912,12 @@ class Exercise:
                 answer = value
         if args:
             if len(args) > len(self.needs):
-                takes = "only your answer" if not self.needs else (
-                    "your answer and " + ", ".join(f"`{k}`" for k in self.needs)
+                takes = (
+                    "only your answer"
+                    if not self.needs
+                    else ("your answer and " + ", ".join(f"`{k}`" for k in self.needs))
                 )
-                raise error(
-                    f"check() takes {takes}, but got {1 + len(args)} values. Call it as `{self.call_hint}`."
-                )
+                raise error(f"check() takes {takes}, but got {1 + len(args)} values. Call it as `{self.call_hint}`.")
             for key, value in zip(self.needs, args):
                 if key in context:
                     raise error(f"check() got `{key}` twice; pass it once: `{self.call_hint}`.")

@@ -26,8 +26,18 @@ import pathlib
 import stat
 from typing import Any, Iterator, Union
 
-__all__ = ["UnsafePath", "NotRegular", "FolderBusy", "write_bytes", "write_text", "write_json",
-           "read_regular", "folder_problem", "folder_lock", "make_folder"]
+__all__ = [
+    "UnsafePath",
+    "NotRegular",
+    "FolderBusy",
+    "write_bytes",
+    "write_text",
+    "write_json",
+    "read_regular",
+    "folder_problem",
+    "folder_lock",
+    "make_folder",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -201,8 +211,9 @@ def folder_lock(folder: PathLike, what: str = "prove") -> Iterator[None]:
                 raise
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             pid = f" (pid {holder})" if holder.isdigit() else ""
-            raise FolderBusy(f"another {what} is writing to {folder}{pid}; wait for it to end, or use another "
-                             "folder") from None
+            raise FolderBusy(
+                f"another {what} is writing to {folder}{pid}; wait for it to end, or use another folder"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -8,8 +8,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["KERNEL_PATHS", "cpu_bf16_support", "detect_gpu_compute_capability", "kernel_path", "kernel_path_line",
-           "onednn_bf16_aborts", "onednn_bf16_capped", "recommended_policy"]
+__all__ = [
+    "KERNEL_PATHS",
+    "cpu_bf16_support",
+    "detect_gpu_compute_capability",
+    "kernel_path",
+    "kernel_path_line",
+    "onednn_bf16_aborts",
+    "onednn_bf16_capped",
+    "recommended_policy",
+]
 
 # bfloat16 Tensor Cores arrived with NVIDIA Ampere (compute capability 8.0: A100; 8.6/8.9: RTX 30xx, L4; 9.0: H100).
 BF16_MIN_COMPUTE_CAPABILITY = (8, 0)
@@ -166,22 +174,29 @@ def cpu_bf16_support(cpuinfo_text: str | None = None) -> tuple[bool | None, list
 # the path on this course's CI machine (an AVX-512 CPU with avx512_bf16): ``onednn-fp32`` is emulated by capping
 # oneDNN at AVX2, with its custom ops kept on (a bfloat16 op would abort the process there: onednn_bf16_aborts).
 KERNEL_PATHS = {
-    "onednn-bf16": {"env": {"TF_ENABLE_ONEDNN_OPTS": "1"},
-                    "what": "oneDNN with bfloat16 units (AMX or AVX512-BF16)",
-                    "who": "recent Xeon and EPYC servers: cloud VMs, Colab's CPU runtime when it lands on one"},
-    "onednn-fp32": {"env": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-                    "what": "oneDNN in float32 (no bfloat16 units)",
-                    "who": "x86 Windows (oneDNN is on by default there), older Xeons with AVX512_VNNI"},
-    "eigen": {"env": {"TF_ENABLE_ONEDNN_OPTS": "0"},
-              "what": "TensorFlow's own kernels (Eigen; oneDNN off)",
-              "who": "Linux laptops and desktops without VNNI or AMX, every Mac, Arm Linux"},
+    "onednn-bf16": {
+        "env": {"TF_ENABLE_ONEDNN_OPTS": "1"},
+        "what": "oneDNN with bfloat16 units (AMX or AVX512-BF16)",
+        "who": "recent Xeon and EPYC servers: cloud VMs, Colab's CPU runtime when it lands on one",
+    },
+    "onednn-fp32": {
+        "env": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "what": "oneDNN in float32 (no bfloat16 units)",
+        "who": "x86 Windows (oneDNN is on by default there), older Xeons with AVX512_VNNI",
+    },
+    "eigen": {
+        "env": {"TF_ENABLE_ONEDNN_OPTS": "0"},
+        "what": "TensorFlow's own kernels (Eigen; oneDNN off)",
+        "who": "Linux laptops and desktops without VNNI or AMX, every Mac, Arm Linux",
+    },
 }
 
 _ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def kernel_path(environ: Any = None, cpuinfo_text: str | None = None, platform: str | None = None,
-                machine: str | None = None) -> tuple[str, str]:
+def kernel_path(
+    environ: Any = None, cpuinfo_text: str | None = None, platform: str | None = None, machine: str | None = None
+) -> tuple[str, str]:
     """``(path, why)``: which of :data:`KERNEL_PATHS` TensorFlow's CPU ops take in a process started with
     ``environ`` (default: this one's) on this CPU — by ``TF_ENABLE_ONEDNN_OPTS``, TensorFlow's default policy for
     the platform and the CPU's flags, and ``ONEDNN_MAX_CPU_ISA``. Without TensorFlow: it reads only the environment
@@ -197,19 +212,26 @@ def kernel_path(environ: Any = None, cpuinfo_text: str | None = None, platform: 
         return "eigen", "macOS: TensorFlow's macOS build has no oneDNN"
     if opts in ("0", "false"):
         cap = _onednn_cap(environ)
-        return "eigen", ("TF_ENABLE_ONEDNN_OPTS=0 turns oneDNN's custom ops off"
-                         + (f", so ONEDNN_MAX_CPU_ISA={cap} caps nothing" if cap else ""))
+        return "eigen", (
+            "TF_ENABLE_ONEDNN_OPTS=0 turns oneDNN's custom ops off"
+            + (f", so ONEDNN_MAX_CPU_ISA={cap} caps nothing" if cap else "")
+        )
     if opts in ("1", "true"):
         why = "TF_ENABLE_ONEDNN_OPTS=1 turns oneDNN on"
     elif platform.startswith("win"):
         why = "on x86 Windows TensorFlow turns oneDNN on by default"
     elif machine in ("aarch64", "arm64"):
-        return "eigen", "on Arm Linux TensorFlow turns oneDNN on by default only on a Neoverse V1 (TF_ENABLE_ONEDNN_OPTS=1 to try it)"
+        return (
+            "eigen",
+            "on Arm Linux TensorFlow turns oneDNN on by default only on a Neoverse V1 (TF_ENABLE_ONEDNN_OPTS=1 to try it)",
+        )
     else:
         flags = _cpu_flags(cpuinfo_text)
         found = [f for f in _ONEDNN_DEFAULT_FLAGS if f in (flags or ())]
         if not found:
-            seen = "its flags could not be read" if flags is None else "it has none of " + ", ".join(_ONEDNN_DEFAULT_FLAGS)
+            seen = (
+                "its flags could not be read" if flags is None else "it has none of " + ", ".join(_ONEDNN_DEFAULT_FLAGS)
+            )
             return "eigen", f"TensorFlow turns oneDNN on by default only on a CPU with VNNI or AMX, and {seen}"
         why = f"TensorFlow turns oneDNN on by default on this CPU ({', '.join(found)})"
     cap = onednn_bf16_capped(environ)
@@ -218,8 +240,11 @@ def kernel_path(environ: Any = None, cpuinfo_text: str | None = None, platform: 
     supported, found = cpu_bf16_support(cpuinfo_text)
     if supported:
         return "onednn-bf16", f"{why}; bfloat16 units: {', '.join(found)}"
-    return "onednn-fp32", f"{why}; " + ("no bfloat16 units (avx512_bf16, amx_bf16)" if supported is False
-                                        else "whether it has bfloat16 units could not be read")
+    return "onednn-fp32", f"{why}; " + (
+        "no bfloat16 units (avx512_bf16, amx_bf16)"
+        if supported is False
+        else "whether it has bfloat16 units could not be read"
+    )
 
 
 def kernel_path_line(environ: Any = None) -> str:

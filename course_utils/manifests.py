@@ -65,8 +65,7 @@ class Lesson:
 
 
 _TOP = {"id": str, "title": str, "minutes": int, "measures": str, "advanced": bool}
-_RUN = {"cpu_replicas": int, "cost": int, "smoke_cost": int, "xla_notebook": bool, "all_cores": bool,
-        "ci_shapes": list}
+_RUN = {"cpu_replicas": int, "cost": int, "smoke_cost": int, "xla_notebook": bool, "all_cores": bool, "ci_shapes": list}
 CI_SHAPES = ("tpu-1", "gpu")
 """The stand-in shapes ``.ci/run`` proves lessons in (prove --shape)."""
 
@@ -132,7 +131,7 @@ def read_manifest(path: str | Path, package_prefix: str = PACKAGE) -> Lesson:
         if key not in fields:
             raise ManifestError(f"{path}: no {key}")
     if not re.fullmatch(r"\d\d", fields["id"]):
-        raise ManifestError(f"{path}: id must be two digits, like \"09\", not {fields['id']!r}")
+        raise ManifestError(f'{path}: id must be two digits, like "09", not {fields["id"]!r}')
     bad = [s for s in fields.get("ci_shapes", []) if s not in CI_SHAPES]
     if bad:
         raise ManifestError(f"{path}: ci_shapes {bad} are not among {list(CI_SHAPES)}")
@@ -146,8 +145,9 @@ def read_manifest(path: str | Path, package_prefix: str = PACKAGE) -> Lesson:
 
 def discover(folder: str | Path = FOLDER, package_prefix: str = PACKAGE) -> tuple[Lesson, ...]:
     """Every lesson whose folder under ``folder`` has a manifest, in the order of their ids (unique)."""
-    found = sorted((read_manifest(p, package_prefix) for p in Path(folder).glob(f"*/{MANIFEST}")),
-                   key=lambda lesson: lesson.id)
+    found = sorted(
+        (read_manifest(p, package_prefix) for p in Path(folder).glob(f"*/{MANIFEST}")), key=lambda lesson: lesson.id
+    )
     ids = [lesson.id for lesson in found]
     twice = sorted({i for i in ids if ids.count(i) > 1})
     if twice:

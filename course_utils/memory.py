@@ -153,7 +153,17 @@ def variable_bytes(model_or_variables: Any) -> VariableBytes:
 # ----------------------------------------------------------------------------------------------
 
 # Per trainable variable, how many same-shaped slot variables the optimizer keeps.
-_SLOTS_BY_NAME = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2, "adagrad": 1, "rmsprop": 1, "nadam": 2, "adamax": 2, "lion": 1}
+_SLOTS_BY_NAME = {
+    "sgd": 0,
+    "sgd_momentum": 1,
+    "adam": 2,
+    "adamw": 2,
+    "adagrad": 1,
+    "rmsprop": 1,
+    "nadam": 2,
+    "adamax": 2,
+    "lion": 1,
+}
 # Besides its slots, every Keras 3 optimizer keeps an int64 iteration counter and a float32 learning rate.
 _OPTIMIZER_SCALAR_BYTES = 8 + 4
 
@@ -167,7 +177,9 @@ def optimizer_slots_per_variable(optimizer: Any) -> int:
     if isinstance(optimizer, str):
         key = optimizer.lower().replace("-", "_")
         if key not in _SLOTS_BY_NAME:
-            raise ValueError(f"unknown optimizer {optimizer!r}; use one of {sorted(_SLOTS_BY_NAME)} or a keras optimizer")
+            raise ValueError(
+                f"unknown optimizer {optimizer!r}; use one of {sorted(_SLOTS_BY_NAME)} or a keras optimizer"
+            )
         return _SLOTS_BY_NAME[key]
     inner = getattr(optimizer, "inner_optimizer", None)
     if inner is not None:
@@ -223,7 +235,11 @@ class MemoryEstimate:
             row("parameters", self.parameters, f"all variables, float ones in {self.variable_dtype}"),
             row("gradients", self.gradients, f"one per trainable variable, {self.variable_dtype}"),
             row("optimizer slots", self.optimizer_slots, f"{self.optimizer} state + step counter and learning rate"),
-            row("activations (est.)", self.activations, f"layer outputs for batch {self.batch_size}, {self.compute_dtype}"),
+            row(
+                "activations (est.)",
+                self.activations,
+                f"layer outputs for batch {self.batch_size}, {self.compute_dtype}",
+            ),
             row("total", self.total, f"policy {self.policy}"),
         ]
 
@@ -278,7 +294,9 @@ def _leaf_layers(model) -> list:
     return out
 
 
-def estimate_training_memory(model: Any, batch_size: int, optimizer: Any = "adam", policy: Any = None) -> MemoryEstimate:
+def estimate_training_memory(
+    model: Any, batch_size: int, optimizer: Any = "adam", policy: Any = None
+) -> MemoryEstimate:
     """Estimate the memory one training step needs, split into parameters, gradients, optimizer slots, activations.
 
     ``model``: a built Keras model (``keras.Input`` first). ``policy``: ``None`` counts the model as it
@@ -325,7 +343,9 @@ def estimate_training_memory(model: Any, batch_size: int, optimizer: Any = "adam
 
     if target is None:  # describe the model as built, not the global policy
         built = [l for l in model.layers if type(l).__name__ != "InputLayer"]
-        names = sorted({l.dtype_policy.name for l in built}, key=lambda n: -sum(l.dtype_policy.name == n for l in built))
+        names = sorted(
+            {l.dtype_policy.name for l in built}, key=lambda n: -sum(l.dtype_policy.name == n for l in built)
+        )
         label = "/".join(names) + " (as built)" if names else f"{default.name} (as built)"
         var_label = "/".join(sorted({var_dtype(v) for v in variables if _is_float(var_dtype(v))})) or "float32"
         compute_label = "/".join(sorted({compute_dtype(l) for l in built})) or _dtype_name(default.compute_dtype)
@@ -542,8 +562,9 @@ def _as_steps(built: Any) -> dict:
     return {str(k): v for k, v in (built if isinstance(built, Mapping) else {"": built}).items()}
 
 
-def _build_and_measure(module: str, name: str, kwargs: dict, repeats: int, reserve_mib: int,
-                       device: str) -> tuple[dict, dict]:
+def _build_and_measure(
+    module: str, name: str, kwargs: dict, repeats: int, reserve_mib: int, device: str
+) -> tuple[dict, dict]:
     """In the fresh process: reserve, build the step(s), warm each up, measure each ``repeats`` times.
 
     Everything runs on ``device``, the one whose peak is read: on a TPU nothing runs there unless placed (an unplaced
@@ -584,8 +605,9 @@ def _error_line(label: Any) -> str:
     return json.dumps({"label": label, "error": tail[-4000:]})
 
 
-def _interleaved_ratios(seconds_of: Callable[[str, str], float], labels: list, keys: list, base: str,
-                        rounds: int) -> tuple[dict[str, list], dict[str, list]]:
+def _interleaved_ratios(
+    seconds_of: Callable[[str, str], float], labels: list, keys: list, base: str, rounds: int
+) -> tuple[dict[str, list], dict[str, list]]:
     """Rounds of (baseline, variant) timings, adjacent in time: ``{label + key: [variant ÷ baseline per round]}``
     and ``{key: [the baseline's seconds, every time]}``. ``seconds_of(label, key)`` times one step."""
     ratios: dict[str, list] = {label + key: [] for key in keys for label in labels}
@@ -599,8 +621,17 @@ def _interleaved_ratios(seconds_of: Callable[[str, str], float], labels: list, k
     return ratios, base_seconds
 
 
-def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib: int, device: str,
-                  parallel: int, fork: bool, timing: dict | None = None) -> None:
+def _measure_jobs(
+    module: str,
+    name: str,
+    jobs: list,
+    repeats: int,
+    reserve_mib: int,
+    device: str,
+    parallel: int,
+    fork: bool,
+    timing: dict | None = None,
+) -> None:
     """The child program of :func:`measure_isolated`: prints one JSON line per job (and one for the timings).
 
     Without ``fork``: the one job runs in this process. With ``fork`` (Linux): this process imports
@@ -614,10 +645,18 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
     import importlib
 
     if not fork:
-        (label, kwargs), = jobs
+        ((label, kwargs),) = jobs
         try:
-            print("\n" + json.dumps({"label": label, "result": _build_and_measure(
-                module, name, kwargs, repeats, reserve_mib, device)[0]}), flush=True)
+            print(
+                "\n"
+                + json.dumps(
+                    {
+                        "label": label,
+                        "result": _build_and_measure(module, name, kwargs, repeats, reserve_mib, device)[0],
+                    }
+                ),
+                flush=True,
+            )
         except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
             print("\n" + _error_line(label), flush=True)
         return
@@ -695,6 +734,7 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
             if not timing:
                 finish(current)
         if timing:
+
             def seconds_of(label: str, key: str) -> float:
                 nonlocal current
                 current = label
@@ -703,8 +743,9 @@ def _measure_jobs(module: str, name: str, jobs: list, repeats: int, reserve_mib:
                 return float(answer(label))
 
             keys = keys_of[timing["base"]]
-            ratios, base_seconds = _interleaved_ratios(seconds_of, timing["labels"], keys, timing["base"],
-                                                       timing["rounds"])
+            ratios, base_seconds = _interleaved_ratios(
+                seconds_of, timing["labels"], keys, timing["base"], timing["rounds"]
+            )
             print("\n" + json.dumps({"timing": {"ratios": ratios, "base_seconds": base_seconds}}), flush=True)
     except Exception as e:  # noqa: BLE001
         print("\n" + json.dumps({"label": current, "error": str(e)}), flush=True)
@@ -744,12 +785,15 @@ class _Forker:
         self.stderr = tempfile.TemporaryFile()
         # it dies with this process, however that ends (a timeout's SIGKILL, Ctrl-C, os._exit: no atexit runs):
         # the kernel's parent-death signal (Linux), armed before TensorFlow's import (seconds)
-        code = ("from course_utils import memory, processes\n"
-                f"processes.die_with_parent({os.getpid()})\n"
-                "memory._serve()\n"
-                "import os; os._exit(0)  # skip TensorFlow's teardown\n")
-        self.proc = processes.start([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=self.stderr)
+        code = (
+            "from course_utils import memory, processes\n"
+            f"processes.die_with_parent({os.getpid()})\n"
+            "memory._serve()\n"
+            "import os; os._exit(0)  # skip TensorFlow's teardown\n"
+        )
+        self.proc = processes.start(
+            [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr
+        )
         self.buffer = b""
         self.exiting = False
 
@@ -830,11 +874,20 @@ class IsolatedMeasurements:
     timed: str = ""
 
 
-def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],
-                     repeats: int = 3, reserve_mib: int = RESERVE_MIB, parallel: int = 4,
-                     fresh_process: bool | None = None, timeout: float = 300, fork: bool | None = None,
-                     time_rounds: int = 0, time_repeats: int = 3, time_baseline: str | None = None,
-                     time_labels: list | None = None) -> IsolatedMeasurements:
+def measure_isolated(
+    make_step: Callable[..., Callable[[], Any]],
+    variants: Mapping[str, Mapping[str, Any]],
+    repeats: int = 3,
+    reserve_mib: int = RESERVE_MIB,
+    parallel: int = 4,
+    fresh_process: bool | None = None,
+    timeout: float = 300,
+    fork: bool | None = None,
+    time_rounds: int = 0,
+    time_repeats: int = 3,
+    time_baseline: str | None = None,
+    time_labels: list | None = None,
+) -> IsolatedMeasurements:
     """Peak memory (and, if asked, step time) of one step per variant, each in its own fresh Python process.
 
     ``make_step``: a module-level function; ``make_step(**variants[label])`` builds whatever the step
@@ -894,8 +947,10 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
         try:
             json.dumps(variants)
         except (TypeError, ValueError) as e:
-            raise TypeError("the variants' arguments must be JSON-able (numbers, strings, lists, dicts) to reach a "
-                            f"fresh process: {e}") from None
+            raise TypeError(
+                "the variants' arguments must be JSON-able (numbers, strings, lists, dicts) to reach a "
+                f"fresh process: {e}"
+            ) from None
     if fork is None:
         fork = sys.platform.startswith("linux") and hasattr(os, "fork")
 
@@ -915,9 +970,14 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
                     _block_all(step())  # tracing and compiling are not part of a step's time
             ratios, base_seconds = _interleaved_ratios(
                 lambda label, key: time_fn(steps[label][key], repeats=timing["repeats"], warmup=1).median_s,
-                timing["labels"], list(steps[timing["base"]]), timing["base"], timing["rounds"])
-        return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in ratios.items()}, base_seconds,
-                                    "in this process, steps built again")
+                timing["labels"],
+                list(steps[timing["base"]]),
+                timing["base"],
+                timing["rounds"],
+            )
+        return IsolatedMeasurements(
+            peaks, {k: Samples(v) for k, v in ratios.items()}, base_seconds, "in this process, steps built again"
+        )
 
     if not fresh_process:
         return time_here(_measure_here_both_orders(module, name, variants, int(repeats), device))
@@ -993,11 +1053,22 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
             while pending or running:
                 while pending and len(running) < parallel:
                     label, kwargs = pending.pop(0)
-                    args = json.dumps([module, name, [[label, kwargs]], int(repeats), int(reserve_mib), "CPU:0", 1,
-                                       False, None])
-                    running.append((label, processes.start([sys.executable, "-c", code, args], env=env, text=True,
-                                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE),
-                                    time.monotonic() + timeout))
+                    args = json.dumps(
+                        [module, name, [[label, kwargs]], int(repeats), int(reserve_mib), "CPU:0", 1, False, None]
+                    )
+                    running.append(
+                        (
+                            label,
+                            processes.start(
+                                [sys.executable, "-c", code, args],
+                                env=env,
+                                text=True,
+                                stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                            ),
+                            time.monotonic() + timeout,
+                        )
+                    )
                 label, proc, deadline = running.pop(0)
                 try:
                     stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -1010,15 +1081,21 @@ def measure_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapp
                 stop(proc)
         where = "started from scratch"
     reserved = f", {reserve_mib} MiB reserved first" if reserve_mib > 0 else ""
-    peaks = {label + key: _median_peak(r["samples"], f"{r['method']}, in a fresh process ({where}{reserved})",
-                                       r["device"])
-             for label in variants for key, r in results[label].items()}
+    peaks = {
+        label + key: _median_peak(r["samples"], f"{r['method']}, in a fresh process ({where}{reserved})", r["device"])
+        for label in variants
+        for key, r in results[label].items()
+    }
     if timing is None:
         return IsolatedMeasurements(peaks, {}, {})
     if not fork:
         return time_here(peaks)
-    return IsolatedMeasurements(peaks, {k: Samples(v) for k, v in timed["ratios"].items()}, timed["base_seconds"],
-                                "in the measuring processes, one at a time")
+    return IsolatedMeasurements(
+        peaks,
+        {k: Samples(v) for k, v in timed["ratios"].items()},
+        timed["base_seconds"],
+        "in the measuring processes, one at a time",
+    )
 
 
 def _measure_here_both_orders(module: str, name: str, variants: dict, repeats: int, device: str) -> dict:
@@ -1045,18 +1122,27 @@ def _measure_here_both_orders(module: str, name: str, variants: dict, repeats: i
         samples = [v for r in runs for v in r["samples"]]
         if len(runs) > 1:
             first, second = (statistics.median(r["samples"]) / MIB for r in runs)
-            where = (f", in this process, in both orders (first to last: {first:.1f} MiB; last to first: "
-                     f"{second:.1f} MiB; pooled): what ran before can change the figure")
+            where = (
+                f", in this process, in both orders (first to last: {first:.1f} MiB; last to first: "
+                f"{second:.1f} MiB; pooled): what ran before can change the figure"
+            )
         else:
             where = ", in this process (after what ran before it: the figure can depend on that)"
         out[label + key] = _median_peak(samples, runs[0]["method"] + where, runs[0]["device"])
     return out
 
 
-def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants: Mapping[str, Mapping[str, Any]],
-                           repeats: int = 3, reserve_mib: int = RESERVE_MIB, parallel: int = 4,
-                           fresh_process: bool | None = None, timeout: float = 300,
-                           fork: bool | None = None, processes: int = 1) -> dict[str, PeakMemory]:
+def measure_peaks_isolated(
+    make_step: Callable[..., Callable[[], Any]],
+    variants: Mapping[str, Mapping[str, Any]],
+    repeats: int = 3,
+    reserve_mib: int = RESERVE_MIB,
+    parallel: int = 4,
+    fresh_process: bool | None = None,
+    timeout: float = 300,
+    fork: bool | None = None,
+    processes: int = 1,
+) -> dict[str, PeakMemory]:
     """Peak memory of one step per variant, each measured in its own fresh Python process:
     :func:`measure_isolated` without timing — ``{label (+ key): PeakMemory}``.
 
@@ -1065,11 +1151,27 @@ def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants
     order a step's ops differently from one process to the next, and a step's peak with it (measured: a Dense +
     LayerNorm stack saved 16-18% in most processes and 0% in one), so a verdict needs readings from several."""
     if int(processes) <= 1:
-        return measure_isolated(make_step, variants, repeats=repeats, reserve_mib=reserve_mib, parallel=parallel,
-                                fresh_process=fresh_process, timeout=timeout, fork=fork).peaks
+        return measure_isolated(
+            make_step,
+            variants,
+            repeats=repeats,
+            reserve_mib=reserve_mib,
+            parallel=parallel,
+            fresh_process=fresh_process,
+            timeout=timeout,
+            fork=fork,
+        ).peaks
     copies = {f"{label}{_COPY}{i}": kwargs for i in range(int(processes)) for label, kwargs in variants.items()}
-    peaks = measure_isolated(make_step, copies, repeats=repeats, reserve_mib=reserve_mib, parallel=parallel,
-                             fresh_process=fresh_process, timeout=timeout, fork=fork).peaks
+    peaks = measure_isolated(
+        make_step,
+        copies,
+        repeats=repeats,
+        reserve_mib=reserve_mib,
+        parallel=parallel,
+        fresh_process=fresh_process,
+        timeout=timeout,
+        fork=fork,
+    ).peaks
     pooled: dict[str, list] = {}
     for label, peak in peaks.items():
         name, rest = label.split(_COPY, 1)
@@ -1085,9 +1187,22 @@ def measure_peaks_isolated(make_step: Callable[..., Callable[[], Any]], variants
 _COPY = " \u00b7copy "  # joins a variant's label and its process number (measure_peaks_isolated's processes)
 
 
-def measure_peak_isolated(make_step: Callable[..., Callable[[], Any]], repeats: int = 3,
-                          reserve_mib: int = RESERVE_MIB, fresh_process: bool | None = None,
-                          timeout: float = 300, fork: bool | None = None, **kwargs: Any) -> PeakMemory:
+def measure_peak_isolated(
+    make_step: Callable[..., Callable[[], Any]],
+    repeats: int = 3,
+    reserve_mib: int = RESERVE_MIB,
+    fresh_process: bool | None = None,
+    timeout: float = 300,
+    fork: bool | None = None,
+    **kwargs: Any,
+) -> PeakMemory:
     """:func:`measure_peaks_isolated` for one step: ``make_step(**kwargs)`` measured in a fresh process."""
-    return measure_peaks_isolated(make_step, {"step": kwargs}, repeats=repeats, reserve_mib=reserve_mib,
-                                  fresh_process=fresh_process, timeout=timeout, fork=fork)["step"]
+    return measure_peaks_isolated(
+        make_step,
+        {"step": kwargs},
+        repeats=repeats,
+        reserve_mib=reserve_mib,
+        fresh_process=fresh_process,
+        timeout=timeout,
+        fork=fork,
+    )["step"]

@@ -110,7 +110,6 @@ class Client(NotebookClient):
             self.course_report(cell_index, seconds, "" if status == "ok" else "error")
 
 
-
 def kill_kernel_left(km: Any) -> None:
     """The kernel of ``km`` and its process group, killed if its process still runs (a stop that came while it
     started, before nbclient's cleanup could see it). Only a process this build started and has not reaped."""
@@ -137,10 +136,17 @@ def failed_cell(nb) -> tuple[int, str]:
     return -1, ""
 
 
-
-def run(nb: Any, env: dict, *, workdir: str | os.PathLike, timeout: float, log_path: str | os.PathLike,
-        report_cell: Callable[[int, float, str], None] | None = None, allow_errors: bool = False,
-        still_running_every_s: float = STILL_RUNNING_EVERY_S) -> tuple[float, str]:
+def run(
+    nb: Any,
+    env: dict,
+    *,
+    workdir: str | os.PathLike,
+    timeout: float,
+    log_path: str | os.PathLike,
+    report_cell: Callable[[int, float, str], None] | None = None,
+    allow_errors: bool = False,
+    still_running_every_s: float = STILL_RUNNING_EVERY_S,
+) -> tuple[float, str]:
     """Execute ``nb`` (an nbformat notebook, changed in place) with ``env`` in ``workdir``; ``(seconds, failure)``,
     failure ``""`` when every cell ran (with ``allow_errors``, cells that raise do not stop it: read their error
     outputs). ``report_cell(index, seconds, how)`` hears of each cell as it ends (``how``: ``""``, ``"error"``) and
@@ -148,8 +154,13 @@ def run(nb: Any, env: dict, *, workdir: str | os.PathLike, timeout: float, log_p
     :class:`processes.Stopped`."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    client = Client(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                             resources={"metadata": {"path": str(workdir)}})
+    client = Client(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(workdir)}},
+    )
     client.course_saved = {sig: signal.getsignal(sig) for sig in stop_signals()}
     client.course_report = report_cell
     client.course_every_s = still_running_every_s
@@ -161,8 +172,14 @@ def run(nb: Any, env: dict, *, workdir: str | os.PathLike, timeout: float, log_p
         os.unlink(log_path)  # a name only: a link or a pipe put there is removed, never followed or opened
     except FileNotFoundError:
         pass
-    log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                       | getattr(os, "O_CLOEXEC", 0), 0o666), "wb")
+    log = open(
+        os.open(
+            log_path,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+            0o666,
+        ),
+        "wb",
+    )
     start = time.perf_counter()
     failure = ""
     try:

@@ -40,9 +40,30 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-__all__ = ["MIN_INTEROP_THREADS", "Process", "Sentinel", "ServerFailed", "Stopped", "TimedOut", "can_fork",
-           "crash_said", "die_with_parent", "group", "interop_threads", "kill_group", "run", "signals_held", "start",
-           "stop_all", "stop_on_signals", "stop_servers", "tail", "tensorflow_has_run_an_op", "usable_cores"]
+__all__ = [
+    "MIN_INTEROP_THREADS",
+    "Process",
+    "Sentinel",
+    "ServerFailed",
+    "Stopped",
+    "TimedOut",
+    "can_fork",
+    "crash_said",
+    "die_with_parent",
+    "group",
+    "interop_threads",
+    "kill_group",
+    "run",
+    "signals_held",
+    "start",
+    "stop_all",
+    "stop_on_signals",
+    "stop_servers",
+    "tail",
+    "tensorflow_has_run_an_op",
+    "usable_cores",
+]
+
 
 class Stopped(BaseException):
     """SIGTERM or SIGHUP arrived (raised in the main thread by :func:`stop_on_signals`); ``signum`` says which.
@@ -55,6 +76,7 @@ class Stopped(BaseException):
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name
+
 
 @contextlib.contextmanager
 def stop_on_signals(names: Sequence[str] = ("SIGTERM", "SIGHUP")) -> Iterator[None]:
@@ -90,6 +112,7 @@ def stop_on_signals(names: Sequence[str] = ("SIGTERM", "SIGHUP")) -> Iterator[No
         for sig, previous in old.items():
             signal.signal(sig, previous)
 
+
 @contextlib.contextmanager
 def signals_held():
     """Hold SIGINT, SIGTERM and SIGHUP (main thread only) while a task starts: a Ctrl-C between the start of a
@@ -119,6 +142,7 @@ def signals_held():
             elif handler != signal.SIG_IGN:
                 signal.raise_signal(caught[0])  # the default action, now that the task is on the list
 
+
 def die_with_parent(parent_pid: int | None = None, sig: int = 9) -> bool:
     """Linux: have the kernel send ``sig`` (9 = SIGKILL) to this process when its parent ends, however it ends
     (``prctl(PR_SET_PDEATHSIG)``). If ``parent_pid`` is given and the parent is already gone (it died before this
@@ -139,6 +163,7 @@ def die_with_parent(parent_pid: int | None = None, sig: int = 9) -> bool:
     if parent_pid is not None and os.getppid() != int(parent_pid):
         os.kill(os.getpid(), sig)
     return True
+
 
 @contextlib.contextmanager
 def crash_said(line: str) -> Iterator[None]:
@@ -220,8 +245,13 @@ class Sentinel:
         if not hasattr(os, "killpg"):
             return
         try:
-            self.proc = start([sys.executable, "-S", "-c", SENTINEL], stdin=subprocess.PIPE,  # its own session:
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)  # Ctrl-C spares it
+            self.proc = start(
+                [sys.executable, "-S", "-c", SENTINEL],
+                stdin=subprocess.PIPE,  # its own session:
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )  # Ctrl-C spares it
         except OSError:
             self.proc = None
 
@@ -272,19 +302,32 @@ def start(argv: Sequence[str], *, fork: bool = False, **kwargs: Any):
     argv = list(argv)
     if fork:
         kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "errors": "replace", **kwargs}
-        if (argv[:1] != [sys.executable] or len(argv) < 3 or argv[1] not in ("-m", "-c")
-                or not isinstance(argv[2], str) or "env" not in kwargs
-                or set(kwargs) - FORK_KWARGS or kwargs["text"] is not True
-                or kwargs["stdout"] not in (subprocess.PIPE, subprocess.DEVNULL)
-                or kwargs["stderr"] not in (subprocess.STDOUT, subprocess.PIPE)):
-            raise ValueError("fork=True runs `python -m MODULE ...` or `python -c CODE ...` with an env, its output "
-                             "text on pipes (stdout PIPE or DEVNULL, stderr STDOUT or PIPE)")
+        if (
+            argv[:1] != [sys.executable]
+            or len(argv) < 3
+            or argv[1] not in ("-m", "-c")
+            or not isinstance(argv[2], str)
+            or "env" not in kwargs
+            or set(kwargs) - FORK_KWARGS
+            or kwargs["text"] is not True
+            or kwargs["stdout"] not in (subprocess.PIPE, subprocess.DEVNULL)
+            or kwargs["stderr"] not in (subprocess.STDOUT, subprocess.PIPE)
+        ):
+            raise ValueError(
+                "fork=True runs `python -m MODULE ...` or `python -c CODE ...` with an env, its output "
+                "text on pipes (stdout PIPE or DEVNULL, stderr STDOUT or PIPE)"
+            )
     with signals_held():
         if fork and can_fork():
             target = {"module": argv[2]} if argv[1] == "-m" else {"code": argv[2]}
-            return _server_for(kwargs["env"]).spawn(target, list(argv[3:]), kwargs["env"], kwargs.get("cwd"),
-                                                    separate_stderr=kwargs["stderr"] == subprocess.PIPE,
-                                                    discard_stdout=kwargs["stdout"] == subprocess.DEVNULL)
+            return _server_for(kwargs["env"]).spawn(
+                target,
+                list(argv[3:]),
+                kwargs["env"],
+                kwargs.get("cwd"),
+                separate_stderr=kwargs["stderr"] == subprocess.PIPE,
+                discard_stdout=kwargs["stdout"] == subprocess.DEVNULL,
+            )
         if fork:  # started afresh instead: stdin /dev/null, as a forked child's
             kwargs["stdin"] = subprocess.DEVNULL
         return subprocess.Popen(argv, start_new_session=True, **kwargs)
@@ -306,15 +349,17 @@ class TimedOut(subprocess.TimeoutExpired):
         super().__init__(cmd, timeout, output, stderr)
         last = tail(stderr, 1) or tail(output, 1)
         self.what = what or " ".join(map(str, cmd))[:120]
-        self.message = (f"{self.what} ran past {timeout:g} s and was stopped"
-                        + (f" (its last line: {last[:200]})" if last else ""))
+        self.message = f"{self.what} ran past {timeout:g} s and was stopped" + (
+            f" (its last line: {last[:200]})" if last else ""
+        )
 
     def __str__(self) -> str:
         return self.message
 
 
-def run(argv: Sequence[str], *, timeout: float | None = None, what: str | None = None, fork: bool = False,
-        **kwargs: Any) -> subprocess.CompletedProcess:
+def run(
+    argv: Sequence[str], *, timeout: float | None = None, what: str | None = None, fork: bool = False, **kwargs: Any
+) -> subprocess.CompletedProcess:
     """:func:`start` ``argv`` (``fork`` as there), its stdout and stderr captured as text, apart (stdin
     ``/dev/null`` unless given; a forked child's is always), and wait. Past ``timeout`` seconds, or on any exception
     while waiting (Ctrl-C), its whole group is killed and reaped; a timeout raises :class:`TimedOut`, naming ``what``
@@ -408,6 +453,7 @@ def stop_all(procs: dict, grace_s: float = 3.0) -> None:
     if interrupted is not None:
         raise interrupted
 
+
 def usable_cores() -> int:
     """The CPU cores this process may run on: what ``taskset``, a container or ``prove --jobs`` left it (all of
     them where the OS cannot say: macOS, Windows)."""
@@ -419,12 +465,14 @@ def usable_cores() -> int:
 
 MIN_INTEROP_THREADS = 2
 
+
 def interop_threads() -> int:
     """Inter-op threads for a cluster task: TensorFlow's default (one per core this process may use), but at least
     :data:`MIN_INTEROP_THREADS`. With one core TensorFlow starts one inter-op thread, and a distributed task that
     blocks it (waiting for a peer's tensor or a scheduled function) has none left to serve its peers: a
     parameter-server cluster under ``taskset -c 0`` never finished (measured; with 2 threads it runs in seconds)."""
     return max(MIN_INTEROP_THREADS, usable_cores())
+
 
 def tensorflow_has_run_an_op() -> bool:
     """Whether this process has started TensorFlow's eager runtime (run an op, listed devices): its thread pools
@@ -436,25 +484,37 @@ def tensorflow_has_run_an_op() -> bool:
 
     ctx = context.context()
     if not isinstance(getattr(ctx, "_initialized", None), bool):
-        raise RuntimeError(f"TensorFlow {tf.__version__}'s eager context has no boolean '_initialized' any more: "
-                           "course_utils.processes.tensorflow_has_run_an_op needs updating for this release")
+        raise RuntimeError(
+            f"TensorFlow {tf.__version__}'s eager context has no boolean '_initialized' any more: "
+            "course_utils.processes.tensorflow_has_run_an_op needs updating for this release"
+        )
     return ctx._initialized
+
 
 # ---- the fork server ----
 
 # environment variables read while TensorFlow and Keras are imported (logging, oneDNN, CUDA, library paths,
 # Python's own): a child must have been forked from a server that imported them with the same values
-IMPORT_TIME_PREFIXES = ("TF_", "XLA_", "ONEDNN_", "DNNL_", "CUDA_", "KERAS_", "LD_", "PYTHON", "OMP_", "MKL_",
-                        "KMP_", "TPU_", "HOME")
+IMPORT_TIME_PREFIXES = (
+    "TF_",
+    "XLA_",
+    "ONEDNN_",
+    "DNNL_",
+    "CUDA_",
+    "KERAS_",
+    "LD_",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "TPU_",
+    "HOME",
+)
 # read when the program makes its strategy or runtime, after the fork: may differ per child
 PER_TASK = ("TF_CONFIG", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
 START_TIMEOUT_S = 120.0  # the server's import plus one fork
 
-_SERVER = (
-    "import sys\n"
-    "from course_utils import processes\n"
-    "processes._serve(int(sys.argv[1]))\n"
-)
+_SERVER = "import sys\nfrom course_utils import processes\nprocesses._serve(int(sys.argv[1]))\n"
 
 
 def can_fork() -> bool:
@@ -502,8 +562,11 @@ class Process:
                 stream = getattr(self, name)
                 if stream is not None and not stream.closed:
                     texts = self._texts[name] = []
-                    self._readers.append(threading.Thread(
-                        target=lambda f=stream, t=texts: t.extend(iter(lambda: f.read(1 << 16), "")), daemon=True))
+                    self._readers.append(
+                        threading.Thread(
+                            target=lambda f=stream, t=texts: t.extend(iter(lambda: f.read(1 << 16), "")), daemon=True
+                        )
+                    )
                     self._readers[-1].start()
         texts = self._texts
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -512,8 +575,10 @@ class Process:
             reader.join(None if deadline is None else max(1.0, deadline - time.monotonic()))
         for name in texts:
             getattr(self, name).close()
-        return ("".join(texts["stdout"]) if "stdout" in texts else None,
-                "".join(texts["stderr"]) if "stderr" in texts else None)
+        return (
+            "".join(texts["stdout"]) if "stdout" in texts else None,
+            "".join(texts["stderr"]) if "stderr" in texts else None,
+        )
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -529,7 +594,6 @@ class Process:
         self.send_signal(signal.SIGKILL)
 
 
-
 class _Server:
     """This process's handle on a fork server (kept for later calls while the import-time settings match)."""
 
@@ -539,9 +603,14 @@ class _Server:
         self.sock = ours
         self.stderr = tempfile.TemporaryFile()
         server_env = dict(self.key, PATH=env.get("PATH", os.environ.get("PATH", "")), PYTHONUNBUFFERED="1")
-        self.proc = start([sys.executable, "-c", _SERVER, str(theirs.fileno())], env=server_env,
-                          pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                          stderr=self.stderr)
+        self.proc = start(
+            [sys.executable, "-c", _SERVER, str(theirs.fileno())],
+            env=server_env,
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+        )
         theirs.close()
         self.lock = threading.Lock()  # one request at a time
         self.ended = threading.Condition()
@@ -558,7 +627,7 @@ class _Server:
             try:
                 data = self.sock.recv(1 << 16)
             except ConnectionResetError:  # the server ended with a request of ours unread: the kernel reports that
-                resets += 1               # once, and what the server sent before (its error) is still to be read
+                resets += 1  # once, and what the server sent before (its error) is still to be read
                 if resets <= 3:
                     continue
                 data = b""
@@ -588,14 +657,17 @@ class _Server:
                     child.returncode = -signal.SIGKILL
             self.ended.notify_all()
 
-    def spawn(self, target: dict, args: list, env: dict, cwd: str | None, separate_stderr: bool,
-              discard_stdout: bool) -> Process:
-        pipes: list[tuple[int | None, int]] = [(None, os.open(os.devnull, os.O_WRONLY)) if discard_stdout
-                                               else os.pipe()]
+    def spawn(
+        self, target: dict, args: list, env: dict, cwd: str | None, separate_stderr: bool, discard_stdout: bool
+    ) -> Process:
+        pipes: list[tuple[int | None, int]] = [
+            (None, os.open(os.devnull, os.O_WRONLY)) if discard_stdout else os.pipe()
+        ]
         if separate_stderr:
             pipes.append(os.pipe())
-        request = json.dumps({**target, "args": [str(a) for a in args], "env": env,
-                              "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}).encode()
+        request = json.dumps(
+            {**target, "args": [str(a) for a in args], "env": env, "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}
+        ).encode()
         mine = [r for r, _ in pipes if r is not None]
         try:
             with self.lock:
@@ -603,8 +675,7 @@ class _Server:
                     before = len(self.started)
                 socket.send_fds(self.sock, [request], [w for _, w in pipes])
                 with self.ended:
-                    if not self.ended.wait_for(lambda: len(self.started) > before or not self.alive,
-                                               START_TIMEOUT_S):
+                    if not self.ended.wait_for(lambda: len(self.started) > before or not self.alive, START_TIMEOUT_S):
                         raise RuntimeError(f"the fork server did not start {_name(target)} in {START_TIMEOUT_S:g} s")
                     if not self.alive or self.started[before] == -1:
                         raise ServerFailed(f"the fork server could not start {_name(target)}: {self.why_not()}")
@@ -635,9 +706,13 @@ class _Server:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
-        how = ("it is still running" if code is None else
-               f"it died of {signal.Signals(-code).name} (while importing TensorFlow?)" if code < 0 else
-               f"it exited with code {code}")
+        how = (
+            "it is still running"
+            if code is None
+            else f"it died of {signal.Signals(-code).name} (while importing TensorFlow?)"
+            if code < 0
+            else f"it exited with code {code}"
+        )
         self.stderr.seek(0)
         lines = self.stderr.read().decode(errors="replace").strip().splitlines()
         return how + (f"; its last line: {lines[-1][-300:]}" if lines else "")
@@ -649,8 +724,8 @@ class _Server:
 
     def stop(self) -> None:
         for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):  # the server ends when its
-            try:                                                                   # socket does (shutdown also
-                end()                                                              # wakes this side's reader)
+            try:  # socket does (shutdown also
+                end()  # wakes this side's reader)
             except OSError:
                 pass
         try:
@@ -696,13 +771,12 @@ def _server_for(env: dict) -> _Server:
 atexit.register(stop_servers)
 
 
-
 def _name(target: dict) -> str:
     return target.get("module") or "python -c"
 
 
-
 # ---- the server side ----
+
 
 def _serve(fd: int) -> None:
     """Import TensorFlow and Keras once, then fork a child per request until the socket closes; report each
@@ -713,7 +787,9 @@ def _serve(fd: int) -> None:
     try:  # first, while argv and environ are as the process started (the memory it rewrites for each child)
         import setproctitle
 
-        setproctitle.setproctitle(f"{sys.executable} -c course_utils.processes._serve (the fork server: TensorFlow imported)")
+        setproctitle.setproctitle(
+            f"{sys.executable} -c course_utils.processes._serve (the fork server: TensorFlow imported)"
+        )
     except ImportError:  # pragma: no cover
         pass
     try:

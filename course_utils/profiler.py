@@ -70,8 +70,10 @@ class ProfileReading:
         return "input-bound" if self.input_share > INPUT_BOUND_ABOVE else "compute-bound"
 
     def __str__(self) -> str:
-        text = (f"{self.bound}: {self.input_share:.1%} of each step waits for input "
-                f"({self.steps} profiled steps, {self.step_ms:.1f} ms each; from {self.source})")
+        text = (
+            f"{self.bound}: {self.input_share:.1%} of each step waits for input "
+            f"({self.steps} profiled steps, {self.step_ms:.1f} ms each; from {self.source})"
+        )
         return text + (f"\nprofiler: {self.conclusion}" if self.conclusion else "")
 
 
@@ -79,8 +81,10 @@ def find_xplanes(log_dir: str) -> list[str]:
     """The newest profile run's ``.xplane.pb`` files under ``log_dir`` (Keras writes one per host)."""
     paths = glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)
     if not paths:
-        raise ProfileError(f"no profile under {log_dir!r}: train with keras.callbacks.TensorBoard(log_dir, "
-                           "profile_batch=(first, last)) for a run of more than `last` steps")
+        raise ProfileError(
+            f"no profile under {log_dir!r}: train with keras.callbacks.TensorBoard(log_dir, "
+            "profile_batch=(first, last)) for a run of more than `last` steps"
+        )
     newest = max(os.path.dirname(p) for p in paths)  # run folders are named by date and time
     return sorted(p for p in paths if os.path.dirname(p) == newest)
 
@@ -92,13 +96,20 @@ def _converter():
         try:
             from tensorboard_plugin_profile.convert import raw_to_tool_data  # older plugin releases
         except ImportError as err:
-            raise ProfileError(f"the TensorBoard profile plugin is not installed ({err.name or err}): "
-                               f"run `{INSTALL_HINT}`, then this cell again") from None
+            raise ProfileError(
+                f"the TensorBoard profile plugin is not installed ({err.name or err}): "
+                f"run `{INSTALL_HINT}`, then this cell again"
+            ) from None
     except Exception as err:  # noqa: BLE001 - e.g. protobuf's VersionError: xprof 2.20.9 needs protobuf >= 6.31.1
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        fix = ("run `pip install -U 'protobuf>=6.31.1'`, then restart the kernel/runtime"
-               if "gencode" in str(err) or "protobuf" in str(err).lower() else f"reinstall it: `{INSTALL_HINT}`")
-        raise ProfileError(f"the TensorBoard profile plugin cannot load ({type(err).__name__}: {first}): {fix}") from None
+        fix = (
+            "run `pip install -U 'protobuf>=6.31.1'`, then restart the kernel/runtime"
+            if "gencode" in str(err) or "protobuf" in str(err).lower()
+            else f"reinstall it: `{INSTALL_HINT}`"
+        )
+        raise ProfileError(
+            f"the TensorBoard profile plugin cannot load ({type(err).__name__}: {first}): {fix}"
+        ) from None
     return raw_to_tool_data
 
 
@@ -124,8 +135,9 @@ def _from_analyzer(tables) -> tuple[float, int, float, str, tuple] | None:
             per_step = [(float(r.get("stepTimeMs") or 0.0), float(r.get("infeedTimeMs") or 0.0)) for r in rows]
         elif "tcInfeedTimeMs" in cols:  # TPU: the TensorCore's time split; no step-time column
             parts = [c for c in _TPU_STEP_PARTS if c in cols]
-            per_step = [(sum(float(r.get(c) or 0.0) for c in parts), float(r.get("tcInfeedTimeMs") or 0.0))
-                        for r in rows]
+            per_step = [
+                (sum(float(r.get(c) or 0.0) for c in parts), float(r.get("tcInfeedTimeMs") or 0.0)) for r in rows
+            ]
         else:
             return None
         total, wait = sum(t for t, _ in per_step), sum(w for _, w in per_step)
@@ -153,19 +165,28 @@ def _summary(steps: list[tuple[float, float]], gets: list[tuple[float, float]]):
     timeline = []
     for start, dur in steps:
         inside = [(t, d) for t, d in gets if start <= t <= start + dur]
-        timeline.append(StepTiming((start - origin) / 1000, dur / 1000, sum(d for _, d in inside) / 1000,
-                                   (min(t for t, _ in inside) - origin) / 1000 if inside else None,
-                                   (max(t + d for t, d in inside) - origin) / 1000 if inside else None))
+        timeline.append(
+            StepTiming(
+                (start - origin) / 1000,
+                dur / 1000,
+                sum(d for _, d in inside) / 1000,
+                (min(t for t, _ in inside) - origin) / 1000 if inside else None,
+                (max(t + d for t, d in inside) - origin) / 1000 if inside else None,
+            )
+        )
     wait_us = sum(d for _, d in gets)
     return min(wait_us / step_us, 1.0), len(steps), step_us / len(steps) / 1000, tuple(timeline)
 
 
 def _from_trace(trace):
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else (trace or [])
-    spans = [(str(e.get("name", "")), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in events
-             if e.get("ph") == "X"]
-    return _summary([(t, d) for name, t, d in spans if name == "Profiled batch"],
-                    [(t, d) for name, t, d in spans if name.startswith("IteratorGetNext")])
+    spans = [
+        (str(e.get("name", "")), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in events if e.get("ph") == "X"
+    ]
+    return _summary(
+        [(t, d) for name, t, d in spans if name == "Profiled batch"],
+        [(t, d) for name, t, d in spans if name.startswith("IteratorGetNext")],
+    )
 
 
 def _from_xspace(paths: list[str]):
@@ -213,20 +234,30 @@ def read_input_bound(log_dir: str) -> ProfileReading:
         if traced is None:
             raise
         share, steps, step_ms, timeline = traced
-        return ProfileReading(share, steps, step_ms, "the trace, read with TensorFlow's own profile format (TensorBoard's "
-                              "profile plugin is not usable here): time in IteratorGetNext / time in the step", "",
-                              paths[0], timeline)
+        return ProfileReading(
+            share,
+            steps,
+            step_ms,
+            "the trace, read with TensorFlow's own profile format (TensorBoard's "
+            "profile plugin is not usable here): time in IteratorGetNext / time in the step",
+            "",
+            paths[0],
+            timeline,
+        )
     analysis = _from_analyzer(_tool_json(convert, paths, "input_pipeline_analyzer"))
     if analysis is not None:
         share, steps, step_ms, conclusion, timeline = analysis
         return ProfileReading(share, steps, step_ms, "the input pipeline analysis", conclusion, paths[0], timeline)
     traced = _from_trace(_tool_json(convert, paths, "trace_viewer"))
     if traced is None:
-        raise ProfileError(f"the profile in {os.path.dirname(paths[0])!r} has no training steps: profile steps "
-                           "that run (profile_batch within the epoch's steps, steps_per_execution=1)")
+        raise ProfileError(
+            f"the profile in {os.path.dirname(paths[0])!r} has no training steps: profile steps "
+            "that run (profile_batch within the epoch's steps, steps_per_execution=1)"
+        )
     share, steps, step_ms, timeline = traced
-    return ProfileReading(share, steps, step_ms, "the trace: time in IteratorGetNext / time in the step",
-                          "", paths[0], timeline)
+    return ProfileReading(
+        share, steps, step_ms, "the trace: time in IteratorGetNext / time in the step", "", paths[0], timeline
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -274,9 +305,11 @@ def read_memory_profile(log_dir: str) -> MemoryProfile:
         if best is None or peak > best[1]:
             best = (name, peak, profile)
     if best is None:
-        raise ProfileError(f"the profile in {os.path.dirname(paths[0])!r} recorded no allocations: on a CPU the "
-                           "allocator must be TensorFlow's BFC one (TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow "
-                           "starts; importing course_utils first does it)")
+        raise ProfileError(
+            f"the profile in {os.path.dirname(paths[0])!r} recorded no allocations: on a CPU the "
+            "allocator must be TensorFlow's BFC one (TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow "
+            "starts; importing course_utils first does it)"
+        )
     name, peak, profile = best
     snapshots, special = profile["memoryProfileSnapshots"], profile.get("specialAllocations") or []
     groups: dict = {}

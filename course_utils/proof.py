@@ -64,8 +64,9 @@ PARENT_VARIABLE = "COURSE_PROVE_PARENT"  # the driver's pid, for the lesson proc
 
 def job_order(todo: list[str], mode: str) -> list[str]:
     """The order ``--jobs`` starts lessons in: the longest in ``mode`` first (``Lesson.cost``, ``smoke_cost``)."""
-    return sorted(todo, key=lambda lesson_id: -(BY_ID[lesson_id].smoke_cost if mode == "smoke"
-                                                else BY_ID[lesson_id].cost))
+    return sorted(
+        todo, key=lambda lesson_id: -(BY_ID[lesson_id].smoke_cost if mode == "smoke" else BY_ID[lesson_id].cost)
+    )
 
 
 # The shapes learners run, emulated on a CPU (a --shape of prove): how many replicas every lesson gets, whether the
@@ -73,18 +74,34 @@ def job_order(todo: list[str], mode: str) -> list[str]:
 # answers GPU or TPU over CPU devices, so every branch on the runtime's kind executes). Default (no --shape): the
 # lessons' own replicas (4 for those about distribution, else 1) on the CPU, XLA as --jit says.
 SHAPES = {
-    "tpu": {"replicas": 4, "jit": True, "standin": "tpu",
-            "what": "TPU stand-in: a 4-core TPU over CPU devices (CPU:0 its host), every step compiled with XLA, "
-                    "refusing what TPUStrategy refuses"},
-    "tpu-1": {"replicas": 1, "jit": True, "standin": "tpu",
-              "what": "TPU stand-in: a one-core TPU (Colab's v5e-1) over CPU devices (CPU:0 its host), every step "
-                      "compiled with XLA, refusing what TPUStrategy refuses"},
-    "gpu": {"replicas": 1, "jit": False, "standin": "gpu",
-            "what": "GPU stand-in: one GPU over a CPU device, memory read in the process as on a GPU, XLA as the "
-                    "course chooses on one GPU (fit: on)"},
-    "multi-gpu": {"replicas": 2, "jit": False, "standin": "gpu",
-                  "what": "multi-GPU stand-in: 2 GPUs over CPU devices (MirroredStrategy), XLA as the course chooses "
-                          "on several GPUs (fit: off)"},
+    "tpu": {
+        "replicas": 4,
+        "jit": True,
+        "standin": "tpu",
+        "what": "TPU stand-in: a 4-core TPU over CPU devices (CPU:0 its host), every step compiled with XLA, "
+        "refusing what TPUStrategy refuses",
+    },
+    "tpu-1": {
+        "replicas": 1,
+        "jit": True,
+        "standin": "tpu",
+        "what": "TPU stand-in: a one-core TPU (Colab's v5e-1) over CPU devices (CPU:0 its host), every step "
+        "compiled with XLA, refusing what TPUStrategy refuses",
+    },
+    "gpu": {
+        "replicas": 1,
+        "jit": False,
+        "standin": "gpu",
+        "what": "GPU stand-in: one GPU over a CPU device, memory read in the process as on a GPU, XLA as the "
+        "course chooses on one GPU (fit: on)",
+    },
+    "multi-gpu": {
+        "replicas": 2,
+        "jit": False,
+        "standin": "gpu",
+        "what": "multi-GPU stand-in: 2 GPUs over CPU devices (MirroredStrategy), XLA as the course chooses "
+        "on several GPUs (fit: off)",
+    },
 }
 
 
@@ -144,12 +161,19 @@ def describe_machine(runtime: Any, cfg: Any) -> dict:
                 details = {}
             names.append(details.get("device_name") or device.name)
     return {
-        "accelerator": {"kind": runtime.kind, "name": ", ".join(dict.fromkeys(names)) or "none",
-                        "replicas": runtime.num_replicas},
-        "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "usable_cores": usable_cores(),
-                "max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
-                "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
-                "kernels": _hardware.kernel_path()[0]},
+        "accelerator": {
+            "kind": runtime.kind,
+            "name": ", ".join(dict.fromkeys(names)) or "none",
+            "replicas": runtime.num_replicas,
+        },
+        "cpu": {
+            "model": _cpu_model(),
+            "cores": os.cpu_count(),
+            "usable_cores": usable_cores(),
+            "max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default"),
+            "kernels": _hardware.kernel_path()[0],
+        },
         "memory_gib": _memory_gib(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
@@ -173,21 +197,37 @@ def fingerprint(machine: dict) -> str:
 def machine_line(machine: dict) -> str:
     acc, cpu = machine["accelerator"], machine["cpu"]
     where = f"{acc['kind']} ({acc['name']})" if acc["name"] != "none" else acc["kind"]
-    cores = f"{cpu['usable_cores']} of {cpu['cores']} cores" if cpu["usable_cores"] != cpu["cores"] else f"{cpu['cores']} cores"
-    extra = ([f"CPU kernels {cpu['kernels']}"] if cpu.get("kernels") else
-             [f"oneDNN {'off' if cpu['onednn'] == '0' else 'on'}"])
+    cores = (
+        f"{cpu['usable_cores']} of {cpu['cores']} cores"
+        if cpu["usable_cores"] != cpu["cores"]
+        else f"{cpu['cores']} cores"
+    )
+    extra = (
+        [f"CPU kernels {cpu['kernels']}"]
+        if cpu.get("kernels")
+        else [f"oneDNN {'off' if cpu['onednn'] == '0' else 'on'}"]
+    )
     if cpu.get("max_isa"):
         extra.append(f"ONEDNN_MAX_CPU_ISA={cpu['max_isa']}")
-    replicas = f"{acc['replicas']} replica(s)" + (" (lessons on distribution split it into 4 devices)"
-                                                  if acc["kind"] == "CPU" and not machine.get("shape") else "")
-    return (f"{where}, {replicas} · CPU {cpu['model']}, {cores}, "
-            f"{machine['memory_gib']} GiB · {machine['os']} · Python {machine['python']} · TensorFlow "
-            f"{machine['tensorflow']} · Keras {machine['keras']} · {machine['mode']} mode, "
-            f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · " + ", ".join(extra)
-            + (f" · {SHAPES[machine['shape']]['what']}" if machine.get("shape") in SHAPES else "")
-            + (f" · {machine['jobs']} lessons at a time, each on its own {cpu['usable_cores']} core(s)"
-               if machine.get("jobs") else "")
-            + (" · claims read from the executed notebooks" if machine.get("from") == "notebooks" else ""))
+    replicas = f"{acc['replicas']} replica(s)" + (
+        " (lessons on distribution split it into 4 devices)"
+        if acc["kind"] == "CPU" and not machine.get("shape")
+        else ""
+    )
+    return (
+        f"{where}, {replicas} · CPU {cpu['model']}, {cores}, "
+        f"{machine['memory_gib']} GiB · {machine['os']} · Python {machine['python']} · TensorFlow "
+        f"{machine['tensorflow']} · Keras {machine['keras']} · {machine['mode']} mode, "
+        f"{'with' if machine['xla'] else 'without'} XLA, data {machine['data']} · "
+        + ", ".join(extra)
+        + (f" · {SHAPES[machine['shape']]['what']}" if machine.get("shape") in SHAPES else "")
+        + (
+            f" · {machine['jobs']} lessons at a time, each on its own {cpu['usable_cores']} core(s)"
+            if machine.get("jobs")
+            else ""
+        )
+        + (" · claims read from the executed notebooks" if machine.get("from") == "notebooks" else "")
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,8 +259,10 @@ def notebook_claims(lesson: Lesson, progress: Callable[[str], None]) -> list[rep
     try:
         nb = nbformat.read(path, as_version=4)
     except (OSError, ValueError, UnicodeDecodeError) as err:  # truncated, hand-edited, not a notebook at all
-        raise RuntimeError(f"{path} cannot be read as a notebook ({type(err).__name__}): restore it "
-                           "(git checkout, or reinstall course_utils)") from None
+        raise RuntimeError(
+            f"{path} cannot be read as a notebook ({type(err).__name__}): restore it "
+            "(git checkout, or reinstall course_utils)"
+        ) from None
     with tempfile.TemporaryDirectory(prefix=f"prove-{lesson.id}-") as scratch:
         claims_dir, workdir = pathlib.Path(scratch, "claims"), pathlib.Path(scratch, "work")
         workdir.mkdir()
@@ -230,17 +272,25 @@ def notebook_claims(lesson: Lesson, progress: Callable[[str], None]) -> list[rep
             if how or seconds >= 2:  # the slow cells, an error, one still running: a line each
                 progress(f"cell {index + 1}/{len(nb.cells)} {seconds:.1f} s" + (f" — {how}" if how else ""))
 
-        seconds, failure = notebook_run.run(nb, env, workdir=workdir, timeout=MAX_TIMEOUT_S,
-                                            log_path=pathlib.Path(scratch, "kernel.log"), report_cell=cell,
-                                            still_running_every_s=60.0)
+        seconds, failure = notebook_run.run(
+            nb,
+            env,
+            workdir=workdir,
+            timeout=MAX_TIMEOUT_S,
+            log_path=pathlib.Path(scratch, "kernel.log"),
+            report_cell=cell,
+            still_running_every_s=60.0,
+        )
         if failure:
             raise RuntimeError(f"{lesson.notebook}: {failure}")
         saved = claims_dir / f"claims-{lesson.id}.json"
         try:
             data = json.loads(fileguard.read_regular(saved, MAX_CLAIMS_BYTES, follow_links=False))
         except (OSError, ValueError) as err:
-            raise RuntimeError(f"{lesson.notebook} ran ({seconds:.0f} s) but saved no claims table for lesson "
-                               f"{lesson.id} ({type(err).__name__})") from None
+            raise RuntimeError(
+                f"{lesson.notebook} ran ({seconds:.0f} s) but saved no claims table for lesson "
+                f"{lesson.id} ({type(err).__name__})"
+            ) from None
     return [report.Claim.from_dict(c) for c in data]
 
 
@@ -263,8 +313,12 @@ def run_lesson(lesson_id: str, out_path: str) -> int:
     problems = report.id_problems(claims, lesson.id)
     if problems:
         raise ValueError(f"lesson {lesson.id}'s claims: {'; '.join(problems)}")
-    out = {"lesson": lesson.id, "title": lesson.title, "seconds": round(time.perf_counter() - start, 1),
-           "claims": [c.to_dict() for c in claims]}
+    out = {
+        "lesson": lesson.id,
+        "title": lesson.title,
+        "seconds": round(time.perf_counter() - start, 1),
+        "claims": [c.to_dict() for c in claims],
+    }
     fileguard.write_json(out_path, out, indent=None)
     return 0
 
@@ -284,7 +338,7 @@ def core_slots(jobs: int) -> list[list[int]]:
     if jobs > len(cores):
         raise UsageError(f"--jobs {jobs}: only {len(cores)} usable core(s) here; each lesson needs one of its own")
     each = len(cores) // jobs
-    return [cores[i * each:(i + 1) * each] for i in range(jobs)]
+    return [cores[i * each : (i + 1) * each] for i in range(jobs)]
 
 
 def _describe_here(out_path: str, cpu_replicas: int) -> int:
@@ -353,9 +407,15 @@ def _run_child(argv: list[str], env: dict, timeout: float, prefix: str) -> tuple
 
     tail: collections.deque = collections.deque(maxlen=12)
     code = None
-    with processes.group([sys.executable, "-m", "course_utils.proof", *argv], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, errors="replace", fork=True) as proc:
-
+    with processes.group(
+        [sys.executable, "-m", "course_utils.proof", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        fork=True,
+    ) as proc:
         reader = _echo(proc, tail, prefix)
         try:
             code = proc.wait(timeout=timeout)
@@ -399,13 +459,16 @@ def _load(path: pathlib.Path) -> dict | None:
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not UTF-8 text: {todo}") from None
     except json.JSONDecodeError as err:
-        raise UsageError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}): "
-                         f"{todo}") from None
+        raise UsageError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}): {todo}"
+        ) from None
     except (ValueError, RecursionError):
         raise UsageError(f"{path} is not valid JSON: {todo}") from None
     if not (isinstance(data, dict) and isinstance(data.get("lessons"), dict) and "fingerprint" in data):
-        raise UsageError(f"{path} was not written by prove (it has no lessons and fingerprint): refusing to "
-                         "overwrite it; move it away or use another --out")
+        raise UsageError(
+            f"{path} was not written by prove (it has no lessons and fingerprint): refusing to "
+            "overwrite it; move it away or use another --out"
+        )
     return data
 
 
@@ -413,8 +476,11 @@ def _same_machine(data: dict, machine: dict) -> bool:
     """Whether claims.json ``data`` was written on this machine, versions and settings: the fingerprint is
     recomputed from the machine it records (and must match the one it stores), never taken on its word."""
     stored = data.get("machine")
-    return (data.get("format") == FORMAT_VERSION and isinstance(stored, dict)
-            and fingerprint(stored) == fingerprint(machine) == data.get("fingerprint"))
+    return (
+        data.get("format") == FORMAT_VERSION
+        and isinstance(stored, dict)
+        and fingerprint(stored) == fingerprint(machine) == data.get("fingerprint")
+    )
 
 
 def _entry_problem(entry: Any) -> str | None:
@@ -424,8 +490,9 @@ def _entry_problem(entry: Any) -> str | None:
     if not isinstance(entry.get("error", ""), (str, type(None))) or not isinstance(entry.get("claims", []), list):
         return "has an error that is not text or claims that are not a list"
     for n, claim in enumerate(entry.get("claims", []), 1):
-        if not isinstance(claim, dict) or not all(isinstance(claim.get(k), str)
-                                                  for k in ("claim", "expected", "measured", "verdict")):
+        if not isinstance(claim, dict) or not all(
+            isinstance(claim.get(k), str) for k in ("claim", "expected", "measured", "verdict")
+        ):
             return f"has a claim (number {n}) without text claim, expected, measured and verdict"
         try:
             report.Claim.from_dict(claim).outcome  # noqa: B018 - its verdict too ("holds": "maybe" raised later)
@@ -447,12 +514,14 @@ def _check_out(out: pathlib.Path) -> dict | None:
     it did not write; the earlier claims.json, checked (:func:`_load`)."""
     for name in (CLAIMS, REPORT):
         if os.path.islink(out / name):
-            raise UsageError(f"{out / name} is a symbolic link: prove does not write through links; remove it or "
-                             "use another --out")
+            raise UsageError(
+                f"{out / name} is a symbolic link: prove does not write through links; remove it or use another --out"
+            )
     data = _load(out / CLAIMS)
     if os.path.lexists(out / REPORT) and not _written_by_prove(out / REPORT):
-        raise UsageError(f"{out / REPORT} was not written by prove: refusing to overwrite it; move it away or use "
-                         "another --out")
+        raise UsageError(
+            f"{out / REPORT} was not written by prove: refusing to overwrite it; move it away or use another --out"
+        )
     return data
 
 
@@ -487,11 +556,13 @@ VERDICT_LEGEND = (
     "(please report it with this file); ⚠️ differs on this hardware — true where the lesson says, different here for "
     "the reason given (e.g. a CPU without bfloat16 units); 〰️ inconclusive — the repeats straddle the threshold "
     "(noise, not a verdict); ➖ not measurable here — this machine or mode cannot show it, and the reason says why. "
-    "`course_utils` names the exact code that measured it (cards from other code are another experiment).")
+    "`course_utils` names the exact code that measured it (cards from other code are another experiment)."
+)
 SMOKE_NOTE = (
     "**Smoke mode:** tiny sizes and generated data, so the code paths are proved but speed and accuracy figures are "
     "not representative; for the card to keep, run `python -m course_utils prove --mode full` (about 45 minutes on "
-    "2 cores; real CIFAR-10, or `--data npz:PATH`).")
+    "2 cores; real CIFAR-10, or `--data npz:PATH`)."
+)
 
 
 def _id_cell(claim: report.Claim) -> str:
@@ -506,8 +577,11 @@ def report_card(data: dict) -> str:
     lines = [REPORT_HEADING, ""]
     if machine:
         lines += [f"**Machine:** {machine_line(machine)}", ""]
-    lines += [f"Written {data.get('written', '')} by `python -m course_utils prove` (course_utils "
-              f"{machine.get('course_utils', '?')}).", ""]
+    lines += [
+        f"Written {data.get('written', '')} by `python -m course_utils prove` (course_utils "
+        f"{machine.get('course_utils', '?')}).",
+        "",
+    ]
     counts: dict[str, int] = {}
     for entry in data["lessons"].values():
         for c in entry.get("claims", []):
@@ -524,8 +598,10 @@ def report_card(data: dict) -> str:
             lines += [f"Could not be measured: {entry['error']}", ""]
             continue
         claims = [report.Claim.from_dict(c) for c in entry.get("claims", [])]
-        table = report.Table([(_id_cell(c), c.claim, c.expected, c.measured, c.verdict) for c in claims],
-                             ("Id, measured by", "Claim", "Expected", "Measured here", "Verdict"))
+        table = report.Table(
+            [(_id_cell(c), c.claim, c.expected, c.measured, c.verdict) for c in claims],
+            ("Id, measured by", "Claim", "Expected", "Measured here", "Verdict"),
+        )
         lines += [table._repr_markdown_(), "", f"_{entry.get('seconds', '?')} s_", ""]
     return "\n".join(lines)
 
@@ -562,29 +638,57 @@ class _Parser(commandline.ArgumentParser):
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="python -m course_utils prove", description=__doc__.split("\n\n")[0], epilog=MODES_HELP,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="python -m course_utils prove",
+        description=__doc__.split("\n\n")[0],
+        epilog=MODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--lessons", nargs="+", metavar="NN", help="lessons to prove (default: all): 02 05 …")
-    parser.add_argument("--mode", choices=("smoke", "full"), default=None,
-                        help="smoke (default: a minute or so per lesson, synthetic data) or full (~30+ minutes on 2 "
-                             "cores, real CIFAR-10 unless --data); see below")
+    parser.add_argument(
+        "--mode",
+        choices=("smoke", "full"),
+        default=None,
+        help="smoke (default: a minute or so per lesson, synthetic data) or full (~30+ minutes on 2 "
+        "cores, real CIFAR-10 unless --data); see below",
+    )
     parser.add_argument("--jit", action="store_true", help="compile the measured steps with XLA, as a TPU does")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                        help="run every lesson in a shape learners run, emulated on this CPU: " + "; ".join(
-                            v["what"] for v in SHAPES.values()))
-    parser.add_argument("--kernels", choices=list(_hardware.KERNEL_PATHS), default=None,
-                        help="the CPU kernels every lesson runs on (TF_ENABLE_ONEDNN_OPTS, ONEDNN_MAX_CPU_ISA; default: "
-                             "TensorFlow's choice for this CPU): " + "; ".join(
-                                 f"{k}: {v['what']}, as on {v['who']}" for k, v in _hardware.KERNEL_PATHS.items()))
-    parser.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, or the mode's)")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="run every lesson in a shape learners run, emulated on this CPU: "
+        + "; ".join(v["what"] for v in SHAPES.values()),
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=list(_hardware.KERNEL_PATHS),
+        default=None,
+        help="the CPU kernels every lesson runs on (TF_ENABLE_ONEDNN_OPTS, ONEDNN_MAX_CPU_ISA; default: "
+        "TensorFlow's choice for this CPU): "
+        + "; ".join(f"{k}: {v['what']}, as on {v['who']}" for k, v in _hardware.KERNEL_PATHS.items()),
+    )
+    parser.add_argument(
+        "--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, or the mode's)"
+    )
     parser.add_argument("--out", default=os.path.join("runs", "proof"), help="folder for claims.json and report.md")
     parser.add_argument("--again", action="store_true", help="measure lessons already proved in --out on this machine")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="measure N lessons at a time, each pinned to its own equal share of the cores (Linux; "
-                             "default 1: one lesson at a time on every core). The claims then hold for that share: "
-                             "--jobs 2 on 2 cores proves every lesson on one core")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help="seconds one lesson may take (default: 900 in smoke mode, 3600 in full)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="measure N lessons at a time, each pinned to its own equal share of the cores (Linux; "
+        "default 1: one lesson at a time on every core). The claims then hold for that share: "
+        "--jobs 2 on 2 cores proves every lesson on one core",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds one lesson may take (default: 900 in smoke mode, 3600 in full)",
+    )
     args = parser.parse_args(argv)
     wanted = args.lessons or sorted(BY_ID)
     lessons = []
@@ -597,13 +701,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args.lessons = lessons
     missing = [BY_ID[i].notebook for i in lessons if lesson_notebook(BY_ID[i]) is None]
     if missing:
-        raise UsageError(f"prove executes the lessons' notebooks, and {', '.join(missing)} is neither in this "
-                         "checkout nor installed with course_utils: reinstall course_utils, or run from a checkout")
+        raise UsageError(
+            f"prove executes the lessons' notebooks, and {', '.join(missing)} is neither in this "
+            "checkout nor installed with course_utils: reinstall course_utils, or run from a checkout"
+        )
     absent = [name for name in ("nbclient", "nbformat", "ipykernel") if importlib.util.find_spec(name) is None]
     if absent:
-        raise UsageError(f"prove executes the lessons' notebooks and needs nbclient, nbformat and ipykernel "
-                         f"({', '.join(absent)} missing): pip install -r requirements.txt, or "
-                         "pip install 'course_utils[notebook]'")
+        raise UsageError(
+            f"prove executes the lessons' notebooks and needs nbclient, nbformat and ipykernel "
+            f"({', '.join(absent)} missing): pip install -r requirements.txt, or "
+            "pip install 'course_utils[notebook]'"
+        )
     # XLA: --jit, --shape tpu, or COURSE_JIT=1 in the environment (as the notebooks read it)
     args.jit = bool(args.jit or _config.get().jit)
     if args.mode is None:  # smoke, unless the environment asks (COURSE_SMOKE=1 or 0, as the notebooks read it)
@@ -615,27 +723,35 @@ def _parse(argv: list[str]) -> argparse.Namespace:
             raise UsageError(str(e).replace("COURSE_DATA=", "--data ")) from None
         problem = _npz_problem(args.data[4:]) if args.data.startswith("npz:") else None
         if problem is not None:
-            raise UsageError(f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
-                             "(the README, section Modes, says how to make one), or --data synthetic")
+            raise UsageError(
+                f"--data {args.data}: the file {problem}. Give the path of a CIFAR-10 .npz "
+                "(the README, section Modes, says how to make one), or --data synthetic"
+            )
     elif os.environ.get("COURSE_DATA", "").strip().startswith("npz:"):  # the lessons would read it: check it now
         path = os.environ["COURSE_DATA"].strip()[4:]
         problem = _npz_problem(path)
         if problem is not None:
-            raise UsageError(f"COURSE_DATA=npz:{path}: the file {problem}. Give the path of a CIFAR-10 .npz (the "
-                             "README, section Modes, says how to make one), or unset COURSE_DATA")
+            raise UsageError(
+                f"COURSE_DATA=npz:{path}: the file {problem}. Give the path of a CIFAR-10 .npz (the "
+                "README, section Modes, says how to make one), or unset COURSE_DATA"
+            )
     if args.kernels is not None:
         got, why = _hardware.kernel_path(dict(os.environ, **_hardware.KERNEL_PATHS[args.kernels]["env"]))
         if got != args.kernels:
-            raise UsageError(f"--kernels {args.kernels}: this CPU takes {got} with its settings ({why}); "
-                             f"choose one of the paths it can run")
+            raise UsageError(
+                f"--kernels {args.kernels}: this CPU takes {got} with its settings ({why}); "
+                f"choose one of the paths it can run"
+            )
     if args.jobs < 1:
         raise UsageError(f"--jobs must be 1 or more, got {args.jobs}")
     args.slots = core_slots(args.jobs) if args.jobs > 1 else [None]
     if args.timeout is None:
         args.timeout = 900.0 if args.mode == "smoke" else 3600.0
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
-        raise UsageError(f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week), "
-                         f"got {args.timeout:g}")
+        raise UsageError(
+            f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week), "
+            f"got {args.timeout:g}"
+        )
     problem = fileguard.folder_problem(args.out)
     if problem:
         raise UsageError(f"cannot write to --out {args.out!r}: {problem}")
@@ -661,12 +777,17 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:  # a full disk, a folder made read-only meanwhile: nothing half-written (fileguard)
             if e.filename is None:  # not a file of --out: this process's own output (a full or closed stdout)
                 raise commandline.Failed(f"cannot write its output: {e.strerror or e}; {kept}") from None
-            raise UsageError(f"cannot write {e.filename or args.out}: {e.strerror or e}; the files in {args.out} are "
-                             "as they were before this write (fix that, then run the same command again)") from None
+            raise UsageError(
+                f"cannot write {e.filename or args.out}: {e.strerror or e}; the files in {args.out} are "
+                "as they were before this write (fix that, then run the same command again)"
+            ) from None
 
-    return commandline.run("prove", body, usage=(UsageError, fileguard.UnsafePath, fileguard.NotRegular,
-                                                 fileguard.FolderBusy),
-                           stopped=lambda what: f"{what}; the lesson running was stopped; {kept}")
+    return commandline.run(
+        "prove",
+        body,
+        usage=(UsageError, fileguard.UnsafePath, fileguard.NotRegular, fileguard.FolderBusy),
+        stopped=lambda what: f"{what}; the lesson running was stopped; {kept}",
+    )
 
 
 def _prove(args: argparse.Namespace) -> int:
@@ -703,16 +824,21 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
 
     if data is not None and not _same_machine(data, machine):
         moved = _move_aside(args.out)
-        why = ("in an older format (claims without ids)" if data.get("format") != FORMAT_VERSION
-               else "on another machine, versions or settings")
+        why = (
+            "in an older format (claims without ids)"
+            if data.get("format") != FORMAT_VERSION
+            else "on another machine, versions or settings"
+        )
         print(f"{claims_path} was written {why}: moved to {' and '.join(moved)}; starting a new one.", flush=True)
         data = None
     if data is not None:
         for lesson_id, entry in data["lessons"].items():
             problem = _entry_problem(entry)
             if problem:
-                raise UsageError(f"{claims_path}: lesson {lesson_id}'s entry {problem}: fix it, or move the file "
-                                 "away (it keeps the lessons proved so far) to start a new one")
+                raise UsageError(
+                    f"{claims_path}: lesson {lesson_id}'s entry {problem}: fix it, or move the file "
+                    "away (it keeps the lessons proved so far) to start a new one"
+                )
     if data is None:
         data = {"format": FORMAT_VERSION, "machine": machine, "fingerprint": fingerprint(machine), "lessons": {}}
         _save(args, data)  # the machine, at once: the card names where it runs before the first lesson ends
@@ -721,8 +847,11 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
     for lesson_id in args.lessons:
         previous = data["lessons"].get(lesson_id)
         if previous and previous.get("claims") and not previous.get("error") and not args.again:
-            print(f"[{lesson_id}] {BY_ID[lesson_id].title}: already proved here ({previous.get('written', '')}); "
-                  "--again to measure it again", flush=True)
+            print(
+                f"[{lesson_id}] {BY_ID[lesson_id].title}: already proved here ({previous.get('written', '')}); "
+                "--again to measure it again",
+                flush=True,
+            )
         else:
             todo.append(lesson_id)
     if args.jobs > 1:
@@ -731,8 +860,9 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
         print(f"[{lesson_id}] {BY_ID[lesson_id].title} …", flush=True)
         result_file = private / f"lesson-{lesson_id}.json"
         t0 = time.perf_counter()
-        code, tail = _run_child(["_lesson", lesson_id, str(result_file)], _child_env(args, BY_ID[lesson_id]),
-                                args.timeout, f"[{lesson_id}]")
+        code, tail = _run_child(
+            ["_lesson", lesson_id, str(result_file)], _child_env(args, BY_ID[lesson_id]), args.timeout, f"[{lesson_id}]"
+        )
         _record(args, data, lesson_id, code, tail, result_file, t0)
 
     print(f"Done in {time.perf_counter() - start:.0f} s: {claims_path}, {report_path}", flush=True)
@@ -742,8 +872,15 @@ def _prove_into(args: argparse.Namespace, data: dict | None, private: pathlib.Pa
     return code
 
 
-def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | None, tail: list[str],
-            result_file: pathlib.Path, t0: float) -> None:
+def _record(
+    args: argparse.Namespace,
+    data: dict,
+    lesson_id: str,
+    code: int | None,
+    tail: list[str],
+    result_file: pathlib.Path,
+    t0: float,
+) -> None:
     """A lesson's process has ended (``code``; None: timed out): its entry, a line saying how it went, and both
     files saved."""
     lesson = BY_ID[lesson_id]
@@ -753,22 +890,37 @@ def _record(args: argparse.Namespace, data: dict, lesson_id: str, code: int | No
     written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if entry is None:
         said = [line.removeprefix(LESSON_ERROR) for line in tail if line.startswith(LESSON_ERROR)]
-        why = (f"did not finish within {args.timeout:g} s (--timeout)" if code is None
-               else f"its notebook stopped: {said[-1]}" if said
-               else f"its process failed (exit {code}): " + " | ".join(tail[-4:]))
-        entry = {"lesson": lesson_id, "title": lesson.title, "error": why, "claims": [],
-                 "seconds": round(time.perf_counter() - t0, 1)}
+        why = (
+            f"did not finish within {args.timeout:g} s (--timeout)"
+            if code is None
+            else f"its notebook stopped: {said[-1]}"
+            if said
+            else f"its process failed (exit {code}): " + " | ".join(tail[-4:])
+        )
+        entry = {
+            "lesson": lesson_id,
+            "title": lesson.title,
+            "error": why,
+            "claims": [],
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         print(f"[{lesson_id}] could not be measured: {why}", flush=True)
     else:
         counts: dict[str, int] = {}
         for c in entry["claims"]:
             counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
-        print(f"[{lesson_id}] {len(entry['claims'])} claims in {entry['seconds']:.0f} s: "
-              + ", ".join(f"{n} {v}" for v, n in counts.items()), flush=True)
+        print(
+            f"[{lesson_id}] {len(entry['claims'])} claims in {entry['seconds']:.0f} s: "
+            + ", ".join(f"{n} {v}" for v, n in counts.items()),
+            flush=True,
+        )
         for c in entry["claims"]:
             if c["verdict"] == report.Verdict.FAILS:
-                print(f"[{lesson_id}]   ❌ {c.get('id') or c['claim']}: {c['claim']} — expected {c['expected']}, "
-                      f"measured {c['measured']}", flush=True)
+                print(
+                    f"[{lesson_id}]   ❌ {c.get('id') or c['claim']}: {c['claim']} — expected {c['expected']}, "
+                    f"measured {c['measured']}",
+                    flush=True,
+                )
     entry["written"] = written
     data["lessons"][lesson_id] = entry
     data["written"] = written
@@ -789,17 +941,29 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
         while queue or running:
             while queue and free:
                 lesson_id, slot = queue.pop(0), free.pop(0)
-                print(f"[{lesson_id}] {BY_ID[lesson_id].title} … (on core(s) {','.join(map(str, slot))})",
-                      flush=True)
+                print(f"[{lesson_id}] {BY_ID[lesson_id].title} … (on core(s) {','.join(map(str, slot))})", flush=True)
                 env = _child_env(args, BY_ID[lesson_id])
                 env[CPUS_VARIABLE] = ",".join(map(str, slot))
                 result_file = private / f"lesson-{lesson_id}.json"
-                run = {"slot": slot, "result_file": result_file, "t0": time.perf_counter(),
-                       "stack": contextlib.ExitStack(), "tail": collections.deque(maxlen=12)}
+                run = {
+                    "slot": slot,
+                    "result_file": result_file,
+                    "t0": time.perf_counter(),
+                    "stack": contextlib.ExitStack(),
+                    "tail": collections.deque(maxlen=12),
+                }
                 running[lesson_id] = run
-                proc = run["proc"] = run["stack"].enter_context(processes.group(
-                    [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)], env=env,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", fork=True))
+                proc = run["proc"] = run["stack"].enter_context(
+                    processes.group(
+                        [sys.executable, "-m", "course_utils.proof", "_lesson", lesson_id, str(result_file)],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        errors="replace",
+                        fork=True,
+                    )
+                )
                 run["reader"] = _echo(proc, run["tail"], f"[{lesson_id}]")
             time.sleep(0.2)
             for lesson_id, run in list(running.items()):
@@ -811,8 +975,9 @@ def _prove_at_once(args: argparse.Namespace, data: dict, todo: list[str], privat
                 run["reader"].join(timeout=5)
                 del running[lesson_id]
                 free.append(run["slot"])
-                _record(args, data, lesson_id, None if timed_out else code, list(run["tail"]), run["result_file"],
-                        run["t0"])
+                _record(
+                    args, data, lesson_id, None if timed_out else code, list(run["tail"]), run["result_file"], run["t0"]
+                )
     finally:
         for run in running.values():
             run["stack"].close()
@@ -824,14 +989,21 @@ def exit_status(data: dict, lessons: list[str]) -> tuple[int, str]:
     speed or memory figure (a claim's ``figure``) is a CPU's judged as the accelerator's, and the lesson marks it
     "differs on this hardware" when it does not hold (:func:`course_utils.report.placed`); every other claim must
     hold, as the stand-in runs the accelerator's code."""
-    failing = [c for lid in lessons for c in data["lessons"].get(lid, {}).get("claims", [])
-               if report.Claim.from_dict(c).outcome is report.Verdict.FAILS]
+    failing = [
+        c
+        for lid in lessons
+        for c in data["lessons"].get(lid, {}).get("claims", [])
+        if report.Claim.from_dict(c).outcome is report.Verdict.FAILS
+    ]
     unmeasured = [lid for lid in lessons if lid not in data["lessons"] or data["lessons"][lid].get("error")]
     if not failing and not unmeasured:
         return 0, ""
     names = ", ".join(c.get("id") or c["claim"][:40] for c in failing[:5]) + (", …" if len(failing) > 5 else "")
-    summary = (f"{len(failing)} claim(s) do not hold here" + (f" ({names})" if failing else "")
-               + (f"; lessons not measured: {' '.join(unmeasured)}" if unmeasured else ""))
+    summary = (
+        f"{len(failing)} claim(s) do not hold here"
+        + (f" ({names})" if failing else "")
+        + (f"; lessons not measured: {' '.join(unmeasured)}" if unmeasured else "")
+    )
     return 1, summary
 
 

@@ -35,12 +35,21 @@ from typing import Iterable
 from . import fileguard
 
 HOLDS, FAILS, DIFFERS, NOISE, UNMEASURABLE = (
-    "✅ holds", "❌ does not hold here", "⚠️ differs on this hardware", "〰️ inconclusive here (noise)",
-    "➖ not measurable here")
+    "✅ holds",
+    "❌ does not hold here",
+    "⚠️ differs on this hardware",
+    "〰️ inconclusive here (noise)",
+    "➖ not measurable here",
+)
 VERDICTS = {True: HOLDS, False: FAILS, None: UNMEASURABLE}
 # The verdicts in words, as claims.json writes them
-WORDS = {HOLDS: "holds", FAILS: "does not hold", DIFFERS: "differs on this hardware", NOISE: "inconclusive",
-         UNMEASURABLE: "not measurable here"}
+WORDS = {
+    HOLDS: "holds",
+    FAILS: "does not hold",
+    DIFFERS: "differs on this hardware",
+    NOISE: "inconclusive",
+    UNMEASURABLE: "not measurable here",
+}
 ID_PATTERN = re.compile(r"(\d\d)\.[a-z0-9_.]+")  # a claim's id: the lesson's number, a dot, a name
 # The least speed-up a claim that something is "faster" asks for where the lesson itself expects about 1x (a CPU
 # under XLA, which computes bfloat16 in float32). Ratios of about 1x moved by up to 0.1x between runs of unchanged
@@ -71,6 +80,8 @@ class Verdict(str, enum.Enum):
         except ValueError:
             known = ", ".join(v.value for v in cls)
             raise ValueError(f"unknown verdict {str(word)[:40]!r} (one of: {known})") from None
+
+
 CLAIMS_DIR_VARIABLE = "COURSE_CLAIMS_DIR"
 
 
@@ -113,16 +124,22 @@ class Samples:
     def format(self, fmt: str = ".2f", unit: str = "") -> str:
         if len(self.values) == 1:
             return f"{self.median:{fmt}}{unit} (1 run)"
-        return (f"{self.median:{fmt}}{unit} (median of {len(self.values)}; {self.spread_name} "
-                f"{self.low:{fmt}}–{self.high:{fmt}})")
+        return (
+            f"{self.median:{fmt}}{unit} (median of {len(self.values)}; {self.spread_name} "
+            f"{self.low:{fmt}}–{self.high:{fmt}})"
+        )
 
     def compare(self, op: str, threshold: float) -> bool | str:
         """True when the whole spread satisfies ``op threshold``, False when none of it does, else
         "noise" (the spread straddles the threshold)."""
         if op not in (">", ">=", "<", "<="):
             raise ValueError(f"op must be one of > >= < <=, got {op!r}")
-        test = {">": lambda v: v > threshold, ">=": lambda v: v >= threshold,
-                "<": lambda v: v < threshold, "<=": lambda v: v <= threshold}[op]
+        test = {
+            ">": lambda v: v > threshold,
+            ">=": lambda v: v >= threshold,
+            "<": lambda v: v < threshold,
+            "<=": lambda v: v <= threshold,
+        }[op]
         results = [test(self.low), test(self.median), test(self.high)]
         if all(results):
             return True
@@ -153,7 +170,9 @@ class Claim:
     samples: list | None = None  # the repeated measurements the verdict came from (from_samples)
     lesson: str = ""  # "05": set by the lesson's claims function
     id: str = ""  # stable across rewordings: "05.accumulated_peak" (the lesson's number, then a name)
-    where: str = ""  # the function that measured it: "course_utils.lessons.gradient_accumulation.experiments:step_peaks"
+    where: str = (
+        ""  # the function that measured it: "course_utils.lessons.gradient_accumulation.experiments:step_peaks"
+    )
     figure: str = ""  # "speed" | "memory": judged on the accelerator's speed or memory (FIGURE_KINDS); "" otherwise
 
     def __post_init__(self):
@@ -163,14 +182,34 @@ class Claim:
             self.samples = [float(v) for v in self.samples]
 
     @classmethod
-    def from_samples(cls, claim: str, source: str, expected: str, samples: Samples | Iterable[float],
-                     op: str, threshold: float, fmt: str = ".2f", unit: str = "×", note: str = "",
-                     differs_here: str = "", id: str = "") -> "Claim":
+    def from_samples(
+        cls,
+        claim: str,
+        source: str,
+        expected: str,
+        samples: Samples | Iterable[float],
+        op: str,
+        threshold: float,
+        fmt: str = ".2f",
+        unit: str = "×",
+        note: str = "",
+        differs_here: str = "",
+        id: str = "",
+    ) -> "Claim":
         """A claim about a repeated measurement: holds when every repeat is on the right side of
         ``threshold``, does not hold when none is, and is inconclusive (noise) otherwise."""
         samples = samples if isinstance(samples, Samples) else Samples(list(samples))
-        return cls(claim, source, expected, samples.format(fmt, unit), samples.compare(op, threshold),
-                   note=note, differs_here=differs_here, samples=list(samples.values), id=id)
+        return cls(
+            claim,
+            source,
+            expected,
+            samples.format(fmt, unit),
+            samples.compare(op, threshold),
+            note=note,
+            differs_here=differs_here,
+            samples=list(samples.values),
+            id=id,
+        )
 
     @property
     def status(self) -> str:
@@ -205,20 +244,41 @@ class Claim:
     def to_dict(self) -> dict:
         """The JSON form (claims.json): the verdict in words (holds / does not hold / differs on this hardware /
         inconclusive / not measurable here), its reason, and the samples where the claim came from repeats."""
-        return {"id": self.id, "where": self.where, "lesson": self.lesson, "claim": self.claim, "source": self.source, "expected": self.expected,
-                "measured": self.measured, "verdict": WORDS[self.status], "reason": self.reason,
-                "holds": self.holds, "note": self.note, "differs_here": self.differs_here,
-                "samples": None if self.samples is None else [float(v) for v in self.samples],
-                "figure": self.figure}
+        return {
+            "id": self.id,
+            "where": self.where,
+            "lesson": self.lesson,
+            "claim": self.claim,
+            "source": self.source,
+            "expected": self.expected,
+            "measured": self.measured,
+            "verdict": WORDS[self.status],
+            "reason": self.reason,
+            "holds": self.holds,
+            "note": self.note,
+            "differs_here": self.differs_here,
+            "samples": None if self.samples is None else [float(v) for v in self.samples],
+            "figure": self.figure,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Claim":
         if not isinstance(d, dict) or not {"claim", "holds"} <= set(d):
             raise ValueError(f"not a claim (needs at least 'claim' and 'holds'): {str(d)[:120]}")
-        return cls(d["claim"], d.get("source", ""), d.get("expected", ""), d.get("measured", ""), d["holds"],
-                   note=d.get("note", ""), differs_here=d.get("differs_here", ""), samples=d.get("samples"),
-                   lesson=d.get("lesson", ""), id=d.get("id", "") or "", where=d.get("where", "") or "",
-                   figure=d.get("figure", "") or "")
+        return cls(
+            d["claim"],
+            d.get("source", ""),
+            d.get("expected", ""),
+            d.get("measured", ""),
+            d["holds"],
+            note=d.get("note", ""),
+            differs_here=d.get("differs_here", ""),
+            samples=d.get("samples"),
+            lesson=d.get("lesson", ""),
+            id=d.get("id", "") or "",
+            where=d.get("where", "") or "",
+            figure=d.get("figure", "") or "",
+        )
 
 
 def function_name(fn) -> str:
@@ -266,8 +326,10 @@ def placed(claims: list["Claim"], lesson: str, measured_by: dict, figures: dict 
         if claim.figure not in ("",) + FIGURE_KINDS:
             raise ValueError(f"{claim.id}: figure {claim.figure!r} is not one of {', '.join(FIGURE_KINDS)}")
         if kind and claim.figure and claim.holds is False and not claim.differs_here:
-            claim.differs_here = (f"a {kind.upper()} stand-in: this {claim.figure} figure is a CPU's, judged as the "
-                                  f"{kind.upper()}'s (run it on one)")
+            claim.differs_here = (
+                f"a {kind.upper()} stand-in: this {claim.figure} figure is a CPU's, judged as the "
+                f"{kind.upper()}'s (run it on one)"
+            )
     return claims
 
 
@@ -334,17 +396,43 @@ class LessonClaims:
             raise KeyError(f"claim {claim_id!r} is not declared in lesson {self.lesson}'s claims")
         return found
 
-    def judge(self, claim_id: str, measured: str, holds, note: str = "", differs_here: str = "",
-              samples: list | None = None, **values) -> Claim:
+    def judge(
+        self,
+        claim_id: str,
+        measured: str,
+        holds,
+        note: str = "",
+        differs_here: str = "",
+        samples: list | None = None,
+        **values,
+    ) -> Claim:
         """Claim ``claim_id`` as measured: ``holds`` True / False / None (not measurable here) / "noise"."""
         spec = self.spec(claim_id)
-        claim = Claim(spec.words("claim", values), spec.words("source", values), spec.words("expected", values),
-                      measured, holds, note=note, differs_here=differs_here, samples=samples, id=claim_id)
+        claim = Claim(
+            spec.words("claim", values),
+            spec.words("source", values),
+            spec.words("expected", values),
+            measured,
+            holds,
+            note=note,
+            differs_here=differs_here,
+            samples=samples,
+            id=claim_id,
+        )
         return placed([claim], self.lesson, {claim_id: spec.where}, {claim_id: spec.figure})[0]
 
-    def judge_samples(self, claim_id: str, samples: Samples | Iterable[float], note: str = "",
-                      differs_here: str = "", threshold=None, op: str = "", fmt: str = "",
-                      unit: str | None = None, **values) -> Claim:
+    def judge_samples(
+        self,
+        claim_id: str,
+        samples: Samples | Iterable[float],
+        note: str = "",
+        differs_here: str = "",
+        threshold=None,
+        op: str = "",
+        fmt: str = "",
+        unit: str | None = None,
+        **values,
+    ) -> Claim:
         """Claim ``claim_id`` from repeats, judged by its declared ``op`` against its ``threshold`` — or, where the
         lesson's line moves with the machine (a TPU's against a CPU's), the ``op``, ``threshold``, ``fmt`` and
         ``unit`` given here."""
@@ -355,8 +443,9 @@ class LessonClaims:
         samples = samples if isinstance(samples, Samples) else Samples(list(samples))
         holds = samples.within(*line) if op == "within" else samples.compare(op, line)
         measured = samples.format(fmt or spec.fmt, spec.unit if unit is None else unit)
-        return self.judge(claim_id, measured, holds, note=note, differs_here=differs_here,
-                          samples=list(samples.values), **values)
+        return self.judge(
+            claim_id, measured, holds, note=note, differs_here=differs_here, samples=list(samples.values), **values
+        )
 
     def all(self, claims: Iterable[Claim]) -> list[Claim]:
         """``claims``, checked: each declared claim judged once (a family at least once; an optional one at most
@@ -364,8 +453,12 @@ class LessonClaims:
         claims = list(claims)
         problems = id_problems(claims, self.lesson)
         judged = {c.id for c in claims}
-        problems += [f"claim {spec.id!r} is declared but not judged" for spec in self if not spec.optional
-                     and not (any(i.startswith(spec.id) for i in judged) if spec.family else spec.id in judged)]
+        problems += [
+            f"claim {spec.id!r} is declared but not judged"
+            for spec in self
+            if not spec.optional
+            and not (any(i.startswith(spec.id) for i in judged) if spec.family else spec.id in judged)
+        ]
         if problems:
             raise ValueError(f"lesson {self.lesson}'s claims: " + "; ".join(problems))
         return claims
@@ -408,7 +501,10 @@ class Table:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        widths = [max(len(c), *(len(r[i]) for r in self.rows())) if self.rows() else len(c) for i, c in enumerate(self.columns)]
+        widths = [
+            max(len(c), *(len(r[i]) for r in self.rows())) if self.rows() else len(c)
+            for i, c in enumerate(self.columns)
+        ]
         line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
         return "\n".join([line(self.columns), line(["-" * w for w in widths])] + [line(r) for r in self.rows()])
 
@@ -441,7 +537,9 @@ class ClaimsTable(Table):
     def __str__(self) -> str:
         out = []
         for i, (claim, source, expected, measured, verdict) in enumerate(self.rows(), 1):
-            out.append(f"{i}. {claim}\n   source: {source}\n   expected: {expected}\n   measured: {measured}\n   verdict: {verdict}")
+            out.append(
+                f"{i}. {claim}\n   source: {source}\n   expected: {expected}\n   measured: {measured}\n   verdict: {verdict}"
+            )
         return "\n".join(out)
 
     __repr__ = __str__

@@ -55,8 +55,10 @@ LIBTPU_FOR_TF = "0.0.14"
 LIBTPU_TF_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 TPU_PIP_ARGS = (f"tensorflow-tpu=={TF_VERSION}", f"libtpu=={LIBTPU_FOR_TF}", f"--find-links={LIBTPU_TF_INDEX}")
 CPU_GPU_PIP_ARGS = (f"tensorflow=={TF_VERSION}",)
-TPU_INSTALL_FIX = (f'pip install "tensorflow-tpu=={TF_VERSION}" "libtpu=={LIBTPU_FOR_TF}" '
-                   f'--find-links={LIBTPU_TF_INDEX}   (then restart the runtime)')
+TPU_INSTALL_FIX = (
+    f'pip install "tensorflow-tpu=={TF_VERSION}" "libtpu=={LIBTPU_FOR_TF}" '
+    f"--find-links={LIBTPU_TF_INDEX}   (then restart the runtime)"
+)
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 
 
@@ -121,11 +123,13 @@ def _untested_libtpu(tf_version: str, req, got: str) -> list[str]:
     built = [spec.version for spec in req.specifier if spec.operator in ("~=", "==", ">=")]
     if not built or Version(got) <= Version(built[0].rstrip(".*")):
         return []
-    return [f"untested libtpu: tensorflow-tpu {tf_version} names {req.name} {built[0]} ({req.name}{req.specifier}); "
-            f"{got} is newer. The range accepts it, but nothing says TensorFlow was tested with it (libtpu 0.0.23 "
-            "left TensorFlow 2.20 with \"No TPU platform found\", Kaggle/docker-python#1499). Nothing to do while "
-            "TensorFlow sees the TPU (the setup line names TPU replicas). If it does not: "
-            f"pip install {req.name}=={built[0]} and restart the runtime."]
+    return [
+        f"untested libtpu: tensorflow-tpu {tf_version} names {req.name} {built[0]} ({req.name}{req.specifier}); "
+        f"{got} is newer. The range accepts it, but nothing says TensorFlow was tested with it (libtpu 0.0.23 "
+        'left TensorFlow 2.20 with "No TPU platform found", Kaggle/docker-python#1499). Nothing to do while '
+        "TensorFlow sees the TPU (the setup line names TPU replicas). If it does not: "
+        f"pip install {req.name}=={built[0]} and restart the runtime."
+    ]
 
 
 def _jax_libtpu_note(jax_version: str, req, got: str | None) -> str:
@@ -137,13 +141,16 @@ def _jax_libtpu_note(jax_version: str, req, got: str | None) -> str:
     note = f"JAX {jax_version}'s jax[tpu] extra names {req.name}{req.specifier}"
     pinned = [spec.version.rstrip(".*") for spec in req.specifier if spec.operator == "=="]
     if got and pinned and Version(got) <= Version(LIBTPU_FOR_TF) < Version(pinned[0]):
-        note += (f"; with {req.name} {got}, TensorFlow's, JAX may no longer start on the TPU in this runtime "
-                 "(run JAX on a runtime of its own)")
+        note += (
+            f"; with {req.name} {got}, TensorFlow's, JAX may no longer start on the TPU in this runtime "
+            "(run JAX on a runtime of its own)"
+        )
     return note
 
 
-def libtpu_check(version: Callable[[str], str | None] | None = None,
-                 requires: Callable[[str], list[str]] | None = None) -> tuple[str, list[str]]:
+def libtpu_check(
+    version: Callable[[str], str | None] | None = None, requires: Callable[[str], list[str]] | None = None
+) -> tuple[str, list[str]]:
     """Which libtpu is installed, and whether TensorFlow's TPU build accepts it.
 
     ``tensorflow-tpu`` 2.20.0 asks for ``libtpu~=0.0.14``; Colab's TPU image ships JAX and pins a libtpu of its own
@@ -164,8 +171,10 @@ def libtpu_check(version: Callable[[str], str | None] | None = None,
     parts = ["libtpu installed: " + (", ".join(have) if have else "none")]
     problems = []
     if len(have) > 1:
-        problems.append(f"two libtpu packages are installed ({' and '.join(have)}); keep the one "
-                        "tensorflow-tpu asks for (pip uninstall the other), then restart the runtime.")
+        problems.append(
+            f"two libtpu packages are installed ({' and '.join(have)}); keep the one "
+            "tensorflow-tpu asks for (pip uninstall the other), then restart the runtime."
+        )
     for owner in ("tensorflow-tpu", "jax"):
         owner_version = version(owner)
         if not owner_version:
@@ -179,17 +188,22 @@ def libtpu_check(version: Callable[[str], str | None] | None = None,
                 parts.append(_jax_libtpu_note(owner_version, req, got))
                 continue
             ok = got is not None and req.specifier.contains(got, prereleases=True)
-            parts.append(f"tensorflow-tpu {owner_version} asks for {req.name}{req.specifier} "
-                         f"({'satisfied' if ok else 'NOT satisfied'})")
+            parts.append(
+                f"tensorflow-tpu {owner_version} asks for {req.name}{req.specifier} "
+                f"({'satisfied' if ok else 'NOT satisfied'})"
+            )
             if ok:
                 problems.extend(_untested_libtpu(owner_version, req, got))
             else:
                 problems.append(
                     f"libtpu mismatch: tensorflow-tpu {owner_version} needs {req.name}{req.specifier}, but "
                     f"{req.name} {got or 'is not installed'}{' is installed' if got else ''}: TensorFlow "
-                    f"cannot be expected to start the TPU. Reinstall with: {TPU_INSTALL_FIX}")
+                    f"cannot be expected to start the TPU. Reinstall with: {TPU_INSTALL_FIX}"
+                )
     if installed["libtpu"] is None and installed["libtpu-nightly"] is None and version("tensorflow-tpu"):
-        problems.append(f"no libtpu is installed, so tensorflow-tpu cannot reach the TPU. Reinstall with: {TPU_INSTALL_FIX}")
+        problems.append(
+            f"no libtpu is installed, so tensorflow-tpu cannot reach the TPU. Reinstall with: {TPU_INSTALL_FIX}"
+        )
     return "; ".join(parts), problems
 
 
@@ -205,18 +219,27 @@ def _pip_install(args: tuple[str, ...]) -> tuple[int, str, list[str]]:
 
 def _unreachable_link(line: str) -> bool:
     return ("Retrying" in line or "Could not fetch URL" in line) and (
-        "connection" in line.lower() or "Name or service" in line or "timed out" in line.lower())
+        "connection" in line.lower() or "Name or service" in line or "timed out" in line.lower()
+    )
 
 
 def unreachable_links_note(pip_output: str, args: tuple[str, ...]) -> list[str]:
     """One sentence when pip could not reach a ``--find-links`` page (it warns "Retrying … connection", then goes on
     without it): which page, and that the packages came from the package index instead."""
     links = [a.split("=", 1)[1] for a in args if a.startswith("--find-links=")]
-    pages = [link for link in links if any(_unreachable_link(ln) and (urlparse(link).path.rsplit("/", 2)[-2] in ln
-                                                                    or urlparse(link).netloc in ln)
-                                           for ln in pip_output.splitlines())]
-    return [f"pip could not reach {page} (it retried a few times): it went on with the package index, which has "
-            f"tensorflow-tpu {TF_VERSION} and libtpu {LIBTPU_FOR_TF} too" for page in pages]
+    pages = [
+        link
+        for link in links
+        if any(
+            _unreachable_link(ln) and (urlparse(link).path.rsplit("/", 2)[-2] in ln or urlparse(link).netloc in ln)
+            for ln in pip_output.splitlines()
+        )
+    ]
+    return [
+        f"pip could not reach {page} (it retried a few times): it went on with the package index, which has "
+        f"tensorflow-tpu {TF_VERSION} and libtpu {LIBTPU_FOR_TF} too"
+        for page in pages
+    ]
 
 
 TPU_CHECK_TIMEOUT_S = 240  # connecting and initializing a TPU from a fresh process: tens of seconds on a TPU VM
@@ -234,8 +257,7 @@ def tpu_reachable_in_fresh_process() -> tuple[bool, str]:
     (lesson 01's recipe) so that this kernel imports TensorFlow only after the answer, and the TPU is free again when
     that process exits. ``why`` is the last line it printed."""
     try:
-        proc = processes.run([sys.executable, "-c", _TPU_CHECK], timeout=TPU_CHECK_TIMEOUT_S,
-                             what="the TPU check")
+        proc = processes.run([sys.executable, "-c", _TPU_CHECK], timeout=TPU_CHECK_TIMEOUT_S, what="the TPU check")
     except processes.TimedOut as exc:
         return False, str(exc)
     lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines() if ln.strip()]
@@ -243,9 +265,10 @@ def tpu_reachable_in_fresh_process() -> tuple[bool, str]:
     if proc.returncode == 0 and cores and cores != "TPU cores: 0":
         return True, cores
     said = [ln.split("] ", 1)[-1] for ln in lines]  # without TensorFlow's log prefix ("I0000 … file.cc:78] ")
-    return False, next((ln for ln in said if "No TPU platform found" in ln),
-                       next((ln for ln in reversed(said) if "Error" in ln),
-                            said[-1] if said else f"exit code {proc.returncode}"))
+    return False, next(
+        (ln for ln in said if "No TPU platform found" in ln),
+        next((ln for ln in reversed(said) if "Error" in ln), said[-1] if said else f"exit code {proc.returncode}"),
+    )
 
 
 def _pip_uninstall(names: tuple[str, ...]) -> tuple[int, str]:
@@ -264,12 +287,14 @@ class InstallFailed(RuntimeError):
         return [f"{type(self).__name__}: {self}"]
 
 
-def install_tensorflow(on_tpu: bool | None = None,
-                       pip: Callable[[tuple[str, ...]], tuple] = _pip_install,
-                       check: Callable[[], tuple[str, list[str]]] | None = None,
-                       version: Callable[[str], str | None] | None = None,
-                       reach_tpu: Callable[[], tuple[bool, str]] = tpu_reachable_in_fresh_process,
-                       pip_uninstall: Callable[[tuple[str, ...]], tuple[int, str]] = _pip_uninstall) -> list[str]:
+def install_tensorflow(
+    on_tpu: bool | None = None,
+    pip: Callable[[tuple[str, ...]], tuple] = _pip_install,
+    check: Callable[[], tuple[str, list[str]]] | None = None,
+    version: Callable[[str], str | None] | None = None,
+    reach_tpu: Callable[[], tuple[bool, str]] = tpu_reachable_in_fresh_process,
+    pip_uninstall: Callable[[tuple[str, ...]], tuple[int, str]] = _pip_uninstall,
+) -> list[str]:
     """Install TensorFlow where it is missing (Colab's TPU runtimes ship without it); print what happened.
 
     Nothing happens when TensorFlow is importable. On a machine with a TPU (:func:`tpu_hints`, or
@@ -303,7 +328,7 @@ def install_tensorflow(on_tpu: bool | None = None,
 
     def install(args: tuple[str, ...]) -> tuple[int, str]:
         code, last, *notes = pip(args)
-        for note in (notes[0] if notes else []):
+        for note in notes[0] if notes else []:
             say(note)
         return code, last
 
@@ -311,11 +336,19 @@ def install_tensorflow(on_tpu: bool | None = None,
         jax, image_libtpu = version("jax"), version("libtpu")
         say(f"TensorFlow is missing on this TPU runtime: running `{command(TPU_PIP_ARGS)}` (a minute or two)…")
         if image_libtpu and image_libtpu != LIBTPU_FOR_TF:
-            say(f"It replaces this image's libtpu {image_libtpu}" + (f" (chosen for its JAX {jax})" if jax else "")
+            say(
+                f"It replaces this image's libtpu {image_libtpu}"
+                + (f" (chosen for its JAX {jax})" if jax else "")
                 + f" with {LIBTPU_FOR_TF}, the one TensorFlow {TF_VERSION} names: TensorFlow comes first in this "
-                "course. " + ("JAX may then no longer start on the TPU in this runtime: run JAX notebooks on a "
-                              "runtime of their own. " if jax else "")
-                + "A fresh runtime (Runtime → Disconnect and delete runtime) brings the image back.")
+                "course. "
+                + (
+                    "JAX may then no longer start on the TPU in this runtime: run JAX notebooks on a "
+                    "runtime of their own. "
+                    if jax
+                    else ""
+                )
+                + "A fresh runtime (Runtime → Disconnect and delete runtime) brings the image back."
+            )
         code, last = install(TPU_PIP_ARGS)
         if code == 0:
             importlib.invalidate_caches()
@@ -328,26 +361,35 @@ def install_tensorflow(on_tpu: bool | None = None,
             if reached:
                 say(f"TensorFlow reaches the TPU: {why}.")
                 return out
-            say(f"⚠️ TensorFlow's TPU build does not reach the TPU here: {why}. Without the TPU that build is worse "
+            say(
+                f"⚠️ TensorFlow's TPU build does not reach the TPU here: {why}. Without the TPU that build is worse "
                 "than the CPU one: it cannot compile XLA for the CPU, and Keras' jit_compile='auto' asks for XLA in "
-                "every fit. Replacing it with the CPU/GPU build: this notebook will run on the TPU VM's CPU.")
+                "every fit. Replacing it with the CPU/GPU build: this notebook will run on the TPU VM's CPU."
+            )
             undo = pip_uninstall(("tensorflow-tpu",))
             if undo[0] != 0:
-                raise InstallFailed(f"`pip uninstall -y tensorflow-tpu` exited with code {undo[0]}: {undo[1]}. Restart "
-                                   "the runtime (Runtime → Disconnect and delete runtime) and run the setup cell again.")
+                raise InstallFailed(
+                    f"`pip uninstall -y tensorflow-tpu` exited with code {undo[0]}: {undo[1]}. Restart "
+                    "the runtime (Runtime → Disconnect and delete runtime) and run the setup cell again."
+                )
             if image_libtpu and image_libtpu != LIBTPU_FOR_TF:
                 back = install((f"libtpu=={image_libtpu}",))
-                say(f"Put back this image's libtpu {image_libtpu}" + (f" for its JAX {jax}." if jax else ".")
-                    if back[0] == 0 else f"Could not put back libtpu {image_libtpu} (pip: {back[1]}): JAX may not "
-                    "start on the TPU in this runtime.")
+                say(
+                    f"Put back this image's libtpu {image_libtpu}" + (f" for its JAX {jax}." if jax else ".")
+                    if back[0] == 0
+                    else f"Could not put back libtpu {image_libtpu} (pip: {back[1]}): JAX may not "
+                    "start on the TPU in this runtime."
+                )
         else:
             say(f"The TPU build did not install: `{command(TPU_PIP_ARGS)}` exited with code {code}: {last}")
             say("Falling back to the CPU/GPU build: this notebook will run on the TPU VM's CPU, not the TPU.")
     say(f"Running `{command(CPU_GPU_PIP_ARGS)}`…")
     code, last = install(CPU_GPU_PIP_ARGS)
     if code != 0:
-        raise InstallFailed(f"`{command(CPU_GPU_PIP_ARGS)}` exited with code {code}: {last}. No TensorFlow is "
-                           "installed: check the connection, then restart the runtime and run the setup cell again.")
+        raise InstallFailed(
+            f"`{command(CPU_GPU_PIP_ARGS)}` exited with code {code}: {last}. No TensorFlow is "
+            "installed: check the connection, then restart the runtime and run the setup cell again."
+        )
     importlib.invalidate_caches()
     say(f"Installed tensorflow=={TF_VERSION} (CPU/GPU build).")
     return out
@@ -357,7 +399,8 @@ MULTI_REPLICA_XLA = (
     "Keras' fit compiles its whole step — strategy.run over every replica, all-reduce included — as one XLA cluster "
     "(keras/src/backend/tensorflow/trainer.py, _make_function), and under MirroredStrategy that cluster cannot reach "
     "the other replicas' variables (InvalidArgumentError '... located in device CPU:1 from device CPU:0'; "
-    "keras-team/keras#19005)")
+    "keras-team/keras#19005)"
+)
 
 
 def whole_step_compiles(kind: str, replicas: int) -> bool:
@@ -380,13 +423,25 @@ def fit_jit_compile(kind: str, course_jit: bool = False, replicas: int = 1) -> t
     if kind == "TPU":
         return False, True, "TPU: TPUStrategy compiles every step with XLA, whatever compile() is told"
     if replicas > 1:
-        return False, False, (f"{replicas} replicas: fit runs without XLA — {MULTI_REPLICA_XLA}; a custom loop can "
-                              "compile each replica's forward and backward pass (runtime.replica_gradients)")
+        return (
+            False,
+            False,
+            (
+                f"{replicas} replicas: fit runs without XLA — {MULTI_REPLICA_XLA}; a custom loop can "
+                "compile each replica's forward and backward pass (runtime.replica_gradients)"
+            ),
+        )
     if course_jit:
         return True, True, "COURSE_JIT=1 asks for XLA"
     if kind in ("GPU", "multi-GPU"):
-        return True, True, ("GPU: XLA fuses the step's small ops; Keras' jit_compile='auto' would leave it off under "
-                            "tf.distribute, so it is asked for")
+        return (
+            True,
+            True,
+            (
+                "GPU: XLA fuses the step's small ops; Keras' jit_compile='auto' would leave it off under "
+                "tf.distribute, so it is asked for"
+            ),
+        )
     return False, False, "CPU: Keras' jit_compile='auto' leaves XLA off on a CPU-only machine; COURSE_JIT=1 turns it on"
 
 
@@ -540,7 +595,9 @@ def describe_import_failure(package: str, exc: BaseException) -> tuple[str, str]
     what = f"{package} is installed but fails to import ({_first_line(exc, 240)})"
     text = f"{type(exc).__name__} {exc}".lower()
     if "protobuf" in text or type(exc).__name__ == "VersionError":
-        fix = 'pip install -U protobuf   (then restart the runtime/kernel: the failed import stays half-done until then)'
+        fix = (
+            "pip install -U protobuf   (then restart the runtime/kernel: the failed import stays half-done until then)"
+        )
     elif isinstance(exc, ModuleNotFoundError) and exc.name and not exc.name.startswith(package.replace("-", "_")):
         fix = f"pip install {exc.name.split('.')[0]}   (a missing dependency; then restart the runtime/kernel)"
     else:
@@ -652,8 +709,11 @@ def detect(
         # A TensorFlow without TPU support (the CPU/GPU build: what the setup installs where the TPU build did not
         # reach the TPU) cannot connect; trying anyway starts TensorFlow's runtime, after which the CPU can no longer
         # be split into replicas (lesson 05's 4 CPU replicas failed that way on a TPU VM).
-        tpu_support = bool(_dist_version("tensorflow-tpu") or tf.config.list_physical_devices("TPU")
-                           or tf.config.list_physical_devices("TPU_SYSTEM"))
+        tpu_support = bool(
+            _dist_version("tensorflow-tpu")
+            or tf.config.list_physical_devices("TPU")
+            or tf.config.list_physical_devices("TPU_SYSTEM")
+        )
         should_try = probe_tpu if probe_tpu is not None else ((bool(hints) and tpu_support) or device == "tpu")
         if hints and _dist_version("tensorflow-tpu"):  # say a libtpu/JAX mismatch before it bites
             notes.extend(libtpu_check()[1])
@@ -682,8 +742,10 @@ def detect(
                     fix = f". If this is a TPU runtime, this TensorFlow may lack TPU support: {TPU_INSTALL_FIX}"
                 fallbacks.append(f"TPU{seen} did not connect — {_first_line(exc)}{fix}")
         elif hints and not tpu_support and probe_tpu is None:
-            fallbacks.append(f"TPU ({hints[0]}) not tried: this TensorFlow has no TPU support (the CPU/GPU build). "
-                             f"If this is a TPU runtime and you want the TPU: {TPU_INSTALL_FIX}")
+            fallbacks.append(
+                f"TPU ({hints[0]}) not tried: this TensorFlow has no TPU support (the CPU/GPU build). "
+                f"If this is a TPU runtime and you want the TPU: {TPU_INSTALL_FIX}"
+            )
         else:
             fallbacks.append("TPU — none found (no /dev/accel*, /dev/vfio/0, TPU PCI device or TPU_* variable)")
 
@@ -770,25 +832,53 @@ def _standin_runtime(tf, which: str, n: int, fallbacks: list, notes: list, commo
         from . import standin_strategies  # imports TensorFlow
 
         strategy = standin_strategies.tpu_strategy(list(cores))
-        notes.append(f"stand-in: a TPU with {len(cores)} core(s) over CPU devices (COURSE_STANDIN=tpu); CPU:0 is its "
-                     "host. It refuses what TPUStrategy refuses; it is a CPU, not faster")
-        return Runtime(kind="TPU", strategy_name="TPUStrategy (stand-in)", num_replicas=len(cores),
-                       device_names=cores, fallbacks=fallbacks, notes=notes, _strategy=strategy, standin="tpu",
-                       **common)
+        notes.append(
+            f"stand-in: a TPU with {len(cores)} core(s) over CPU devices (COURSE_STANDIN=tpu); CPU:0 is its "
+            "host. It refuses what TPUStrategy refuses; it is a CPU, not faster"
+        )
+        return Runtime(
+            kind="TPU",
+            strategy_name="TPUStrategy (stand-in)",
+            num_replicas=len(cores),
+            device_names=cores,
+            fallbacks=fallbacks,
+            notes=notes,
+            _strategy=strategy,
+            standin="tpu",
+            **common,
+        )
     got, problem = _split_cpu(tf, n)
     if problem:
         raise _config.ConfigError(f"COURSE_STANDIN=gpu: {problem}")
     fallbacks.append("TPU — none found (a GPU stand-in: COURSE_STANDIN=gpu)")  # as detect() records on a real GPU
     names = tuple(f"/device:CPU:{i}" for i in range(got))
-    notes.append(f"stand-in: {got} GPU(s) over CPU devices (COURSE_STANDIN=gpu): memory is read in this process, as "
-                 "on a GPU; it is a CPU, not faster")
+    notes.append(
+        f"stand-in: {got} GPU(s) over CPU devices (COURSE_STANDIN=gpu): memory is read in this process, as "
+        "on a GPU; it is a CPU, not faster"
+    )
     if got > 1:
-        return Runtime(kind="multi-GPU", strategy_name="MirroredStrategy", num_replicas=got, device_names=names,
-                       fallbacks=fallbacks, notes=notes, standin="gpu",
-                       _factory=lambda: tf.distribute.MirroredStrategy(list(names)), **common)
-    return Runtime(kind="GPU", strategy_name="OneDeviceStrategy", num_replicas=1, device_names=names,
-                   fallbacks=fallbacks, notes=notes, standin="gpu", _factory=lambda: tf.distribute.OneDeviceStrategy(names[0]),
-                   **common)
+        return Runtime(
+            kind="multi-GPU",
+            strategy_name="MirroredStrategy",
+            num_replicas=got,
+            device_names=names,
+            fallbacks=fallbacks,
+            notes=notes,
+            standin="gpu",
+            _factory=lambda: tf.distribute.MirroredStrategy(list(names)),
+            **common,
+        )
+    return Runtime(
+        kind="GPU",
+        strategy_name="OneDeviceStrategy",
+        num_replicas=1,
+        device_names=names,
+        fallbacks=fallbacks,
+        notes=notes,
+        standin="gpu",
+        _factory=lambda: tf.distribute.OneDeviceStrategy(names[0]),
+        **common,
+    )
 
 
 def _cpu_split_in_use(tf) -> bool:
@@ -807,8 +897,9 @@ def run_on_cpu_replicas(replicas: int, code: str, timeout: float = 180) -> str:
     env.pop("COURSE_STANDIN", None)  # CPU replicas, as asked: not a GPU's or TPU's stand-in
     # forked from a process that has imported TensorFlow and run nothing (course_utils.processes, fork=True; Linux):
     # a new process and TensorFlow runtime all the same, started seconds sooner
-    proc = processes.run([sys.executable, "-c", code], fork=True, env=env, timeout=timeout,
-                         what=f"the {replicas}-replica process")
+    proc = processes.run(
+        [sys.executable, "-c", code], fork=True, env=env, timeout=timeout, what=f"the {replicas}-replica process"
+    )
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise RuntimeError(f"the {replicas}-replica process failed:\n{tail}")
@@ -850,7 +941,9 @@ def _main(argv: list[str]) -> int:
         import keras
 
         with rt.strategy.scope():
-            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+            model = keras.Sequential(
+                [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
+            )
             model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         rng = np.random.default_rng(0)
         x = rng.normal(size=(256, 8)).astype("float32")

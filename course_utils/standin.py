@@ -35,13 +35,17 @@ from typing import Any
 
 KINDS = ("gpu", "tpu")
 HOST = "/device:CPU:0"  # the TPU stand-in's host; its cores are CPU:1 … CPU:N
-HOST_XLA = ("XLA compiled for the host: on a TPU VM, TensorFlow places ops that no tf.device scope or strategy puts "
-            "on a TPU core on the CPU, and compiling a jit_compile=True function there fails (tensorflow#58934). "
-            "Place it on a core (with tf.device(runtime.device_names[0])) or call strategy.run from a plain "
-            "tf.function: TPUStrategy compiles the step itself")
-RUN_UNDER_XLA = ("TPUStrategy.run inside a jit_compile=True function: TPUStrategy compiles the replicated step for the "
-                 "TPU itself; wrap strategy.run in tf.function without jit_compile (Keras does: its fit leaves "
-                 "jit_compile off under TPUStrategy)")
+HOST_XLA = (
+    "XLA compiled for the host: on a TPU VM, TensorFlow places ops that no tf.device scope or strategy puts "
+    "on a TPU core on the CPU, and compiling a jit_compile=True function there fails (tensorflow#58934). "
+    "Place it on a core (with tf.device(runtime.device_names[0])) or call strategy.run from a plain "
+    "tf.function: TPUStrategy compiles the step itself"
+)
+RUN_UNDER_XLA = (
+    "TPUStrategy.run inside a jit_compile=True function: TPUStrategy compiles the replicated step for the "
+    "TPU itself; wrap strategy.run in tf.function without jit_compile (Keras does: its fit leaves "
+    "jit_compile off under TPUStrategy)"
+)
 
 
 class TPUStandInRefused(RuntimeError):
@@ -63,12 +67,18 @@ def _validate_run_function(fn: Any) -> None:
     except ImportError:  # pragma: no cover - present in TF 2.20 and 2.21
         import tensorflow as tf
 
-        if tf.executing_eagerly() and not isinstance(fn, tf.types.experimental.PolymorphicFunction) and not (
-                callable(fn) and isinstance(getattr(fn, "__call__", None), tf.types.experimental.PolymorphicFunction)):
+        if (
+            tf.executing_eagerly()
+            and not isinstance(fn, tf.types.experimental.PolymorphicFunction)
+            and not (
+                callable(fn) and isinstance(getattr(fn, "__call__", None), tf.types.experimental.PolymorphicFunction)
+            )
+        ):
             raise NotImplementedError(
                 "TPUStrategy.run(fn, ...) does not support pure eager execution. please make sure the function "
                 "passed into `strategy.run` is a `tf.function` or `strategy.run` is called inside a `tf.function` "
-                "if eager behavior is enabled.") from None
+                "if eager behavior is enabled."
+            ) from None
         return
     validate_run_function(fn)
 

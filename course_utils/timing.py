@@ -78,8 +78,10 @@ class MatmulRate:
         return "with XLA" if self.jit else "without XLA"
 
     def __str__(self) -> str:
-        return (f"{self.n}×{self.n} {self.dtype}, {self.matmuls} matmuls per call, {self.xla_label}: "
-                f"{self.samples.format('.3f', ' TFLOP/s')}")
+        return (
+            f"{self.n}×{self.n} {self.dtype}, {self.matmuls} matmuls per call, {self.xla_label}: "
+            f"{self.samples.format('.3f', ' TFLOP/s')}"
+        )
 
 
 def matmul_chain(jit: bool):
@@ -111,9 +113,17 @@ def matmul_operands(n: int, dtype: str = "float32", seed: int = 0):
     return x, b
 
 
-def matmul_tflops(n: int, dtype: str = "float32", repeats: int = 10, device: str | None = None, *,
-                  jit: bool | None = None, matmuls: int | None = None, target_s: float = 0.05,
-                  seed: int = 0) -> MatmulRate:
+def matmul_tflops(
+    n: int,
+    dtype: str = "float32",
+    repeats: int = 10,
+    device: str | None = None,
+    *,
+    jit: bool | None = None,
+    matmuls: int | None = None,
+    target_s: float = 0.05,
+    seed: int = 0,
+) -> MatmulRate:
     """Measured TFLOP/s of ``n×n @ n×n`` matmuls on ``device``: a chain of ``matmuls`` of them per call.
 
     ``jit``: compile with XLA (default: ``course_utils.config.get().jit``; a TPU always does).
@@ -146,8 +156,9 @@ class _null:
         return False
 
 
-def speedup_samples(slow: Callable[[], Any], fast: Callable[[], Any], rounds: int = 5, repeats: int = 3,
-                    warmup: int = 1):
+def speedup_samples(
+    slow: Callable[[], Any], fast: Callable[[], Any], rounds: int = 5, repeats: int = 3, warmup: int = 1
+):
     """How many times faster ``fast`` is than ``slow``, measured ``rounds`` times, interleaved.
 
     Each round times both (median of ``repeats`` calls each, after ``warmup`` untimed calls in the

@@ -77,8 +77,10 @@ def after() -> None:
         case = "no TPU reached: the CPU/GPU build, the image's libtpu back"
     wrong = {name: (_version(name), version) for name, version in want.items() if _version(name) != version}
     if wrong:
-        _fail(f"after the setup's install ({case}): " + ", ".join(f"{n} {got} (want {exp})"
-                                                                 for n, (got, exp) in wrong.items()))
+        _fail(
+            f"after the setup's install ({case}): "
+            + ", ".join(f"{n} {got} (want {exp})" for n, (got, exp) in wrong.items())
+        )
     summary, problems = runtime.libtpu_check()
     print(f"after the setup ({case}):", summary)
     if problems:
@@ -87,8 +89,10 @@ def after() -> None:
     import keras
     import tensorflow as tf
 
-    print(f"TensorFlow {tf.__version__} imports beside protobuf {google.protobuf.__version__} and Keras "
-          f"{keras.__version__}; devices: {[d.device_type for d in tf.config.list_physical_devices()]}")
+    print(
+        f"TensorFlow {tf.__version__} imports beside protobuf {google.protobuf.__version__} and Keras "
+        f"{keras.__version__}; devices: {[d.device_type for d in tf.config.list_physical_devices()]}"
+    )
     compiled = tf.function(lambda: tf.reduce_sum(tf.ones((3, 3))), jit_compile=True)
     if float(compiled()) != 9.0:  # XLA for the CPU: what the TPU build cannot do
         _fail("TensorFlow computed a wrong sum under XLA")

@@ -99,7 +99,7 @@ NBFMT_PRESERVED = ("metadata.colab.gpuType", "cells[].metadata.tags")
 RAISES_TAGS = ("raises-exception", "nbval-raises-exception")
 SECTION_ORDER = ("## Exercises", "## Claims vs. measured", "## Summary")
 
-_SETUP_TEMPLATE = '''\
+_SETUP_TEMPLATE = """\
 # Course setup: the same cell in every notebook. In Colab it installs course_utils, then, on a TPU
 # runtime that has no TensorFlow, the TPU build (course_utils.runtime.install_tensorflow says what it
 # ran and what failed); elsewhere it only imports. Then it prints what hardware this notebook will use.
@@ -122,7 +122,7 @@ import course_utils
 if COURSE_REF.startswith("v") and COURSE_REF != f"v{course_utils.__version__}":  # a release tag, another installed
     print(f"course_utils {course_utils.__version__} is installed, but this notebook was written for {COURSE_REF}: "
           "later cells may fail. Restart the runtime and run this cell again (in a checkout: pip install -e .).")
-runtime = course_utils.setup()'''
+runtime = course_utils.setup()"""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def _binder_target(urlpath: str) -> str | None:
     path = unquote(urlpath).lstrip("/")
     for prefix in ("lab/tree/", "doc/tree/", "tree/", "notebooks/tree/"):
         if path.startswith(prefix):
-            return path[len(prefix):].strip("/")
+            return path[len(prefix) :].strip("/")
     return None
 
 
@@ -239,7 +239,7 @@ def read_repo_settings(root: str | os.PathLike = ROOT) -> tuple[str, str]:
     repo = re.search(r'^REPO = "([^"\n]*)"$', text, re.M)
     ref = re.search(r'^REF = "([^"\n]*)"$', text, re.M)
     if not (repo and ref):
-        raise ValueError(f"{Path(root) / REPO_FILE}: no `REPO = \"...\"` / `REF = \"...\"` lines")
+        raise ValueError(f'{Path(root) / REPO_FILE}: no `REPO = "..."` / `REF = "..."` lines')
     return repo.group(1), ref.group(1)
 
 
@@ -277,9 +277,7 @@ def nbfmt_bytes(nb: dict, filepath: str | os.PathLike, nb_source: str | None = N
     try:
         from tensorflow_docs.tools.nbfmt import __main__ as nbfmt
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "tensorflow-docs (nbfmt) is not installed: pip install -r requirements.txt"
-        ) from err
+        raise RuntimeError("tensorflow-docs (nbfmt) is not installed: pip install -r requirements.txt") from err
 
     data = copy.deepcopy(nb)
     if nb_source is None:
@@ -302,9 +300,7 @@ def nbfmt_bytes(nb: dict, filepath: str | os.PathLike, nb_source: str | None = N
 
     parsed = json.loads(out)
     if dump(parsed) != out:
-        raise RuntimeError(
-            "nbfmt's JSON serialisation changed; update devtools.notebooks.nbfmt_bytes to match"
-        )
+        raise RuntimeError("nbfmt's JSON serialisation changed; update devtools.notebooks.nbfmt_bytes to match")
     if gpu_type is not None:
         parsed["metadata"].setdefault("colab", {})["gpuType"] = gpu_type
     for cell in parsed["cells"]:
@@ -363,21 +359,29 @@ def _url_problems(text: str, where: str, repo: str, ref: str, root: Path | None)
     for m in BINDER_URL_RE.finditer(text):
         binder_ref = unquote(m["ref"]) if m["ref"] else "(the default branch)"
         if (m["repo"], binder_ref) != (repo, ref):
-            problems.append(f"{where}: Binder link uses {m['repo']}@{binder_ref}, expected {repo}@{ref} "
-                            "(run `python -m course_utils set-repo`)")
+            problems.append(
+                f"{where}: Binder link uses {m['repo']}@{binder_ref}, expected {repo}@{ref} "
+                "(run `python -m course_utils set-repo`)"
+            )
         elif m["ref"] != quote(ref, safe=""):
-            problems.append(f"{where}: Binder link names the ref as {m['ref']}, mybinder.org needs it URL-encoded: "
-                            f"{quote(ref, safe='')} (run `python -m course_utils set-repo`)")
+            problems.append(
+                f"{where}: Binder link names the ref as {m['ref']}, mybinder.org needs it URL-encoded: "
+                f"{quote(ref, safe='')} (run `python -m course_utils set-repo`)"
+            )
         target = _binder_target(m["urlpath"]) if m["urlpath"] else None
         if root is not None and target is not None and not (root / target).exists():
             problems.append(f"{where}: Binder link opens {target}, which does not exist")
     for m in PAGES_URL_RE.finditer(text):
         if not m.group(0).startswith(pages_url("", repo)):
-            problems.append(f"{where}: site link {m.group(0)} is not under {pages_url('', repo)} "
-                            "(run `python -m course_utils set-repo`)")
+            problems.append(
+                f"{where}: site link {m.group(0)} is not under {pages_url('', repo)} "
+                "(run `python -m course_utils set-repo`)"
+            )
         elif root is not None and m["path"] not in _site_pages(root):
-            problems.append(f"{where}: site link to {m['path']}, which the site does not have (a lesson page is "
-                            "lessons/NN_name.html for notebooks/NN_name.ipynb)")
+            problems.append(
+                f"{where}: site link to {m['path']}, which the site does not have (a lesson page is "
+                "lessons/NN_name.html for notebooks/NN_name.ipynb)"
+            )
     return problems
 
 
@@ -398,15 +402,10 @@ def _setup_cell_problem(src: str, repo: str, ref: str) -> str | None:
             break
     else:
         detail = f"it has {len(a)} lines, expected {len(b)}"
-    return (
-        "first code cell is not the canonical setup cell "
-        f"(devtools.notebooks.setup_cell_source()): {detail}"
-    )
+    return f"first code cell is not the canonical setup cell (devtools.notebooks.setup_cell_source()): {detail}"
 
 
-def lint_data(
-    nb: Any, relpath: str, repo: str = REPO, ref: str = REF, root: Path | None = None
-) -> list[str]:
+def lint_data(nb: Any, relpath: str, repo: str = REPO, ref: str = REF, root: Path | None = None) -> list[str]:
     """All skeleton/metadata/output problems of a parsed notebook (no nbfmt, no file name check)."""
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         return ["not a notebook: no list of cells"]
@@ -420,12 +419,12 @@ def lint_data(
         if cell.get("outputs"):
             problems.append(f"cell {i}: code cell has saved outputs (strip them: `lint --fix`)")
         if cell.get("execution_count") is not None:
-            problems.append(
-                f"cell {i}: execution_count is {cell['execution_count']!r}, expected null (`lint --fix`)"
-            )
+            problems.append(f"cell {i}: execution_count is {cell['execution_count']!r}, expected null (`lint --fix`)")
         if _PRIVATE_KERAS.search(_source(cell)):
-            problems.append(f"cell {i}: imports Keras' private modules ({_PRIVATE_KERAS_NAME}; they move between releases): "
-                            "show public names (keras.*, tf.*) instead (CONTRIBUTING.md §3)")
+            problems.append(
+                f"cell {i}: imports Keras' private modules ({_PRIVATE_KERAS_NAME}; they move between releases): "
+                "show public names (keras.*, tf.*) instead (CONTRIBUTING.md §3)"
+            )
 
     # Metadata.
     problems += _metadata_problems(nb.get("metadata"))
@@ -459,9 +458,7 @@ def lint_data(
         None,
     )
     if learn_idx is None or learn_idx == 0:
-        problems.append(
-            "no markdown cell with '## You will learn' between the title cell and the setup cell"
-        )
+        problems.append("no markdown cell with '## You will learn' between the title cell and the setup cell")
     else:
         text = cell_source(cells[learn_idx])
         missing = [w for w in ("Time", "Prerequisites", "Runtime") if not re.search(rf"\b{w}\b", text, re.I)]
@@ -514,8 +511,7 @@ def lint_data(
             neighbours = [cells[k] for k in (i - 1, i + 1) if 0 <= k < len(cells)]
             if not any(_is_markdown(c) and cell_source(c).strip() for c in neighbours):
                 problems.append(
-                    f"cell {i}: fails on purpose, but no markdown cell right before or after "
-                    "it says what fails and why"
+                    f"cell {i}: fails on purpose, but no markdown cell right before or after it says what fails and why"
                 )
     return problems
 
@@ -637,8 +633,13 @@ def fix_notebook(
         at = code_idx[0] if code_idx else len(cells)
         cells.insert(
             at,
-            {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-             "source": canonical.splitlines(keepends=True)},
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "metadata": {},
+                "outputs": [],
+                "source": canonical.splitlines(keepends=True),
+            },
         )
         changes.append(f"inserted the setup cell at cell {at}")
 
@@ -650,8 +651,10 @@ def fix_notebook(
     return changes
 
 
-CURRICULUM_ROW = re.compile(r"^\|\s*(?P<id>\d\d)\s*\|\s*\[(?P<title>.+?)\]\((?P<notebook>notebooks/[^)\s]+\.ipynb)\)"
-                            r"\s*\|\s*(?P<time>[^|]*?)\s*\|\s*(?P<measures>[^|]*?)\s*\|")
+CURRICULUM_ROW = re.compile(
+    r"^\|\s*(?P<id>\d\d)\s*\|\s*\[(?P<title>.+?)\]\((?P<notebook>notebooks/[^)\s]+\.ipynb)\)"
+    r"\s*\|\s*(?P<time>[^|]*?)\s*\|\s*(?P<measures>[^|]*?)\s*\|"
+)
 
 
 def _root_lessons(root: Path) -> tuple:
@@ -663,9 +666,11 @@ def _root_lessons(root: Path) -> tuple:
 
 def curriculum_row(lesson: Any, repo: str = REPO, ref: str = REF) -> str:
     """The README's curriculum row of a lesson, from its manifest: number, title, time, what it measures, links."""
-    return (f"| {lesson.id} | [{lesson.curriculum_title}]({lesson.notebook}) | {lesson.minutes} min | {lesson.measures} "
-            f"| {badge_markdown(lesson.notebook, repo, ref)} · [read it with outputs]"
-            f"({pages_url(f'lessons/{Path(lesson.notebook).stem}.html', repo)}) |")
+    return (
+        f"| {lesson.id} | [{lesson.curriculum_title}]({lesson.notebook}) | {lesson.minutes} min | {lesson.measures} "
+        f"| {badge_markdown(lesson.notebook, repo, ref)} · [read it with outputs]"
+        f"({pages_url(f'lessons/{Path(lesson.notebook).stem}.html', repo)}) |"
+    )
 
 
 def _curriculum_lines(readme: str) -> list[int]:
@@ -683,7 +688,7 @@ def fix_curriculum(root: str | os.PathLike = ROOT) -> bool:
     if not rows:
         raise ValueError("README.md has no curriculum table to rewrite (rows like '| 01 | [Title](notebooks/...) |')")
     new_rows = [curriculum_row(lesson, repo, ref) + "\n" for lesson in _root_lessons(root)]
-    new = "".join(lines[:rows[0]] + new_rows + [ln for n, ln in enumerate(lines[rows[0]:], rows[0]) if n not in rows])
+    new = "".join(lines[: rows[0]] + new_rows + [ln for n, ln in enumerate(lines[rows[0] :], rows[0]) if n not in rows])
     if new != text:
         path.write_text(new, encoding="utf-8")
     return new != text
@@ -710,10 +715,14 @@ def lessons_problems(root: str | os.PathLike = ROOT) -> list[str]:
     problems = []
     listed = {lesson.notebook: lesson for lesson in lessons}
     present = {notebook_relpath(p, root) for p in list_notebooks(root)}
-    problems += [f"{nb}: no lesson manifest declares it (course_utils/lessons/<name>/lesson.toml)"
-                 for nb in sorted(present - set(listed))]
-    problems += [f"{nb}: declared by course_utils/lessons/{listed[nb].name}/lesson.toml, but there is no such notebook"
-                 for nb in sorted(set(listed) - present)]
+    problems += [
+        f"{nb}: no lesson manifest declares it (course_utils/lessons/<name>/lesson.toml)"
+        for nb in sorted(present - set(listed))
+    ]
+    problems += [
+        f"{nb}: declared by course_utils/lessons/{listed[nb].name}/lesson.toml, but there is no such notebook"
+        for nb in sorted(set(listed) - present)
+    ]
     for notebook in sorted(present & set(listed)):
         lesson = listed[notebook]
         wanted = f"from course_utils.lessons import {lesson.name} as lesson"
@@ -725,8 +734,10 @@ def lessons_problems(root: str | os.PathLike = ROOT) -> list[str]:
             problems.append(f"{notebook}: no code cell imports its own lesson (`{wanted}`)")
         times = [int(m[1]) for c in cells if _is_markdown(c) for m in TIME_LINE.finditer(cell_source(c))]
         if times != [lesson.minutes]:
-            problems.append(f"{notebook}: its '**Time:** about N minutes' line says {times or 'nothing'}; its manifest "
-                            f"says {lesson.minutes}")
+            problems.append(
+                f"{notebook}: its '**Time:** about N minutes' line says {times or 'nothing'}; its manifest "
+                f"says {lesson.minutes}"
+            )
     try:
         readme = (root / "README.md").read_text(encoding="utf-8")
         repo, ref = read_repo_settings(root)
@@ -738,9 +749,11 @@ def lessons_problems(root: str | os.PathLike = ROOT) -> list[str]:
     if rows != expected:
         ids = [m["id"] + " " + m["notebook"] for m in map(CURRICULUM_ROW.match, rows)]
         wrong = [e.split(" | ")[0].strip("| ") for e in expected if e not in rows]
-        problems.append(f"README.md: the curriculum table ({', '.join(ids)}) is not the one the lesson manifests make "
-                        f"(rows for {', '.join(wrong) or 'no lesson'} differ): `python -m course_utils lint --fix` "
-                        "writes it")
+        problems.append(
+            f"README.md: the curriculum table ({', '.join(ids)}) is not the one the lesson manifests make "
+            f"(rows for {', '.join(wrong) or 'no lesson'} differ): `python -m course_utils lint --fix` "
+            "writes it"
+        )
     return problems
 
 
@@ -755,8 +768,9 @@ def _lint(argv: list[str] | None) -> int:
         description="Check notebooks against the course skeleton (CONTRIBUTING.md §4).",
     )
     parser.add_argument("paths", nargs="*", help="notebooks (default: every notebooks/*.ipynb)")
-    parser.add_argument("--fix", action="store_true",
-                        help="strip outputs, set metadata, canonical badge + setup cell, nbfmt; then lint")
+    parser.add_argument(
+        "--fix", action="store_true", help="strip outputs, set metadata, canonical badge + setup cell, nbfmt; then lint"
+    )
     parser.add_argument("--root", default=str(ROOT), help="repository root (default: %(default)s)")
     args = parser.parse_args(argv)
     root = Path(args.root)
@@ -785,8 +799,8 @@ def _lint(argv: list[str] | None) -> int:
                 print(f"{root / 'README.md'}: cannot fix: {err}")
 
     n_problems, bad = 0, 0
-    if not args.paths:  # the whole course: its notebooks and README against the one list of lessons
-        for problem in lessons_problems(root):
+    if not args.paths:  # the whole course: its notebooks and README against the one list of lessons, its Python
+        for problem in lessons_problems(root) + python_format_problems(root, fix=args.fix):
             print(problem)
             n_problems += 1
     for path in paths:
@@ -798,8 +812,39 @@ def _lint(argv: list[str] | None) -> int:
     if n_problems:
         print(f"\n{n_problems} problem(s) in {bad} of {len(paths)} notebook(s).")
         return 1
-    print(f"{len(paths)} notebook(s) clean.")
+    print(f"{len(paths)} notebook(s) clean." + ("" if args.paths else " The Python sources are formatted (ruff)."))
     return 0
+
+
+def python_format_problems(root: Path, fix: bool = False) -> list[str]:
+    """The Python files under ``root`` that ruff would reformat, one line each, with the settings of this checkout's
+    pyproject.toml (``[tool.ruff]``: the width, and what is left out: the notebooks, which nbfmt formats, and the
+    measurements' scripts, kept as they ran); with ``fix``, ruff reformats them first. Ruff missing is one problem."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("ruff") is None:
+        return ["ruff is not installed, so the Python sources were not checked: pip install -r requirements-dev.txt"]
+    command = [sys.executable, "-m", "ruff", "format", "--config", str(ROOT / "pyproject.toml"), "--force-exclude"]
+    if fix:
+        subprocess.run([*command, str(root)], cwd=root, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [*command, "--check", "--output-format", "concise", str(root)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode == 0:
+        return []
+    # "PATH:1:1: unformatted: File would be reformatted" (ruff 0.17, concise); "Would reformat: PATH" before
+    lines = [
+        m[1] or m[2]
+        for m in re.finditer(r"^(?:(.+?):\d+:\d+: unformatted\b.*|Would reformat: (.+))$", proc.stdout, re.M)
+    ]
+    if not lines:  # ruff itself failed (a syntax error, a bad setting): its own words
+        return [f"ruff format failed: {(proc.stderr or proc.stdout).strip()[:500]}"]
+    return [f"{line}: not formatted (python -m course_utils lint --fix, or ruff format)" for line in lines]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -831,8 +876,10 @@ def _clone_problems(text: str, rel: str) -> list[str]:
         name = m["repo"].split("/")[1]
         if m["dir"] != name:
             line = text.count("\n", 0, m.start("dir")) + 1
-            problems.append(f"{rel}: line {line}: `cd {m['dir']}` after cloning {m['repo']}, whose folder is {name} "
-                            "(run `python -m course_utils set-repo`)")
+            problems.append(
+                f"{rel}: line {line}: `cd {m['dir']}` after cloning {m['repo']}, whose folder is {name} "
+                "(run `python -m course_utils set-repo`)"
+            )
     return problems
 
 
@@ -844,8 +891,11 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
     # no git ref has a component starting with "." or ending in ".lock" (git check-ref-format).
     if not (isinstance(repo, str) and SLUG_RE.fullmatch(repo)) or any(not part.strip(".") for part in repo.split("/")):
         raise ValueError(f"invalid repository {repo!r}: expected OWNER/NAME, e.g. my-user/memory-efficient-tf")
-    if (not (isinstance(ref, str) and REF_RE.fullmatch(ref)) or ref.endswith((".", "/"))
-            or any(part.startswith(".") or part.endswith(".lock") for part in ref.split("/"))):
+    if (
+        not (isinstance(ref, str) and REF_RE.fullmatch(ref))
+        or ref.endswith((".", "/"))
+        or any(part.startswith(".") or part.endswith(".lock") for part in ref.split("/"))
+    ):
         raise ValueError(f"invalid ref {ref!r}: expected a branch or tag name, e.g. main")
     root = Path(root)
     repo_file = root / REPO_FILE
@@ -855,8 +905,10 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
         try:
             from tensorflow_docs.tools.nbfmt import __main__ as _nbfmt  # noqa: F401
         except ImportError as err:
-            raise RuntimeError("the notebooks are formatted with tensorflow-docs' nbfmt, which is not installed: "
-                               "pip install -r requirements-dev.txt") from err
+            raise RuntimeError(
+                "the notebooks are formatted with tensorflow-docs' nbfmt, which is not installed: "
+                "pip install -r requirements-dev.txt"
+            ) from err
 
     # Every file's new content first, each written only once all are known: a notebook that cannot be read stops
     # the command before any file changed (it used to stop half-way, _repo.py already rewritten).
@@ -873,8 +925,10 @@ def set_repo(repo: str, ref: str = REF, root: str | os.PathLike = ROOT) -> list[
         try:
             nb = json.loads(raw.decode("utf-8"))
         except ValueError as err:  # not UTF-8, not JSON
-            raise ValueError(f"{path.relative_to(root).as_posix()} is not a notebook this command can read ({err}); "
-                             "nothing was changed") from None
+            raise ValueError(
+                f"{path.relative_to(root).as_posix()} is not a notebook this command can read ({err}); "
+                "nothing was changed"
+            ) from None
         touched = []
         for cell in nb.get("cells", []):
             src = cell_source(cell)
@@ -990,4 +1044,3 @@ __all__ = [
     "set_repo_main",
     "setup_cell_source",
 ]
-

@@ -50,8 +50,9 @@ def _params(obj: Any) -> list[str] | None:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return None
-    names = [p.name for p in sig.parameters.values()
-             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)]
+    names = [
+        p.name for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)
+    ]
     if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         names.append("**")
     return names
@@ -86,25 +87,38 @@ def record_api(package: str = PACKAGE) -> dict[str, Any]:
     import pkgutil
 
     root = importlib.import_module(package)
-    names = [package] + [info.name for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}.")
-                         if not info.name.endswith(".__main__")]
+    names = [package] + [
+        info.name
+        for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}.")
+        if not info.name.endswith(".__main__")
+    ]
     modules: dict[str, Any] = {}
     for name in sorted(names):
         module = importlib.import_module(name)
-        modules[name] = {attr: ("module" if inspect.ismodule(value) else
-                                _entry(value, package) if str(getattr(value, "__module__", "")).startswith(package) else None)
-                         for attr, value in sorted(vars(module).items())
-                         if not attr.startswith("__") or attr == "__version__"}
+        modules[name] = {
+            attr: (
+                "module"
+                if inspect.ismodule(value)
+                else _entry(value, package)
+                if str(getattr(value, "__module__", "")).startswith(package)
+                else None
+            )
+            for attr, value in sorted(vars(module).items())
+            if not attr.startswith("__") or attr == "__version__"
+        }
     return {"package": package, "version": getattr(root, "__version__", None), "modules": modules}
 
 
 def record_api_in_subprocess(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Any]:
     """:func:`record_api` in a fresh Python whose first path entry is ``root`` (the checkout being released)."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from devtools.release import record_api; "
-            "print(json.dumps(record_api(sys.argv[2])))")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from devtools.release import record_api; "
+        "print(json.dumps(record_api(sys.argv[2])))"
+    )
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-c", code, str(root), package], capture_output=True, text=True,
-                          cwd=root, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root), package], capture_output=True, text=True, cwd=root, env=env, timeout=600
+    )
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"recording {package}'s API failed (exit {done.returncode}): {tail}")
@@ -113,10 +127,12 @@ def record_api_in_subprocess(root: Path = ROOT, package: str = PACKAGE) -> dict[
 
 def dump_record(record: dict[str, Any]) -> str:
     """The record as JSON, one line per module (a release's diff shows which modules changed)."""
-    lines = [f"  {json.dumps(name)}: {json.dumps(names, sort_keys=True)}" for name, names in
-             sorted(record["modules"].items())]
+    lines = [
+        f"  {json.dumps(name)}: {json.dumps(names, sort_keys=True)}"
+        for name, names in sorted(record["modules"].items())
+    ]
     head = {k: v for k, v in record.items() if k != "modules"}
-    return (json.dumps(head, sort_keys=True)[:-1] + ', "modules": {\n' + ",\n".join(lines) + "\n}}\n")
+    return json.dumps(head, sort_keys=True)[:-1] + ', "modules": {\n' + ",\n".join(lines) + "\n}}\n"
 
 
 def read_record(root: Path = ROOT) -> dict[str, Any]:
@@ -297,8 +313,10 @@ def release_problems(root: str | os.PathLike = ROOT) -> list[str]:
         return [f"{API_FILE.as_posix()}: cannot read: {err}"]
     problems = []
     if ref != f"v{record.get('version')}":
-        problems.append(f"{API_FILE.as_posix()} records {PACKAGE} {record.get('version')}, but the notebooks pin "
-                        f"{ref}: `python -m course_utils release VERSION` writes both (CONTRIBUTING.md, Releases)")
+        problems.append(
+            f"{API_FILE.as_posix()} records {PACKAGE} {record.get('version')}, but the notebooks pin "
+            f"{ref}: `python -m course_utils release VERSION` writes both (CONTRIBUTING.md, Releases)"
+        )
     for path in list_notebooks(root):
         rel = path.relative_to(root).as_posix()
         seen = set()
@@ -311,8 +329,10 @@ def release_problems(root: str | os.PathLike = ROOT) -> list[str]:
             problem = use_problem(use, record)
             if problem and problem not in seen:
                 seen.add(problem)
-                problems.append(f"{rel} ({use.where}): {problem} in {ref}, the release its setup cell installs; "
-                                "a new helper needs a new release (CONTRIBUTING.md, Releases)")
+                problems.append(
+                    f"{rel} ({use.where}): {problem} in {ref}, the release its setup cell installs; "
+                    "a new helper needs a new release (CONTRIBUTING.md, Releases)"
+                )
     return problems
 
 
@@ -335,8 +355,12 @@ def _sub_once(pattern: str, repl: str, text: str, what: str) -> str:
     return new
 
 
-def cut_release(version: str, root: str | os.PathLike = ROOT, today: datetime.date | None = None,
-                record: dict[str, Any] | None = None) -> list[str]:
+def cut_release(
+    version: str,
+    root: str | os.PathLike = ROOT,
+    today: datetime.date | None = None,
+    record: dict[str, Any] | None = None,
+) -> list[str]:
     """Make the working tree release ``version``: the version in the package, pyproject.toml and CITATION.cff;
     every badge and setup cell at ``v{version}``; the changelog's Unreleased notes under the new heading; the API
     record. Every file is computed before any is written. Returns one line per file changed."""
@@ -359,8 +383,9 @@ def cut_release(version: str, root: str | os.PathLike = ROOT, today: datetime.da
     writes: dict[str, str] = {}
     for rel, (pattern, repl) in edits.items():
         writes[rel] = _sub_once(pattern, repl, (root / rel).read_text(encoding="utf-8"), rel)
-    writes["CITATION.cff"] = _sub_once(r'^date-released: "[^"\n]*"$', f'date-released: "{today.isoformat()}"',
-                                       writes["CITATION.cff"], "CITATION.cff")
+    writes["CITATION.cff"] = _sub_once(
+        r'^date-released: "[^"\n]*"$', f'date-released: "{today.isoformat()}"', writes["CITATION.cff"], "CITATION.cff"
+    )
     writes["CHANGELOG.md"] = changelog.replace("## Unreleased\n", f"## Unreleased\n\n## {version} ({today})\n", 1)
     record = record if record is not None else record_api_in_subprocess(root)
     record["version"] = version
@@ -380,8 +405,9 @@ def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils release",
         description="Cut a release from this checkout: bump the version, point every badge and setup cell at its "
-                    "tag, date the changelog's notes and record the API the notebooks may use. Then commit, tag "
-                    "vVERSION and push the tag (CONTRIBUTING.md, Releases).")
+        "tag, date the changelog's notes and record the API the notebooks may use. Then commit, tag "
+        "vVERSION and push the tag (CONTRIBUTING.md, Releases).",
+    )
     parser.add_argument("version", metavar="YYYY.MM.N")
     parser.add_argument("--root", default=str(ROOT), help="repository root (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -394,10 +420,23 @@ def _main(argv: list[str] | None) -> int:
     problems = release_problems(Path(args.root))
     for problem in problems:
         print(f"still inconsistent: {problem}", file=sys.stderr)
-    print(f"next: git commit -am 'Release {args.version}' && git tag -a v{args.version} -m 'Release {args.version}' "
-          f"&& git push origin main v{args.version}")
+    print(
+        f"next: git commit -am 'Release {args.version}' && git tag -a v{args.version} -m 'Release {args.version}' "
+        f"&& git push origin main v{args.version}"
+    )
     return 1 if problems else 0
 
 
-__all__ = ["API_FILE", "Use", "cut_release", "dump_record", "main", "notebook_uses", "read_record", "record_api",
-           "record_api_in_subprocess", "release_problems", "use_problem"]
+__all__ = [
+    "API_FILE",
+    "Use",
+    "cut_release",
+    "dump_record",
+    "main",
+    "notebook_uses",
+    "read_record",
+    "record_api",
+    "record_api_in_subprocess",
+    "release_problems",
+    "use_problem",
+]

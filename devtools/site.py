@@ -110,19 +110,25 @@ def curriculum(root: pathlib.Path) -> list[Lesson]:
         text = readme.read_text(encoding="utf-8")
     except OSError as err:
         raise SiteError(f"cannot read {readme}: {err.strerror or err}") from None
-    lessons = [Lesson(m["id"], m["title"], m["notebook"], m["time"], m["measures"])
-               for m in map(CURRICULUM_ROW.match, text.splitlines()) if m]
+    lessons = [
+        Lesson(m["id"], m["title"], m["notebook"], m["time"], m["measures"])
+        for m in map(CURRICULUM_ROW.match, text.splitlines())
+        if m
+    ]
     if not lessons:
-        raise SiteError(f"{readme} has no curriculum table (rows like '| 01 | [Title](notebooks/01_x.ipynb) | 25 min | "
-                        "… | … |')")
+        raise SiteError(
+            f"{readme} has no curriculum table (rows like '| 01 | [Title](notebooks/01_x.ipynb) | 25 min | … | … |')"
+        )
     missing = [lesson.notebook for lesson in lessons if not (root / lesson.notebook).is_file()]
     if missing:
         raise SiteError(f"the README's curriculum names notebooks that do not exist: {', '.join(missing)}")
     return lessons
 
 
-SHOWN_MACHINE = {"accelerator": ("kind", "name", "replicas"),
-                 "cpu": ("model", "cores", "usable_cores", "max_isa", "onednn")}
+SHOWN_MACHINE = {
+    "accelerator": ("kind", "name", "replicas"),
+    "cpu": ("model", "cores", "usable_cores", "max_isa", "onednn"),
+}
 SHOWN_MACHINE_TOP = ("memory_gib", "os", "python", "tensorflow", "keras", "course_utils", "mode", "data")
 
 
@@ -171,13 +177,17 @@ def load_card(path: str | os.PathLike) -> dict:
         raise SiteError(f"{where}: not a claims file (not UTF-8 text)") from None
     except (ValueError, RecursionError) as err:
         why = str(err).splitlines()[0][:200] if isinstance(err, ValueError) else "nested too deeply"
-        raise SiteError(f"{where}: not a claims file (not JSON: {why}); give a claims.json written by "
-                        "`python -m course_utils prove`") from None
+        raise SiteError(
+            f"{where}: not a claims file (not JSON: {why}); give a claims.json written by "
+            "`python -m course_utils prove`"
+        ) from None
     machine = data.get("machine") if isinstance(data, dict) else None
     lessons = data.get("lessons") if isinstance(data, dict) else None
     if not isinstance(machine, dict) or not isinstance(lessons, dict) or "accelerator" not in machine:
-        raise SiteError(f"{where}: not a claims file (it needs the 'machine' and 'lessons' that "
-                        "`python -m course_utils prove` writes)")
+        raise SiteError(
+            f"{where}: not a claims file (it needs the 'machine' and 'lessons' that "
+            "`python -m course_utils prove` writes)"
+        )
     try:
         machine = dict(machine)
         for key, fields in SHOWN_MACHINE.items():
@@ -194,8 +204,10 @@ def load_card(path: str | os.PathLike) -> dict:
             if not isinstance(claims, list):
                 raise ValueError(f"lesson {lesson_id!r} has no list of claims")
             try:
-                clean[lesson_id] = {"title": _text(entry.get("title"), "the title"),
-                                    "claims": [_claim(claim, lesson_id) for claim in claims]}
+                clean[lesson_id] = {
+                    "title": _text(entry.get("title"), "the title"),
+                    "claims": [_claim(claim, lesson_id) for claim in claims],
+                }
             except (ValueError, TypeError) as err:
                 raise ValueError(f"lesson {lesson_id!r}: {err}") from None
     except (ValueError, TypeError) as err:
@@ -229,8 +241,9 @@ def execution_key(notebook: pathlib.Path, env: dict) -> str:
     """What an executed copy depends on: the notebook, course_utils' code and the settings it ran with."""
     digest = hashlib.sha256(notebook.read_bytes())
     digest.update(code_fingerprint().encode())
-    digest.update(json.dumps({k: env.get(k, "") for k in ("COURSE_SMOKE", "COURSE_DATA", "COURSE_JIT")},
-                             sort_keys=True).encode())
+    digest.update(
+        json.dumps({k: env.get(k, "") for k in ("COURSE_SMOKE", "COURSE_DATA", "COURSE_JIT")}, sort_keys=True).encode()
+    )
     return digest.hexdigest()[:20]
 
 
@@ -253,21 +266,35 @@ def _read_executed(cached: pathlib.Path, key: str):
     import nbformat
 
     try:
-        nb = nbformat.reads(fileguard.read_regular(cached, EXECUTED_LIMIT_BYTES, follow_links=False).decode("utf-8"),
-                            as_version=4)
+        nb = nbformat.reads(
+            fileguard.read_regular(cached, EXECUTED_LIMIT_BYTES, follow_links=False).decode("utf-8"), as_version=4
+        )
         info = dict(nb.metadata.get("course_site", {}))
     except Exception:  # noqa: BLE001 - missing, damaged, not a file: executed again
         return None
-    fine = (info.get("key") == key and info.get("failure") == "" and isinstance(info.get("executed_at"), str)
-            and isinstance(info.get("seconds"), (int, float)) and not isinstance(info.get("seconds"), bool)
-            and math.isfinite(info["seconds"]))
+    fine = (
+        info.get("key") == key
+        and info.get("failure") == ""
+        and isinstance(info.get("executed_at"), str)
+        and isinstance(info.get("seconds"), (int, float))
+        and not isinstance(info.get("seconds"), bool)
+        and math.isfinite(info["seconds"])
+    )
     return (nb, info) if fine else None
 
 
-def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout: float, *,
-            workdir: pathlib.Path | None = None, inside: pathlib.Path | None = None,
-            progress: Callable[[str], None] | None = None, label: str = "",
-            shown: Callable[[str], str] = lambda text: text) -> tuple[Any, dict]:
+def execute(
+    notebook: pathlib.Path,
+    env: dict,
+    cache_dir: pathlib.Path,
+    timeout: float,
+    *,
+    workdir: pathlib.Path | None = None,
+    inside: pathlib.Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    label: str = "",
+    shown: Callable[[str], str] = lambda text: text,
+) -> tuple[Any, dict]:
     """Run ``notebook`` top to bottom with ``workdir`` as its working directory (or reuse the copy in
     ``cache_dir`` made from the same notebook, code and settings), one ``progress`` line per cell. The copy is
     written inside ``inside`` only. Returns the executed notebook and ``{"status", "seconds", "failure",
@@ -284,8 +311,10 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
         nb = nbformat.read(notebook, as_version=4)
     except Exception as err:  # noqa: BLE001 - not JSON, not a notebook, unreadable: the reader's reason, in one line
         reason = " ".join(str(err).split())[:200] or type(err).__name__
-        raise SiteError(f"{notebook} is not a notebook the site can read ({reason}); restore it (git checkout -- "
-                        f"{notebook.name}) or fix it") from None
+        raise SiteError(
+            f"{notebook} is not a notebook the site can read ({reason}); restore it (git checkout -- "
+            f"{notebook.name}) or fix it"
+        ) from None
     where = sections(nb)
 
     def report_cell(index: int, seconds: float, how: str) -> None:
@@ -295,15 +324,26 @@ def execute(notebook: pathlib.Path, env: dict, cache_dir: pathlib.Path, timeout:
 
     # the kernel's own output (its warnings, a crash) goes to a log beside the executed copy, not to the terminal
     log_path = cache_dir / f"{notebook.stem}.kernel.log"
-    seconds, failure = notebook_run.run(nb, env, workdir=workdir or notebook.parent, timeout=timeout,
-                                        log_path=log_path, report_cell=report_cell,
-                                        still_running_every_s=STILL_RUNNING_EVERY_S)
+    seconds, failure = notebook_run.run(
+        nb,
+        env,
+        workdir=workdir or notebook.parent,
+        timeout=timeout,
+        log_path=log_path,
+        report_cell=report_cell,
+        still_running_every_s=STILL_RUNNING_EVERY_S,
+    )
     if failure.startswith("the kernel died"):
-        failure = failure.replace(f"its output is in {log_path.name}",
-                                  f"its output is in {EXECUTED_DIR}/{cache_dir.name}/{log_path.name}")
-    info = {"key": key, "seconds": seconds, "failure": shown(failure),
-            "executed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "mode": "smoke" if env.get("COURSE_SMOKE") == "1" else "full"}
+        failure = failure.replace(
+            f"its output is in {log_path.name}", f"its output is in {EXECUTED_DIR}/{cache_dir.name}/{log_path.name}"
+        )
+    info = {
+        "key": key,
+        "seconds": seconds,
+        "failure": shown(failure),
+        "executed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mode": "smoke" if env.get("COURSE_SMOKE") == "1" else "full",
+    }
     nb.metadata["course_site"] = info
     fileguard.write_text(cached, nbformat.writes(nb), inside=inside)
     return nb, {**info, "status": "failed" if failure else "executed"}
@@ -458,18 +498,24 @@ def _pager(lessons: list[Lesson], here: int, up: str, available: set[str] | None
     links = []
     if here > 0 and (available is None or lessons[here - 1].page in available):
         prev = lessons[here - 1]
-        links.append(f'<a class="prev" href="{up}{prev.page}"><span class="label">← Previous lesson</span>'
-                     f'{prev.id} · {_markdown(prev.title)}</a>')
+        links.append(
+            f'<a class="prev" href="{up}{prev.page}"><span class="label">← Previous lesson</span>'
+            f"{prev.id} · {_markdown(prev.title)}</a>"
+        )
     links.append('<a class="top" href="#course-contents"><span class="label">This lesson</span>Contents</a>')
     if here + 1 < len(lessons) and (available is None or lessons[here + 1].page in available):
         nxt = lessons[here + 1]
-        links.append(f'<a class="next" href="{up}{nxt.page}"><span class="label">Next lesson →</span>'
-                     f'{nxt.id} · {_markdown(nxt.title)}</a>')
+        links.append(
+            f'<a class="next" href="{up}{nxt.page}"><span class="label">Next lesson →</span>'
+            f"{nxt.id} · {_markdown(nxt.title)}</a>"
+        )
     return f'<nav class="course-pager" aria-label="lessons">{"".join(links)}</nav>'
 
 
-SITE_PACKAGES = re.compile(r"(?<![\w.~-])(?:[A-Za-z]:)?(?:[/\\][^\s/\\'\"<>|*?\x1b]+)*?[/\\]"
-                           r"(?P<name>site-packages|dist-packages)(?=[/\\])")
+SITE_PACKAGES = re.compile(
+    r"(?<![\w.~-])(?:[A-Za-z]:)?(?:[/\\][^\s/\\'\"<>|*?\x1b]+)*?[/\\]"
+    r"(?P<name>site-packages|dist-packages)(?=[/\\])"
+)
 
 
 ANSI_ESCAPE = re.compile(r"(\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\))")
@@ -485,19 +531,27 @@ def shown_paths(*folders: tuple[str | os.PathLike, str]) -> Callable[[str], str]
 
     names: dict[str, str] = {}
     stdlib = sysconfig.get_paths().get("stdlib") or ""
-    known = [(stdlib, os.path.basename(stdlib)), (sys.prefix, os.path.basename(sys.prefix)),
-             (tempfile.gettempdir(), "tmp"), (os.path.expanduser("~"), "~"), *folders]
+    known = [
+        (stdlib, os.path.basename(stdlib)),
+        (sys.prefix, os.path.basename(sys.prefix)),
+        (tempfile.gettempdir(), "tmp"),
+        (os.path.expanduser("~"), "~"),
+        *folders,
+    ]
     for folder, name in known:
         for form in {str(folder), os.path.realpath(folder)} if str(folder) else ():
             form = form.rstrip("/\\")
             if len(form) > 1 and form not in names:  # never "/" itself
                 names[form] = name
     prefixes = sorted(names, key=len, reverse=True)  # the longest (most specific) first
-    pattern = re.compile(r"(?<![\w.~-])(?:" + "|".join(map(re.escape, prefixes)) + r")(?P<sep>[/\\]|(?![\w.-]))") \
-        if prefixes else None
+    pattern = (
+        re.compile(r"(?<![\w.~-])(?:" + "|".join(map(re.escape, prefixes)) + r")(?P<sep>[/\\]|(?![\w.-]))")
+        if prefixes
+        else None
+    )
 
     def swap(match: re.Match) -> str:
-        name = names[match.group(0)[:len(match.group(0)) - len(match.group("sep"))]]
+        name = names[match.group(0)[: len(match.group(0)) - len(match.group("sep"))]]
         if match.group("sep"):
             return f"{name}/" if name else ""
         return name or "."
@@ -510,8 +564,10 @@ def shown_paths(*folders: tuple[str | os.PathLike, str]) -> Callable[[str], str]
         if not isinstance(text, str) or ("/" not in text and "\\" not in text):
             return text
         # a traceback's colours (ANSI escapes) sit right before its paths: the text between them is rewritten
-        return "".join(piece if n % 2 and not piece.startswith("\x1b]") else plain(piece)  # a link's target too
-                       for n, piece in enumerate(ANSI_ESCAPE.split(text)))
+        return "".join(
+            piece if n % 2 and not piece.startswith("\x1b]") else plain(piece)  # a link's target too
+            for n, piece in enumerate(ANSI_ESCAPE.split(text))
+        )
 
     return shown
 
@@ -519,6 +575,7 @@ def shown_paths(*folders: tuple[str | os.PathLike, str]) -> Callable[[str], str]
 def _shown_outputs(nb, shown: Callable[[str], str]) -> None:
     """Rewrite the paths (:func:`shown_paths`) in ``nb``'s outputs, in place: tracebacks, printed text and warnings,
     plain-text results."""
+
     def each(value):
         return [shown(v) for v in value] if isinstance(value, list) else shown(value)
 
@@ -551,7 +608,9 @@ def offline(nb, shown: Callable[[str], str] | None = None):
     return nb
 
 
-TITLE_LITERAL = re.compile(r"""(?:\btitle\s*=\s*|\.set_title\(\s*|\.suptitle\(\s*|plt\.title\(\s*)f?(["'])(?P<text>(?:(?!\1).)+)\1""")
+TITLE_LITERAL = re.compile(
+    r"""(?:\btitle\s*=\s*|\.set_title\(\s*|\.suptitle\(\s*|plt\.title\(\s*)f?(["'])(?P<text>(?:(?!\1).)+)\1"""
+)
 NBCONVERT_DEFAULT_ALT = "No description has been provided for this image"
 
 
@@ -568,7 +627,9 @@ def figure_alts(nb) -> list[str]:
         pngs = sum("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
         if not pngs:
             continue
-        titles = [re.sub(r"\{[^{}]*\}", "…", m["text"]).replace("\\n", " ") for m in TITLE_LITERAL.finditer(cell.source)]
+        titles = [
+            re.sub(r"\{[^{}]*\}", "…", m["text"]).replace("\\n", " ") for m in TITLE_LITERAL.finditer(cell.source)
+        ]
         titles = [t for t in titles if t.count("…") <= 2 and len(re.findall(r"[A-Za-z]", t)) >= 6]  # not "… → …"
         what = "Figure: " + "; ".join(dict.fromkeys(titles)) if titles else "A figure"
         where = re.sub(r"`|\*\*|(?<!\w)[*_]|[*_](?!\w)", "", section)
@@ -590,8 +651,13 @@ def _with_alts(page: str, alts: list[str]) -> str:
     return str(soup)
 
 
-VERDICT_CLASSES = {report.HOLDS: "v-holds", report.FAILS: "v-fails", report.DIFFERS: "v-differs",
-                   report.NOISE: "v-noise", report.UNMEASURABLE: "v-none"}
+VERDICT_CLASSES = {
+    report.HOLDS: "v-holds",
+    report.FAILS: "v-fails",
+    report.DIFFERS: "v-differs",
+    report.NOISE: "v-noise",
+    report.UNMEASURABLE: "v-none",
+}
 CLAIM_COLUMNS = {"Claim": "claim-text", "Verdict": "claim-verdict"}
 
 
@@ -618,7 +684,7 @@ def _readable(page: str) -> str:
                 status = next((s for s in VERDICT_CLASSES if text.startswith(s)), None)
                 if status is None:
                     continue
-                reason = text[len(status):].strip().removeprefix("—").strip()
+                reason = text[len(status) :].strip().removeprefix("—").strip()
                 td.clear()
                 word = soup.new_tag("span", attrs={"class": f"verdict {VERDICT_CLASSES[status]}"})
                 word.string = status
@@ -629,15 +695,18 @@ def _readable(page: str) -> str:
                     td.append(why)
     headings = soup.select(".jp-MarkdownCell h2[id]")
     if headings:
-        toc = soup.new_tag("nav", attrs={"class": "course-toc", "id": "course-contents",
-                                         "aria-label": "Contents of this lesson"})
+        toc = soup.new_tag(
+            "nav", attrs={"class": "course-toc", "id": "course-contents", "aria-label": "Contents of this lesson"}
+        )
         title = soup.new_tag("p", attrs={"class": "course-toc-title"})
         title.string = "Contents"
         items = soup.new_tag("ol")
         for heading in headings:
-            text = "".join(piece.get_text() if hasattr(piece, "get_text") else str(piece)
-                           for piece in heading.contents if getattr(piece, "name", None) != "a"
-                           or "anchor-link" not in piece.get("class", [])).strip()
+            text = "".join(
+                piece.get_text() if hasattr(piece, "get_text") else str(piece)
+                for piece in heading.contents
+                if getattr(piece, "name", None) != "a" or "anchor-link" not in piece.get("class", [])
+            ).strip()
             link = soup.new_tag("a", attrs={"href": f"#{heading['id']}"})
             link.string = text or heading["id"]
             item = soup.new_tag("li")
@@ -666,13 +735,20 @@ def write_template(template_dir: pathlib.Path, inside: pathlib.Path | None = Non
     else:
         folder.mkdir(parents=True, exist_ok=True)
     fileguard.write_text(folder / "index.html.j2", LESSON_TEMPLATE, inside=inside)
-    fileguard.write_text(folder / "conf.json", json.dumps({"base_template": "lab", "mimetypes": {"text/html": True}}),
-                         inside=inside)
+    fileguard.write_text(
+        folder / "conf.json", json.dumps({"base_template": "lab", "mimetypes": {"text/html": True}}), inside=inside
+    )
     return template_dir
 
 
-def render_lesson(nb, lessons: list[Lesson], index: int, template_dir: pathlib.Path,
-                  available: set[str] | None = None, shown: Callable[[str], str] | None = None) -> str:
+def render_lesson(
+    nb,
+    lessons: list[Lesson],
+    index: int,
+    template_dir: pathlib.Path,
+    available: set[str] | None = None,
+    shown: Callable[[str], str] | None = None,
+) -> str:
     """One lesson as a standalone HTML page (nbconvert's HTML exporter, the course template): the navigation and
     the previous/next links lead to the lesson pages in ``available`` (default: all), a contents list follows the
     title, and the paths in the outputs are shown relative (``shown``, default :func:`shown_paths`)."""
@@ -681,21 +757,35 @@ def render_lesson(nb, lessons: list[Lesson], index: int, template_dir: pathlib.P
     lesson = lessons[index]
     header = _nav(lessons, index, "../", available)
     if lesson.failure:
-        header += (f'<div class="course-banner" role="alert"><strong>This lesson failed to execute</strong> when the '
-                   f'site was built ({html.escape(lesson.failure)}): it is shown up to that cell.</div>')
-    exporter = HTMLExporter(template_name="course", extra_template_basedirs=[str(template_dir)],
-                            exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(offline(nb, shown), resources={
-        "metadata": {"name": f"{lesson.id} · {re.sub(r'[*_`]', '', lesson.title)}"},
-        "course_css": SITE_CSS, "course_header": header, "course_footer": _pager(lessons, index, "../", available)})
+        header += (
+            f'<div class="course-banner" role="alert"><strong>This lesson failed to execute</strong> when the '
+            f"site was built ({html.escape(lesson.failure)}): it is shown up to that cell.</div>"
+        )
+    exporter = HTMLExporter(
+        template_name="course",
+        extra_template_basedirs=[str(template_dir)],
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
+    body, _ = exporter.from_notebook_node(
+        offline(nb, shown),
+        resources={
+            "metadata": {"name": f"{lesson.id} · {re.sub(r'[*_`]', '', lesson.title)}"},
+            "course_css": SITE_CSS,
+            "course_header": header,
+            "course_footer": _pager(lessons, index, "../", available),
+        },
+    )
     return _readable(_with_alts(body, figure_alts(nb)))
 
 
 def _page(title: str, body: str, lessons: list[Lesson]) -> str:
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1.0">\n<title>{html.escape(title)}</title>\n'
-            f'<style>{SITE_CSS}</style>\n</head>\n<body>\n{_nav(lessons, None, "")}\n'
-            f'<main class="course-page">\n{body}\n</main>\n</body>\n</html>\n')
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1.0">\n<title>{html.escape(title)}</title>\n'
+        f"<style>{SITE_CSS}</style>\n</head>\n<body>\n{_nav(lessons, None, '')}\n"
+        f'<main class="course-page">\n{body}\n</main>\n</body>\n</html>\n'
+    )
 
 
 def index_html(lessons: list[Lesson], mode: str, repo: str, ref: str, n_cards: int, built: set[str]) -> str:
@@ -719,7 +809,8 @@ def index_html(lessons: list[Lesson], mode: str, repo: str, ref: str, n_cards: i
             f'<td data-label="Time">{html.escape(lesson.time)}</td>'
             f'<td data-label="What you will measure">{_markdown(lesson.measures)}</td>'
             f'<td data-label="This build">{status}</td>'
-            f'<td><a href="{html.escape(colab_url(lesson.notebook, repo, ref))}">Open in Colab</a></td></tr>')
+            f'<td><a href="{html.escape(colab_url(lesson.notebook, repo, ref))}">Open in Colab</a></td></tr>'
+        )
     body = f"""
 <h1>Memory-efficient, fast TensorFlow on TPUs — and on GPUs and CPUs</h1>
 <p>Every lesson below is shown with the outputs and figures of one run, top to bottom, in <strong>{html.escape(mode)} mode</strong>
@@ -731,15 +822,20 @@ it yourself in Colab (<em>Open in Colab</em>, each lesson's last link) to get yo
 <tbody>
 {chr(10).join(rows)}
 </tbody></table></div>
-<p class="muted">Built {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by
+<p class="muted">Built {datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")} by
 <code>python -m course_utils site</code>. The course's source: <a href="https://github.com/{html.escape(repo)}">github.com/{html.escape(repo)}</a>.</p>
 """
     return _page("Memory-efficient, fast TensorFlow — course", body, lessons)
 
 
 def _verdict_class(verdict: str) -> str:
-    return {"holds": "v-holds", "does not hold": "v-fails", "differs on this hardware": "v-differs",
-            "inconclusive": "v-noise", "not measurable here": "v-none"}.get(verdict, "v-other")
+    return {
+        "holds": "v-holds",
+        "does not hold": "v-fails",
+        "differs on this hardware": "v-differs",
+        "inconclusive": "v-noise",
+        "not measurable here": "v-none",
+    }.get(verdict, "v-other")
 
 
 def _slug(text: str, taken: set[str]) -> str:
@@ -766,8 +862,13 @@ def cards_html(cards: list[tuple[str, dict]], lessons: list[Lesson]) -> str:
     found: dict[tuple[str, str], list[dict | None]] = {}
     texts: dict[tuple[str, str], str] = {}  # a row's claim, as the first card that has it words it
     # a row per claim id; a card from before ids (format 1) joins the row whose claim reads the same
-    id_of = {(lesson_id, claim["claim"]): claim["id"] for _, card in cards for lesson_id, entry in card["lessons"].items()
-             for claim in entry.get("claims", []) if claim.get("id")}
+    id_of = {
+        (lesson_id, claim["claim"]): claim["id"]
+        for _, card in cards
+        for lesson_id, entry in card["lessons"].items()
+        for claim in entry.get("claims", [])
+        if claim.get("id")
+    }
     for column, (_, card) in enumerate(cards):
         for lesson_id in sorted(card["lessons"]):
             entry = card["lessons"][lesson_id]
@@ -781,36 +882,49 @@ def cards_html(cards: list[tuple[str, dict]], lessons: list[Lesson]) -> str:
                     texts[key] = claim["claim"]
                 found[key][column] = claim
     labels = [card_label(card) for _, card in cards] + [f"{kind}: not measured yet" for kind in missing]
-    head = "".join(f'<th scope="col">{esc(card_label(card))}<span class="machine">'
-                   f'{esc(_machine_line(card))}</span></th>' for _, card in cards)
-    head += "".join(f'<th scope="col" class="missing">{kind}<span class="machine">not measured yet</span></th>'
-                    for kind in missing)
+    head = "".join(
+        f'<th scope="col">{esc(card_label(card))}<span class="machine">{esc(_machine_line(card))}</span></th>'
+        for _, card in cards
+    )
+    head += "".join(
+        f'<th scope="col" class="missing">{kind}<span class="machine">not measured yet</span></th>' for kind in missing
+    )
     width = 1 + len(cards) + len(missing)
     rows, taken = [], set()
     for lesson_id in sorted(order):
-        rows.append(f'<tr class="lesson" id="lesson-{_slug(lesson_id, taken)}"><th colspan="{width}">'
-                    f'{esc(lesson_id)} · {titles.get(lesson_id, "")}</th></tr>')
+        rows.append(
+            f'<tr class="lesson" id="lesson-{_slug(lesson_id, taken)}"><th colspan="{width}">'
+            f"{esc(lesson_id)} · {titles.get(lesson_id, '')}</th></tr>"
+        )
         for row in order[lesson_id]:
             cells, text = found[(lesson_id, row)], texts[(lesson_id, row)]
             verdicts = {c["verdict"] for c in cells if c is not None}
             tds = []
             for label, claim in zip(labels, cells):
                 if claim is None:
-                    tds.append(f'<td class="measured" data-label="{esc(label)}"><span class="muted">not in this card'
-                               '</span></td>')
+                    tds.append(
+                        f'<td class="measured" data-label="{esc(label)}"><span class="muted">not in this card'
+                        "</span></td>"
+                    )
                     continue
                 reason = f'<span class="reason">{esc(claim["reason"])}</span>' if claim.get("reason") else ""
-                tds.append(f'<td class="measured" data-label="{esc(label)}">{esc(claim.get("measured", ""))}'
-                           f'<span class="verdict {_verdict_class(claim["verdict"])}">'
-                           f'{icons.get(claim["verdict"], "")} {esc(claim["verdict"])}</span>{reason}</td>')
-            tds += [f'<td class="measured missing" data-label="{esc(label)}"><span class="muted">—</span></td>'
-                    for label in labels[len(cards):]]
+                tds.append(
+                    f'<td class="measured" data-label="{esc(label)}">{esc(claim.get("measured", ""))}'
+                    f'<span class="verdict {_verdict_class(claim["verdict"])}">'
+                    f"{icons.get(claim['verdict'], '')} {esc(claim['verdict'])}</span>{reason}</td>"
+                )
+            tds += [
+                f'<td class="measured missing" data-label="{esc(label)}"><span class="muted">—</span></td>'
+                for label in labels[len(cards) :]
+            ]
             differs = ' class="differs"' if len(verdicts) > 1 else ""
             named = f'<span class="claim-id">{esc(row)}</span>' if row != text else ""
             rows.append(f"<tr{differs}><td>{esc(text)}{named}</td>{''.join(tds)}</tr>")
     if missing:
-        todo = (f"<p>No card from a {' or a '.join(missing)} yet: on one, run <code>python -m course_utils prove --mode "
-                f"full --out report_cards/NAME</code> (and again with <code>--jit</code>) and commit the folder.</p>")
+        todo = (
+            f"<p>No card from a {' or a '.join(missing)} yet: on one, run <code>python -m course_utils prove --mode "
+            f"full --out report_cards/NAME</code> (and again with <code>--jit</code>) and commit the folder.</p>"
+        )
     else:
         todo = ""
     body = f"""
@@ -867,9 +981,17 @@ def _signals_ignored():
             signal.signal(sig, handler)
 
 
-def build(out: str | os.PathLike, *, root: pathlib.Path, mode: str = "smoke", data: str | None = None,
-          cards: list[pathlib.Path] | None = None, lessons: list[str] | None = None,
-          timeout: float = DEFAULT_TIMEOUT_S, progress: Callable[[str], None] = _say) -> list[Lesson]:
+def build(
+    out: str | os.PathLike,
+    *,
+    root: pathlib.Path,
+    mode: str = "smoke",
+    data: str | None = None,
+    cards: list[pathlib.Path] | None = None,
+    lessons: list[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    progress: Callable[[str], None] = _say,
+) -> list[Lesson]:
     """Execute (or reuse) and render every lesson, then the index and the report cards. Returns the lessons with
     their status. Everything given is checked, and ``out`` locked, before anything runs (:class:`SiteError`,
     one line); a stop signal stops the kernel and the build (KeyboardInterrupt or :class:`processes.Stopped`
@@ -878,13 +1000,16 @@ def build(out: str | os.PathLike, *, root: pathlib.Path, mode: str = "smoke", da
     if lessons:
         unknown = sorted(set(lessons) - {lesson.id for lesson in course})
         if unknown:
-            raise SiteError(f"unknown lesson(s) {' '.join(unknown)}: the curriculum has "
-                            f"{' '.join(lesson.id for lesson in course)}")
+            raise SiteError(
+                f"unknown lesson(s) {' '.join(unknown)}: the curriculum has {' '.join(lesson.id for lesson in course)}"
+            )
     if not math.isfinite(timeout) or timeout <= 0:
         raise SiteError(f"--timeout must be a positive, finite number of seconds, got {timeout:g}")
     card_paths = default_cards(root) if cards is None else [pathlib.Path(c) for c in cards]
-    loaded = [(str(path.relative_to(root) if path.is_absolute() and root in path.parents else path), load_card(path))
-              for path in card_paths]
+    loaded = [
+        (str(path.relative_to(root) if path.is_absolute() and root in path.parents else path), load_card(path))
+        for path in card_paths
+    ]
     try:
         cards_page = cards_html(loaded, course)  # rendered now: a card that cannot be shown stops nothing midway
     except Exception as err:  # noqa: BLE001 - load_card's checks should leave nothing here; one line if not
@@ -895,8 +1020,18 @@ def build(out: str | os.PathLike, *, root: pathlib.Path, mode: str = "smoke", da
     out = pathlib.Path(out).expanduser()
     try:
         with fileguard.folder_lock(out, what="site build"):
-            return _build(out, root=root, course=course, mode=mode, data=data, loaded=loaded, cards_page=cards_page,
-                          lessons=lessons, timeout=timeout, progress=progress)
+            return _build(
+                out,
+                root=root,
+                course=course,
+                mode=mode,
+                data=data,
+                loaded=loaded,
+                cards_page=cards_page,
+                lessons=lessons,
+                timeout=timeout,
+                progress=progress,
+            )
     except (fileguard.FolderBusy, fileguard.UnsafePath) as err:
         raise SiteError(str(err)) from None
     except OSError as err:  # a full disk, a folder made read-only meanwhile: one line
@@ -904,9 +1039,19 @@ def build(out: str | os.PathLike, *, root: pathlib.Path, mode: str = "smoke", da
         raise SiteError(f"cannot write the site to {out}: {err.strerror or err}{where}") from None
 
 
-def _build(out: pathlib.Path, *, root: pathlib.Path, course: list[Lesson], mode: str, data: str | None,
-           loaded: list[tuple[str, dict]], cards_page: str, lessons: list[str] | None, timeout: float,
-           progress: Callable[[str], None]) -> list[Lesson]:
+def _build(
+    out: pathlib.Path,
+    *,
+    root: pathlib.Path,
+    course: list[Lesson],
+    mode: str,
+    data: str | None,
+    loaded: list[tuple[str, dict]],
+    cards_page: str,
+    lessons: list[str] | None,
+    timeout: float,
+    progress: Callable[[str], None],
+) -> list[Lesson]:
     """The build, once its input is checked and ``out`` locked."""
     import shutil
 
@@ -932,21 +1077,36 @@ def _build(out: pathlib.Path, *, root: pathlib.Path, course: list[Lesson], mode:
     env.pop("COURSE_CLAIMS_DIR", None)  # nbval's: the site keeps no claims files
     repo, ref = _repo.REPO, _repo.REF
     wanted = [lesson for lesson in course if not lessons or lesson.id in lessons]
-    for path in [out / "index.html", out / CARDS_PAGE, *(out / lesson.page for lesson in wanted),
-                 *(cache / f"{pathlib.PurePath(lesson.notebook).stem}.ipynb" for lesson in wanted)]:
+    for path in [
+        out / "index.html",
+        out / CARDS_PAGE,
+        *(out / lesson.page for lesson in wanted),
+        *(cache / f"{pathlib.PurePath(lesson.notebook).stem}.ipynb" for lesson in wanted),
+    ]:
         _replaceable(path)  # checked before a notebook runs for minutes, not after
     available = {lesson.page for lesson in wanted} | {lesson.page for lesson in course if (out / lesson.page).is_file()}
     rendered: dict[int, Any] = {}  # the pages made by this build: their executed notebooks
-    shown_for = {lesson.id: shown_paths((work / pathlib.PurePath(lesson.notebook).stem, ""), (out, ""), (root, ""))
-                 for lesson in wanted}
+    shown_for = {
+        lesson.id: shown_paths((work / pathlib.PurePath(lesson.notebook).stem, ""), (out, ""), (root, ""))
+        for lesson in wanted
+    }
     try:
         for n, lesson in enumerate(wanted, 1):
             notebook = root / lesson.notebook
             progress(f"[site] {n}/{len(wanted)} {notebook.stem} ({mode} mode) …")
             scratch = fileguard.make_folder(work / notebook.stem, inside=out, fresh=True)
             try:
-                nb, info = execute(notebook, env, cache, timeout, workdir=scratch, inside=out, progress=progress,
-                                   label=lesson.id, shown=shown_for[lesson.id])
+                nb, info = execute(
+                    notebook,
+                    env,
+                    cache,
+                    timeout,
+                    workdir=scratch,
+                    inside=out,
+                    progress=progress,
+                    label=lesson.id,
+                    shown=shown_for[lesson.id],
+                )
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             lesson.status, lesson.seconds = info["status"], info.get("seconds")
@@ -955,17 +1115,22 @@ def _build(out: pathlib.Path, *, root: pathlib.Path, course: list[Lesson], mode:
             write(out / lesson.page, render_lesson(nb, course, index, template_dir, available, shown_for[lesson.id]))
             rendered[index] = nb
             if lesson.status == "failed":
-                progress(f"[site] {notebook.stem}: FAILED at {lesson.failure} — rendered up to that cell, marked failed")
+                progress(
+                    f"[site] {notebook.stem}: FAILED at {lesson.failure} — rendered up to that cell, marked failed"
+                )
             elif lesson.status == "reused":
-                progress(f"[site] {notebook.stem}: reused the copy executed {lesson.executed_at} (notebook, code and "
-                         "settings unchanged)")
+                progress(
+                    f"[site] {notebook.stem}: reused the copy executed {lesson.executed_at} (notebook, code and "
+                    "settings unchanged)"
+                )
             else:
                 progress(f"[site] {notebook.stem}: executed in {lesson.seconds:.0f} s → {lesson.page}")
     except (KeyboardInterrupt, processes.Stopped):
         with _signals_ignored():  # a second Ctrl-C must not leave the index half done
             try:
-                _after_a_stop(out, course, rendered, template_dir, mode, repo, ref, loaded, cards_page, write,
-                              shown_for)
+                _after_a_stop(
+                    out, course, rendered, template_dir, mode, repo, ref, loaded, cards_page, write, shown_for
+                )
             except Exception as err:  # noqa: BLE001 - the stop is what is reported; this is said on the way
                 progress(f"[site] stopped; the index could not be rewritten ({type(err).__name__}: {err})")
         raise
@@ -999,8 +1164,10 @@ def _after_a_stop(out, course, rendered, template_dir, mode, repo, ref, loaded, 
     for index, nb in rendered.items():
         neighbours = [course[i].page for i in (index - 1, index + 1) if 0 <= i < len(course)]
         if any(page not in built for page in neighbours):
-            write(out / course[index].page, render_lesson(nb, course, index, template_dir, built,
-                                                          shown_for.get(course[index].id)))
+            write(
+                out / course[index].page,
+                render_lesson(nb, course, index, template_dir, built, shown_for.get(course[index].id)),
+            )
     write(out / "index.html", index_html(course, mode, repo, ref, len(loaded), built))
     write(out / CARDS_PAGE, cards_page)
     with contextlib.suppress(OSError):
@@ -1014,14 +1181,27 @@ class _Parser(commandline.ArgumentParser):
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(prog="python -m course_utils site", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for the site (index.html at its top)")
-    parser.add_argument("--mode", choices=("smoke", "full"), default="smoke",
-                        help="execute the notebooks with tiny sizes (smoke, default) or the lessons' real ones (full)")
+    parser.add_argument(
+        "--mode",
+        choices=("smoke", "full"),
+        default="smoke",
+        help="execute the notebooks with tiny sizes (smoke, default) or the lessons' real ones (full)",
+    )
     parser.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: the mode's)")
-    parser.add_argument("--cards", nargs="+", metavar="PATH",
-                        help=f"claims.json files to set side by side (default: {CARDS_DIR}/*/claims.json)")
+    parser.add_argument(
+        "--cards",
+        nargs="+",
+        metavar="PATH",
+        help=f"claims.json files to set side by side (default: {CARDS_DIR}/*/claims.json)",
+    )
     parser.add_argument("--lessons", nargs="+", metavar="NN", help="build only these lessons' pages (default: all)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
-                        help="seconds one cell may run (default: %(default)s)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="seconds one cell may run (default: %(default)s)",
+    )
     parser.add_argument("--root", default=None, help="the course's repository root (default: this checkout)")
     args = parser.parse_args(argv)
     if not math.isfinite(args.timeout) or args.timeout <= 0:  # nan, inf: no limit at all
@@ -1044,19 +1224,33 @@ def main(argv: list[str] | None = None) -> int:
         args = _parse(argv)
         root = pathlib.Path(args.root) if args.root else pathlib.Path(repo_file).resolve().parent.parent
         start = time.perf_counter()
-        course = build(args.out, root=root, mode=args.mode, data=args.data, cards=args.cards, lessons=args.lessons,
-                       timeout=args.timeout, progress=_say)
+        course = build(
+            args.out,
+            root=root,
+            mode=args.mode,
+            data=args.data,
+            cards=args.cards,
+            lessons=args.lessons,
+            timeout=args.timeout,
+            progress=_say,
+        )
         failed = [lesson for lesson in course if lesson.status == "failed"]
         index = pathlib.Path(args.out).expanduser() / "index.html"
         print(f"[site] done in {time.perf_counter() - start:.0f} s: open {index}", flush=True)
         for lesson in failed:
-            print(f"site: lesson {lesson.id} ({lesson.notebook}) failed at {lesson.failure}; the rest of the site is "
-                  "built", file=sys.stderr)
+            print(
+                f"site: lesson {lesson.id} ({lesson.notebook}) failed at {lesson.failure}; the rest of the site is "
+                "built",
+                file=sys.stderr,
+            )
         return 1 if failed else 0
 
-    kept = ("the kernel is stopped; the pages built so far are kept, the index matches them, and the next build "
-            "reuses the notebooks already executed")
+    kept = (
+        "the kernel is stopped; the pages built so far are kept, the index matches them, and the next build "
+        "reuses the notebooks already executed"
+    )
     return commandline.run("site", body, usage=(SiteError,), stopped=lambda what: f"{what}: {kept}")
+
 
 if __name__ == "__main__":
     sys.exit(main())

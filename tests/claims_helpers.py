@@ -16,8 +16,12 @@ def notebook_dict_keys(notebook: str, name: str) -> set[str]:
         if cell["cell_type"] != "code":
             continue
         for node in ast.walk(ast.parse("".join(cell["source"]))):
-            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]
-                    and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "dict"):
+            if (
+                isinstance(node, ast.Assign)
+                and [getattr(t, "id", None) for t in node.targets] == [name]
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "dict"
+            ):
                 return {kw.arg for kw in node.value.keywords}
     raise AssertionError(f"{notebook} has no `{name} = dict(...)` cell")
 

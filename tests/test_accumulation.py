@@ -90,16 +90,23 @@ def test_apply_refuses_an_incomplete_accumulation(one_replica):
     x, y = exp.toy_data(16)
     with one_replica.scope():
         model = exp.tiny_classifier()
-        ga = acc.GradientAccumulator(model, keras.optimizers.SGD(0.1),
-                                     keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
-                                     steps=4, global_micro_batch=8, strategy=one_replica)
+        ga = acc.GradientAccumulator(
+            model,
+            keras.optimizers.SGD(0.1),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+            steps=4,
+            global_micro_batch=8,
+            strategy=one_replica,
+        )
     batch = next(iter(one_replica.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))))
     ga.micro_step(batch)
     with pytest.raises(RuntimeError, match="after 1 micro-steps, expected 4"):
         ga.apply()
     # 2 full groups would need 8 micro-batches; 16 examples / 8 = 2 micro-batches -> dropped, no update
     ga.reset()
-    assert ga.train(one_replica.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))) == []
+    assert (
+        ga.train(one_replica.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))) == []
+    )
     assert int(ga.optimizer.iterations.numpy()) == 0
 
 
@@ -132,8 +139,10 @@ def test_fit_with_mixed_float16_uses_loss_scaling_and_matches_float32(one_replic
         try:
             with one_replica.scope():
                 wrapped = acc.AccumulatingModel(exp.tiny_classifier(), steps=4)
-                wrapped.compile(optimizer=keras.optimizers.SGD(0.1),
-                                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                wrapped.compile(
+                    optimizer=keras.optimizers.SGD(0.1),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                )
             wrapped.fit(x, y, batch_size=32, shuffle=False, verbose=0)
         finally:
             keras.mixed_precision.set_global_policy("float32")
@@ -157,18 +166,21 @@ def test_gradient_accumulator_uses_sample_weights(one_replica):
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     with one_replica.scope():
         reference = exp.tiny_classifier()
-        reference.compile(optimizer=keras.optimizers.SGD(0.1),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        reference.compile(
+            optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
         model = exp.tiny_classifier()
-        ga = acc.GradientAccumulator(model, keras.optimizers.SGD(0.1), per_example, steps=4,
-                                     global_micro_batch=8, strategy=one_replica)
+        ga = acc.GradientAccumulator(
+            model, keras.optimizers.SGD(0.1), per_example, steps=4, global_micro_batch=8, strategy=one_replica
+        )
     reference.fit(x, y, sample_weight=w, batch_size=32, shuffle=False, verbose=0)
     ds = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(8, drop_remainder=True)
     ga.train(one_replica.experimental_distribute_dataset(ds))
     assert exp.max_abs_diff(reference.get_weights(), model.get_weights()) <= 1e-6
     unweighted = exp.tiny_classifier()
-    unweighted.compile(optimizer=keras.optimizers.SGD(0.1),
-                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    unweighted.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     unweighted.fit(x, y, batch_size=32, shuffle=False, verbose=0)
     assert exp.max_abs_diff(unweighted.get_weights(), model.get_weights()) > 1e-4  # the weights mattered
 

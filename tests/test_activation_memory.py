@@ -264,6 +264,7 @@ def test_output_saving_layer_norm_matches_keras(mode):
                 tape.watch(x)
                 y = layer(x)
             return y, tape.gradient(y, [x, layer.gamma, layer.beta], output_gradients=dy)
+
         return f if mode == "eager" else tf.function(f, jit_compile=mode == "jit")
 
     y_ref, g_ref = run(ref)(x)
@@ -281,8 +282,10 @@ def test_output_saving_layer_norm_mixed_bfloat16():
     x = tf.random.normal([16, 64], seed=10)
     dy = tf.cast(tf.random.normal([16, 64], seed=11), tf.bfloat16)
     out = {}
-    for name, layer in (("ref", keras.layers.LayerNormalization(epsilon=1e-3)),
-                        ("ours", am.OutputSavingLayerNormalization(epsilon=1e-3))):
+    for name, layer in (
+        ("ref", keras.layers.LayerNormalization(epsilon=1e-3)),
+        ("ours", am.OutputSavingLayerNormalization(epsilon=1e-3)),
+    ):
         with tf.GradientTape() as tape:
             tape.watch(x)
             y = layer(x)
@@ -310,6 +313,7 @@ def test_chunked_cross_entropy_equals_unchunked(mode):
                 tape.watch(h)
                 loss = fn(h)
             return loss, tape.gradient(loss, [h, kernel])
+
         return f if mode == "eager" else tf.function(f, jit_compile=mode == "jit")
 
     want, (gh_w, gk_w) = loss_and_grads(lambda h: am.dense_cross_entropy(h, kernel, labels))(hidden)
@@ -336,12 +340,13 @@ def test_chunked_cross_entropy_lowers_the_peak_with_and_without_xla():
     from course_utils import memory
     from course_utils.lessons.activation_memory import experiments as exp
 
-    peaks = memory.measure_peaks_isolated(exp.make_cross_entropy_steps, {
-        "whole": dict(chunks=0, rows=1024, classes=2048), "chunked": dict(chunks=4, rows=1024, classes=2048)})
+    peaks = memory.measure_peaks_isolated(
+        exp.make_cross_entropy_steps,
+        {"whole": dict(chunks=0, rows=1024, classes=2048), "chunked": dict(chunks=4, rows=1024, classes=2048)},
+    )
     for suffix in ("", "|xla"):
         saved = 1 - peaks["chunked" + suffix].peak_bytes / peaks["whole" + suffix].peak_bytes
         assert saved > 0.25, (suffix, saved, peaks)
-
 
 
 def test_few_bit_gelu_lowers_peak_memory():
@@ -355,8 +360,11 @@ def test_few_bit_gelu_lowers_peak_memory():
     from course_utils import memory
 
     sizes = dict(batch=512, width=256, depth=6)
-    variants = {f"{a}{' +XLA' if jit else ''}": dict(activation=a, jit=jit, **sizes)
-                for a in ("exact", "few_bit") for jit in (False, True)}
+    variants = {
+        f"{a}{' +XLA' if jit else ''}": dict(activation=a, jit=jit, **sizes)
+        for a in ("exact", "few_bit")
+        for jit in (False, True)
+    }
     variants["output_saving"] = dict(activation="output_saving", jit=False, **sizes)
     peaks = memory.measure_peaks_isolated(am.make_gelu_stack_step, variants, repeats=2, parallel=2)
     for label, peak in peaks.items():
@@ -378,9 +386,12 @@ def test_output_saving_layer_norm_lowers_peak_memory():
     from course_utils import memory
 
     sizes = dict(batch=512, width=256, depth=6)
-    peaks = memory.measure_peaks_isolated(am.make_layer_norm_stack_step,
-                                          {n: dict(norm=n, **sizes) for n in ("keras", "output_saving")},
-                                          repeats=2, parallel=2)
+    peaks = memory.measure_peaks_isolated(
+        am.make_layer_norm_stack_step,
+        {n: dict(norm=n, **sizes) for n in ("keras", "output_saving")},
+        repeats=2,
+        parallel=2,
+    )
     for label, peak in peaks.items():
         print(f"LayerNorm {label:14s} peak {memory.format_bytes(peak.peak_bytes)}  samples {peak.samples}")
     activation = sizes["batch"] * sizes["width"] * 4

@@ -31,8 +31,9 @@ LEARNABLE = ["--no-augment", "--no-tta", "--width", "8", "--batch-size", "64"]
 
 def cli(args, timeout=120):
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "course_utils.capstone", *args], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "course_utils.capstone", *args], env=ENV, capture_output=True, text=True, timeout=timeout
+    )
     return proc, time.perf_counter() - start
 
 
@@ -78,19 +79,33 @@ def test_cli_smoke_run_learns_within_its_budget_and_writes_its_files(reference):
     views = plan["tta_views"] if summary["tta"] else 1
     assert summary["tta_views"] == views and views in capstone.TTA_CHOICES
     assert plan["final_view_s"] > 0 and plan["final_eval_estimate_s"] == pytest.approx(
-        plan["final_view_s"] * views * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
+        plan["final_view_s"] * views * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S
+    )
     # the views the budget affords: the most whose evaluation fits in FINAL_EVAL_SHARE of it
     assert views == capstone.BudgetPlan.from_dict(plan).views_from_view(plan["final_view_s"], summary["tta"])
     assert capstone.BudgetPlan.final_eval_from_view(0.2, 10) == pytest.approx(
-        0.2 * 10 * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S)
+        0.2 * 10 * capstone.BudgetPlan.VIEW_SAFETY + capstone.BudgetPlan.VIEW_MIN_S
+    )
     # a tenth of the 1,024 training images held out for validation; the test split untouched
-    assert summary["data"] == reference[3][1] and (summary["train_examples"], summary["validation_examples"],
-                                                   summary["test_examples"]) == (922, 102, 256)
+    assert summary["data"] == reference[3][1] and (
+        summary["train_examples"],
+        summary["validation_examples"],
+        summary["test_examples"],
+    ) == (922, 102, 256)
     assert summary["validation_accuracy"] == metrics[-1]["val_accuracy"] >= 0.5
     assert summary["best_validation_accuracy"] == max(m["val_accuracy"] for m in metrics)
     assert summary["xla"] is False and summary["jit_compile"] is False and summary["xla_why"].startswith("CPU")
-    for key in ("wall_time_s", "images_per_s_per_replica", "peak_memory_bytes", "peak_memory_method", "policy",
-                "tf_version", "keras_version", "hardware", "options"):
+    for key in (
+        "wall_time_s",
+        "images_per_s_per_replica",
+        "peak_memory_bytes",
+        "peak_memory_method",
+        "policy",
+        "tf_version",
+        "keras_version",
+        "hardware",
+        "options",
+    ):
         assert summary[key], key
     assert summary["options"]["width"] == 8 and summary["options"]["augment"] is False
     assert summary["peak_memory_bytes"] > 1 << 20
@@ -116,8 +131,11 @@ BAD_OPTIONS = [
     (["--epochs", "1", "--batch-size", "30", "--cpu-replicas", "4"], "not divisible by replicas × accumulate = 4 × 1"),
     (["--epochs", "1", "--batch-size", "64", "--accumulate", "3"], "not divisible by replicas × accumulate = 1 × 3"),
     (["--epochs", "1", "--accumulate", "0"], "--accumulate must be at least 1"),
-    (["--epochs", "1", "--accumulate", "3"], "--accumulate 3 does not divide the course recipe's batch of 128 per "
-                                             "replica; use --accumulate 2, or give --batch-size"),
+    (
+        ["--epochs", "1", "--accumulate", "3"],
+        "--accumulate 3 does not divide the course recipe's batch of 128 per "
+        "replica; use --accumulate 2, or give --batch-size",
+    ),
     (["--epochs", "1", "--steps-per-execution", "0"], "--steps-per-execution must be at least 1, got 0"),
     (["--epochs", "1", "--data", "npz:/no/such/cifar.npz"], "'/no/such/cifar.npz' does not exist"),
     (["--epochs", "1", "--policy", "float8"], "unknown policy 'float8'"),
@@ -125,12 +143,12 @@ BAD_OPTIONS = [
     (["--data", "synthetic"], "give exactly one of --time-budget SECONDS or --epochs N"),
     # numeric options bounded, each with its reason (seen: raw tracebacks, or --epochs 10**40 training into NaN)
     (["--epochs", "1", "--seed", "-1"], "--seed must be 0 to 4,294,967,295 (NumPy's seeds are 32-bit), got -1"),
-    (["--epochs", "1", "--seed", str(2 ** 32)], "--seed must be 0 to 4,294,967,295"),
+    (["--epochs", "1", "--seed", str(2**32)], "--seed must be 0 to 4,294,967,295"),
     (["--time-budget", "1e308"], "--time-budget must be at most 604,800 seconds (a week"),
     (["--time-budget", "nan"], "--time-budget must be a positive number of seconds, got nan"),
-    (["--epochs", str(10 ** 40)], "--epochs must be 1 to 10,000 (the learning-rate schedule counts steps in float32)"),
+    (["--epochs", str(10**40)], "--epochs must be 1 to 10,000 (the learning-rate schedule counts steps in float32)"),
     (["--epochs", "1", "--width", "100000"], "--width must be 1 to 512"),
-    (["--epochs", "1", "--batch-size", str(10 ** 9)], "--batch-size must be 1 to 65,536"),
+    (["--epochs", "1", "--batch-size", str(10**9)], "--batch-size must be 1 to 65,536"),
     (["--epochs", "1", "--validation-examples", "0"], "--validation-examples must be 1 to 200,000"),
     (["--epochs", "1", "--out", ""], "--out must name a folder, got ''"),
     (["--epochs", "1", "--jit", "--no-jit"], "not allowed with argument --jit"),
@@ -153,8 +171,14 @@ print(json.dumps({"results": out, "tensorflow": "tensorflow" in sys.modules}))
 def _refused_before_tensorflow_each(cases, cwd=None):
     """Each command line through ``capstone.main`` in one fresh process (main keeps no state between calls, and none
     of these gets as far as TensorFlow): ``[(exit code, stderr lines)]``; fails if TensorFlow was imported."""
-    proc = subprocess.run([sys.executable, "-c", _MAIN_EACH, json.dumps([[str(a) for a in c] for c in cases])],
-                          env=ENV, capture_output=True, text=True, timeout=120, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-c", _MAIN_EACH, json.dumps([[str(a) for a in c] for c in cases])],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not got["tensorflow"], "TensorFlow was imported"
@@ -162,15 +186,21 @@ def _refused_before_tensorflow_each(cases, cwd=None):
 
 
 def test_bad_options_are_one_line_exit_2_before_tensorflow():
-    for (args, message), (code, lines) in zip(BAD_OPTIONS, _refused_before_tensorflow_each([a for a, _ in BAD_OPTIONS])):
+    for (args, message), (code, lines) in zip(
+        BAD_OPTIONS, _refused_before_tensorflow_each([a for a, _ in BAD_OPTIONS])
+    ):
         assert code == 2 and len(lines) == 1 and lines[0].startswith("capstone: error: ") and message in lines[0], (
-            args, code, lines)
+            args,
+            code,
+            lines,
+        )
 
 
 def test_bad_option_through_python_dash_m():
     proc, seconds = cli(["--recipe", "nope", "--epochs", "1"])
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "capstone: error: unknown recipe 'nope'; use --recipe course or --recipe baseline (see --help)"]
+        "capstone: error: unknown recipe 'nope'; use --recipe course or --recipe baseline (see --help)"
+    ]
     assert proc.stdout == ""
 
 
@@ -217,18 +247,22 @@ def test_a_finished_or_unfinished_run_is_kept_unless_told(reference, tmp_path):
     cases = [args, [*args[:-1], str(unfinished)], [*args, "--resume", "--overwrite"]]
     (code1, finished), (code2, partial), (code3, both) = _refused_before_tensorflow_each(cases)
     assert code1 == code2 == code3 == 2
-    assert len(finished) == 1 and finished[0].startswith(f"capstone: error: --out {str(ref_out)!r} holds a finished "
-                                                         "run (test accuracy ")
+    assert len(finished) == 1 and finished[0].startswith(
+        f"capstone: error: --out {str(ref_out)!r} holds a finished run (test accuracy "
+    )
     assert finished[0].endswith("nothing was changed: add --overwrite to replace it, or choose another --out")
-    assert partial == [f"capstone: error: --out {str(unfinished)!r} holds an unfinished run (1 epoch in metrics.json); "
-                       "nothing was changed: add --resume to continue it, --overwrite to start again, or choose "
-                       "another --out"]
+    assert partial == [
+        f"capstone: error: --out {str(unfinished)!r} holds an unfinished run (1 epoch in metrics.json); "
+        "nothing was changed: add --resume to continue it, --overwrite to start again, or choose "
+        "another --out"
+    ]
     assert "argument --overwrite: not allowed with argument --resume" in both[0]
     assert (_tree(ref_out), _tree(unfinished)) == before
 
 
 def test_data_errors_name_the_command_lines_options(monkeypatch, tmp_path, capsys):
     """From the command line, a data error names --data, not the notebooks' COURSE_DATA and setup cell."""
+
     def fail(**kwargs):
         raise ConnectionError("no network here")
 
@@ -236,7 +270,10 @@ def test_data_errors_name_the_command_lines_options(monkeypatch, tmp_path, capsy
     assert capstone.main(["--data", "tfds", "--epochs", "1", "--out", str(tmp_path / "o"), "--quiet"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("capstone: data error: ") and "--data npz:" in err and len(err.splitlines()) == 1
-    for text in (err, *(capstone.in_cli_words(m) for m in (data.NO_INTERNET_FIX, data.OFFLINE_OPTIONS, data.NPZ_HOWTO))):
+    for text in (
+        err,
+        *(capstone.in_cli_words(m) for m in (data.NO_INTERNET_FIX, data.OFFLINE_OPTIONS, data.NPZ_HOWTO)),
+    ):
         assert "COURSE_" not in text and "setup cell" not in text and "kernel" not in text, text
 
 
@@ -289,10 +326,21 @@ def test_a_backup_cut_off_mid_write_is_repaired_on_resume(tmp_path):
 
 def test_python_api_result_and_predictions(tmp_path, capsys):
     run = _earlier_run(tmp_path / "api")  # a new run there deletes only the trainer's own files, when told to
-    opts = capstone.Options(data="synthetic", epochs=1, out=str(tmp_path / "api"), width=4, train_examples=256,
-                            test_examples=64, batch_size=64, verbose=1)
-    with pytest.raises(capstone.RunStateError, match=r"holds an unfinished run \(1 epoch in metrics.json\); nothing "
-                                                     r"was changed: add --resume to continue it, --overwrite"):
+    opts = capstone.Options(
+        data="synthetic",
+        epochs=1,
+        out=str(tmp_path / "api"),
+        width=4,
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=1,
+    )
+    with pytest.raises(
+        capstone.RunStateError,
+        match=r"holds an unfinished run \(1 epoch in metrics.json\); nothing "
+        r"was changed: add --resume to continue it, --overwrite",
+    ):
         capstone.train(opts)
     result = capstone.train(dataclasses.replace(opts, overwrite=True))
     out = capsys.readouterr().out
@@ -300,9 +348,11 @@ def test_python_api_result_and_predictions(tmp_path, capsys):
     # not a terminal (captured): a line per epoch, no progress bar redrawing itself with \r and \b
     assert "\r" not in out and "\x08" not in out and "\x1b" not in out
     assert [line.split(" · ")[0] for line in out.splitlines() if line.startswith("epoch ")] == ["epoch 1/1"], out
-    finished = re.escape(f"--out {str(tmp_path / 'api')!r} holds a finished run (test accuracy "
-                         f"{100 * result.summary['test_accuracy']:.1f}% after 1 epochs on synthetic data); nothing was "
-                         "changed: add --overwrite to replace it")
+    finished = re.escape(
+        f"--out {str(tmp_path / 'api')!r} holds a finished run (test accuracy "
+        f"{100 * result.summary['test_accuracy']:.1f}% after 1 epochs on synthetic data); nothing was "
+        "changed: add --overwrite to replace it"
+    )
     with pytest.raises(capstone.RunStateError, match=finished):  # the learner's finished run is not deleted
         capstone.train(opts)
     assert [h["epoch"] for h in result.history] == [1] and not (run / "backup").exists()
@@ -328,8 +378,9 @@ def test_train_uses_the_courses_mode_it_is_passed_over_the_config(tmp_path, monk
     opts = capstone.Options(epochs=1, out=str(tmp_path / "r"), batch_size=32, verbose=-1, tta=False)
     with pytest.raises(capstone.OptionsError, match="absent.npz"):
         capstone.train(opts)
-    settings = capstone.CourseSettings(data="synthetic", cpu_replicas=1, course_jit=False, max_width=4,
-                                       synthetic_train=160, synthetic_test=48)
+    settings = capstone.CourseSettings(
+        data="synthetic", cpu_replicas=1, course_jit=False, max_width=4, synthetic_train=160, synthetic_test=48
+    )
     assert config.get().jit and config.get().sizes.model_width == 8 < capstone.COURSE["width"]  # smoke mode's cap
     summary = capstone.train(opts, settings=settings).summary
     assert summary["data"] == "synthetic" and summary["width"] == 4, summary
@@ -345,7 +396,12 @@ def test_options_defaults_and_lr_rule():
     course, base = capstone.resolved(capstone.Options()), capstone.resolved(capstone.Options(recipe="baseline"))
     assert (course.augment, course.tta, course.label_smoothing, course.schedule) == (True, True, 0.2, "onecycle")
     assert (base.augment, base.tta, base.label_smoothing, base.schedule, base.batch_size) == (
-        False, False, 0.0, "constant", 32)
+        False,
+        False,
+        0.0,
+        "constant",
+        32,
+    )
     assert capstone.peak_learning_rate(512) == pytest.approx(2 * capstone.peak_learning_rate(256))
     assert capstone.RECIPES["baseline"].choose_policy(None) == ("float32", "baseline: float32, as the tutorial")
     with pytest.raises(capstone.OptionsError, match="exactly one"):
@@ -381,10 +437,15 @@ def test_schedule_warms_up_then_decays_to_zero():
 
 def test_steps_per_execution_under_mirrored_strategy_is_refused_clearly(tmp_path):
     # Keras 3 fails inside fit with "You must feed a value for placeholder tensor" (keras-team/keras#19246).
-    proc, _ = cli([*SMOKE, "--epochs", "1", "--cpu-replicas", "2", "--steps-per-execution", "2",
-                   "--out", str(tmp_path / "o")])
+    proc, _ = cli(
+        [*SMOKE, "--epochs", "1", "--cpu-replicas", "2", "--steps-per-execution", "2", "--out", str(tmp_path / "o")]
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("capstone: error: --steps-per-execution 2 fails under MirroredStrategy")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("capstone: error: --steps-per-execution 2 fails under MirroredStrategy")
+    )
     assert "Traceback" not in proc.stderr
 
 
@@ -398,8 +459,9 @@ def test_auto_width_takes_the_widest_net_that_still_trains_the_target_epochs():
         assert epochs == capstone.BudgetPlan.epochs_in(left, epoch_s)
         wider = [w for w in rule["widths"] if w > width]
         if epochs >= target:  # nothing wider would still train the target
-            assert all(capstone.BudgetPlan.epochs_in(left, capstone.predicted_epoch_s(2.0, w, at)) < target
-                       for w in wider), (left, width)
+            assert all(
+                capstone.BudgetPlan.epochs_in(left, capstone.predicted_epoch_s(2.0, w, at)) < target for w in wider
+            ), (left, width)
         else:  # the narrowest, when none reaches it
             assert width == min(rule["widths"]), (left, width, epochs)
     assert capstone.choose_width(2.0, at, 5.0)[0] == min(rule["widths"])
@@ -410,7 +472,8 @@ def test_auto_width_takes_the_widest_net_that_still_trains_the_target_epochs():
     assert capstone.predicted_epoch_s(2.0, at, at) == pytest.approx(2.0)
     share = rule["fixed_share"]
     assert capstone.predicted_epoch_s(2.0, 2 * at, at) == pytest.approx(
-        2.0 * (share + (1 - share) * capstone.resnet9_macs(2 * at) / capstone.resnet9_macs(at)))
+        2.0 * (share + (1 - share) * capstone.resnet9_macs(2 * at) / capstone.resnet9_macs(at))
+    )
 
 
 def test_width_model_is_the_one_width_prediction_then_the_line_through_two_timed_widths():
@@ -473,12 +536,15 @@ def _without_compile_time(monkeypatch):
 
 @pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
 def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_off_its_prediction(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     """At 600 s on the 2-core AMX CPU width 48 was predicted at 27.5 s/epoch and measured at 12.6 s, and the run kept
     width 48 where width 64 fitted too. Here the chosen width's warm-up reports 20x faster than it ran (a GPU-like
     machine, where a wider net takes no longer): the width is chosen again from the two widths timed."""
     monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", _PLANNING_UNCAPPED)
-    monkeypatch.setattr(capstone.trainer, "AUTO_WIDTH", dict(capstone.AUTO_WIDTH, widths=(4, 8, 64), start=4, target_epochs=5))
+    monkeypatch.setattr(
+        capstone.trainer, "AUTO_WIDTH", dict(capstone.AUTO_WIDTH, widths=(4, 8, 64), start=4, target_epochs=5)
+    )
     calls = []
     real = capstone.trainer._warm_up
 
@@ -486,16 +552,24 @@ def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_
         got = real(model, *args, **kwargs)
         calls.append(model.count_params())
         if len(calls) == 2:
-            got = dict(got, **{k: got[k] / 20 for k in ("train_step_s", "eval_step_s", "train_epoch_s",
-                                                         "eval_epoch_s")})
+            got = dict(
+                got, **{k: got[k] / 20 for k in ("train_step_s", "eval_step_s", "train_epoch_s", "eval_epoch_s")}
+            )
         return got
 
     monkeypatch.setattr(capstone.trainer, "_warm_up", warm_up)
     _without_compile_time(monkeypatch)
     # 40 s: on one busy core, data, models and the timed steps took 19 s of a 20 s budget, and no width was timed
-    opts = capstone.Options(data="synthetic", time_budget=40.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0,
-                            **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=40.0,
+        out=str(tmp_path / "r"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     plan = read(tmp_path / "r" / "plan.json")
@@ -510,12 +584,18 @@ def test_auto_width_chooses_again_from_two_timed_widths_when_the_chosen_one_ran_
 def test_the_whitening_kernel_decorrelates_2x2_patches_to_unit_variance():
     rng = np.random.default_rng(0)
     base = rng.normal(size=(64, 33, 33, 1))
-    x = 128 + 40 * (base[:, 1:, 1:] + base[:, :-1, :-1]) * np.array([1.0, 0.8, 0.5]) + 20 * rng.normal(size=(64, 32, 32, 3))
+    x = (
+        128
+        + 40 * (base[:, 1:, 1:] + base[:, :-1, :-1]) * np.array([1.0, 0.8, 0.5])
+        + 20 * rng.normal(size=(64, 32, 32, 3))
+    )
     mean, var = x.reshape(-1, 3).mean(0), x.reshape(-1, 3).var(0)
     kernel = capstone.whitening_kernel(x, mean, var, eps=1e-9)
     assert kernel.shape == (2, 2, 3, 12) and kernel.dtype == np.float32
     z = (x - mean) / np.sqrt(var)
-    patches = np.lib.stride_tricks.sliding_window_view(z, (2, 2), axis=(1, 2)).transpose(0, 1, 2, 4, 5, 3).reshape(-1, 12)
+    patches = (
+        np.lib.stride_tricks.sliding_window_view(z, (2, 2), axis=(1, 2)).transpose(0, 1, 2, 4, 5, 3).reshape(-1, 12)
+    )
     before = np.corrcoef(patches.T)  # patch order: (row, column, channel)
     assert before[0, 9] > 0.3 and before[0, 1] > 0.3  # diagonal neighbours and channels correlate
     out = patches @ kernel.reshape(12, 12)  # each filter's response to each patch
@@ -524,15 +604,23 @@ def test_the_whitening_kernel_decorrelates_2x2_patches_to_unit_variance():
     import tensorflow as tf
 
     conv = tf.nn.conv2d(z[:2].astype("float32"), kernel, 1, "VALID").numpy().reshape(-1, 12)
-    assert np.allclose(conv, out[:len(conv)], atol=1e-3)
+    assert np.allclose(conv, out[: len(conv)], atol=1e-3)
     # a constant channel (variance 0) gives finite filters, as the Normalization layer's epsilon does
     flat = np.concatenate([x[..., :2], np.full(x.shape[:-1] + (1,), 7.0)], axis=-1)
     assert np.isfinite(capstone.whitening_kernel(flat, flat.reshape(-1, 3).mean(0), flat.reshape(-1, 3).var(0))).all()
 
 
 def test_the_course_network_whitens_with_a_fixed_first_convolution_and_the_ablation_removes_it(tmp_path):
-    opts = capstone.Options(data="synthetic", epochs=1, out=str(tmp_path / "w"), width=4, train_examples=256,
-                            test_examples=64, batch_size=64, verbose=-1)
+    opts = capstone.Options(
+        data="synthetic",
+        epochs=1,
+        out=str(tmp_path / "w"),
+        width=4,
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=-1,
+    )
     result = capstone.train(opts)
     layer = result.model.get_layer("whiten")
     assert not layer.trainable and not layer.trainable_weights
@@ -578,7 +666,9 @@ def test_tta_averages_each_image_its_mirror_and_their_one_pixel_shifts():
     assert np.allclose(got, expected, atol=1e-5) and not np.allclose(got, softmax(Stub().predict(x, 0, 0)), atol=1e-3)
     plain = capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 1, 64)
     assert np.allclose(plain, softmax(Stub().predict(x, 0, 0)), atol=1e-5)
-    assert np.allclose(capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 10, 64, plain=plain), expected, atol=1e-5)
+    assert np.allclose(
+        capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 10, 64, plain=plain), expected, atol=1e-5
+    )
     mirrored = np.mean([softmax(Stub().predict(v, 0, 0)) for v in (x, x[:, :, ::-1])], axis=0)
     assert np.allclose(capstone.trainer._predict_probs(Stub(), x.astype(np.uint8), 2, 64), mirrored, atol=1e-5)
 
@@ -588,8 +678,11 @@ def test_resnet9_macs_counts_the_networks_own_convolutions(width):
     import keras
 
     net = capstone.resnet9(width)
-    counted = sum(layer.output.shape[1] * layer.output.shape[2] * int(np.prod(layer.kernel.shape))
-                  for layer in net.layers if isinstance(layer, keras.layers.Conv2D))
+    counted = sum(
+        layer.output.shape[1] * layer.output.shape[2] * int(np.prod(layer.kernel.shape))
+        for layer in net.layers
+        if isinstance(layer, keras.layers.Conv2D)
+    )
     assert capstone.resnet9_macs(width) == counted
 
 
@@ -665,8 +758,16 @@ def test_the_warm_up_times_a_whole_evaluation_batch_when_the_last_is_partial():
 
 def test_a_budget_spent_by_compiling_plans_one_epoch_without_timing_steps(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: True)  # a warm-up expected to fit
-    opts = capstone.Options(data="synthetic", time_budget=1.0, out=str(tmp_path / "tiny"), width=4,
-                            train_examples=256, test_examples=64, batch_size=64, verbose=0)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=1.0,
+        out=str(tmp_path / "tiny"),
+        width=4,
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     assert "→ 1 epoch (no time left to time steps)" in out, out
@@ -680,10 +781,13 @@ def test_the_budget_counts_from_the_process_start_to_within_its_own_start_up():
     """``process_start`` on Linux reads the start from /proc against CLOCK_BOOTTIME: psutil's creation time adds the
     boot time in whole seconds and read 0.40 s early on a 2-core VM (up to a second anywhere). Before the first line
     of this process only Python's own start-up went by; then 0.4 s of sleep."""
-    code = ("import time; t = time.perf_counter(); time.sleep(0.4)\n"
-            "from course_utils.capstone.cli import process_start\nprint(t - process_start())")
-    before = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                  timeout=60).stdout)
+    code = (
+        "import time; t = time.perf_counter(); time.sleep(0.4)\n"
+        "from course_utils.capstone.cli import process_start\nprint(t - process_start())"
+    )
+    before = float(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    )
     assert 0.0 <= before <= 0.35, before
     # the command's name may hold brackets and spaces: the fields count from the last ")"
     ticks = os.sysconf("SC_CLK_TCK")
@@ -720,15 +824,29 @@ def test_the_first_epochs_own_steps_time_like_a_warm_up_without_its_compiling_ca
     # but one 0.9 s (a profiler's call, a stall: the median leaves it out); 2 validation batches of 256 and 151
     # images: the first (compiling) 0.8 s after the evaluation began, the second 0.03 s on
     first_epoch_times = capstone.trainer.first_epoch_times
-    got = first_epoch_times([(0, 11.5), (1, 11.6), (2, 12.5), (3, 12.6), (4, 12.7)], [(0, 13.5), (1, 13.53)],
-                            10.0, 12.7, steps_per_epoch=5, eval_sizes=[256, 151], global_batch=128)
+    got = first_epoch_times(
+        [(0, 11.5), (1, 11.6), (2, 12.5), (3, 12.6), (4, 12.7)],
+        [(0, 13.5), (1, 13.53)],
+        10.0,
+        12.7,
+        steps_per_epoch=5,
+        eval_sizes=[256, 151],
+        global_batch=128,
+    )
     assert got["train_step_s"] == pytest.approx(0.1) and got["train_epoch_s"] == pytest.approx(0.5)
     assert got["eval_step_s"] == pytest.approx(0.03 * 256 / 151) and got["timed_steps"] == 4
     assert got["compile_s"] == pytest.approx((1.5 - 0.1) + (0.8 - 0.03 * 256 / 151))
     assert got["eval_epoch_s"] == pytest.approx(2 * 0.03 * 256 / 151) and got["in_first_epoch"] is True
     # one validation batch (its call compiled): a training step's time per image for its 256 images
-    one_val = first_epoch_times([(0, 11.5), (1, 11.6), (2, 11.7)], [(0, 12.5)], 10.0, 11.7, steps_per_epoch=3,
-                                eval_sizes=[256], global_batch=128)
+    one_val = first_epoch_times(
+        [(0, 11.5), (1, 11.6), (2, 11.7)],
+        [(0, 12.5)],
+        10.0,
+        11.7,
+        steps_per_epoch=3,
+        eval_sizes=[256],
+        global_batch=128,
+    )
     assert one_val["eval_step_s"] == pytest.approx(0.2) and one_val["compile_s"] == pytest.approx(1.4 + 0.6)
     # one call only: its time, compiling included, is the step's (an over-estimate the next epoch corrects)
     one = first_epoch_times([(0, 11.0)], [], 10.0, None, steps_per_epoch=1, eval_sizes=[64], global_batch=64)
@@ -737,21 +855,33 @@ def test_the_first_epochs_own_steps_time_like_a_warm_up_without_its_compiling_ca
 
 
 @pytest.mark.extended  # a 20 s / 12 s budgeted scenario: .ci/run runs it after the README's pytest
-def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps_set_the_plan(tmp_path, capsys,
-                                                                                                monkeypatch):
+def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps_set_the_plan(
+    tmp_path, capsys, monkeypatch
+):
     """A 60 s budget on one core: start-up (Python, TensorFlow's import, the data, the model) took 4-5 s, and the
     warm-up put the first epoch at 5.3-6.9 s, past 10% of the budget. With no room for a warm-up (made so here on any
     machine) none runs: the start width trains at once, and its first epoch's own steps make the plan."""
     monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: False)
     monkeypatch.setattr(capstone.trainer, "_warm_up", lambda *a, **k: pytest.fail("a warm-up ran"))
-    opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=512,
-                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=20.0,
+        out=str(tmp_path / "r"),
+        train_examples=512,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     width = capstone.start_width(result.summary["kernel_path"])
     assert f"→ width {width} trains now; its first epoch's steps set the plan" in out, out
-    assert re.search(r"\(budget 20 s: epoch 1 measured [0-9.]+ ms/step \(compiling: [0-9.]+ s\), ~[0-9.]+ s/epoch "
-                     r"with validation; [0-9.]+ s used so far → [0-9]+ epochs?\)", out), out
+    assert re.search(
+        r"\(budget 20 s: epoch 1 measured [0-9.]+ ms/step \(compiling: [0-9.]+ s\), ~[0-9.]+ s/epoch "
+        r"with validation; [0-9.]+ s used so far → [0-9]+ epochs?\)",
+        out,
+    ), out
     plan = read(tmp_path / "r" / "plan.json")
     assert plan["warm_up"]["in_first_epoch"] and plan["warm_up"]["train_step_s"] > 0, plan["warm_up"]
     assert plan["warm_up"]["timed_steps"] == result.summary["steps_per_epoch"] - 1  # the compiling call left out
@@ -769,7 +899,8 @@ def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps
     assert first["lr"] == pytest.approx(peak * steps / provisional, rel=1e-4), (first, plan)
     total = result.summary["epochs"] * steps
     assert result.summary["epochs"] == plan["epochs"] >= 2 and result.history[-1]["lr"] == pytest.approx(
-        peak / max(total - plan["warmup_steps"], 1), rel=1e-4), (result.history[-1], plan)
+        peak / max(total - plan["warmup_steps"], 1), rel=1e-4
+    ), (result.history[-1], plan)
     # the budget kept within an epoch (the margins of a loaded 2-core machine: as the CLI's run), and the first epoch
     # began right after the model was built
     slowest = max(h["epoch_time_s"] for h in result.history[1:]) if len(result.history) > 1 else first["epoch_time_s"]
@@ -779,7 +910,8 @@ def test_with_no_room_for_a_warm_up_the_first_epoch_trains_at_once_and_its_steps
 
 @pytest.mark.extended  # a 20 s / 12 s budgeted scenario: .ci/run runs it after the README's pytest
 def test_a_run_stopped_before_its_first_epochs_plan_was_saved_resumes_and_plans_from_its_next_epoch(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     """The backup holds epoch 1 before the plan made from it is saved: a kill in between leaves the provisional plan.
     The resumed run plans from its own first epoch (epoch 2) and keeps the budget."""
     monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: False)
@@ -789,8 +921,16 @@ def test_a_run_stopped_before_its_first_epochs_plan_was_saved_resumes_and_plans_
         raise KeyboardInterrupt
 
     monkeypatch.setattr(capstone.trainer, "first_epoch_times", stopped)
-    opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "r"), train_examples=512,
-                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=12.0,
+        out=str(tmp_path / "r"),
+        train_examples=512,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     with pytest.raises(KeyboardInterrupt):
         capstone.train(opts)
     provisional = read(tmp_path / "r" / "plan.json")
@@ -807,8 +947,16 @@ def test_a_run_stopped_before_its_first_epochs_plan_was_saved_resumes_and_plans_
 
 def test_with_no_room_for_a_warm_up_a_budget_spent_in_the_first_epoch_ends_after_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a: False)
-    opts = capstone.Options(data="synthetic", time_budget=1.0, out=str(tmp_path / "tiny"), width=4,
-                            train_examples=256, test_examples=64, batch_size=64, verbose=0)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=1.0,
+        out=str(tmp_path / "tiny"),
+        width=4,
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     assert "→ 1 epoch)" in out and "final evaluation: a view" not in out, out  # no view timed for a plan done
@@ -836,16 +984,25 @@ def test_planning_is_capped_at_a_share_of_the_budget_and_says_so(tmp_path, capsy
 
     monkeypatch.setattr(capstone.trainer, "_warm_up", slow_epochs)
     _without_compile_time(monkeypatch)
-    opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "short"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0,
-                            **_ONE_REPLICA_NO_XLA)  # no --width: the trainer may choose one
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=12.0,
+        out=str(tmp_path / "short"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )  # no --width: the trainer may choose one
     result = capstone.train(opts)
     out = capsys.readouterr().out
     assert "Budget 12 s is short for this machine: compiling and timing the first steps took " in out, out
     assert "→ the width is chosen from that timing alone" in out and "predicted ~" in out, out
     assert len(calls) == 1, calls  # only the start width was timed
     trials = result.summary["width_trials"]
-    assert trials[0][0] == capstone.start_width(result.summary["kernel_path"]) and trials[-1][0] == result.summary["width"]
+    assert (
+        trials[0][0] == capstone.start_width(result.summary["kernel_path"]) and trials[-1][0] == result.summary["width"]
+    )
     assert result.summary["parameters"] == _course_params(result.summary["width"])
     # the baseline's network is fixed: no width to try, nothing to say about it
     capstone.train(dataclasses.replace(opts, recipe="baseline", out=str(tmp_path / "baseline")))
@@ -876,7 +1033,8 @@ def _counting_warm_up(monkeypatch, extra_compile_s: float = 0.0):
 
 
 def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the_planning_share(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     """The warm-up times the start width only; when timing the chosen width too would take planning past
     PLANNING_SHARE of the budget, the chosen width trains untimed, on the predicted epoch time (its first epoch
     compiles it). Here the start width's compile is reported 30 s longer than it was, so another warm-up cannot fit
@@ -884,9 +1042,16 @@ def test_auto_width_trains_a_width_it_did_not_time_when_timing_it_would_pass_the
     monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", 1.0)
     monkeypatch.setitem(capstone.AUTO_WIDTH, "start_by_kernels", {})  # start at 8 on any kernels: 4 is chosen
     calls = _counting_warm_up(monkeypatch, extra_compile_s=30.0)
-    opts = capstone.Options(data="synthetic", time_budget=12.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0,
-                            **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=12.0,
+        out=str(tmp_path / "r"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     start = capstone.start_width(result.summary["kernel_path"])
@@ -907,25 +1072,34 @@ def test_auto_width_times_the_chosen_width_when_planning_has_room(tmp_path, caps
     monkeypatch.setattr(capstone.trainer, "PLANNING_SHARE", _PLANNING_UNCAPPED)
     calls = _counting_warm_up(monkeypatch)
     _without_compile_time(monkeypatch)
-    opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0,
-                            **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=20.0,
+        out=str(tmp_path / "r"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     plan = read(tmp_path / "r" / "plan.json")
     width = result.summary["width"]
     # no width reaches 10,000 epochs: the narrowest is chosen, and timed
     assert width == min(capstone.AUTO_WIDTH["widths"]) != capstone.start_width(result.summary["kernel_path"]), out
-    assert calls == [_course_params(capstone.start_width(result.summary["kernel_path"])),
-                     _course_params(width)]  # both timed
+    assert calls == [
+        _course_params(capstone.start_width(result.summary["kernel_path"])),
+        _course_params(width),
+    ]  # both timed
     assert "predicted_from_width" not in plan["warm_up"] and "; timing it too" in out, out
     assert plan["width_trials"][-1][0] == width and plan["warm_up_epoch_s"] == pytest.approx(
-        plan["width_trials"][-1][1], abs=0.01)  # the plan started from the chosen width's own warm-up
+        plan["width_trials"][-1][1], abs=0.01
+    )  # the plan started from the chosen width's own warm-up
 
 
 @pytest.mark.extended  # trains a 20 s run: .ci/run runs it after the README's pytest
-def test_auto_width_keeps_the_timed_width_when_compiling_the_chosen_one_used_the_budget(tmp_path, capsys,
-                                                                                         monkeypatch):
+def test_auto_width_keeps_the_timed_width_when_compiling_the_chosen_one_used_the_budget(tmp_path, capsys, monkeypatch):
     """On a busy machine compiling the chosen width took the time left for timing it, and its warm-up measured only
     compile_s (every step time None): planning raised a TypeError (CI, a contended run). The timed width trains."""
     monkeypatch.setitem(capstone.AUTO_WIDTH, "start_by_kernels", {})  # from width 8 on any kernels
@@ -938,13 +1112,26 @@ def test_auto_width_keeps_the_timed_width_when_compiling_the_chosen_one_used_the
         got = real(model, *args, **kwargs)
         if len(calls) == 1:
             return got
-        return {"train_step_s": None, "eval_step_s": None, "compile_s": got["compile_s"], "train_epoch_s": None,
-                "eval_epoch_s": None}
+        return {
+            "train_step_s": None,
+            "eval_step_s": None,
+            "compile_s": got["compile_s"],
+            "train_epoch_s": None,
+            "eval_epoch_s": None,
+        }
 
     monkeypatch.setattr(capstone.trainer, "_warm_up", warm_up)
     _without_compile_time(monkeypatch)
-    opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=20.0,
+        out=str(tmp_path / "r"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     start = capstone.start_width(result.summary["kernel_path"])
@@ -969,14 +1156,26 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
         got = real(model, *args, **kwargs)
         built.append(model)
         slow = 2000.0 if model.count_params() == params else 1.0
-        return dict(got, **{k: slow * 1e-3 * (10 if "epoch" in k else 1)
-                            for k in ("train_step_s", "eval_step_s", "train_epoch_s", "eval_epoch_s")})
+        return dict(
+            got,
+            **{
+                k: slow * 1e-3 * (10 if "epoch" in k else 1)
+                for k in ("train_step_s", "eval_step_s", "train_epoch_s", "eval_epoch_s")
+            },
+        )
 
     monkeypatch.setattr(capstone.trainer, "_warm_up", warm_up)
     _without_compile_time(monkeypatch)
-    opts = capstone.Options(data="synthetic", time_budget=20.0, out=str(tmp_path / "r"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0,
-                            **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=20.0,
+        out=str(tmp_path / "r"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     out = capsys.readouterr().out
     trials = read(tmp_path / "r" / "plan.json")["width_trials"]
@@ -990,8 +1189,11 @@ def test_auto_width_goes_back_to_a_timed_width_when_the_chosen_one_measures_too_
 def _tree(path):
     """Every file under ``path`` and its bytes; the lock's left out (a refused run holds it while it checks, and
     writes its pid there)."""
-    return {str(p.relative_to(path)): p.read_bytes() if p.is_file() else None for p in sorted(path.rglob("*"))
-            if p.name != capstone.LOCK}
+    return {
+        str(p.relative_to(path)): p.read_bytes() if p.is_file() else None
+        for p in sorted(path.rglob("*"))
+        if p.name != capstone.LOCK
+    }
 
 
 def test_an_output_folder_that_is_not_a_capstone_run_is_refused_and_left_alone(tmp_path):
@@ -1004,14 +1206,19 @@ def test_an_output_folder_that_is_not_a_capstone_run_is_refused_and_left_alone(t
     (mine / "backup" / "thesis.tex").write_text("months of work")
     (mine / "metrics.json").write_text("[1, 2]")
     before = _tree(tmp_path)
-    cases = {"mine": "holds files that are not a capstone run's (backup/thesis.tex, metrics.json)",  # the trainer's names around it
-             "a_file": "is a file, not a folder", "a_file/run": "cannot be created: "}
+    cases = {
+        "mine": "holds files that are not a capstone run's (backup/thesis.tex, metrics.json)",  # the trainer's names around it
+        "a_file": "is a file, not a folder",
+        "a_file/run": "cannot be created: ",
+    }
     base = ["--data", "synthetic", "--epochs", "1"]
     commands = [[*base, "--out", out] for out in cases] + [[*base, "--out", "new", "--tensorboard", "a_file"]]
     messages = [*cases.values(), "--tensorboard 'a_file' is a file"]
     for message, (code, lines) in zip(messages, _refused_before_tensorflow_each(commands, cwd=tmp_path)):
         assert code == 2 and len(lines) == 1 and lines[0].startswith("capstone: error: ") and message in lines[0], (
-            message, lines)
+            message,
+            lines,
+        )
     assert _tree(tmp_path) == before  # nothing written, nothing deleted
 
 
@@ -1034,7 +1241,8 @@ def test_out_problem_rules(tmp_path, monkeypatch):
     assert capstone.out_problem(str(tmp_path)) is None
     (tmp_path / "backup" / "mine.txt").write_text("")  # Keras removes backup/ when a run finishes: refused
     assert "its backup folder holds files the trainer did not write (backup/mine.txt)" in capstone.out_problem(
-        str(tmp_path))
+        str(tmp_path)
+    )
     (tmp_path / "backup" / "mine.txt").unlink()
     for bad in ("", "   ", None, 3):
         assert capstone.out_problem(bad).startswith("--out must name a folder")
@@ -1085,13 +1293,21 @@ def test_a_second_run_into_the_same_folder_stops_at_once_naming_the_first(tmp_pa
     anything is read or written, with one line naming the first's pid; a folder it made for nothing is removed."""
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from course_utils import fileguard
         with fileguard.folder_lock({str(out)!r}, "capstone run"):
             print("locked", flush=True)
             time.sleep(60)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         proc, _ = cli(["--data", "synthetic", "--epochs", "1", "--out", str(out), "--quiet"])
@@ -1113,9 +1329,14 @@ def _interrupted_run(tmp_path, sig=signal.SIGINT, name="interrupted"):
 
     out = tmp_path / name
     args = [*SMOKE, *LEARNABLE, "--width", "4", "--epochs", "4", "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "course_utils.capstone", *args], env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: _signal.signal(_signal.SIGINT, _signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "course_utils.capstone", *args],
+        env=ENV,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: _signal.signal(_signal.SIGINT, _signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
         try:
@@ -1138,7 +1359,9 @@ def test_sigterm_as_a_preempted_vm_gets_it_stops_at_once_and_keeps_a_resumable_s
     last = stderr.strip().splitlines()[-1]
     assert "Traceback" not in stderr and last.startswith("capstone: stopped by SIGTERM (how a preempted VM is warned")
     assert "epochs 1" in last and last.endswith("run the same command with --resume to continue")
-    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.resolved(capstone.parse_args([*args, "--resume"])))
+    state = capstone.read_resume_state(
+        capstone.RunFolder(str(out)), capstone.resolved(capstone.parse_args([*args, "--resume"]))
+    )
     assert state.backup_epoch >= 1 and len(state.history) >= 1
 
 
@@ -1159,15 +1382,19 @@ def test_ctrl_c_is_one_line_and_keeps_a_resumable_state_and_another_runs_backup_
     shutil.copytree(out / "backup", other / "backup")
     before = _tree(other)
     with pytest.raises(capstone.RunStateError) as refused:  # in this process: TensorFlow is loaded already
-        capstone.train(dataclasses.replace(capstone.parse_args([*reference[3][:-1], str(other), "--resume"]),
-                                           verbose=-1))
+        capstone.train(
+            dataclasses.replace(capstone.parse_args([*reference[3][:-1], str(other), "--resume"]), verbose=-1)
+        )
     assert str(refused.value) == (
         f"--resume: the backup in {str(other)!r} does not fit this run's model (its weights have other shapes): it is "
-        "another run's; nothing was changed: resume with that run's options, or use another --out")
+        "another run's; nothing was changed: resume with that run's options, or use another --out"
+    )
     assert _tree(other) == before
 
     # what --resume reads is intact (resuming itself runs in lesson 06, after SIGKILL)
-    state = capstone.read_resume_state(capstone.RunFolder(str(out)), capstone.resolved(capstone.parse_args([*args, "--resume"])))
+    state = capstone.read_resume_state(
+        capstone.RunFolder(str(out)), capstone.resolved(capstone.parse_args([*args, "--resume"]))
+    )
     assert state.backup_epoch == saved and [h["epoch"] for h in state.history] == list(range(1, saved + 1))
     assert state.spent_s > 0 and state.plan.epochs == 4
 
@@ -1195,10 +1422,14 @@ RESUME_STATES = [
     ({"clock.json": '{"elapsed_s": "12"}'}, "clock.json in {run!r} is not what the trainer writes (elapsed_s is '12')"),
     ({"metrics.json": "{}"}, "metrics.json in {run!r} is not what the trainer writes (it holds dict"),
     ({"metrics.json": '[{"epoch": 2, "elapsed_s": 1.0}]'}, "(entry 1 is not epoch 1's record)"),
-    ({"backup__training_metadata.json": '{"epoch": 99, "batch": 0}'},
-     "the backup in {run!r} says epoch 99, beyond the plan's {epochs} epochs: it is not this run's backup"),
-    ({"backup__training_metadata.json": '{"epoch": -5, "batch": 0}'},
-     "the backup in {run!r} says epoch -5, not a finished epoch"),
+    (
+        {"backup__training_metadata.json": '{"epoch": 99, "batch": 0}'},
+        "the backup in {run!r} says epoch 99, beyond the plan's {epochs} epochs: it is not this run's backup",
+    ),
+    (
+        {"backup__training_metadata.json": '{"epoch": -5, "batch": 0}'},
+        "the backup in {run!r} says epoch -5, not a finished epoch",
+    ),
 ]
 
 
@@ -1214,7 +1445,9 @@ def test_resume_refuses_state_the_trainer_did_not_write_and_changes_nothing(refe
         expected = message.format(run=str(run), epochs=epochs)
         assert code == 2 and len(lines) == 1 and lines[0].startswith("capstone: error: --resume: "), (files, lines)
         assert expected in lines[0] and ("nothing was changed" in lines[0] or "run without --resume" in lines[0]), (
-            files, lines)
+            files,
+            lines,
+        )
         assert _tree(run) == tree, files
 
 
@@ -1223,8 +1456,11 @@ def test_resume_refuses_a_plan_from_before_an_option_existed():
     plan lacks the option, and the refusal says so (not "was started with --whiten None")."""
     o = capstone.resolved(capstone.Options(out="runs/old", time_budget=60.0))
     stored = {k: v for k, v in dataclasses.asdict(o).items() if k != "whiten"}
-    with pytest.raises(capstone.OptionsError, match=r"started by an earlier version of the trainer \(its plan has no "
-                                                    r"'whiten'\); nothing was changed"):
+    with pytest.raises(
+        capstone.OptionsError,
+        match=r"started by an earlier version of the trainer \(its plan has no "
+        r"'whiten'\); nothing was changed",
+    ):
         capstone.run_folder._check_same_run(stored, o)
     capstone.run_folder._check_same_run(dataclasses.asdict(o), o)  # the same options: resumable
 
@@ -1239,12 +1475,20 @@ def test_validation_split_is_held_out_and_the_same_for_every_run():
     assert capstone.validation_size(5) == 1 and capstone.validation_size(1000, 7) == 7
 
 
-@pytest.mark.parametrize("kind,course_jit,asked,replicas,expected", [
-    ("CPU", False, None, 1, (False, False)), ("GPU", False, None, 1, (True, True)),
-    ("multi-GPU", False, None, 2, (False, False)), ("TPU", False, None, 8, (False, True)),
-    ("CPU", True, None, 1, (True, True)), ("CPU", True, None, 4, (False, False)), ("GPU", False, False, 1, (False, False)),
-    ("CPU", False, True, 1, (True, True)), ("TPU", False, False, 1, (False, True)),
-])
+@pytest.mark.parametrize(
+    "kind,course_jit,asked,replicas,expected",
+    [
+        ("CPU", False, None, 1, (False, False)),
+        ("GPU", False, None, 1, (True, True)),
+        ("multi-GPU", False, None, 2, (False, False)),
+        ("TPU", False, None, 8, (False, True)),
+        ("CPU", True, None, 1, (True, True)),
+        ("CPU", True, None, 4, (False, False)),
+        ("GPU", False, False, 1, (False, False)),
+        ("CPU", False, True, 1, (True, True)),
+        ("TPU", False, False, 1, (False, True)),
+    ],
+)
 def test_xla_is_chosen_per_hardware_not_left_to_keras_auto(kind, course_jit, asked, replicas, expected):
     """Keras resolves jit_compile='auto' to False under any tf.distribute strategy, and the trainer always builds
     in strategy.scope(): left to Keras a GPU would train without XLA. On several replicas fit cannot be compiled
@@ -1261,8 +1505,19 @@ def test_jit_asked_on_several_replicas_is_refused_with_the_reason():
 
 
 def _plan(**kw):
-    base = dict(options={}, global_batch=128, steps_per_epoch=10, policy="float32", width=8, epochs=10,
-                initial_epochs=10, warmup_steps=20, budget_s=100.0, epoch_estimate_s=8.0, final_eval_estimate_s=2.0)
+    base = dict(
+        options={},
+        global_batch=128,
+        steps_per_epoch=10,
+        policy="float32",
+        width=8,
+        epochs=10,
+        initial_epochs=10,
+        warmup_steps=20,
+        budget_s=100.0,
+        epoch_estimate_s=8.0,
+        final_eval_estimate_s=2.0,
+    )
     return capstone.BudgetPlan(**{**base, **kw})
 
 
@@ -1348,7 +1603,9 @@ def test_the_final_evaluation_is_timed_after_the_first_epoch_and_once_more_half_
 
 
 def test_auto_width_starts_narrower_on_tensorflows_own_kernels():
-    assert capstone.start_width("eigen") == capstone.AUTO_WIDTH["start_by_kernels"]["eigen"] < capstone.AUTO_WIDTH["start"]
+    assert (
+        capstone.start_width("eigen") == capstone.AUTO_WIDTH["start_by_kernels"]["eigen"] < capstone.AUTO_WIDTH["start"]
+    )
     for kernels in ("onednn-bf16", "onednn-fp32", None):  # None: not a CPU
         assert capstone.start_width(kernels) == capstone.AUTO_WIDTH["start"]
     assert capstone.start_width("eigen") in capstone.AUTO_WIDTH["widths"]
@@ -1360,8 +1617,13 @@ def test_auto_width_halves_the_batch_only_on_slow_kernels_with_a_short_budget():
     rule = capstone.SMALL_BATCH
     assert capstone.small_batch("eigen", 60.0) == rule["per_replica"] < capstone.COURSE["batch_size"]
     assert capstone.small_batch("eigen", rule["up_to_s"]) == rule["per_replica"]  # the bound included
-    for kernels, budget in (("eigen", 120.0), ("eigen", None), ("onednn-bf16", 60.0), ("onednn-fp32", 60.0),
-                            (None, 60.0)):  # a longer budget, --epochs, the faster paths, not a CPU
+    for kernels, budget in (
+        ("eigen", 120.0),
+        ("eigen", None),
+        ("onednn-bf16", 60.0),
+        ("onednn-fp32", 60.0),
+        (None, 60.0),
+    ):  # a longer budget, --epochs, the faster paths, not a CPU
         assert capstone.small_batch(kernels, budget) is None, (kernels, budget)
     course = capstone.RECIPES["course"]
     batch, why = course.global_batch(None, 4, 1, 45_000, per_replica=(64, "the reason"))
@@ -1375,11 +1637,13 @@ class _BatchChosen(Exception):
     pass
 
 
-@pytest.mark.parametrize("kernels, budget, width, expected", [
-    ("eigen", 60.0, None, 64), ("eigen", 120.0, None, 128), ("onednn-bf16", 60.0, None, 128),
-    ("eigen", 60.0, 8, 128)])  # a fixed width: not auto width, the recipe's batch
-def test_the_trainer_trains_auto_width_with_the_small_batch_where_the_rule_says(tmp_path, monkeypatch, capsys,
-                                                                               kernels, budget, width, expected):
+@pytest.mark.parametrize(
+    "kernels, budget, width, expected",
+    [("eigen", 60.0, None, 64), ("eigen", 120.0, None, 128), ("onednn-bf16", 60.0, None, 128), ("eigen", 60.0, 8, 128)],
+)  # a fixed width: not auto width, the recipe's batch
+def test_the_trainer_trains_auto_width_with_the_small_batch_where_the_rule_says(
+    tmp_path, monkeypatch, capsys, kernels, budget, width, expected
+):
     """The batch is decided before anything is built: stopped at the pipelines, which take it."""
     monkeypatch.setattr(capstone.trainer._hardware, "kernel_path", lambda *a, **k: (kernels, "as the test says"))
 
@@ -1387,13 +1651,21 @@ def test_the_trainer_trains_auto_width_with_the_small_batch_where_the_rule_says(
         raise _BatchChosen(batch)
 
     monkeypatch.setattr(capstone.trainer, "_pipelines", pipelines)
-    opts = capstone.Options(data="synthetic", time_budget=budget, width=width, out=str(tmp_path / "r"),
-                            train_examples=1024, test_examples=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=budget,
+        width=width,
+        out=str(tmp_path / "r"),
+        train_examples=1024,
+        test_examples=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     with pytest.raises(_BatchChosen) as chosen:
         capstone.train(opts)
     out = capsys.readouterr().out
     assert chosen.value.args[0] == expected, out
-    assert (f"Global batch {expected} ({expected} per replica × 1 replica" in out), out
+    assert f"Global batch {expected} ({expected} per replica × 1 replica" in out, out
     assert ("doubles the few updates it buys" in out) == (expected < capstone.COURSE["batch_size"]), out
 
 
@@ -1433,8 +1705,11 @@ def test_resnet9_macs_counts_each_stems_convolutions(width, stem):
     import keras
 
     net = capstone.resnet9(width, stem=stem)
-    counted = sum(layer.output.shape[1] * layer.output.shape[2] * int(np.prod(layer.kernel.shape))
-                  for layer in net.layers if isinstance(layer, keras.layers.Conv2D))
+    counted = sum(
+        layer.output.shape[1] * layer.output.shape[2] * int(np.prod(layer.kernel.shape))
+        for layer in net.layers
+        if isinstance(layer, keras.layers.Conv2D)
+    )
     assert capstone.resnet9_macs(width, stem) == counted
 
 
@@ -1452,8 +1727,10 @@ class _StemChosen(Exception):
     pass
 
 
-@pytest.mark.parametrize("kernels, asked", [("eigen", None), ("onednn-bf16", None), ("onednn-bf16", "s2d"),
-                                           ("eigen", "s2d"), ("eigen", "full")])
+@pytest.mark.parametrize(
+    "kernels, asked",
+    [("eigen", None), ("onednn-bf16", None), ("onednn-bf16", "s2d"), ("eigen", "s2d"), ("eigen", "full")],
+)
 def test_the_trainer_builds_the_stem_stem_says_and_the_full_one_without(tmp_path, monkeypatch, capsys, kernels, asked):
     """The stem is decided before the network is built: stopped where the recipe builds it."""
     monkeypatch.setattr(capstone.trainer._hardware, "kernel_path", lambda *a, **k: (kernels, "as the test says"))
@@ -1463,14 +1740,23 @@ def test_the_trainer_builds_the_stem_stem_says_and_the_full_one_without(tmp_path
         raise _StemChosen(stem)
 
     monkeypatch.setattr(course, "model", model)
-    opts = capstone.Options(data="synthetic", time_budget=60.0, out=str(tmp_path / "r"), stem=asked,
-                            train_examples=1024, test_examples=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=60.0,
+        out=str(tmp_path / "r"),
+        stem=asked,
+        train_examples=1024,
+        test_examples=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     with pytest.raises(_StemChosen) as chosen:
         capstone.train(opts)
     out = capsys.readouterr().out
     assert chosen.value.args[0] == (asked or "full"), out
     assert ("Stem s2d: prep and layer1's first convolution at 16×16 from 2×2 patches (--stem)" in out) == (
-        asked == "s2d"), out
+        asked == "s2d"
+    ), out
 
 
 @pytest.mark.extended  # end to end (20/15 s): the README's pytest tests the pieces
@@ -1478,8 +1764,16 @@ def test_a_budget_that_fits_few_epochs_of_the_narrowest_network_names_the_s2d_st
     """Both plans (after a warm-up, and from the first epoch's steps) print the hint where few epochs fit."""
     monkeypatch.setattr(capstone.trainer, "stem_hint", lambda width, epochs, stem: f"HINT {width} {epochs} {stem}")
     monkeypatch.setattr(capstone.trainer, "warm_up_fits", lambda *a, **k: True)
-    opts = capstone.Options(data="synthetic", time_budget=4.0, out=str(tmp_path / "w"), train_examples=256,
-                            test_examples=64, batch_size=64, verbose=0, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=4.0,
+        out=str(tmp_path / "w"),
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
     capstone.train(opts)
     out = capsys.readouterr().out
     assert re.search(r"^Budget 4 s: HINT \d+ \d+ full$", out, re.M), out
@@ -1494,8 +1788,18 @@ def test_a_budget_that_fits_few_epochs_of_the_narrowest_network_names_the_s2d_st
 
 def test_the_stem_is_kept_in_the_plan_and_the_summary_and_resume_keeps_it(tmp_path):
     out = tmp_path / "s"
-    opts = capstone.Options(data="synthetic", epochs=1, out=str(out), width=4, stem="s2d", train_examples=256,
-                            test_examples=64, batch_size=64, verbose=-1, **_ONE_REPLICA_NO_XLA)
+    opts = capstone.Options(
+        data="synthetic",
+        epochs=1,
+        out=str(out),
+        width=4,
+        stem="s2d",
+        train_examples=256,
+        test_examples=64,
+        batch_size=64,
+        verbose=-1,
+        **_ONE_REPLICA_NO_XLA,
+    )
     result = capstone.train(opts)
     assert result.summary["stem"] == "s2d" and result.summary["stem_why"] == "--stem"
     assert read(out / "plan.json")["stem"] == "s2d"
@@ -1508,8 +1812,18 @@ def test_the_stem_is_kept_in_the_plan_and_the_summary_and_resume_keeps_it(tmp_pa
     assert capstone.BudgetPlan.from_dict(plan).stem == "full"
     with pytest.raises(ValueError, match="stem is 'half', not one of"):
         capstone.BudgetPlan.from_dict({**plan, "stem": "half"})
-    baseline = capstone.train(capstone.Options(recipe="baseline", data="synthetic", epochs=1, out=str(tmp_path / "b"),
-                                               train_examples=256, test_examples=64, verbose=-1, **_ONE_REPLICA_NO_XLA))
+    baseline = capstone.train(
+        capstone.Options(
+            recipe="baseline",
+            data="synthetic",
+            epochs=1,
+            out=str(tmp_path / "b"),
+            train_examples=256,
+            test_examples=64,
+            verbose=-1,
+            **_ONE_REPLICA_NO_XLA,
+        )
+    )
     assert baseline.summary["stem"] is None  # the tutorial's CNN has no stem to choose
     assert capstone.parse_args(["--stem", "s2d", "--epochs", "1", "--out", str(tmp_path / "cli")]).stem == "s2d"
     with pytest.raises(capstone.OptionsError, match="unknown stem 'half'; use one of full, s2d"):
@@ -1525,8 +1839,9 @@ def test_budget_plan_first_estimates_and_what_fits():
     assert views == capstone.TTA_VIEWS  # no budget: every view
     assert final_s == pytest.approx(view_s * capstone.TTA_VIEWS + plan.FINAL_EVAL_MIN_S)  # every view of the test split
     # compiling predict, left to the final evaluation, is reserved in it once (not once per view)
-    _, with_compile, _ = capstone.BudgetPlan.estimates(dict(warm, predict_compile_estimate_s=0.7), val_steps=10,
-                                                       test_steps=20, tta=True)
+    _, with_compile, _ = capstone.BudgetPlan.estimates(
+        dict(warm, predict_compile_estimate_s=0.7), val_steps=10, test_steps=20, tta=True
+    )
     assert with_compile == pytest.approx(final_s + 0.7)
     # with a budget, the most views whose evaluation fits in FINAL_EVAL_SHARE of it (view_s = 3.25 s here)
     for budget, expected in ((1e4, 10), (20 * (2 * view_s + plan.FINAL_EVAL_MIN_S), 2), (100, 1), (1, 1)):
@@ -1540,14 +1855,23 @@ def test_budget_plan_first_estimates_and_what_fits():
     assert plan.fits_another(9, 100.0 + 2.0 - 8.0 - 2.0) and not plan.fits_another(9, 100.0 + 2.1 - 8.0 - 2.0)
 
 
-@pytest.mark.parametrize("change,reason", [
-    ({"epochs": 0}, "epochs is 0"), ({"epochs": 2.5}, "epochs is 2.5"), ({"steps_per_epoch": -1}, "steps_per_epoch"),
-    ({"warmup_steps": 10 ** 9}, "warmup_steps is 1000000000, not within the plan's 100 steps"),
-    ({"epoch_estimate_s": float("nan")}, "epoch_estimate_s is nan"), ({"options": []}, "options are not a mapping"),
-    ({"tta_views": 3}, "tta_views is 3, not one of (10, 2, 1)"), ({"tta_views": True}, "tta_views is True"),
-    ({"global_batch": 0}, "global_batch is 0"), ({"global_batch": "128"}, "global_batch is '128'"),
-    ({"warm_up": "x"}, "warm_up is str, not a mapping"), ({"warm_up": [1]}, "warm_up is list, not a mapping"),
-])
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        ({"epochs": 0}, "epochs is 0"),
+        ({"epochs": 2.5}, "epochs is 2.5"),
+        ({"steps_per_epoch": -1}, "steps_per_epoch"),
+        ({"warmup_steps": 10**9}, "warmup_steps is 1000000000, not within the plan's 100 steps"),
+        ({"epoch_estimate_s": float("nan")}, "epoch_estimate_s is nan"),
+        ({"options": []}, "options are not a mapping"),
+        ({"tta_views": 3}, "tta_views is 3, not one of (10, 2, 1)"),
+        ({"tta_views": True}, "tta_views is True"),
+        ({"global_batch": 0}, "global_batch is 0"),
+        ({"global_batch": "128"}, "global_batch is '128'"),
+        ({"warm_up": "x"}, "warm_up is str, not a mapping"),
+        ({"warm_up": [1]}, "warm_up is list, not a mapping"),
+    ],
+)
 def test_budget_plan_from_dict_refuses_what_the_trainer_did_not_write(change, reason):
     good = _plan().to_dict()
     assert capstone.BudgetPlan.from_dict(good) == _plan()
@@ -1613,9 +1937,11 @@ def test_importing_course_utils_first_keeps_a_bfloat16_matmul_alive_under_an_avx
     """In a fresh process, as a notebook starts: course_utils, then TensorFlow, then a bfloat16 matmul under
     ONEDNN_MAX_CPU_ISA=AVX2. On a CPU with avx512f it aborted (the kernel died; nbval waited). setup() says why
     oneDNN is off; an explicit TF_ENABLE_ONEDNN_OPTS is left alone."""
-    code = ("import os, course_utils; rt = course_utils.setup(verbose=False); import tensorflow as tf; "
-            "x = tf.ones((32, 32), tf.bfloat16); s = float(tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32))); "
-            "print(s, os.environ.get('TF_ENABLE_ONEDNN_OPTS'), any('ONEDNN_MAX_CPU_ISA=AVX2' in n for n in rt.notes))")
+    code = (
+        "import os, course_utils; rt = course_utils.setup(verbose=False); import tensorflow as tf; "
+        "x = tf.ones((32, 32), tf.bfloat16); s = float(tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32))); "
+        "print(s, os.environ.get('TF_ENABLE_ONEDNN_OPTS'), any('ONEDNN_MAX_CPU_ISA=AVX2' in n for n in rt.notes))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
     env.update(ONEDNN_MAX_CPU_ISA="AVX2", CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
@@ -1628,18 +1954,22 @@ def test_importing_course_utils_first_keeps_a_bfloat16_matmul_alive_under_an_avx
         assert (opts, noted) == ("None", "False")
 
 
-
-@pytest.mark.parametrize("first, opts, says", [
-    ("import tensorflow, course_utils", None, "TensorFlow was imported before course_utils"),
-    ("import course_utils", "1", "TF_ENABLE_ONEDNN_OPTS is set, and kept"),
-])
+@pytest.mark.parametrize(
+    "first, opts, says",
+    [
+        ("import tensorflow, course_utils", None, "TensorFlow was imported before course_utils"),
+        ("import course_utils", "1", "TF_ENABLE_ONEDNN_OPTS is set, and kept"),
+    ],
+)
 def test_where_oneDNN_stays_on_under_an_avx2_cap_setup_says_the_first_bfloat16_op_will_abort(first, opts, says):
     """Too late to turn oneDNN off (TensorFlow imported first), or kept on by the learner: no bfloat16 op runs here
     (it would abort); setup() names the risk and the way out, with the reason that applies."""
     if hardware.onednn_bf16_aborts({"ONEDNN_MAX_CPU_ISA": "AVX2"}) is None:
         pytest.skip("this CPU has no avx512f: TensorFlow runs bfloat16 on its own kernels under the cap")
-    code = (f"{first}; import os; rt = course_utils.setup(verbose=False); "
-            "print([n for n in rt.notes if 'ONEDNN_MAX_CPU_ISA' in n]); print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'))")
+    code = (
+        f"{first}; import os; rt = course_utils.setup(verbose=False); "
+        "print([n for n in rt.notes if 'ONEDNN_MAX_CPU_ISA' in n]); print(os.environ.get('TF_ENABLE_ONEDNN_OPTS'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
     env.update(ONEDNN_MAX_CPU_ISA="AVX2", CUDA_VISIBLE_DEVICES="", **({"TF_ENABLE_ONEDNN_OPTS": opts} if opts else {}))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
@@ -1678,8 +2008,24 @@ def test_a_run_on_two_replicas_doubles_the_global_batch_and_the_learning_rate(tm
     """End to end on 2 CPU replicas (the multi-GPU shape): 128 per replica, so a global batch of 256 and the peak
     learning rate of 256 examples (0.2, twice one replica's); shown in the plan line and in summary.json."""
     out = tmp_path / "two"
-    proc, _ = cli(["--data", "synthetic", "--train-examples", "640", "--test-examples", "64", "--quiet", "--epochs", "1",
-                   "--cpu-replicas", "2", "--out", str(out)], timeout=300)
+    proc, _ = cli(
+        [
+            "--data",
+            "synthetic",
+            "--train-examples",
+            "640",
+            "--test-examples",
+            "64",
+            "--quiet",
+            "--epochs",
+            "1",
+            "--cpu-replicas",
+            "2",
+            "--out",
+            str(out),
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = read(out / "summary.json")
     assert (summary["replicas"], summary["per_replica_batch"], summary["global_batch"]) == (2, 128, 256)
@@ -1695,23 +2041,43 @@ def test_a_run_on_two_replicas_doubles_the_global_batch_and_the_learning_rate(tm
 
 def test_resume_on_other_replicas_is_refused_with_the_batch_to_give(tmp_path):
     def plan(global_batch, options_batch=None):
-        return capstone.BudgetPlan(options={"batch_size": options_batch}, global_batch=global_batch, steps_per_epoch=1,
-                                   policy="float32", width=8, epochs=1, initial_epochs=1, warmup_steps=0)
+        return capstone.BudgetPlan(
+            options={"batch_size": options_batch},
+            global_batch=global_batch,
+            steps_per_epoch=1,
+            policy="float32",
+            width=8,
+            epochs=1,
+            initial_epochs=1,
+            warmup_steps=0,
+        )
 
     why = "128 per replica × 2 replicas"
     capstone.check_same_batch(plan(256), 256, why, str(tmp_path))
     capstone.check_same_batch(plan(None, options_batch=256), 256, why, str(tmp_path))  # a plan from before
     for old in (plan(512), plan(None, options_batch=512)):
-        with pytest.raises(capstone.OptionsError, match=r"global batch of 512, and here it would be 256 \(128 per "
-                                                        r"replica × 2 replicas\): resume with --batch-size 512"):
+        with pytest.raises(
+            capstone.OptionsError,
+            match=r"global batch of 512, and here it would be 256 \(128 per "
+            r"replica × 2 replicas\): resume with --batch-size 512",
+        ):
             capstone.check_same_batch(old, 256, why, str(tmp_path))
 
 
-@pytest.mark.parametrize("asked,kind,replicas,steps,expected", [
-    (None, "TPU", 8, 43, 32), (None, "TPU", 1, 351, 32), (None, "TPU", 8, 7, 7), (None, "CPU", 1, 351, 1),
-    (None, "GPU", 1, 351, 1), (None, "multi-GPU", 2, 175, 1), (None, "CPU", 4, 87, 1), (4, "CPU", 1, 351, 4),
-    (1, "TPU", 8, 43, 1),
-])
+@pytest.mark.parametrize(
+    "asked,kind,replicas,steps,expected",
+    [
+        (None, "TPU", 8, 43, 32),
+        (None, "TPU", 1, 351, 32),
+        (None, "TPU", 8, 7, 7),
+        (None, "CPU", 1, 351, 1),
+        (None, "GPU", 1, 351, 1),
+        (None, "multi-GPU", 2, 175, 1),
+        (None, "CPU", 4, 87, 1),
+        (4, "CPU", 1, 351, 4),
+        (1, "TPU", 8, 43, 1),
+    ],
+)
 def test_steps_per_execution_is_several_on_a_tpu_only(asked, kind, replicas, steps, expected):
     n, why = capstone.choose_steps_per_execution(asked, kind, replicas, steps)
     assert n == expected and why
@@ -1757,8 +2123,9 @@ def test_training_pipeline_augments_whole_batches_with_augment_batch(monkeypatch
     assert val_ds.element_spec[0].dtype == tf.float32
 
     calls.clear()  # --no-augment: the images as they are, no augmentation traced
-    plain = capstone.trainer._pipelines(capstone.resolved(capstone.Options(epochs=1, batch_size=64, augment=False)), _splits(),
-                                        batch=64)[0]
+    plain = capstone.trainer._pipelines(
+        capstone.resolved(capstone.Options(epochs=1, batch_size=64, augment=False)), _splits(), batch=64
+    )[0]
     assert calls == [] and plain.element_spec[0].shape.as_list() == [64, 32, 32, 3]
 
 
@@ -1789,8 +2156,13 @@ def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_l
     from course_utils.lessons.cifar10_capstone import experiments as exp
 
     def summary(wall, final=0.5):
-        return {"wall_time_s": wall, "final_eval_s": final, "epochs": 20, "planned_epochs": 20,
-                "initially_planned_epochs": 21}
+        return {
+            "wall_time_s": wall,
+            "final_eval_s": final,
+            "epochs": 20,
+            "planned_epochs": 20,
+            "initially_planned_epochs": 21,
+        }
 
     history = [{"epoch_time_s": 5.0, "elapsed_s": 20.0}, {"epoch_time_s": 5.0, "elapsed_s": 25.0}]
     epoch = exp._longest_epoch(history)
@@ -1798,11 +2170,20 @@ def test_budget_claim_fails_a_run_that_stopped_early_as_well_as_one_that_ended_l
     margin = plan.FINAL_EVAL_MIN_S + plan.FINAL_EVAL_VIEW_S + (plan.FINAL_EVAL_SAFETY - 1) * 0.5
     assert epoch == 5.0 and exp._early_margin(summary(0, 0.5)) == pytest.approx(margin)
     assert exp._early_margin(dict(summary(0, 0.5), tta=True)) == pytest.approx(
-        margin + (capstone.TTA_VIEWS - 1) * capstone.BudgetPlan.FINAL_EVAL_VIEW_S)  # each view's reserve
+        margin + (capstone.TTA_VIEWS - 1) * capstone.BudgetPlan.FINAL_EVAL_VIEW_S
+    )  # each view's reserve
     assert exp._early_margin(dict(summary(0, 0.5), tta=True, tta_views=2)) == pytest.approx(
-        margin + capstone.BudgetPlan.FINAL_EVAL_VIEW_S)  # the views the budget afforded
-    for wall, on_budget in ((120.0, True), (125.0, True), (125.5, False), (115.0, True), (115.0 - margin + 0.01, True),
-                            (114.0 - margin, False), (60.0, False)):
+        margin + capstone.BudgetPlan.FINAL_EVAL_VIEW_S
+    )  # the views the budget afforded
+    for wall, on_budget in (
+        (120.0, True),
+        (125.0, True),
+        (125.5, False),
+        (115.0, True),
+        (115.0 - margin + 0.01, True),
+        (114.0 - margin, False),
+        (60.0, False),
+    ):
         assert exp._ended_on_budget(summary(wall), 120.0, epoch) is on_budget, wall
     text = exp._budget_end("course", summary(100.0), history, 120.0, epoch)
     assert "stopped early: 20 epochs (first plan 21, last 20), 20.0 s of the budget unused" in text
@@ -1880,8 +2261,14 @@ def test_an_epoch_starts_without_waiting_for_the_last_epochs_iterator():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     got = {}
     for setup in ("trainer", "runtime"):
-        out = subprocess.run([sys.executable, "-c", _EPOCH_WAIT_SCRIPT, setup], capture_output=True, text=True,
-                             env=env, timeout=300, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        out = subprocess.run(
+            [sys.executable, "-c", _EPOCH_WAIT_SCRIPT, setup],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         got[setup] = json.loads(out.stdout.strip().splitlines()[-1])
     trainer, runtime_ = got["trainer"], got["runtime"]
@@ -1889,7 +2276,10 @@ def test_an_epoch_starts_without_waiting_for_the_last_epochs_iterator():
     assert max(trainer["waits"][1:]) < 0.2 * epoch and trainer["after_fit"] < 0.2 * epoch, (
         f"the trainer's epochs waited {trainer['waits']} s at their start and fit returned {trainer['after_fit']:.2f} s "
         f"after its last epoch ({epoch:.2f} s per epoch); OneDeviceStrategy + autotuning, for comparison: "
-        f"{runtime_['waits']} s, {runtime_['after_fit']:.2f} s")
+        f"{runtime_['waits']} s, {runtime_['after_fit']:.2f} s"
+    )
     assert trainer["strategy"] == "_DefaultDistributionStrategy", trainer
-    print(f"one core, {epoch:.2f} s per epoch: the trainer waited {max(trainer['waits'][1:]):.2f} s at most; "
-          f"OneDeviceStrategy + autotuning {max(runtime_['waits'][1:]):.2f} s")
+    print(
+        f"one core, {epoch:.2f} s per epoch: the trainer waited {max(trainer['waits'][1:]):.2f} s at most; "
+        f"OneDeviceStrategy + autotuning {max(runtime_['waits'][1:]):.2f} s"
+    )

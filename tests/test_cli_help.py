@@ -15,8 +15,11 @@ import pytest
 from course_utils import __main__ as cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-WORKER_PROGRAMS = ["course_utils.lessons.scaling_out.multiworker", "course_utils.lessons.scaling_out.model_parallel",
-                   "course_utils.lessons.scaling_out.parameter_server"]
+WORKER_PROGRAMS = [
+    "course_utils.lessons.scaling_out.multiworker",
+    "course_utils.lessons.scaling_out.model_parallel",
+    "course_utils.lessons.scaling_out.parameter_server",
+]
 
 
 def _status(func, argv: list[str]) -> int:
@@ -58,22 +61,33 @@ def test_worker_programs_print_their_help(module: str, capsys, monkeypatch) -> N
 def test_a_worker_program_runs_as_main_once(module: str) -> None:
     """``python -m`` imports the lesson's package first: were a worker imported there too, it would run as a second
     copy beside the imported one (runpy's RuntimeWarning), each with its own module state."""
-    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0 and done.stdout.startswith("usage: "), done.stderr[-800:]
 
 
 def test_capstone_entry_point_help_in_a_fresh_process() -> None:
     """What the README runs: `python -m course_utils.capstone --help` (it crashed on '10%' and '5,000')."""
-    done = subprocess.run([sys.executable, "-m", "course_utils.capstone", "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "course_utils.capstone", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-500:]
     assert "--validation-examples" in done.stdout and "10%" in done.stdout and "Traceback" not in done.stderr
 
 
 def test_prove_perturbed_help() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / ".ci" / "prove-perturbed"), "--help"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "prove-perturbed"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.startswith("usage: ")
 
@@ -94,18 +108,29 @@ def test_a_maintainers_command_outside_a_checkout_says_so_in_one_line(command: s
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "course_utils", command, "--help"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "course_utils", command, "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == (f"{command}: a maintainer's command; it runs from a checkout of the course's "
-                                   "repository (in its root folder, beside course_utils/ and devtools/)")
+    assert proc.stderr.strip() == (
+        f"{command}: a maintainer's command; it runs from a checkout of the course's "
+        "repository (in its root folder, beside course_utils/ and devtools/)"
+    )
 
 
-@pytest.mark.parametrize("command, target, argv", [
-    ("doctor", "course_utils.doctor:run_checks", ["--offline"]),
-    ("lint", "devtools.notebooks:list_notebooks", []),
-    ("set-repo", "devtools.notebooks:set_repo", ["someone/fork"]),
-])
+@pytest.mark.parametrize(
+    "command, target, argv",
+    [
+        ("doctor", "course_utils.doctor:run_checks", ["--offline"]),
+        ("lint", "devtools.notebooks:list_notebooks", []),
+        ("set-repo", "devtools.notebooks:set_repo", ["someone/fork"]),
+    ],
+)
 def test_ctrl_c_ends_every_command_with_one_line_and_130(command, target, argv, monkeypatch, capsys) -> None:
     """doctor, lint and set-repo end like prove, capstone, cluster and site (course_utils.commandline.run): Ctrl-C is
     `COMMAND: interrupted` and exit 130, not a traceback and 1."""
@@ -119,8 +144,15 @@ def test_ctrl_c_ends_every_command_with_one_line_and_130(command, target, argv, 
     assert capsys.readouterr().err.strip() == f"{command}: interrupted"
 
 
-@pytest.mark.parametrize("argv", [["prove", "--frobnicate"], ["capstone", "--frobnicate"], ["site", "--out", "x", "--frobnicate"],
-                                  ["prove", "--mode", "quick"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["prove", "--frobnicate"],
+        ["capstone", "--frobnicate"],
+        ["site", "--out", "x", "--frobnicate"],
+        ["prove", "--mode", "quick"],
+    ],
+)
 def test_a_bad_option_is_one_line_and_exit_2(argv, capsys) -> None:
     """prove, capstone and site parse with commandline.ArgumentParser: a bad option is `COMMAND: message`, exit 2,
     not argparse's usage block followed by the message."""

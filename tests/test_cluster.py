@@ -45,7 +45,8 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
 def _task_script(tmp_path, body: str) -> list[str]:
     """A task that writes its pid and a sleeping grandchild's pid, then runs ``body`` (index ``i``)."""
     script = tmp_path / "task.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, subprocess, sys, time
         i = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
         kind = json.loads(os.environ["TF_CONFIG"])["task"]["type"]
@@ -55,7 +56,9 @@ def _task_script(tmp_path, body: str) -> list[str]:
             json.dump([os.getpid(), child.pid], f)
         os.replace(final + ".tmp", final)
         print("task", i, "started", flush=True)
-    """) + textwrap.dedent(body))
+    """)
+        + textwrap.dedent(body)
+    )
     return [sys.executable, str(script)]
 
 
@@ -73,12 +76,15 @@ def _wait_for_pid_files(tmp_path, n: int, timeout: float = 30) -> None:
 
 
 def test_a_worker_that_crashes_on_import_fails_fast_and_stops_the_others(tmp_path):
-    command = _task_script(tmp_path, """
+    command = _task_script(
+        tmp_path,
+        """
         if i == 1:
             time.sleep(0.5)  # let worker 0 start waiting, as it would for a collective
             import no_such_module_for_the_course_test
         time.sleep(120)  # worker 0: waits for its peer forever
-    """)
+    """,
+    )
     start = time.monotonic()
     with pytest.raises(cluster.ClusterError) as info:
         cluster.run_cluster(command, workers=2, timeout=60, log=None)
@@ -152,8 +158,9 @@ def test_tf_config_and_argument_checks():
 
 def test_command_line_exit_codes():
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "course_utils", "cluster", *args], capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "course_utils", "cluster", *args], capture_output=True, text=True, timeout=120
+        )
 
     assert run().returncode == 2  # no program
     ok = run("--workers", "2", "--", sys.executable, "-c", "print('hello')")
@@ -166,12 +173,16 @@ def test_command_line_exit_codes():
     zero = run("--workers", "2", "--timeout", "0", "--", sys.executable, "-c", "pass")
     assert zero.returncode == 2 and "timeout must be a positive" in zero.stderr
     missing = run("--workers", "2", "--", "/no/such/program")
-    assert missing.returncode == 1 and "could not start worker 0" in missing.stderr and "Traceback" not in missing.stderr
+    assert (
+        missing.returncode == 1 and "could not start worker 0" in missing.stderr and "Traceback" not in missing.stderr
+    )
 
 
 def test_parameter_server_layout_ends_when_the_chief_ends(tmp_path):
     """wait_for=("chief",): workers and parameter servers serve until stopped, as in ParameterServerStrategy."""
-    command = _task_script(tmp_path, """
+    command = _task_script(
+        tmp_path,
+        """
         task = json.loads(os.environ["TF_CONFIG"])["task"]
         if task["type"] == "chief":
             import glob
@@ -181,12 +192,16 @@ def test_parameter_server_layout_ends_when_the_chief_ends(tmp_path):
             print("cluster", sorted(json.loads(os.environ["TF_CONFIG"])["cluster"]), flush=True)
             sys.exit(0)
         time.sleep(120)  # a server: never exits by itself
-    """)
+    """,
+    )
     lines = []
-    result = cluster.run_cluster(command, workers=2, ps=1, chief=True, timeout=60, log=lines.append,
-                                 wait_for=("chief",))
+    result = cluster.run_cluster(
+        command, workers=2, ps=1, chief=True, timeout=60, log=lines.append, wait_for=("chief",)
+    )
     assert result.ok() and result.awaited == ("chief 0",)
-    assert result.returncodes["chief 0"] == 0 and all(result.returncodes[n] < 0 for n in ("worker 0", "worker 1", "ps 0"))
+    assert result.returncodes["chief 0"] == 0 and all(
+        result.returncodes[n] < 0 for n in ("worker 0", "worker 1", "ps 0")
+    )
     assert "[chief 0] cluster ['chief', 'ps', 'worker']" in lines
     pids = _pids(tmp_path)
     assert len(pids) == 8 and all(_gone(pid) for pid in pids) and all(_gone(pid) for pid in result.pids.values())
@@ -207,8 +222,13 @@ def test_worker_program_refuses_bad_arguments_in_one_line(tmp_path):
         env.pop("TF_CONFIG", None)
         if tf_config:
             env["TF_CONFIG"] = cluster.tf_config({"worker": ["127.0.0.1:1"]}, "worker", 0)
-        return subprocess.run([sys.executable, "-m", "course_utils.lessons.scaling_out.multiworker", *args], env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "course_utils.lessons.scaling_out.multiworker", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     for bad in (["--steps", "0", "--out", str(tmp_path)], ["--steps", "-3", "--out", str(tmp_path)]):
         result = run(*bad)
@@ -222,9 +242,25 @@ def test_worker_program_refuses_bad_arguments_in_one_line(tmp_path):
 
 def _cli(tmp_path, *args, workers=2):
     command = _task_script(tmp_path, "time.sleep(120)\n")
-    return subprocess.Popen([sys.executable, "-m", "course_utils", "cluster", "--workers", str(workers),
-                             "--timeout", "300", *args, "--", *command], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "course_utils",
+            "cluster",
+            "--workers",
+            str(workers),
+            "--timeout",
+            "300",
+            *args,
+            "--",
+            *command,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "SIGHUP"])
@@ -276,13 +312,22 @@ def test_ctrl_c_while_tasks_start_leaves_none_behind(tmp_path):
     assert all(_gone(pid) for pid in started), started
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"timeout": float("nan")}, "positive, finite"), ({"timeout": float("inf")}, "positive, finite"),
-    ({"timeout": "soon"}, "number of seconds"), ({"workers": 2.5}, "whole number"), ({"workers": "2"}, "whole number"),
-    ({"workers": True}, "whole number"), ({"ps": -1, "workers": 2}, "0 or more"),
-    ({"ports": [0, 5000]}, "port 0"), ({"ports": [70000, 5000]}, "outside 1-65535"),
-    ({"ports": [5000, 5000]}, "more than one task"), ({"ports": [5000.5, 5001]}, "whole numbers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"timeout": float("nan")}, "positive, finite"),
+        ({"timeout": float("inf")}, "positive, finite"),
+        ({"timeout": "soon"}, "number of seconds"),
+        ({"workers": 2.5}, "whole number"),
+        ({"workers": "2"}, "whole number"),
+        ({"workers": True}, "whole number"),
+        ({"ps": -1, "workers": 2}, "0 or more"),
+        ({"ports": [0, 5000]}, "port 0"),
+        ({"ports": [70000, 5000]}, "outside 1-65535"),
+        ({"ports": [5000, 5000]}, "more than one task"),
+        ({"ports": [5000.5, 5001]}, "whole numbers"),
+    ],
+)
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, kwargs, words):
     kwargs = {"workers": 2, **kwargs}
     with pytest.raises(ValueError, match=words):
@@ -291,19 +336,41 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path, kwargs, word
 
 
 def test_timeout_nan_on_the_command_line_is_one_line_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "course_utils", "cluster", "--workers", "2", "--timeout", "nan", "--",
-                           sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_utils",
+            "cluster",
+            "--workers",
+            "2",
+            "--timeout",
+            "nan",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "cluster: timeout must be a positive, finite number of seconds, got nan"], proc.stderr
+        "cluster: timeout must be a positive, finite number of seconds, got nan"
+    ], proc.stderr
 
 
 def test_a_task_that_prints_hundreds_of_mb_keeps_the_launcher_small(tmp_path):
     """200 MB without a newline, then 1,000,000 short lines: the launcher keeps a bounded tail of each."""
-    command = [sys.executable, "-c", "import sys\n"
-               "for _ in range(200): sys.stdout.write('x' * 1_000_000)\n"
-               "print()\n"
-               "for i in range(1_000_000): print('line', i)\n"
-               "print('done')"]
+    command = [
+        sys.executable,
+        "-c",
+        "import sys\n"
+        "for _ in range(200): sys.stdout.write('x' * 1_000_000)\n"
+        "print()\n"
+        "for i in range(1_000_000): print('line', i)\n"
+        "print('done')",
+    ]
     before = psutil.Process().memory_info().rss
     result = cluster.run_cluster(command, workers=1, timeout=120, log=None)
     grew_mib = (psutil.Process().memory_info().rss - before) / 2**20
@@ -364,13 +431,16 @@ def test_stop_on_failure_false_leaves_the_others_running_and_says_when_each_ende
     """Lesson 08's fault demos: a dead task must not stop its peers when what they do next is the point. Worker 1 fails
     at once; worker 0 runs on, notices (here: after a sleep) and fails too; both ends are reported, in order, with
     when each happened. By default worker 0 is stopped at once."""
-    command = _task_script(tmp_path, """
+    command = _task_script(
+        tmp_path,
+        """
         if i == 1:
             sys.exit(5)  # dies first
         time.sleep(2.0)
         print("worker 0 noticed", flush=True)
         sys.exit(3)
-    """)
+    """,
+    )
     with pytest.raises(cluster.ClusterError) as info:
         cluster.run_cluster(command, workers=2, timeout=60, log=None, stop_on_failure=False)
     result = info.value.result
@@ -393,16 +463,20 @@ def test_stop_on_failure_false_leaves_the_others_running_and_says_when_each_ende
 def test_stop_on_failure_false_with_a_chief_reports_only_the_chief(tmp_path):
     """A parameter-server layout that loses a worker on purpose: the run is the chief's; the dead worker shows in
     the result (its code, when it ended), not as a failure."""
-    command = _task_script(tmp_path, """
+    command = _task_script(
+        tmp_path,
+        """
         if kind == "worker" and i == 1:
             os.kill(os.getpid(), 9)
         if kind == "chief":
             time.sleep(1.5)
             sys.exit(0)
         time.sleep(120)  # a server
-    """)
-    result = cluster.run_cluster(command, workers=2, ps=1, chief=True, timeout=60, log=None, wait_for=("chief",),
-                                 stop_on_failure=False)
+    """,
+    )
+    result = cluster.run_cluster(
+        command, workers=2, ps=1, chief=True, timeout=60, log=None, wait_for=("chief",), stop_on_failure=False
+    )
     assert result.ok() and result.returncodes["worker 1"] == -9 and result.returncodes["chief 0"] == 0
     assert "worker 1" in result.ended and result.ended["chief 0"] > result.ended["worker 1"]
     assert all(_gone(pid) for pid in _pids(tmp_path)) and all(_gone(pid) for pid in result.pids.values())
@@ -413,10 +487,12 @@ def test_quiet_launch_drops_grpc_details_after_tensorflow_lines():
     them with the line they belong to, and keeps the program's own lines."""
     shown = []
     show = cluster._without_tf_noise(shown.append)
-    for line in ["[chief 0] E0000 00:00:1.1 1 context.cc:908] Failed to remove function remotely due to ...",
-                 "[chief 0] Additional GRPC error information from remote target /job:worker/replica:0/task:1 while",
-                 "[chief 0] :UNKNOWN:Error received from peer  {grpc_status:14}",
-                 "[chief 0] This could happen if the remote target has been disconnected from the client.",
-                 "[chief 0] chief: 16/16 steps returned"]:
+    for line in [
+        "[chief 0] E0000 00:00:1.1 1 context.cc:908] Failed to remove function remotely due to ...",
+        "[chief 0] Additional GRPC error information from remote target /job:worker/replica:0/task:1 while",
+        "[chief 0] :UNKNOWN:Error received from peer  {grpc_status:14}",
+        "[chief 0] This could happen if the remote target has been disconnected from the client.",
+        "[chief 0] chief: 16/16 steps returned",
+    ]:
         show(line)
     assert shown == ["[chief 0] chief: 16/16 steps returned"]

@@ -17,8 +17,16 @@ def test_smoke_mode_is_small_and_offline_and_says_so():
     assert cfg.sizes == config.SMOKE_SIZES and cfg.data == "synthetic"
     assert "smoke mode uses offline data" in cfg.data_reason
     # every size that drives run time is smaller in smoke mode
-    for field in ("per_replica_batch", "train_examples", "test_examples", "model_width", "matmul_size", "timing_repeats",
-                  "capstone_budget_s", "capstone_ablations"):
+    for field in (
+        "per_replica_batch",
+        "train_examples",
+        "test_examples",
+        "model_width",
+        "matmul_size",
+        "timing_repeats",
+        "capstone_budget_s",
+        "capstone_ablations",
+    ):
         assert getattr(config.SMOKE_SIZES, field) < getattr(config.FULL_SIZES, field), field
 
 

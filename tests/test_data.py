@@ -132,8 +132,12 @@ def _member_bytes(array) -> bytes:
 
 
 def _good_arrays(n_train=4, n_test=2):
-    return dict(x_train=np.zeros((n_train, 32, 32, 3), np.uint8), y_train=np.zeros(n_train, np.int64),
-                x_test=np.zeros((n_test, 32, 32, 3), np.uint8), y_test=np.zeros(n_test, np.int64))
+    return dict(
+        x_train=np.zeros((n_train, 32, 32, 3), np.uint8),
+        y_train=np.zeros(n_train, np.int64),
+        x_test=np.zeros((n_test, 32, 32, 3), np.uint8),
+        y_test=np.zeros(n_test, np.int64),
+    )
 
 
 def _defective_npz_files(tmp_path):
@@ -191,20 +195,24 @@ def _defective_npz_files(tmp_path):
     huge = bytearray(_member_bytes(good["x_train"]))
     declared = b"(4, 32, 32, 3)"
     at = huge.index(declared)
-    huge[at:at + len(declared) + 10] = b"(9999999, 32, 32, 3), }   "[:len(declared) + 10]  # same header length
+    huge[at : at + len(declared) + 10] = b"(9999999, 32, 32, 3), }   "[: len(declared) + 10]  # same header length
     with zipfile.ZipFile(tmp_path / "huge.npz", "w") as z:
         for k, v in good.items():
             z.writestr(k + ".npy", bytes(huge) if k == "x_train" else _member_bytes(v))
-    cases["huge declared shape"] = (str(tmp_path / "huge.npz"), ["x_train declares shape (9999999, 32, 32, 3)",
-                                                                 "200,000"])
+    cases["huge declared shape"] = (
+        str(tmp_path / "huge.npz"),
+        ["x_train declares shape (9999999, 32, 32, 3)", "200,000"],
+    )
     short = bytearray(_member_bytes(good["x_test"]))
     at = short.index(b"(2, 32, 32, 3)")
-    short[at:at + 14] = b"(3, 32, 32, 3)"  # declares one image more than it holds
+    short[at : at + 14] = b"(3, 32, 32, 3)"  # declares one image more than it holds
     with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
         for k, v in good.items():
             z.writestr(k + ".npy", bytes(short) if k == "x_test" else _member_bytes(v))
-    cases["declared more than held"] = (str(tmp_path / "short.npz"), ["x_test declares shape (3, 32, 32, 3)",
-                                                                      "holds 6,144"])
+    cases["declared more than held"] = (
+        str(tmp_path / "short.npz"),
+        ["x_test declares shape (3, 32, 32, 3)", "holds 6,144"],
+    )
     return cases
 
 
@@ -232,7 +240,9 @@ def test_each_npz_defect_is_one_clear_data_source_error(tmp_path):
         with pytest.raises(data.DataSourceError) as info:
             data.read_npz(path)
         message = str(info.value)
-        assert info.value.__cause__ is None and (info.value.__suppress_context__ or info.value.__context__ is None), defect
+        assert info.value.__cause__ is None and (info.value.__suppress_context__ or info.value.__context__ is None), (
+            defect
+        )
         for w in words:
             assert w in message, (defect, w, message)
         assert "\n" not in message, (defect, message)  # one line
@@ -267,8 +277,22 @@ def test_a_named_pipe_is_refused_at_once_not_waited_on(tmp_path):
     with pytest.raises(data.DataSourceError, match="is a named pipe"):
         data.read_npz(str(fifo))
     # where a learner meets it: the trainer's command line, a fresh process
-    proc = subprocess.run([sys.executable, "-m", "course_utils.capstone", "--data", f"npz:{fifo}", "--epochs", "1",
-                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_utils.capstone",
+            "--data",
+            f"npz:{fifo}",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "is a named pipe (FIFO), not a regular file" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -358,8 +382,7 @@ def test_write_npz_converts_whole_number_images_exactly_and_refuses_the_rest(tmp
         with pytest.raises(data.DataSourceError, match=None) as info:
             data.write_npz(str(tmp_path / "bad.npz"), (x, ytr), (xte, yte))
         assert words in str(info.value), (what, str(info.value))
-    for labels, words in ((ytr + 0.5, "y_train has dtype float64"), (np.eye(10)[ytr], "one-hot"),
-                          (ytr + 10, "0-9")):
+    for labels, words in ((ytr + 0.5, "y_train has dtype float64"), (np.eye(10)[ytr], "one-hot"), (ytr + 10, "0-9")):
         with pytest.raises(data.DataSourceError) as info:
             data.write_npz(str(tmp_path / "bad.npz"), (xtr, labels), (xte, yte))
         assert words in str(info.value), (words, str(info.value))
@@ -390,9 +413,18 @@ def test_offline_full_mode_fails_fast_with_what_to_set(tmp_path, monkeypatch):
     assert not calls
     message = str(info.value)
     assert info.value.__cause__ is None and "\n" not in message
-    assert message.startswith("No internet connection") and "nonexistent.invalid: cannot look up the host name" in message
-    for words in ("COURSE_DATA=npz:", "COURSE_SMOKE=1", "BEFORE the setup cell", "restart the kernel",
-                  "write_npz", "~/tensorflow_datasets/cifar10", f"{tmp_path}/cifar10"):
+    assert (
+        message.startswith("No internet connection") and "nonexistent.invalid: cannot look up the host name" in message
+    )
+    for words in (
+        "COURSE_DATA=npz:",
+        "COURSE_SMOKE=1",
+        "BEFORE the setup cell",
+        "restart the kernel",
+        "write_npz",
+        "~/tensorflow_datasets/cifar10",
+        f"{tmp_path}/cifar10",
+    ):
         assert words in message, words
 
 
@@ -451,7 +483,8 @@ def _broken_tfds_package(root):
         "raise VersionError('Detected incompatible Protobuf Gencode/Runtime versions when loading "
         "tensorflow_metadata/proto/v0/schema.proto: gencode 6.31.1 runtime 5.29.5. Runtime version cannot be older "
         "than the linked gencode version. See Protobuf version guarantees at "
-        "https://protobuf.dev/support/cross-version-runtime-guarantee.')\n")
+        "https://protobuf.dev/support/cross-version-runtime-guarantee.')\n"
+    )
     return root
 
 
@@ -465,11 +498,13 @@ def _swallowing_tfds_package(root):
         "    from tensorflow_datasets.public_api import *  # noqa\n"
         "except Exception:\n"
         "    from absl import logging\n"
-        "    logging.exception('tfds failed to import')\n")
+        "    logging.exception('tfds failed to import')\n"
+    )
     (package / "public_api.py").write_text(
         "from google.protobuf.runtime_version import VersionError\n"
         "raise VersionError('Detected incompatible Protobuf Gencode/Runtime versions when loading "
-        "tensorflow_metadata/proto/v0/anomalies.proto: gencode 6.31.1 runtime 5.29.6.')\n")
+        "tensorflow_metadata/proto/v0/anomalies.proto: gencode 6.31.1 runtime 5.29.6.')\n"
+    )
     return root
 
 
@@ -484,7 +519,9 @@ def test_a_tfds_that_fails_to_import_is_one_line_with_the_fix(tmp_path, monkeypa
         data.load_cifar10("tfds", n_train=4, n_test=4, try_gcs=False, verbose=False)
     message = str(info.value)
     assert "\n" not in message and info.value.__cause__ is None
-    assert "tensorflow-datasets is installed but fails to import (VersionError: Detected incompatible Protobuf" in message
+    assert (
+        "tensorflow-datasets is installed but fails to import (VersionError: Detected incompatible Protobuf" in message
+    )
     for words in ("pip install -U protobuf", "restart", "COURSE_DATA=npz:", "COURSE_SMOKE=1"):
         assert words in message, words
     assert "Traceback" not in capfd.readouterr().err  # tfds' own logged traceback is kept quiet

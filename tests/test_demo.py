@@ -20,7 +20,9 @@ def test_expected_error_is_printed_with_its_line_and_swallowed(capsys) -> None:
     assert isinstance(caught.error, json.JSONDecodeError)
     first, cell_line, library_line = out.strip().splitlines()
     assert first.startswith("✋ Failed as expected — JSONDecodeError: Expecting property name")
-    assert "this cell's line" in cell_line and cell_line.endswith('json.loads("{,}")  # raises inside the standard library')
+    assert "this cell's line" in cell_line and cell_line.endswith(
+        'json.loads("{,}")  # raises inside the standard library'
+    )
     assert library_line.startswith("   inside json/decoder.py, line ") and library_line.endswith("in raw_decode")
 
 
@@ -31,8 +33,9 @@ def test_a_demo_that_no_longer_fails_fails_its_cell() -> None:
 
 
 def test_another_exception_is_not_swallowed() -> None:
-    with pytest.raises(DemoDidNotFail, match=r"expected KeyError or IndexError, got ZeroDivisionError: division by zero"
-                       ) as info:
+    with pytest.raises(
+        DemoDidNotFail, match=r"expected KeyError or IndexError, got ZeroDivisionError: division by zero"
+    ) as info:
         with expect_failure(KeyError, IndexError):
             1 / 0  # noqa: B018
     assert isinstance(info.value.__cause__, ZeroDivisionError)
@@ -93,12 +96,15 @@ def test_tensorflow_errors_are_named_as_learners_write_them(capsys) -> None:
     assert "tf.errors.InvalidArgumentError: " in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("path, short", [
-    ("/work/venv/lib/python3.11/site-packages/keras/src/layers/layer.py", "keras/src/layers/layer.py"),
-    ("/usr/lib/python3.13/json/decoder.py", "json/decoder.py"),
-    ("/home/me/course/course_utils/data.py", "course_utils/data.py"),
-    ("/tmp/ipykernel_12/3456.py", "3456.py"),
-])
+@pytest.mark.parametrize(
+    "path, short",
+    [
+        ("/work/venv/lib/python3.11/site-packages/keras/src/layers/layer.py", "keras/src/layers/layer.py"),
+        ("/usr/lib/python3.13/json/decoder.py", "json/decoder.py"),
+        ("/home/me/course/course_utils/data.py", "course_utils/data.py"),
+        ("/tmp/ipykernel_12/3456.py", "3456.py"),
+    ],
+)
 def test_paths_are_shortened(path: str, short: str) -> None:
     assert short_path(path) == short
 
@@ -106,9 +112,12 @@ def test_paths_are_shortened(path: str, short: str) -> None:
 def test_run_all_goes_on_in_a_fresh_interpreter(tmp_path) -> None:
     """The cells after a failure on purpose run: a script stands for Run all (any uncaught raise stops it)."""
     script = tmp_path / "lesson.py"
-    script.write_text("import os\nfrom course_utils.demo import expect_failure\n"
-                      "with expect_failure(KeyError):\n    os.environ['COURSE_NOT_SET_ANYWHERE']\n"
-                      "print('the next cell ran')\n", encoding="utf-8")
+    script.write_text(
+        "import os\nfrom course_utils.demo import expect_failure\n"
+        "with expect_failure(KeyError):\n    os.environ['COURSE_NOT_SET_ANYWHERE']\n"
+        "print('the next cell ran')\n",
+        encoding="utf-8",
+    )
     env = {**os.environ}
     env.pop("COURSE_NOT_SET_ANYWHERE", None)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)

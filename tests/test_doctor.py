@@ -15,8 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(autouse=True)
 def no_network_and_no_tpu(monkeypatch):
-    monkeypatch.setattr(doctor, "_dataset_reachable",
-                        lambda timeout=3.0, progress=None: (False, "storage.googleapis.com: timeout"))
+    monkeypatch.setattr(
+        doctor, "_dataset_reachable", lambda timeout=3.0, progress=None: (False, "storage.googleapis.com: timeout")
+    )
     monkeypatch.setattr(doctor, "tpu_hints", lambda: [])
     monkeypatch.setattr(doctor, "_tfds_has_cifar10", lambda: None)
     for var in ("COURSE_DATA", "COURSE_CPU_REPLICAS", "COURSE_DEVICE", "COURSE_OFFLINE"):
@@ -50,12 +51,16 @@ def test_unreachable_dataset_is_no_warning_where_the_data_is_not_downloaded(monk
     monkeypatch.setenv("COURSE_DATA", "synthetic")
     assert doctor.main([]) == 0
     out = capsys.readouterr().out
-    assert "✔ Dataset: CIFAR-10 source not reachable (storage.googleapis.com: timeout); not needed with " \
-           "data=synthetic" in out
+    assert (
+        "✔ Dataset: CIFAR-10 source not reachable (storage.googleapis.com: timeout); not needed with "
+        "data=synthetic" in out
+    )
 
 
 def test_reachable_dataset_is_fine(monkeypatch, capsys):
-    monkeypatch.setattr(doctor, "_dataset_reachable", lambda timeout=3.0, progress=None: (True, "storage.googleapis.com"))
+    monkeypatch.setattr(
+        doctor, "_dataset_reachable", lambda timeout=3.0, progress=None: (True, "storage.googleapis.com")
+    )
     assert doctor.main([]) == 0
     assert "✔ Dataset: CIFAR-10 source reachable (storage.googleapis.com)" in capsys.readouterr().out
 
@@ -131,8 +136,13 @@ def test_command_line_entry_point_exits_zero_here_in_ascii_and_shows_the_xla_set
 # -- issue 9 §2: the safety net must not fall ------------------------------------------------------
 
 BAD_SETTINGS = [
-    ("COURSE_SMOKE", "maybe"), ("COURSE_CPU_REPLICAS", "abc"), ("COURSE_CPU_REPLICAS", "0"),
-    ("COURSE_CPU_REPLICAS", "1000"), ("COURSE_DEVICE", "typo"), ("COURSE_DATA", "bogus"), ("COURSE_DATA", "npz:"),
+    ("COURSE_SMOKE", "maybe"),
+    ("COURSE_CPU_REPLICAS", "abc"),
+    ("COURSE_CPU_REPLICAS", "0"),
+    ("COURSE_CPU_REPLICAS", "1000"),
+    ("COURSE_DEVICE", "typo"),
+    ("COURSE_DATA", "bogus"),
+    ("COURSE_DATA", "npz:"),
     ("COURSE_JIT", "perhaps"),
 ]
 
@@ -142,8 +152,13 @@ def _doctor(env_updates: dict, *args: str, encoding: str | None = None) -> subpr
     env.update(env_updates, TF_CPP_MIN_LOG_LEVEL="3")
     if encoding:
         env["PYTHONIOENCODING"] = encoding
-    return subprocess.run([sys.executable, "-m", "course_utils", "doctor", "--offline", *args],
-                          cwd=ROOT, env=env, capture_output=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "doctor", "--offline", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 # every bad setting in this process (the doctor reads every setting the same way); the class in a fresh process, where
@@ -174,8 +189,9 @@ def test_each_kind_of_bad_setting_is_one_clear_problem_in_a_fresh_process(name, 
 
 def test_help_is_not_an_unknown_option():
     for flag in ("-h", "--help"):
-        proc = subprocess.run([sys.executable, "-m", "course_utils", "doctor", flag], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "course_utils", "doctor", flag], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 0 and "--offline" in proc.stdout and "unknown" not in proc.stderr
 
 
@@ -184,8 +200,12 @@ def _npz_cases(tmp_path):
 
     import numpy as np
 
-    good = dict(x_train=np.zeros((4, 32, 32, 3), "uint8"), y_train=np.zeros(4, "int64"),
-                x_test=np.zeros((2, 32, 32, 3), "uint8"), y_test=np.zeros(2, "int64"))
+    good = dict(
+        x_train=np.zeros((4, 32, 32, 3), "uint8"),
+        y_train=np.zeros(4, "int64"),
+        x_test=np.zeros((2, 32, 32, 3), "uint8"),
+        y_test=np.zeros(2, "int64"),
+    )
     cases = {}
     (tmp_path / "random.npz").write_bytes(os.urandom(2048))
     cases["random bytes"] = (tmp_path / "random.npz", "not a readable .npz")
@@ -204,6 +224,7 @@ def _npz_cases(tmp_path):
     with zipfile.ZipFile(tmp_path / "crc.npz", "w", zipfile.ZIP_STORED) as z:
         for k, v in good.items():
             import io
+
             buf = io.BytesIO()
             np.save(buf, v)
             z.writestr(k + ".npy", buf.getvalue())
@@ -226,8 +247,13 @@ def test_each_npz_defect_is_named(tmp_path):
         assert "allow_pickle" not in problem and "\n" not in problem, (what, problem)
     np = pytest.importorskip("numpy")
     ok = tmp_path / "ok.npz"
-    np.savez(ok, x_train=np.zeros((4, 32, 32, 3), "uint8"), y_train=np.zeros(4, "int64"),
-             x_test=np.zeros((2, 32, 32, 3), "uint8"), y_test=np.zeros(2, "int64"))
+    np.savez(
+        ok,
+        x_train=np.zeros((4, 32, 32, 3), "uint8"),
+        y_train=np.zeros(4, "int64"),
+        x_test=np.zeros((2, 32, 32, 3), "uint8"),
+        y_test=np.zeros(2, "int64"),
+    )
     assert doctor._npz_problem(str(ok)) is None
 
 
@@ -283,8 +309,10 @@ def test_a_module_that_fails_to_import_is_a_finding_not_a_crash(monkeypatch):
 
     def version_of(module):
         if module == "tensorflow_datasets":
-            raise VersionError("Detected incompatible Protobuf Gencode/Runtime versions when loading "
-                               "tensorflow_metadata/proto/v0/schema.proto: gencode 6.31.1 runtime 5.29.5.")
+            raise VersionError(
+                "Detected incompatible Protobuf Gencode/Runtime versions when loading "
+                "tensorflow_metadata/proto/v0/schema.proto: gencode 6.31.1 runtime 5.29.5."
+            )
         return doctor._version_of(module)
 
     findings = {f.name: f for f in doctor.run_checks(network=False, version_of=version_of)}
@@ -316,17 +344,20 @@ def test_a_tfds_that_fails_to_import_in_a_fresh_process(tmp_path, swallows):
         "from google.protobuf.runtime_version import VersionError\n"
         "raise VersionError('Detected incompatible Protobuf Gencode/Runtime versions when loading "
         "tensorflow_metadata/proto/v0/schema.proto: gencode 6.31.1 runtime 5.29.5. Runtime version cannot be older "
-        "than the linked gencode version.')\n")
+        "than the linked gencode version.')\n"
+    )
     if swallows:
         (package / "__init__.py").write_text(
             "try:\n    from tensorflow_datasets.public_api import *  # noqa\n"
-            "except Exception:\n    from absl import logging\n    logging.exception('tfds failed to import')\n")
+            "except Exception:\n    from absl import logging\n    logging.exception('tfds failed to import')\n"
+        )
     proc = _doctor({"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     out, err = proc.stdout.decode(), proc.stderr.decode()
     assert "Traceback" not in out + err and proc.returncode == 0, out + err  # a warning: lessons 01-03 still run
     line = next(line for line in out.splitlines() if "tensorflow-datasets:" in line)
-    assert line.strip().startswith("! tensorflow-datasets: installed but fails to import (VersionError: Detected "
-                                   "incompatible Protobuf")
+    assert line.strip().startswith(
+        "! tensorflow-datasets: installed but fails to import (VersionError: Detected incompatible Protobuf"
+    )
     assert "pip install -U protobuf" in out  # and no version claimed: the line starts with "installed but fails"
 
 
@@ -349,9 +380,11 @@ def test_a_tensorflow_import_that_kills_the_process_is_one_line_in_a_fresh_proce
     assert "Traceback" not in out + err
     problems = [line.strip() for line in out.splitlines() if line.strip().startswith("✘")]
     assert len(problems) == 1, out
-    assert problems[0].startswith("✘ TensorFlow: importing TensorFlow killed the process (SIGILL: illegal instruction) "
-                                  "— this CPU lacks instructions TensorFlow's wheel needs (AVX); use Colab or a newer "
-                                  "machine"), problems[0]
+    assert problems[0].startswith(
+        "✘ TensorFlow: importing TensorFlow killed the process (SIGILL: illegal instruction) "
+        "— this CPU lacks instructions TensorFlow's wheel needs (AVX); use Colab or a newer "
+        "machine"
+    ), problems[0]
     assert "Result: cannot run the course yet — 1 problem(s): TensorFlow: importing TensorFlow killed" in out
     assert "Accelerator:" not in out  # nothing else tried to import it (which would have killed the doctor)
 
@@ -381,10 +414,14 @@ def test_the_module_entry_point_reads_its_own_arguments():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "course_utils.doctor", "--bogus"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "course_utils.doctor", "--bogus"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
-    assert proc.stderr.strip() == "doctor: unknown option(s) --bogus; usage: python -m course_utils doctor [--offline] [-h]"
+    assert (
+        proc.stderr.strip()
+        == "doctor: unknown option(s) --bogus; usage: python -m course_utils doctor [--offline] [-h]"
+    )
 
 
 def test_a_reader_that_goes_away_ends_the_doctor_quietly():
@@ -394,8 +431,12 @@ def test_a_reader_that_goes_away_ends_the_doctor_quietly():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "course_utils", "doctor", "--offline"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "course_utils", "doctor", "--offline"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = proc.stdout.readline()
     proc.stdout.close()
     _, err = proc.communicate(timeout=300)

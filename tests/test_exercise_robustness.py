@@ -171,8 +171,8 @@ MALFORMED = [
     ("hostile-object", _HostileObject, False),
     ("bad-repr-float", lambda: _BadFloat(2.5), False),
     ("a-class", lambda: int, False),
-    ("fn-no-args", lambda: (lambda: 1), False),
-    ("fn-seven-args", lambda: (lambda a, b, c, d, e, f, g: 1), False),
+    ("fn-no-args", lambda: lambda: 1, False),
+    ("fn-seven-args", lambda: lambda a, b, c, d, e, f, g: 1, False),
     ("fn-keyword-only", lambda: _kw_only, False),
     ("fn-raises-ansi", lambda: _raises_ansi, False),
     ("fn-sys-exit", lambda: _exits, False),
@@ -206,8 +206,9 @@ def _params(known: dict, verb: str):
             key = (bank, name, case_id)
             marks = ()
             if key in known:
-                marks = (pytest.mark.xfail(reason=f"bank {bank!r}, exercise {name!r} {verb}: {known[key]}",
-                                           strict=False),)
+                marks = (
+                    pytest.mark.xfail(reason=f"bank {bank!r}, exercise {name!r} {verb}: {known[key]}", strict=False),
+                )
             params.append(pytest.param(bank, name, make, hangs, marks=marks, id=f"{bank}.{name}-{case_id}"))
     return params
 
@@ -224,8 +225,11 @@ def context():
 
     from course_utils.lessons.cifar10_capstone import exercises as capstone_bank
 
-    return {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0"), "start": capstone_bank.example_start(),
-            "target": capstone_bank.EXAMPLE_TARGET}
+    return {
+        "strategy": tf.distribute.OneDeviceStrategy("/cpu:0"),
+        "start": capstone_bank.example_start(),
+        "target": capstone_bank.EXAMPLE_TARGET,
+    }
 
 
 _RESULTS: dict = {}

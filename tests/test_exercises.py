@@ -31,8 +31,11 @@ def context():
 
     from course_utils.lessons.cifar10_capstone import exercises as capstone_bank
 
-    return {"strategy": tf.distribute.OneDeviceStrategy("/cpu:0"), "start": capstone_bank.example_start(),
-            "target": capstone_bank.EXAMPLE_TARGET}
+    return {
+        "strategy": tf.distribute.OneDeviceStrategy("/cpu:0"),
+        "start": capstone_bank.example_start(),
+        "target": capstone_bank.EXAMPLE_TARGET,
+    }
 
 
 def _ctx(ex, context):
@@ -124,10 +127,12 @@ STUBS = [
     ("not-implemented", _not_implemented, "NotImplementedError"),
 ]
 # Function stubs only make sense where the answer is a function.
-STUB_CASES = [(ex, stub, words) for _, ex in ALL for _, stub, words in STUBS
-              if not callable(stub) or callable(ex.reference())]
-STUB_IDS = [f"{ex.name}-{label}" for _, ex in ALL for label, stub, _ in STUBS
-            if not callable(stub) or callable(ex.reference())]
+STUB_CASES = [
+    (ex, stub, words) for _, ex in ALL for _, stub, words in STUBS if not callable(stub) or callable(ex.reference())
+]
+STUB_IDS = [
+    f"{ex.name}-{label}" for _, ex in ALL for label, stub, _ in STUBS if not callable(stub) or callable(ex.reference())
+]
 FUNCTION_EXERCISES = [ex for _, ex in ALL if callable(ex.reference())]
 
 
@@ -157,8 +162,9 @@ def test_learner_exception_is_a_one_line_error(ex, context):
     assert repr(result).startswith("⚠️ Error — ")
 
 
-@pytest.mark.parametrize("bank, ex", [(b, e) for b, e in ALL if e.needs],
-                         ids=[i for i, (_, e) in zip(IDS, ALL) if e.needs])
+@pytest.mark.parametrize(
+    "bank, ex", [(b, e) for b, e in ALL if e.needs], ids=[i for i, (_, e) in zip(IDS, ALL) if e.needs]
+)
 def test_missing_context_is_an_error_with_the_call(bank, ex):
     result = ex.check(ex.reference())
     assert result.status == "error", result
@@ -172,10 +178,28 @@ def test_missing_context_is_an_error_with_the_call(bank, ex):
 @pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
 @pytest.mark.parametrize(
     "junk",
-    [object(), "a string", lambda: 1, lambda *a, **k: object(), 3.5, [1, 2], type,
-     lambda *a: __import__("numpy").array([1, 2]), lambda *a: __import__("tensorflow").constant(256)],
-    ids=["object", "str", "no-args-lambda", "returns-object", "float", "list", "type", "returns-array",
-         "returns-tensor"],
+    [
+        object(),
+        "a string",
+        lambda: 1,
+        lambda *a, **k: object(),
+        3.5,
+        [1, 2],
+        type,
+        lambda *a: __import__("numpy").array([1, 2]),
+        lambda *a: __import__("tensorflow").constant(256),
+    ],
+    ids=[
+        "object",
+        "str",
+        "no-args-lambda",
+        "returns-object",
+        "float",
+        "list",
+        "type",
+        "returns-array",
+        "returns-tensor",
+    ],
 )
 def test_check_never_raises_on_junk(bank, ex, junk, context):
     result = ex.check(junk, **_ctx(ex, context))
@@ -251,8 +275,14 @@ def test_load_takes_a_lesson_and_says_how_in_one_line_otherwise(wrong):
 
 
 def test_load_takes_the_lesson_its_exercises_module_or_its_bank_and_gives_fresh_hint_counters():
-    banks = [exercises.load(x) for x in (lessons.tpu_initialization, lessons.tpu_initialization.exercises,
-                                         lessons.tpu_initialization.exercises.EXERCISES)]
+    banks = [
+        exercises.load(x)
+        for x in (
+            lessons.tpu_initialization,
+            lessons.tpu_initialization.exercises,
+            lessons.tpu_initialization.exercises.EXERCISES,
+        )
+    ]
     assert [[e.name for e in bank] for bank in banks] == [[e.name for e in banks[0]]] * 3
     assert banks[0].global_batch_size is not banks[1].global_batch_size
 
@@ -277,8 +307,15 @@ def test_a_bank_rejects_duplicate_or_invalid_exercise_names():
 def _toy(checker, needs=()):
     """An unregistered exercise around ``checker`` (registering it would add it to every bank test)."""
     return exercises.Exercise(
-        name="toy", question="?", checker=checker, answer_name="fn", hints=("h",), solution_code="fn = 1",
-        stub="fn = ...", reference=lambda: 1, needs=needs,
+        name="toy",
+        question="?",
+        checker=checker,
+        answer_name="fn",
+        hints=("h",),
+        solution_code="fn = 1",
+        stub="fn = ...",
+        reference=lambda: 1,
+        needs=needs,
     )
 
 
@@ -308,8 +345,11 @@ def test_answer_may_be_a_keyword(context):
     assert ex.replicas_on_v5e.check().status == "unanswered"
 
 
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), BaseException("odd"), GeneratorExit()],
-                         ids=["SystemExit", "KeyboardInterrupt", "BaseException", "GeneratorExit"])
+@pytest.mark.parametrize(
+    "exc",
+    [SystemExit(3), KeyboardInterrupt(), BaseException("odd"), GeneratorExit()],
+    ids=["SystemExit", "KeyboardInterrupt", "BaseException", "GeneratorExit"],
+)
 def test_base_exceptions_from_learner_code_do_not_escape(exc):
     def learner():
         raise exc
@@ -423,8 +463,19 @@ def _blocking_answers():
             except BaseException:  # noqa: BLE001
                 pass
 
-    return {f.__name__: f for f in (event_wait, queue_get, thread_join, run_a_program, read_a_pipe, accept,
-                                    swallow_everything, swallow_nested_while_waiting)}
+    return {
+        f.__name__: f
+        for f in (
+            event_wait,
+            queue_get,
+            thread_join,
+            run_a_program,
+            read_a_pipe,
+            accept,
+            swallow_everything,
+            swallow_nested_while_waiting,
+        )
+    }
 
 
 @pytest.mark.parametrize("name", list(_blocking_answers()))
@@ -539,8 +590,9 @@ def test_time_bound_keeps_an_outer_timer():
         signal.signal(signal.SIGALRM, old)
 
 
-@pytest.mark.parametrize("raw, expected", [("2.5", 2.5), ("0", 0.0), ("off", 0.0), ("junk", None), ("-3", None),
-                                           ("nan", None), ("", None)])
+@pytest.mark.parametrize(
+    "raw, expected", [("2.5", 2.5), ("0", 0.0), ("off", 0.0), ("junk", None), ("-3", None), ("nan", None), ("", None)]
+)
 def test_timeout_setting(raw, expected, monkeypatch):
     monkeypatch.setenv("COURSE_CHECK_TIMEOUT", raw)
     assert exercises.check_timeout_s() == (exercises.CHECK_TIMEOUT_S if expected is None else expected)
@@ -619,8 +671,20 @@ def _self_ref():
         (lambda: (1,), "tuple (1,)"),
         (lambda: __import__("numpy").float32(2.0), "numpy.float32 2.0"),
     ],
-    ids=["int-400", "int-5000", "deep-list", "self-list", "bad-repr", "mixed-list", "5M-list", "dict", "long-str",
-         "bytes", "tuple-1", "numpy-scalar"],
+    ids=[
+        "int-400",
+        "int-5000",
+        "deep-list",
+        "self-list",
+        "bad-repr",
+        "mixed-list",
+        "5M-list",
+        "dict",
+        "long-str",
+        "bytes",
+        "tuple-1",
+        "numpy-scalar",
+    ],
 )
 def test_describe_never_fails_and_is_fast(make, words):
     value = make()
@@ -641,7 +705,9 @@ def test_describe_survives_hostile_objects():
 
 def test_messages_are_one_line_without_terminal_codes():
     def learner():
-        raise ValueError("\x1b[1m\x1b[31mInvalid dtype\x1b[0m:\n  expected \x1b]8;;http://x\x07link\x1b]8;;\x07 float32\r\n")
+        raise ValueError(
+            "\x1b[1m\x1b[31mInvalid dtype\x1b[0m:\n  expected \x1b]8;;http://x\x07link\x1b]8;;\x07 float32\r\n"
+        )
 
     result = _toy(_calls).check(learner)
     assert result.status == "error", result
@@ -664,9 +730,15 @@ def test_require_number():
     assert exercises.require_number(tf.constant(1.5, tf.bfloat16)) == 1.5
     assert exercises.require_number(tf.constant(1.5, tf.float16)) == 1.5
     assert exercises.require_number(ml_dtypes.bfloat16(0.5)) == 0.5
-    for junk, words in [(True, "True/False"), ("1", "quotes"), (b"1", "quotes"), (10**400, "far too large"),
-                        (np.array([1.0, 2.0]), "a single number"), (tf.constant("x"), "Expected"),
-                        (_BadRepr(), "_BadRepr")]:
+    for junk, words in [
+        (True, "True/False"),
+        ("1", "quotes"),
+        (b"1", "quotes"),
+        (10**400, "far too large"),
+        (np.array([1.0, 2.0]), "a single number"),
+        (tf.constant("x"), "Expected"),
+        (_BadRepr(), "_BadRepr"),
+    ]:
         with pytest.raises(exercises.Incorrect, match=words):
             exercises.require_number(junk)
 
@@ -685,8 +757,11 @@ def test_answer_by_keyword_is_checked_not_unanswered(bank, ex, context):
         assert result.status == "correct", (keyword, result)
 
 
-@pytest.mark.parametrize("junk", [True, "1", b"1", 10**400, 10**5000, [1.0], __import__("numpy").array([1.0, 1.0])],
-                         ids=["True", "str", "bytes", "10**400", "10**5000", "list", "array"])
+@pytest.mark.parametrize(
+    "junk",
+    [True, "1", b"1", 10**400, 10**5000, [1.0], __import__("numpy").array([1.0, 1.0])],
+    ids=["True", "str", "bytes", "10**400", "10**5000", "list", "array"],
+)
 def test_vanishing_update_takes_only_a_number(junk):
     result = exercises.load(lessons.bfloat16_conversion).vanishing_update.check(junk)
     assert result.status == "incorrect", result
@@ -700,8 +775,15 @@ def test_vanishing_update_takes_numpy_and_tensor_scalars():
     ex = exercises.load(lessons.bfloat16_conversion).vanishing_update
     import ml_dtypes
 
-    for value in (1.0, 1, np.float32(1.0), ml_dtypes.bfloat16(1.0), tf.constant(1.0),
-                  tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16), tf.constant(1.0, tf.float16)):
+    for value in (
+        1.0,
+        1,
+        np.float32(1.0),
+        ml_dtypes.bfloat16(1.0),
+        tf.constant(1.0),
+        tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16),
+        tf.constant(1.0, tf.float16),
+    ):
         assert ex.check(value).passed, value
 
 
@@ -772,7 +854,9 @@ def test_build_in_scope_takes_a_subclassed_model(context):
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    assert exercises.load(lessons.tpu_initialization).build_in_scope.check(make_model, strategy=context["strategy"]).passed
+    assert (
+        exercises.load(lessons.tpu_initialization).build_in_scope.check(make_model, strategy=context["strategy"]).passed
+    )
 
 
 def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
@@ -783,7 +867,12 @@ def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
     assert ex.check((tf.bfloat16, tf.float32)).passed
     assert ex.check(("bfloat16", np.float32)).passed
     assert ex.check(["bfloat16", np.dtype("float32")]).passed
-    for junk in [(14, 1), (tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum), (True, 1), (b"bfloat16", b"float32")]:
+    for junk in [
+        (14, 1),
+        (tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum),
+        (True, 1),
+        (b"bfloat16", b"float32"),
+    ]:
         result = ex.check(junk)
         assert result.status == "incorrect" and "dtype names" in result.message, (junk, result)
 
@@ -857,7 +946,7 @@ def test_replica_loss_needs_a_gradient_path():
 
 def _solution_returns(ex):
     lines = [line.split("#")[0].strip() for line in ex.solution_code.splitlines()]
-    return [line[len("return "):].strip() for line in lines if line.startswith("return ")]
+    return [line[len("return ") :].strip() for line in lines if line.startswith("return ")]
 
 
 @pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
@@ -939,12 +1028,20 @@ def test_build_in_scope_takes_any_image_size_model(context):
 
     def make_model(strategy):
         with strategy.scope():
-            model = keras.Sequential([keras.Input((None, None, 3)), keras.layers.Conv2D(4, 3),
-                                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+            model = keras.Sequential(
+                [
+                    keras.Input((None, None, 3)),
+                    keras.layers.Conv2D(4, 3),
+                    keras.layers.GlobalAveragePooling2D(),
+                    keras.layers.Dense(10),
+                ]
+            )
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    assert exercises.load(lessons.tpu_initialization).build_in_scope.check(make_model, strategy=context["strategy"]).passed
+    assert (
+        exercises.load(lessons.tpu_initialization).build_in_scope.check(make_model, strategy=context["strategy"]).passed
+    )
 
 
 # -- issue 21: lesson 06's checkers ----------------------------------------------------------------
@@ -991,7 +1088,7 @@ def test_one_knob_reports_a_trainer_refusal_as_the_learners_not_a_course_bug(con
 
 # -- Issue 21: the scaling_out checkers under hostile answers ------------------------------------------------------
 
-_HOSTILE = '''
+_HOSTILE = """
 import json
 class LoopExc(Exception):
     def __str__(self):
@@ -1006,17 +1103,20 @@ class BadStr(str):
 class BadItem(tuple):
     def __getitem__(self, i):
         raise KeyError("learner getitem")
-'''
+"""
 
 
 def test_a_learner_exception_whose_message_loops_cannot_hang_the_check():
     """Seen: the checker used the learner's object, it raised an exception whose __str__ loops, and check() hung
     building its message (after the check's time bound had ended)."""
-    code = _HOSTILE + '''
+    code = (
+        _HOSTILE
+        + """
 from course_utils import exercises, lessons
 r = exercises.load(lessons.scaling_out).global_batch_and_lr.check(lambda b, c, lr, bb: LoopLen((b * c, lr * b * c / bb)))
 print(r.status, "|", r.message)
-'''
+"""
+    )
     env = dict(os.environ, COURSE_SMOKE="1", COURSE_CHECK_TIMEOUT="3")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -1029,24 +1129,39 @@ def test_json_text_in_a_str_subclass_is_read_as_the_text_it_holds():
     """A str subclass whose methods raise once gave "the checker itself failed": its text is what TensorFlow reads."""
     namespace: dict = {}
     exec(_HOSTILE, namespace)  # noqa: S102
-    answer = eval("lambda a, i: BadStr(json.dumps({'cluster': {'worker': a}, 'task': {'type': 'worker', "  # noqa: S307
-                  "'index': i}}))", namespace)
+    answer = eval(
+        "lambda a, i: BadStr(json.dumps({'cluster': {'worker': a}, 'task': {'type': 'worker', "  # noqa: S307
+        "'index': i}}))",
+        namespace,
+    )
     assert exercises.load(lessons.scaling_out).tf_config_for.check(answer).status == "correct"
 
 
-@pytest.mark.parametrize("name,answer,expected", [
-    ("global_batch_and_lr", "lambda b, c, lr, bb: BadItem((b * c, lr * b * c / bb))", "return two numbers"),
-    ("tf_config_for", "lambda a, i: {'cluster': {'worker': a}, 'task': {'type': 'worker', 'index': i}, 'rpc_layer': 'bogus'}",
-     "sets 'rpc_layer'"),
-    ("tf_config_for", "lambda a, i: {'cluster': {'worker': a}, 'task': {'type': 'worker', 'index': (len(a) - 1) if i else 0}}",
-     "expected 2"),
-    ("global_batch_and_lr", "lambda b, c, lr, bb: (float(b * c), lr * b * c / bb)", "whole numbers"),
-    ("global_batch_and_lr", "lambda b, c, lr, bb: (b * c, round(lr * b * c / bb, 2))", "expected 0.01845"),
-    ("global_batch_and_lr",
-     "lambda b, c, lr, bb: (b * c, lr * 2 ** round(__import__('math').log2(b * c / bb)))", "expected 0.01845"),
-    ("global_batch_and_lr", "lambda b, c, lr, bb: (b * c, lr * max(b * c / bb, 1))", "the base LR unchanged"),
-    ("pipeline_idle_fraction", "lambda s, m: (s - 1) / (m + s - 1) if m >= s else (s - m) / s", "expected 0.6"),
-])
+@pytest.mark.parametrize(
+    "name,answer,expected",
+    [
+        ("global_batch_and_lr", "lambda b, c, lr, bb: BadItem((b * c, lr * b * c / bb))", "return two numbers"),
+        (
+            "tf_config_for",
+            "lambda a, i: {'cluster': {'worker': a}, 'task': {'type': 'worker', 'index': i}, 'rpc_layer': 'bogus'}",
+            "sets 'rpc_layer'",
+        ),
+        (
+            "tf_config_for",
+            "lambda a, i: {'cluster': {'worker': a}, 'task': {'type': 'worker', 'index': (len(a) - 1) if i else 0}}",
+            "expected 2",
+        ),
+        ("global_batch_and_lr", "lambda b, c, lr, bb: (float(b * c), lr * b * c / bb)", "whole numbers"),
+        ("global_batch_and_lr", "lambda b, c, lr, bb: (b * c, round(lr * b * c / bb, 2))", "expected 0.01845"),
+        (
+            "global_batch_and_lr",
+            "lambda b, c, lr, bb: (b * c, lr * 2 ** round(__import__('math').log2(b * c / bb)))",
+            "expected 0.01845",
+        ),
+        ("global_batch_and_lr", "lambda b, c, lr, bb: (b * c, lr * max(b * c / bb, 1))", "the base LR unchanged"),
+        ("pipeline_idle_fraction", "lambda s, m: (s - 1) / (m + s - 1) if m >= s else (s - m) / s", "expected 0.6"),
+    ],
+)
 def test_scaling_out_checkers_reject_hostile_and_subtly_wrong_answers(name, answer, expected):
     namespace: dict = {}
     exec(_HOSTILE, namespace)  # noqa: S102 - the hostile classes, as a learner's cell defines them
@@ -1058,6 +1173,7 @@ def test_scaling_out_checkers_reject_hostile_and_subtly_wrong_answers(name, answ
 def test_an_exception_from_the_learners_own_class_is_theirs_not_a_course_bug():
     """The checker reads an attribute of the learner's object; the learner's property raises: the verdict names the
     learner's code (it said "the checker itself failed … a course bug")."""
+
     class FakeNumber:
         __module__ = "numpy"
 
@@ -1084,37 +1200,46 @@ def _relu6_tape_code(x):
     return tape.gradient(y, t).numpy() > 0
 
 
-@pytest.mark.parametrize("label, answer, expected", [
-    ("ReLU6's code", lambda x: (x > 0) & (x < 6), "ReLU6"),
-    ("ReLU6's gradient from a tape", _relu6_tape_code, "ReLU6"),
-    ("a small threshold", lambda x: x > 1e-35, "tiny positive"),
-    ("compared in float32 whatever x is", lambda x: x.astype("float32") > 0, "tiny positive"),
-    ("float32 bits reinterpreted", lambda x: x.view("int32") > 0, "shape"),
-])
+@pytest.mark.parametrize(
+    "label, answer, expected",
+    [
+        ("ReLU6's code", lambda x: (x > 0) & (x < 6), "ReLU6"),
+        ("ReLU6's gradient from a tape", _relu6_tape_code, "ReLU6"),
+        ("a small threshold", lambda x: x > 1e-35, "tiny positive"),
+        ("compared in float32 whatever x is", lambda x: x.astype("float32") > 0, "tiny positive"),
+        ("float32 bits reinterpreted", lambda x: x.view("int32") > 0, "shape"),
+    ],
+)
 def test_relu_code_rejects_wrong_layers_and_dtype_tricks(label, answer, expected):
     result = exercises.load(lessons.activation_memory).relu_code.check(answer)
     assert result.status == "incorrect" and expected in result.message, (label, result)
 
 
-@pytest.mark.parametrize("label, answer", [
-    ("int64 0/1", lambda x: (x > 0).astype("int64")),
-    ("bool × 1", lambda x: (x > 0) * 1),
-    ("int32 tensor", lambda x: __import__("tensorflow").cast(x > 0, "int32")),
-    ("uint8 0/1", lambda x: (x > 0).astype("uint8")),
-    ("bool tensor", lambda x: __import__("tensorflow").constant(x) > 0),
-])
+@pytest.mark.parametrize(
+    "label, answer",
+    [
+        ("int64 0/1", lambda x: (x > 0).astype("int64")),
+        ("bool × 1", lambda x: (x > 0) * 1),
+        ("int32 tensor", lambda x: __import__("tensorflow").cast(x > 0, "int32")),
+        ("uint8 0/1", lambda x: (x > 0).astype("uint8")),
+        ("bool tensor", lambda x: __import__("tensorflow").constant(x) > 0),
+    ],
+)
 def test_relu_code_takes_integer_0_1_as_the_prompt_allows(label, answer):
     """Lesson 07's prompt: "one unpacked 0/1 (or boolean) per element"; an int 0/1 is that (packing comes after)."""
     result = exercises.load(lessons.activation_memory).relu_code.check(answer)
     assert result.passed, (label, result)
 
 
-@pytest.mark.parametrize("label, answer", [
-    ("2 decimals", lambda lr, b0, b: round(lr * b / b0, 2)),
-    ("4 decimals", lambda lr, b0, b: round(lr * b / b0, 4)),
-    ("4 significant digits", lambda lr, b0, b: float(f"{lr * b / b0:.4g}")),
-    ("float16", lambda lr, b0, b: __import__("numpy").float16(lr * b / b0)),
-])
+@pytest.mark.parametrize(
+    "label, answer",
+    [
+        ("2 decimals", lambda lr, b0, b: round(lr * b / b0, 2)),
+        ("4 decimals", lambda lr, b0, b: round(lr * b / b0, 4)),
+        ("4 significant digits", lambda lr, b0, b: float(f"{lr * b / b0:.4g}")),
+        ("float16", lambda lr, b0, b: __import__("numpy").float16(lr * b / b0)),
+    ],
+)
 def test_scaled_learning_rate_rejects_a_rounded_rate(label, answer):
     result = exercises.load(lessons.cifar10_capstone).scaled_learning_rate.check(answer)
     assert result.status == "incorrect" and "do not round" in result.message, (label, result)
@@ -1218,10 +1343,13 @@ def test_loss_scaled_step_takes_apply_gradients():
     assert exercises.load(lessons.mixed_precision).loss_scaled_step.check(step).passed
 
 
-@pytest.mark.parametrize("label, answer", [
-    ("+ 0.25", lambda b, s, e: max(1, int((b - s) / e + 0.25))),
-    ("+ 0.1", lambda b, s, e: max(1, int((b - s) / e + 0.1))),
-])
+@pytest.mark.parametrize(
+    "label, answer",
+    [
+        ("+ 0.25", lambda b, s, e: max(1, int((b - s) / e + 0.25))),
+        ("+ 0.1", lambda b, s, e: max(1, int((b - s) / e + 0.1))),
+    ],
+)
 def test_epochs_that_fit_rejects_rounding_up_from_a_large_fraction(label, answer):
     result = exercises.load(lessons.cifar10_capstone).epochs_that_fit.check(answer)
     assert result.status == "incorrect" and "past the" in result.message and "budget" in result.message, (label, result)

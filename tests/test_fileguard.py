@@ -46,8 +46,13 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 
 def _script(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,14 +133,24 @@ def test_read_regular_reads_only_regular_files_up_to_a_limit(tmp_path):
 
 
 @posix_only
-@pytest.mark.parametrize("case, message", [
-    ("empty", "empty"), ("file", "not a folder"), ("under-file", "Not a directory"), ("fifo", "not a folder"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("empty", "empty"),
+        ("file", "not a folder"),
+        ("under-file", "Not a directory"),
+        ("fifo", "not a folder"),
+    ],
+)
 def test_folder_problem_names_what_is_wrong_in_one_line(tmp_path, case, message):
     (tmp_path / "a_file").write_text("")
     os.mkfifo(tmp_path / "a_fifo")
-    raw = {"empty": "", "file": tmp_path / "a_file", "under-file": tmp_path / "a_file" / "out",
-           "fifo": tmp_path / "a_fifo"}[case]
+    raw = {
+        "empty": "",
+        "file": tmp_path / "a_file",
+        "under-file": tmp_path / "a_file" / "out",
+        "fifo": tmp_path / "a_fifo",
+    }[case]
     problem = fileguard.folder_problem(raw)
     assert problem and message in problem and "\n" not in problem
     assert fileguard.folder_problem(tmp_path / "new" / "folder") is None and (tmp_path / "new" / "folder").is_dir()
@@ -184,8 +199,10 @@ def test_folder_lock_refuses_a_link(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 # a process group to stop: a child that starts a grandchild and prints both pids
-GROUP = ("import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-         "print(g.pid, flush=True); time.sleep(60)")
+GROUP = (
+    "import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    "print(g.pid, flush=True); time.sleep(60)"
+)
 
 
 @posix_only
@@ -255,12 +272,15 @@ def test_die_with_parent_ends_a_process_whose_parent_was_killed():
 def test_run_captures_a_child_and_a_timeout_kills_its_whole_group_in_one_line():
     """processes.run: output captured as text, stdin closed; past its timeout the child and what it started are
     killed (the grandchild's pid no longer exists) and the error is one line naming what ran and its last words."""
-    done = processes.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); "
-                          "print(sys.stdin.read() == '')"])
+    done = processes.run(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); print(sys.stdin.read() == '')"]
+    )
     assert (done.returncode, done.stdout.split(), done.stderr.strip()) == (0, ["out", "True"], "err")
-    grandchild = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
-                  "time.sleep(60)']); print(p.pid, flush=True); print('waiting for ever', file=sys.stderr, flush=True); "
-                  "time.sleep(60)")
+    grandchild = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(60)']); print(p.pid, flush=True); print('waiting for ever', file=sys.stderr, flush=True); "
+        "time.sleep(60)"
+    )
     started = time.monotonic()
     with pytest.raises(processes.TimedOut) as caught:
         processes.run([sys.executable, "-c", grandchild], timeout=3, what="the sleeper")
@@ -270,6 +290,7 @@ def test_run_captures_a_child_and_a_timeout_kills_its_whole_group_in_one_line():
     assert "waiting for ever" in message
     # the grandchild was in the same group: gone (reaped by init) within a moment
     import re
+
     pid = None
     for _ in range(50):
         out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout

@@ -36,47 +36,94 @@ def _results_04(replicas: int = 4, kind: str = "CPU", **changes) -> dict:
 
     def check(api, drop):
         missing = n % 128 if drop else 0
-        return {"api": api, "drop_remainder": drop, "replicas": 4, "examples": n, "global_batch": 128,
-                "missing": missing, "duplicated": 0, "exactly_once": not drop}
+        return {
+            "api": api,
+            "drop_remainder": drop,
+            "replicas": 4,
+            "examples": n,
+            "global_batch": 128,
+            "missing": missing,
+            "duplicated": 0,
+            "exactly_once": not drop,
+        }
 
     results = dict(
-        replicas=replicas, kind=kind, xla_label="without XLA", N=4, same_spec=True,
+        replicas=replicas,
+        kind=kind,
+        xla_label="without XLA",
+        N=4,
+        same_spec=True,
         download_error="… set COURSE_DATA=synthetic, or npz:PATH …",
         pipeline_speedup=report.Samples([1.5, 1.6, 1.7]),
-        order_frozen=True, order_fresh=True, per_replica_batch=per_replica, global_batch=global_batch,
-        shuffle_mixing=[{"buffer": 10, "order left": 0.9995, "classes in the first batch": 1,
-                         "largest id in the first batch": 40},
-                        {"buffer": 100, "order left": 0.945, "classes in the first batch": 2,
-                         "largest id in the first batch": 125},
-                        {"buffer": 1000, "order left": -0.005, "classes in the first batch": 8,
-                         "largest id in the first batch": 990}],
-        buffer_memory={pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
-                       pipeline.BUFFER_CASES[1]: {"measured": 12_586_000, "counted": 12_591_104},
-                       pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920}},
-        read_speedups={"local files": [0.8, 0.9, 1.0], "bucket": [4.8, 5.0, 5.2]}, nondeterministic_speedup=[1.3, 1.5, 1.9],
-        order_moved=1020, fused_moved={"fused (default)": 0, "fusion off": 253}, vectorized_speedup=[1.9, 2.2, 3.5], usable_cores=2,
+        order_frozen=True,
+        order_fresh=True,
+        per_replica_batch=per_replica,
+        global_batch=global_batch,
+        shuffle_mixing=[
+            {"buffer": 10, "order left": 0.9995, "classes in the first batch": 1, "largest id in the first batch": 40},
+            {"buffer": 100, "order left": 0.945, "classes in the first batch": 2, "largest id in the first batch": 125},
+            {
+                "buffer": 1000,
+                "order left": -0.005,
+                "classes in the first batch": 8,
+                "largest id in the first batch": 990,
+            },
+        ],
+        buffer_memory={
+            pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
+            pipeline.BUFFER_CASES[1]: {"measured": 12_586_000, "counted": 12_591_104},
+            pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920},
+        },
+        read_speedups={"local files": [0.8, 0.9, 1.0], "bucket": [4.8, 5.0, 5.2]},
+        nondeterministic_speedup=[1.3, 1.5, 1.9],
+        order_moved=1020,
+        fused_moved={"fused (default)": 0, "fusion off": 253},
+        vectorized_speedup=[1.9, 2.2, 3.5],
+        usable_cores=2,
         crops={pipeline.CROP_CASES[0]: 9, pipeline.CROP_CASES[1]: 1},
         profile_shares={pipeline.PROFILE_CASES[0]: 0.47, pipeline.PROFILE_CASES[1]: 0.012},
         profile_stalls={name: "" for name in pipeline.PROFILE_CASES},
         profile_step_ms={pipeline.PROFILE_CASES[0]: 98.0, pipeline.PROFILE_CASES[1]: 11.0},
-        shape_rows=[{"API": api, "global batch": global_batch, "per-replica shapes": [[per_replica]] * replicas}
-                    for api in pipeline.APIS],
-        real_global=per_replica, n_examples=n,
+        shape_rows=[
+            {"API": api, "global batch": global_batch, "per-replica shapes": [[per_replica]] * replicas}
+            for api in pipeline.APIS
+        ],
+        real_global=per_replica,
+        n_examples=n,
         checks=[check(api, drop) for api in pipeline.APIS for drop in (False, True)],
-        split=[{"examples": e, "distribute_datasets_from_function": p, "predicted (dealt in turn)": p}
-               for e, p in ((n, [19, 0, 0, 0]), (680, [32, 8, 0, 0]), (740, [32, 32, 32, 4]))],
-        remainder_dealt=True, traces_static=[[128]], traces_ragged=[[128], [None]],
+        split=[
+            {"examples": e, "distribute_datasets_from_function": p, "predicted (dealt in turn)": p}
+            for e, p in ((n, [19, 0, 0, 0]), (680, [32, 8, 0, 0]), (740, [32, 32, 32, 4]))
+        ],
+        remainder_dealt=True,
+        traces_static=[[128]],
+        traces_ragged=[[128], [None]],
         summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 128}},
         file_policy_failed=True,
-        shuffle_rows=[{"case": c, "count": 128, "duplicated": d, "missing": d} for c, d in
-                      zip(pipeline.SHUFFLE_CASES, (38, 0, 0))],
-        upstream_rows=[{"case": c, "count": 64, "duplicated": d, "missing": d} for c, d in
-                       zip(pipeline.UPSTREAM_CASES, (17, 0, 0, 0))],
-        bottleneck="training step", bottleneck_ratio=1.9, steps_per_epoch=8, calls_expected=2, calls_per_epoch_n=2,
-        spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.3, 1.5, 1.9]}, spe_auto="TypeError",
-        spe_mirrored={"replicas": 4, "outcome": "InvalidArgumentError", "error": "You must feed a value for placeholder",
-                      "where": "a fresh process with 4 CPU replicas"},
-        several_mirrored=replicas > 1 and kind != "TPU", prefetch_sim=[1.2, 1.25, 1.3], prefetch_default=[1.0, 1.02, 1.04])
+        shuffle_rows=[
+            {"case": c, "count": 128, "duplicated": d, "missing": d} for c, d in zip(pipeline.SHUFFLE_CASES, (38, 0, 0))
+        ],
+        upstream_rows=[
+            {"case": c, "count": 64, "duplicated": d, "missing": d}
+            for c, d in zip(pipeline.UPSTREAM_CASES, (17, 0, 0, 0))
+        ],
+        bottleneck="training step",
+        bottleneck_ratio=1.9,
+        steps_per_epoch=8,
+        calls_expected=2,
+        calls_per_epoch_n=2,
+        spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.3, 1.5, 1.9]},
+        spe_auto="TypeError",
+        spe_mirrored={
+            "replicas": 4,
+            "outcome": "InvalidArgumentError",
+            "error": "You must feed a value for placeholder",
+            "where": "a fresh process with 4 CPU replicas",
+        },
+        several_mirrored=replicas > 1 and kind != "TPU",
+        prefetch_sim=[1.2, 1.25, 1.3],
+        prefetch_default=[1.0, 1.02, 1.04],
+    )
     results.update(changes)
     return results
 
@@ -97,13 +144,23 @@ def test_the_hand_made_results_of_lesson_04_have_the_notebooks_keys():
 
 def test_lesson_04_verdicts_follow_the_measurements():
     failing = {
-        "04.auto_shard_policies": dict(summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 0}}),
-        "04.unseeded_shuffle_before_shard": dict(shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0}
-                                               for c in pipeline.SHUFFLE_CASES]),
-        "04.data_shard_after_unseeded_shuffle": dict(upstream_rows=[{"case": c, "count": 64, "duplicated": 0, "missing": 0}
-                                                                  for c in pipeline.UPSTREAM_CASES]),
-        "04.spe_fails_on_mirrored": dict(spe_mirrored={"replicas": 4, "outcome": "fit ran", "error": "",
-                                                        "where": "a fresh process with 4 CPU replicas"}),
+        "04.auto_shard_policies": dict(
+            summary={"FILE": {"duplicated": 0}, "DATA": {"duplicated": 0}, "OFF": {"duplicated": 0}}
+        ),
+        "04.unseeded_shuffle_before_shard": dict(
+            shuffle_rows=[{"case": c, "count": 128, "duplicated": 0, "missing": 0} for c in pipeline.SHUFFLE_CASES]
+        ),
+        "04.data_shard_after_unseeded_shuffle": dict(
+            upstream_rows=[{"case": c, "count": 64, "duplicated": 0, "missing": 0} for c in pipeline.UPSTREAM_CASES]
+        ),
+        "04.spe_fails_on_mirrored": dict(
+            spe_mirrored={
+                "replicas": 4,
+                "outcome": "fit ran",
+                "error": "",
+                "where": "a fresh process with 4 CPU replicas",
+            }
+        ),
         "04.spe_auto_fails": dict(spe_auto="fit ran"),
         "04.input_bound_check": dict(bottleneck="input pipeline"),
         "04.autotune_injects_prefetch": dict(prefetch_default=[1.5, 1.6, 1.7]),
@@ -111,32 +168,61 @@ def test_lesson_04_verdicts_follow_the_measurements():
         "04.nondeterministic_interleave_faster": dict(nondeterministic_speedup=[0.8, 0.9, 0.95]),
         "04.nondeterministic_order": dict(fused_moved={"fused (default)": 30, "fusion off": 253}),
         "04.batch_before_map_faster": dict(vectorized_speedup=[0.7, 0.8, 0.9]),
-        "04.small_shuffle_buffer": dict(shuffle_mixing=[  # a buffer of 1000 that left the order
-            {"buffer": 10, "order left": 0.9995, "classes in the first batch": 1, "largest id in the first batch": 40},
-            {"buffer": 1000, "order left": 0.9, "classes in the first batch": 2, "largest id in the first batch": 90}]),
-        "04.shuffle_buffer_memory": dict(buffer_memory={  # float32 buffer as small as uint8's
-            pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
-            pipeline.BUFFER_CASES[1]: {"measured": 3_145_000, "counted": 12_591_104},
-            pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920}}),
+        "04.small_shuffle_buffer": dict(
+            shuffle_mixing=[  # a buffer of 1000 that left the order
+                {
+                    "buffer": 10,
+                    "order left": 0.9995,
+                    "classes in the first batch": 1,
+                    "largest id in the first batch": 40,
+                },
+                {
+                    "buffer": 1000,
+                    "order left": 0.9,
+                    "classes in the first batch": 2,
+                    "largest id in the first batch": 90,
+                },
+            ]
+        ),
+        "04.shuffle_buffer_memory": dict(
+            buffer_memory={  # float32 buffer as small as uint8's
+                pipeline.BUFFER_CASES[0]: {"measured": 3_145_000, "counted": 3_153_920},
+                pipeline.BUFFER_CASES[1]: {"measured": 3_145_000, "counted": 12_591_104},
+                pipeline.BUFFER_CASES[2]: {"measured": 1_000, "counted": 3_153_920},
+            }
+        ),
         "04.batch_random_crop_one_offset": dict(crops={pipeline.CROP_CASES[0]: 1, pipeline.CROP_CASES[1]: 1}),
-        "04.profile_shows_wait": dict(profile_shares={pipeline.PROFILE_CASES[0]: 0.05,
-                                                       pipeline.PROFILE_CASES[1]: 0.01}),
+        "04.profile_shows_wait": dict(
+            profile_shares={pipeline.PROFILE_CASES[0]: 0.05, pipeline.PROFILE_CASES[1]: 0.01}
+        ),
     }
     for claim_id, change in failing.items():
         claim = _find(pipeline.claims(_results_04(**change)), claim_id)
         assert claim.holds is False and claim.fails, (claim_id, claim.verdict)
     # the same claim's second half: FILE sharding a shuffled file list loses and repeats files
-    file_list_shuffled = [{"case": c, "count": 64, "duplicated": d, "missing": d}
-                          for c, d in zip(pipeline.UPSTREAM_CASES, (17, 0, 5, 0))]
-    claim = _find(pipeline.claims(_results_04(upstream_rows=file_list_shuffled)), "04.data_shard_after_unseeded_shuffle")
+    file_list_shuffled = [
+        {"case": c, "count": 64, "duplicated": d, "missing": d} for c, d in zip(pipeline.UPSTREAM_CASES, (17, 0, 5, 0))
+    ]
+    claim = _find(
+        pipeline.claims(_results_04(upstream_rows=file_list_shuffled)), "04.data_shard_after_unseeded_shuffle"
+    )
     assert claim.holds is False and claim.fails, claim.verdict
-    for order_moved, fused in ((0, {"fused (default)": 0, "fusion off": 253}), (1020, {"fused (default)": 0, "fusion off": 0})):
-        claim = _find(pipeline.claims(_results_04(order_moved=order_moved, fused_moved=fused)), "04.nondeterministic_order")
+    for order_moved, fused in (
+        (0, {"fused (default)": 0, "fusion off": 253}),
+        (1020, {"fused (default)": 0, "fusion off": 0}),
+    ):
+        claim = _find(
+            pipeline.claims(_results_04(order_moved=order_moved, fused_moved=fused)), "04.nondeterministic_order"
+        )
         assert claim.holds is False, (order_moved, fused)
     slower_than_memory = {pipeline.PROFILE_CASES[0]: 0.3, pipeline.PROFILE_CASES[1]: 0.4}
-    assert _find(pipeline.claims(_results_04(profile_shares=slower_than_memory)), "04.profile_shows_wait").holds is False
-    noisy = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [0.9, 1.2, 1.3],
-                                                            "small CNN": [1.3, 1.5, 1.9]})), "04.spe_faster_tiny_model")
+    assert (
+        _find(pipeline.claims(_results_04(profile_shares=slower_than_memory)), "04.profile_shows_wait").holds is False
+    )
+    noisy = _find(
+        pipeline.claims(_results_04(spe_speedups={"tiny model": [0.9, 1.2, 1.3], "small CNN": [1.3, 1.5, 1.9]})),
+        "04.spe_faster_tiny_model",
+    )
     assert noisy.holds == "noise"
 
 
@@ -144,15 +230,25 @@ def test_lesson_04_small_cnn_gain_of_about_1x_differs_every_time_it_is_measured_
     """Six proves of unchanged code on a 2-core CPU measured the small CNN's steps_per_execution gain at medians of
     1.01-1.08x, middle halves from 0.98x to 1.16x: tested against 1.0x the verdict flipped between holds and
     inconclusive. Against a clear gain (> 1.2x) each of those reads "differs on this hardware", with the reason."""
-    measured = ([1.03, 1.05, 1.08, 1.12, 1.15], [1.05, 1.05, 1.06, 1.14, 1.16], [0.99, 0.99, 1.02, 1.05, 1.07],
-                [0.98, 0.99, 1.01, 1.04, 1.07], [1.02, 1.02, 1.02, 1.03, 1.03], [1.02, 1.03, 1.04, 1.08, 1.10])
+    measured = (
+        [1.03, 1.05, 1.08, 1.12, 1.15],
+        [1.05, 1.05, 1.06, 1.14, 1.16],
+        [0.99, 0.99, 1.02, 1.05, 1.07],
+        [0.98, 0.99, 1.01, 1.04, 1.07],
+        [1.02, 1.02, 1.02, 1.03, 1.03],
+        [1.02, 1.03, 1.04, 1.08, 1.10],
+    )
     for samples in measured:
-        claim = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": samples})),
-                      "04.spe_faster_small_cnn")
+        claim = _find(
+            pipeline.claims(_results_04(spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": samples})),
+            "04.spe_faster_small_cnn",
+        )
         assert claim.holds is False and claim.status == report.DIFFERS and "about 1×" in claim.differs_here, samples
     assert {report.Samples(samples).compare(">", 1.0) for samples in measured} == {True, "noise"}  # the old coin flip
-    straddles = _find(pipeline.claims(_results_04(spe_speedups={"tiny model": [1.2, 1.3, 1.4],
-                                                                "small CNN": [1.1, 1.25, 1.3]})), "04.spe_faster_small_cnn")
+    straddles = _find(
+        pipeline.claims(_results_04(spe_speedups={"tiny model": [1.2, 1.3, 1.4], "small CNN": [1.1, 1.25, 1.3]})),
+        "04.spe_faster_small_cnn",
+    )
     assert straddles.holds == "noise"
     assert _find(pipeline.claims(_results_04()), "04.spe_faster_small_cnn").holds is True  # 1.5x: a clear gain
 
@@ -165,7 +261,9 @@ def test_lesson_04_batch_before_map_slower_on_one_core_differs_there_and_fails_o
     two = _find(pipeline.claims(_results_04(vectorized_speedup=slower, usable_cores=2)), "04.batch_before_map_faster")
     assert one.status == report.DIFFERS and "one usable core" in one.differs_here and not one.fails, one.verdict
     assert two.fails and not two.differs_here, two.verdict
-    faster = _find(pipeline.claims(_results_04(vectorized_speedup=[1.2, 1.3, 1.4], usable_cores=1)), "04.batch_before_map_faster")
+    faster = _find(
+        pipeline.claims(_results_04(vectorized_speedup=[1.2, 1.3, 1.4], usable_cores=1)), "04.batch_before_map_faster"
+    )
     assert faster.holds is True, faster.verdict
 
 
@@ -195,12 +293,18 @@ def test_lesson_04_what_one_replica_or_an_accelerator_cannot_show_says_why():
 def test_lesson_04_a_profile_whose_loop_paused_on_every_try_is_not_measurable():
     """The loop paused before the profiled steps: the slow pipeline filled its buffers and fed them, so the share
     (here 2%) says nothing about waiting — neither a false ❌ nor a ✅."""
-    why = ("the training loop paused between two profiled steps in each of 3 profiled runs (812 ms in the last: a "
-           "busy machine)")
+    why = (
+        "the training loop paused between two profiled steps in each of 3 profiled runs (812 ms in the last: a "
+        "busy machine)"
+    )
     stalls = {pipeline.PROFILE_CASES[0]: why, pipeline.PROFILE_CASES[1]: ""}
-    for shares in ({pipeline.PROFILE_CASES[0]: 0.02, pipeline.PROFILE_CASES[1]: 0.01},
-                   {pipeline.PROFILE_CASES[0]: 0.47, pipeline.PROFILE_CASES[1]: 0.012}):
-        claim = _find(pipeline.claims(_results_04(profile_shares=shares, profile_stalls=stalls)), "04.profile_shows_wait")
+    for shares in (
+        {pipeline.PROFILE_CASES[0]: 0.02, pipeline.PROFILE_CASES[1]: 0.01},
+        {pipeline.PROFILE_CASES[0]: 0.47, pipeline.PROFILE_CASES[1]: 0.012},
+    ):
+        claim = _find(
+            pipeline.claims(_results_04(profile_shares=shares, profile_stalls=stalls)), "04.profile_shows_wait"
+        )
         assert claim.holds is None and why in claim.note and "fed from its buffers" in claim.note, claim.verdict
         assert "2% waiting" in claim.measured or "47% waiting" in claim.measured
 
@@ -212,11 +316,25 @@ def test_lesson_04_a_step_slower_than_the_buckets_read_is_not_measurable():
     read = pipeline.bucket_batch_ms(128)
     assert read == pytest.approx(8 * pipeline.BUCKET_REQUEST_S * 1e3)  # 128 records: 8 requests of 16
     shares = {pipeline.PROFILE_CASES[0]: 0.0, pipeline.PROFILE_CASES[1]: 0.0}
-    slow = _find(pipeline.claims(_results_04(profile_shares=shares, profile_step_ms={
-        pipeline.PROFILE_CASES[0]: 121.0, pipeline.PROFILE_CASES[1]: 120.0})), "04.profile_shows_wait")
+    slow = _find(
+        pipeline.claims(
+            _results_04(
+                profile_shares=shares,
+                profile_step_ms={pipeline.PROFILE_CASES[0]: 121.0, pipeline.PROFILE_CASES[1]: 120.0},
+            )
+        ),
+        "04.profile_shows_wait",
+    )
     assert slow.holds is None and "120 ms" in slow.note and f"{read:.0f} ms" in slow.note, slow.verdict
-    fast = _find(pipeline.claims(_results_04(profile_shares=shares, profile_step_ms={
-        pipeline.PROFILE_CASES[0]: 70.0, pipeline.PROFILE_CASES[1]: read - 1})), "04.profile_shows_wait")
+    fast = _find(
+        pipeline.claims(
+            _results_04(
+                profile_shares=shares,
+                profile_step_ms={pipeline.PROFILE_CASES[0]: 70.0, pipeline.PROFILE_CASES[1]: read - 1},
+            )
+        ),
+        "04.profile_shows_wait",
+    )
     assert fast.holds is False and not fast.note  # a fast step and no wait: a real ❌
 
 
@@ -225,45 +343,94 @@ def test_lesson_04_a_step_slower_than_the_buckets_read_is_not_measurable():
 # ----------------------------------------------------------------------------------------------
 
 
-def _summary(recipe, accuracy, epochs, steps, wall, before=2.0, final=0.5, no_tta=None, policy="float32", ips=900.0,
-             jit=False):
-    return {"recipe": recipe, "test_accuracy": accuracy, "test_accuracy_no_tta": accuracy if no_tta is None else no_tta,
-            "epochs": epochs, "steps_per_epoch": steps, "wall_time_s": wall, "time_before_first_epoch_s": before,
-            "final_eval_s": final, "policy": policy, "images_per_s_per_replica": ips, "initially_planned_epochs": epochs,
-            "jit_compile": jit, "xla": jit, "peak_memory_bytes": 50 << 20, "peak_memory_method": "allocator"}
+def _summary(
+    recipe, accuracy, epochs, steps, wall, before=2.0, final=0.5, no_tta=None, policy="float32", ips=900.0, jit=False
+):
+    return {
+        "recipe": recipe,
+        "test_accuracy": accuracy,
+        "test_accuracy_no_tta": accuracy if no_tta is None else no_tta,
+        "epochs": epochs,
+        "steps_per_epoch": steps,
+        "wall_time_s": wall,
+        "time_before_first_epoch_s": before,
+        "final_eval_s": final,
+        "policy": policy,
+        "images_per_s_per_replica": ips,
+        "initially_planned_epochs": epochs,
+        "jit_compile": jit,
+        "xla": jit,
+        "peak_memory_bytes": 50 << 20,
+        "peak_memory_method": "allocator",
+    }
 
 
 def _resume(**changes) -> dict:
     """kill_and_resume's evidence from a run killed in epoch 2 with epoch 1 saved, resumed right."""
-    return {"command": ["python", "-m", "course_utils.capstone"], "killed_returncode": -9, "finished_at_kill": 1,
-            "backed_up_at_kill": 1, "returncode": 0, "last_line": "done", "resumed_after": 1, "epochs": [1, 2, 3],
-            "first_epoch_kept": True, "time_counted": True, "plan_kept": True, **changes}
+    return {
+        "command": ["python", "-m", "course_utils.capstone"],
+        "killed_returncode": -9,
+        "finished_at_kill": 1,
+        "backed_up_at_kill": 1,
+        "returncode": 0,
+        "last_line": "done",
+        "resumed_after": 1,
+        "epochs": [1, 2, 3],
+        "first_epoch_kept": True,
+        "time_counted": True,
+        "plan_kept": True,
+        **changes,
+    }
 
 
 def _results_06(smoke: bool = False, data: str = "npz:cifar10.npz", chosen: str = "mixed_bfloat16", **changes):
     if smoke:
         budget = 4.0
-        summary = {"baseline": _summary("baseline", 0.14, 1, 16, 2.7, before=1.5, final=0.3),
-                   "course": _summary("course", 0.133, 1, 8, 4.7, before=3.5, final=0.8, no_tta=0.117, policy=chosen)}
+        summary = {
+            "baseline": _summary("baseline", 0.14, 1, 16, 2.7, before=1.5, final=0.3),
+            "course": _summary("course", 0.133, 1, 8, 4.7, before=3.5, final=0.8, no_tta=0.117, policy=chosen),
+        }
         history = {"baseline": [{"epoch_time_s": 0.6}], "course": [{"epoch_time_s": 0.8}]}
     else:
         budget = 120.0
-        summary = {"baseline": _summary("baseline", 0.53, 22, 63, 118.3),
-                   "course": _summary("course", 0.74, 22, 31, 125.0, no_tta=0.72, policy=chosen)}
-        history = {"baseline": [{"epoch_time_s": 5.0, "elapsed_s": 108.0}, {"epoch_time_s": 5.3, "elapsed_s": 113.3}],
-                   "course": [{"epoch_time_s": 5.1, "elapsed_s": 117.0}, {"epoch_time_s": 6.0, "elapsed_s": 123.0}]}
+        summary = {
+            "baseline": _summary("baseline", 0.53, 22, 63, 118.3),
+            "course": _summary("course", 0.74, 22, 31, 125.0, no_tta=0.72, policy=chosen),
+        }
+        history = {
+            "baseline": [{"epoch_time_s": 5.0, "elapsed_s": 108.0}, {"epoch_time_s": 5.3, "elapsed_s": 113.3}],
+            "course": [{"epoch_time_s": 5.1, "elapsed_s": 117.0}, {"epoch_time_s": 6.0, "elapsed_s": 123.0}],
+        }
     repeats = 1 if smoke else 3
     speeds = {"float32": (900.0, False), chosen: (1200.0, False), f"{chosen}, XLA on": (700.0, True)}
-    precision = {label: [_summary("course", 0.3, 3, 10, 9.0, policy=label.split(",")[0], ips=ips + 10 * i, jit=jit)
-                         for i in range(repeats)] for label, (ips, jit) in speeds.items()}
+    precision = {
+        label: [
+            _summary("course", 0.3, 3, 10, 9.0, policy=label.split(",")[0], ips=ips + 10 * i, jit=jit)
+            for i in range(repeats)
+        ]
+        for label, (ips, jit) in speeds.items()
+    }
     sweep = {recipe: {budget: s} for recipe, s in summary.items()}
     if not smoke:  # two more budgets, the lead growing with the budget
-        sweep["baseline"].update({60.0: _summary("baseline", 0.52, 11, 63, 59.0),
-                                  240.0: _summary("baseline", 0.53, 44, 63, 239.0)})
-        sweep["course"].update({60.0: _summary("course", 0.68, 20, 31, 60.0),  # 620 updates: ≥ LEAD_MIN_UPDATES
-                                240.0: _summary("course", 0.77, 44, 31, 240.0)})
-    results = dict(budget_s=budget, data=data, kind="CPU", summary=summary, history=history, precision=precision,
-                   resume=_resume(), sweep=sweep)
+        sweep["baseline"].update(
+            {60.0: _summary("baseline", 0.52, 11, 63, 59.0), 240.0: _summary("baseline", 0.53, 44, 63, 239.0)}
+        )
+        sweep["course"].update(
+            {
+                60.0: _summary("course", 0.68, 20, 31, 60.0),  # 620 updates: ≥ LEAD_MIN_UPDATES
+                240.0: _summary("course", 0.77, 44, 31, 240.0),
+            }
+        )
+    results = dict(
+        budget_s=budget,
+        data=data,
+        kind="CPU",
+        summary=summary,
+        history=history,
+        precision=precision,
+        resume=_resume(),
+        sweep=sweep,
+    )
     results.update(changes)
     return results
 
@@ -293,7 +460,10 @@ def test_lesson_06_smoke_sizes_and_synthetic_images_say_why_they_cannot_show_a_c
     assert no_room.holds is None and "only the one epoch every run trains" in no_room.note
     only_float32 = _find(capstone_exp.claims(_results_06(chosen="float32")), "06.policy_faster_than_float32")
     assert only_float32.holds is None and only_float32.note  # not measurable, and says why
-    for name in ("06.policy_faster_than_float32", "06.xla_choice_not_slower"):  # one fresh process per variant: a ratio, never a verdict
+    for name in (
+        "06.policy_faster_than_float32",
+        "06.xla_choice_not_slower",
+    ):  # one fresh process per variant: a ratio, never a verdict
         claim = _find(claims, name)
         assert claim.holds is None and "a speed-up needs repeats" in claim.note and "(1 run each)" in claim.measured
     tpu = _results_06()
@@ -327,7 +497,10 @@ def test_lesson_06_sweep_claim_needs_the_lead_at_every_budget_on_real_images():
     slow["summary"]["course"]["epochs"] = 5
     slow["summary"]["course"]["test_accuracy"] = 0.55
     beats = _find(capstone_exp.claims(slow), "06.course_beats_tutorial")
-    assert beats.holds is None and f"fewer than the {capstone_exp.LEAD_MIN_UPDATES} where the lead was measured to hold" in beats.note
+    assert (
+        beats.holds is None
+        and f"fewer than the {capstone_exp.LEAD_MIN_UPDATES} where the lead was measured to hold" in beats.note
+    )
     slow["summary"]["course"].update(per_replica_batch=64, steps_per_epoch=62)  # 310 of 64: 155 of 128
     beats = _find(capstone_exp.claims(slow), "06.course_beats_tutorial")
     assert beats.holds is None and "in this budget: 155 (310 of 64), fewer than the" in beats.note, beats.note
@@ -344,8 +517,10 @@ def test_lesson_06_reference_sweep_is_what_the_readme_and_the_lesson_quote():
 
     root = pathlib.Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text(encoding="utf-8")
-    lesson = "".join("".join(c["source"]) for c in json.loads(
-        (root / "notebooks" / "06_cifar10_capstone.ipynb").read_text(encoding="utf-8"))["cells"])
+    lesson = "".join(
+        "".join(c["source"])
+        for c in json.loads((root / "notebooks" / "06_cifar10_capstone.ipynb").read_text(encoding="utf-8"))["cells"]
+    )
     assert set(capstone_exp.DEV_SWEEP) == set(hardware.KERNEL_PATHS)
     cells = 0
     for path, by_cores in capstone_exp.DEV_SWEEP.items():
@@ -359,7 +534,12 @@ def test_lesson_06_reference_sweep_is_what_the_readme_and_the_lesson_quote():
                 base = statistics.median(runs["baseline"][budget])
                 cell = f"{course:.1f}% vs {base:.1f}% ({course - base:+.1f})"
                 assert cell in readme, (path, cores, budget, cell)
-                assert cell.replace(" (", " (**").replace(")", "**)") + f" · {updates:,}" in lesson, (path, cores, budget, cell)
+                assert cell.replace(" (", " (**").replace(")", "**)") + f" · {updates:,}" in lesson, (
+                    path,
+                    cores,
+                    budget,
+                    cell,
+                )
                 if updates >= capstone_exp.LEAD_MIN_UPDATES:
                     assert course - base >= capstone_exp.LEAD_POINTS, (path, cores, budget, updates)
                 cells += 1
@@ -377,13 +557,19 @@ def test_lesson_06_sweep_figure_puts_this_run_in_its_kernel_paths_panel():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reference = {path: {2: {"baseline": {60: [50.0, 52.0, 51.0]}, "course": {60: [70.0, 71.0, 69.0]}},
-                        1: {"baseline": {60: [49.0]}, "course": {60: [66.0]}}}
-                 for path in ("onednn-bf16", "onednn-fp32", "eigen")}
+    reference = {
+        path: {
+            2: {"baseline": {60: [50.0, 52.0, 51.0]}, "course": {60: [70.0, 71.0, 69.0]}},
+            1: {"baseline": {60: [49.0]}, "course": {60: [66.0]}},
+        }
+        for path in ("onednn-bf16", "onednn-fp32", "eigen")
+    }
 
     def run(path):
-        return {recipe: {60.0: dict(_summary(recipe, acc, 10, 28, 60.0), kernel_path=path)}
-                for recipe, acc in (("baseline", 0.5), ("course", 0.7))}
+        return {
+            recipe: {60.0: dict(_summary(recipe, acc, 10, 28, 60.0), kernel_path=path)}
+            for recipe, acc in (("baseline", 0.5), ("course", 0.7))
+        }
 
     def stars(fig):
         return [sum(1 for line in ax.get_lines() if line.get_marker() == "*") for ax in fig.axes]
@@ -412,8 +598,12 @@ def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch
 
     def finished_run(folder, recipe, budget, data, accuracy):
         folder.mkdir(parents=True)
-        summary = dict(_summary(recipe, accuracy, 9, 31, budget - 1), budget_s=budget,
-                       data=data, options={"recipe": recipe, "data": data, "time_budget": budget})
+        summary = dict(
+            _summary(recipe, accuracy, 9, 31, budget - 1),
+            budget_s=budget,
+            data=data,
+            options={"recipe": recipe, "data": data, "time_budget": budget},
+        )
         (folder / "summary.json").write_text(json.dumps(summary))
 
     monkeypatch.setattr(capstone, "train", train)
@@ -426,8 +616,12 @@ def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch
     lines = []
     rows = capstone_exp.budget_sweep((240, 60, 120), str(out), done=done, data="npz:x.npz", progress=lines.append)
     assert [(o.recipe, o.time_budget, o.resume, o.overwrite) for o in calls] == [
-        ("baseline", 60.0, False, True), ("baseline", 120.0, False, True), ("course", 120.0, True, False),
-        ("course", 120.0, False, True), ("baseline", 240.0, True, False)]
+        ("baseline", 60.0, False, True),
+        ("baseline", 120.0, False, True),
+        ("course", 120.0, True, False),
+        ("course", 120.0, False, True),
+        ("baseline", 240.0, True, False),
+    ]
     assert all(o.out == str(out / f"{o.recipe}-{o.time_budget:g}s") and o.data == "npz:x.npz" for o in calls)
     assert rows["course"][60.0]["test_accuracy"] == 0.61 and rows["course"][240.0] is done["course"][240.0]
     assert rows["baseline"][120.0]["test_accuracy"] == 0.5  # not the other data's 0.99
@@ -438,7 +632,8 @@ def test_lesson_06_budget_sweep_reuses_reads_back_resumes_and_trains(monkeypatch
         "course recipe, 120 s budget (resumed)",
         f"course recipe, 120 s budget: not resumed (--resume: {out / 'course-120s'} was started with --data "
         "synthetic, not npz:x.npz): trained again",
-        "baseline recipe, 240 s budget (resumed)"]
+        "baseline recipe, 240 s budget (resumed)",
+    ]
     assert capstone_exp.sweep_leads(rows) == pytest.approx({60.0: 11.0, 120.0: 0.0, 240.0: 20.0})
 
 
@@ -466,9 +661,16 @@ def test_lesson_06_verdicts_follow_the_measurements():
     behind = _results_06()
     behind["summary"]["course"]["test_accuracy"] = 0.55
     assert _find(capstone_exp.claims(behind), "06.course_beats_tutorial").holds is False
-    for wrong in ({"epochs": [1, 3]}, {"returncode": 1}, {"first_epoch_kept": False}, {"time_counted": False},
-                  {"plan_kept": False}):
-        assert _find(capstone_exp.claims(_results_06(resume=_resume(**wrong))), "06.resume_after_kill").holds is False, wrong
+    for wrong in (
+        {"epochs": [1, 3]},
+        {"returncode": 1},
+        {"first_epoch_kept": False},
+        {"time_counted": False},
+        {"plan_kept": False},
+    ):
+        assert (
+            _find(capstone_exp.claims(_results_06(resume=_resume(**wrong))), "06.resume_after_kill").holds is False
+        ), wrong
     late = _results_06()
     late["summary"]["baseline"].update(wall_time_s=140.0, trained_s=139.5)
     claim = _find(capstone_exp.claims(late), "06.budget_kept")
@@ -528,17 +730,22 @@ def test_lesson_06_policy_gain_of_about_1x_under_xla_on_a_cpu_differs_with_the_r
 
 def test_lesson_06_precision_variants_per_hardware():
     cpu = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU")
-    assert cpu == {"float32": {"policy": "float32", "jit": False},
-                   "mixed_bfloat16": {"policy": "mixed_bfloat16", "jit": False},
-                   "mixed_bfloat16, XLA on": {"policy": "mixed_bfloat16", "jit": True}}
+    assert cpu == {
+        "float32": {"policy": "float32", "jit": False},
+        "mixed_bfloat16": {"policy": "mixed_bfloat16", "jit": False},
+        "mixed_bfloat16, XLA on": {"policy": "mixed_bfloat16", "jit": True},
+    }
     gpu = capstone_exp.precision_variants({"policy": "mixed_float16", "jit_compile": True}, "GPU")
     assert list(gpu) == ["float32", "mixed_float16", "mixed_float16, XLA off"] and gpu["float32"]["jit"] is True
     assert list(capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "TPU")) == [
-        "float32", "mixed_bfloat16"]
+        "float32",
+        "mixed_bfloat16",
+    ]
     # several replicas (a multi-GPU box, CPU replicas): fit cannot be compiled (keras-team/keras#19005), no XLA row
     for kind in ("CPU", "multi-GPU"):
-        assert list(capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False, "replicas": 2},
-                                                    kind)) == ["float32", "mixed_bfloat16"]
+        assert list(
+            capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False, "replicas": 2}, kind)
+        ) == ["float32", "mixed_bfloat16"]
     claim = capstone_exp._xla_choice_claim("CPU", False, "trainer", {}, "mixed_bfloat16", None, 1, replicas=4)
     assert claim.holds is None and "4 replicas: fit cannot be compiled with XLA there" in claim.note
 
@@ -597,8 +804,10 @@ def test_lesson_06_precision_runs_are_fresh_processes_taking_turns(monkeypatch, 
     flags = [(c[c.index("--policy") + 1], "--jit" in c) for c in commands]
     assert flags == [("float32", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True)] * 2
     assert [("--tensorboard" in c) for c in commands] == [False, True, False, False, False, False]
-    assert all(c[1:3] == ["-m", "course_utils.capstone"] and "--no-tta" in c and c[c.index("--epochs") + 1] == "3"
-               for c in commands)
+    assert all(
+        c[1:3] == ["-m", "course_utils.capstone"] and "--no-tta" in c and c[c.index("--epochs") + 1] == "3"
+        for c in commands
+    )
     most[0] = 0
     capstone_exp.precision_runs("synthetic", variants, 1, 256, str(tmp_path / "s"))
     assert most[0] == 3  # one repeat: no verdict to protect, the variants run at once
@@ -641,13 +850,19 @@ def test_lesson_06_precision_run_past_its_timeout_is_one_message_and_stops_the_o
 
 
 def test_lesson_04_a_steps_per_execution_check_that_hung_holds_with_the_reason():
-    hung = {"replicas": 4, "outcome": "hung", "error": "no result in 15 s: the process was stopped",
-            "where": "a fresh process with 4 CPU replicas"}
+    hung = {
+        "replicas": 4,
+        "outcome": "hung",
+        "error": "no result in 15 s: the process was stopped",
+        "where": "a fresh process with 4 CPU replicas",
+    }
     claim = _find(pipeline.claims(_results_04(spe_mirrored=hung)), "04.spe_fails_on_mirrored")
     assert claim.holds is True and "hung" in claim.note and "hung" in claim.measured, claim.verdict
     failed = dict(hung, outcome="process failed", error="ImportError: no TensorFlow here")
     claim = _find(pipeline.claims(_results_04(spe_mirrored=failed)), "04.spe_fails_on_mirrored")
     assert claim.holds is False and claim.fails, claim.verdict  # a check that never ran proves nothing
     one = {"replicas": 1, "outcome": "fit ran", "error": "", "where": "this notebook's strategy"}
-    claim = _find(pipeline.claims(_results_04(replicas=1, real_global=32, spe_mirrored=one)), "04.spe_fails_on_mirrored")
+    claim = _find(
+        pipeline.claims(_results_04(replicas=1, real_global=32, spe_mirrored=one)), "04.spe_fails_on_mirrored"
+    )
     assert claim.holds is None and "2 replicas" in claim.note, claim.verdict

@@ -19,43 +19,90 @@ MIB = 2**20
 
 
 def _peak(*mib):
-    return PeakMemory(int(sorted(mib)[len(mib) // 2] * MIB), "tf.config.experimental.get_memory_info('CPU:0')",
-                      "CPU:0", samples=[int(m * MIB) for m in mib])
+    return PeakMemory(
+        int(sorted(mib)[len(mib) // 2] * MIB),
+        "tf.config.experimental.get_memory_info('CPU:0')",
+        "CPU:0",
+        samples=[int(m * MIB) for m in mib],
+    )
 
 
 def _run(where, policy, diff=1e-8, moved=0.05, updates=2):
     tolerance = exp.TOLERANCE[policy]
-    result = {"max_abs_diff": {"fit": diff, "loop": diff}, "updates_acc": {"fit": updates, "loop": updates},
-              "updates_big": 2, "micro_steps": 8, "moved": moved, "replicas": 4, "steps": 4, "policy": policy}
-    return {"where": where, "policy": policy, "result": result,
-            "within_tolerance": diff <= tolerance and moved > 20 * tolerance}
+    result = {
+        "max_abs_diff": {"fit": diff, "loop": diff},
+        "updates_acc": {"fit": updates, "loop": updates},
+        "updates_big": 2,
+        "micro_steps": 8,
+        "moved": moved,
+        "replicas": 4,
+        "steps": 4,
+        "policy": policy,
+    }
+    return {
+        "where": where,
+        "policy": policy,
+        "result": result,
+        "within_tolerance": diff <= tolerance and moved > 20 * tolerance,
+    }
 
 
 def _results() -> dict:
     """Results as a correct run on 4 CPU replicas gives them (figures of a real smoke run)."""
     return dict(
-        k=4, jit=False, replicas=4, kind="CPU",
-        peaks={"1·B": _peak(10, 10.5, 11, 10, 10.2), "4·B": _peak(38, 40, 41, 39, 40),
-               "4 × B accumulated": _peak(11, 11.5, 12, 11, 11.2)},
-        sgd={"without /k": {"ratio": 4.0}, "with /k": {"diff": 1e-8}}, adam_ratio=1.0,
+        k=4,
+        jit=False,
+        replicas=4,
+        kind="CPU",
+        peaks={
+            "1·B": _peak(10, 10.5, 11, 10, 10.2),
+            "4·B": _peak(38, 40, 41, 39, 40),
+            "4 × B accumulated": _peak(11, 11.5, 12, 11, 11.2),
+        },
+        sgd={"without /k": {"ratio": 4.0}, "with /k": {"diff": 1e-8}},
+        adam_ratio=1.0,
         averaging={"diff_vs_fit_right": 0.0, "update_ratio": 4.0, "replicas": 4, "loss_right": 2.3, "loss_wrong": 9.2},
-        builtin={"max_abs_diff": 1.5e-8}, builtin_on_mirrored="RuntimeError (merge_call in Cond)",
+        builtin={"max_abs_diff": 1.5e-8},
+        builtin_on_mirrored="RuntimeError (merge_call in Cond)",
         runs=[_run("1 replica", "float32"), _run("4 replicas", "float32"), _run("4 replicas", "mixed_bfloat16", 5e-5)],
-        ragged={"replicas": 4, "dataset_unbatched_size": "… use .batch(n, drop_remainder=True) …",
-                "arrays_dropped": {"updates": 3, "warning": "AccumulatingModel: dropping the last 20 of 404 examples"},
-                "accumulator_ragged": "GradientAccumulator: a micro-batch of 35 examples, expected global_micro_batch=32"},
+        ragged={
+            "replicas": 4,
+            "dataset_unbatched_size": "… use .batch(n, drop_remainder=True) …",
+            "arrays_dropped": {"updates": 3, "warning": "AccumulatingModel: dropping the last 20 of 404 examples"},
+            "accumulator_ragged": "GradientAccumulator: a micro-batch of 35 examples, expected global_micro_batch=32",
+        },
         bn={"updates": 1, "moving_mean_moved_acc": 0.0226, "moving_mean_moved_big": 0.0057, "trainable_diff": 1.4e-2},
         units={"Keras built-in": {"schedule_step": 8}, "AccumulatingModel": {"schedule_step": 2}},
-        fp16={"mixed_float16, no loss scaling": {"vanished": 0.41}, "mixed_float16 + LossScaleOptimizer": {"vanished": 0.0},
-              "mixed_bfloat16": {"vanished": 0.0}},
-        scaling={"replicas": 4, "accumulator": {"updates": 2, "max_abs_diff": 0.0, "moved": 0.05},
-                 "train_step": {"updates": 2, "max_abs_diff": 0.0},
-                 "overflow": {"applied": False, "iterations": 0, "scale_before": 32768.0, "scale_after": 16384.0,
-                              "replicas_unchanged": [True] * 4, "next_applied": True, "replicas_equal_after_next": True},
-                 "overflow_fit": {"finite": True, "scale_before": 32768.0, "scale_after": 16384.0, "iterations": 0,
-                                  "optimizer": "LossScaleOptimizer"},
-                 "keras": {how: {"finite": False, "scale_before": 32768.0, "scale_after": 32768.0, "iterations": 1}
-                           for how in ("custom_loop", "fit")}},
+        fp16={
+            "mixed_float16, no loss scaling": {"vanished": 0.41},
+            "mixed_float16 + LossScaleOptimizer": {"vanished": 0.0},
+            "mixed_bfloat16": {"vanished": 0.0},
+        },
+        scaling={
+            "replicas": 4,
+            "accumulator": {"updates": 2, "max_abs_diff": 0.0, "moved": 0.05},
+            "train_step": {"updates": 2, "max_abs_diff": 0.0},
+            "overflow": {
+                "applied": False,
+                "iterations": 0,
+                "scale_before": 32768.0,
+                "scale_after": 16384.0,
+                "replicas_unchanged": [True] * 4,
+                "next_applied": True,
+                "replicas_equal_after_next": True,
+            },
+            "overflow_fit": {
+                "finite": True,
+                "scale_before": 32768.0,
+                "scale_after": 16384.0,
+                "iterations": 0,
+                "optimizer": "LossScaleOptimizer",
+            },
+            "keras": {
+                how: {"finite": False, "scale_before": 32768.0, "scale_after": 32768.0, "iterations": 1}
+                for how in ("custom_loop", "fit")
+            },
+        },
     )
 
 
@@ -79,12 +126,14 @@ def _set(path, value):
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
+
     return change
 
 
 def _run_changed(index, **kwargs):
     def change(r):
         r["runs"][index] = _run(r["runs"][index]["where"], r["runs"][index]["policy"], **kwargs)
+
     return change
 
 
@@ -94,25 +143,48 @@ WRONG = {  # what a bug would produce -> the claim that must then read "does not
     "one update too few": (_run_changed(1, updates=1), "05.iterations_count_updates"),
     "reduce_mean's loss not 4x": (_set(("averaging", "loss_wrong"), 2.3), "05.reduce_mean_per_replica"),
     "update 2x, not 4x": (_set(("averaging", "update_ratio"), 2.0), "05.reduce_mean_per_replica"),
-    "ragged arrays without the warning": (_set(("ragged", "arrays_dropped", "warning"), ""), "05.ragged_batches_refused"),
+    "ragged arrays without the warning": (
+        _set(("ragged", "arrays_dropped", "warning"), ""),
+        "05.ragged_batches_refused",
+    ),
     "ragged micro-batch trained": (_set(("ragged", "accumulator_ragged"), "trained"), "05.ragged_batches_refused"),
-    "overflow counted as an update": (_set(("scaling", "overflow", "iterations"), 1), "05.loss_scale_optimizer_in_tools"),
-    "one replica updated on overflow": (_set(("scaling", "overflow", "replicas_unchanged"), [True, True, True, False]),
-                                        "05.loss_scale_optimizer_in_tools"),
-    "replicas differ after the next group": (_set(("scaling", "overflow", "replicas_equal_after_next"), False),
-                                             "05.loss_scale_optimizer_in_tools"),
-    "loss-scaled loop never trained": (_set(("scaling", "accumulator", "moved"), 0.0), "05.loss_scale_optimizer_in_tools"),
+    "overflow counted as an update": (
+        _set(("scaling", "overflow", "iterations"), 1),
+        "05.loss_scale_optimizer_in_tools",
+    ),
+    "one replica updated on overflow": (
+        _set(("scaling", "overflow", "replicas_unchanged"), [True, True, True, False]),
+        "05.loss_scale_optimizer_in_tools",
+    ),
+    "replicas differ after the next group": (
+        _set(("scaling", "overflow", "replicas_equal_after_next"), False),
+        "05.loss_scale_optimizer_in_tools",
+    ),
+    "loss-scaled loop never trained": (
+        _set(("scaling", "accumulator", "moved"), 0.0),
+        "05.loss_scale_optimizer_in_tools",
+    ),
     "AccumulatingModel let another replica's overflow through": (
-        _set(("scaling", "overflow_fit", "finite"), False), "05.loss_scale_optimizer_in_tools"),
+        _set(("scaling", "overflow_fit", "finite"), False),
+        "05.loss_scale_optimizer_in_tools",
+    ),
     "AccumulatingModel kept the scale on an overflow": (
-        _set(("scaling", "overflow_fit", "scale_after"), 32768.0), "05.loss_scale_optimizer_in_tools"),
+        _set(("scaling", "overflow_fit", "scale_after"), 32768.0),
+        "05.loss_scale_optimizer_in_tools",
+    ),
     "accumulated step peaks like k·B (issue 8's unrolled loop under XLA)": (
-        _set(("peaks", "4 × B accumulated"), _peak(37, 39, 40, 38, 39)), "05.accumulated_peak"),
+        _set(("peaks", "4 × B accumulated"), _peak(37, 39, 40, 38, 39)),
+        "05.accumulated_peak",
+    ),
     "builtin ran under MirroredStrategy": (_set(("builtin_on_mirrored",), "ran"), "05.builtin_crashes_mirrored"),
     "Keras' own LossScaleOptimizer saw the other replica's overflow (a fixed Keras)": (
-        _set(("scaling", "keras", "fit", "finite"), True), "05.keras_loss_scale_first_replica"),
+        _set(("scaling", "keras", "fit", "finite"), True),
+        "05.keras_loss_scale_first_replica",
+    ),
     "Keras' own LossScaleOptimizer lowered the scale": (
-        _set(("scaling", "keras", "custom_loop", "scale_after"), 16384.0), "05.keras_loss_scale_first_replica"),
+        _set(("scaling", "keras", "custom_loop", "scale_after"), 16384.0),
+        "05.keras_loss_scale_first_replica",
+    ),
 }
 
 
@@ -136,7 +208,9 @@ def test_no_peak_to_read_is_not_measurable_never_a_pass():
     results = _results()
     results["peaks"] = {label: PeakMemory(0, "none", "CPU:0") for label in results["peaks"]}
     claims = [c for c in exp.claims(results) if c.id in ("05.peak_grows_with_batch", "05.accumulated_peak")]
-    assert len(claims) == 2 and all(c.holds is None and c.status == report.UNMEASURABLE and "no peak" in c.verdict for c in claims)
+    assert len(claims) == 2 and all(
+        c.holds is None and c.status == report.UNMEASURABLE and "no peak" in c.verdict for c in claims
+    )
 
 
 def test_smoke_modes_two_replicas_expect_twice_not_four_times():
@@ -146,7 +220,11 @@ def test_smoke_modes_two_replicas_expect_twice_not_four_times():
     results["replicas"] = 1
     results["averaging"].update(replicas=2, update_ratio=2.0, loss_wrong=4.6)
     claim = _claim(exp.claims(results), "05.reduce_mean_per_replica")
-    assert claim.holds is True and claim.expected.startswith("2.00× on 2 replicas") and "fresh 2-CPU process: this runtime has 1 replica(s)" in claim.note
+    assert (
+        claim.holds is True
+        and claim.expected.startswith("2.00× on 2 replicas")
+        and "fresh 2-CPU process: this runtime has 1 replica(s)" in claim.note
+    )
     results["averaging"].update(update_ratio=4.0, loss_wrong=9.2)
     assert _verdict(results, "05.reduce_mean_per_replica") is False
     results["averaging"].update(replicas=1, update_ratio=1.0, loss_wrong=2.3)  # one replica shows no error at all

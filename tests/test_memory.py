@@ -108,7 +108,11 @@ def test_estimate_under_policies():
     assert pure.parameters * 2 == f32.parameters and pure.gradients * 2 == f32.gradients
     assert pure.optimizer_slots - 12 == (f32.optimizer_slots - 12) // 2
     # mixed: variables, gradients, slots stay float32; layer outputs (not the input batch) halve
-    assert (mixed.parameters, mixed.gradients, mixed.optimizer_slots) == (f32.parameters, f32.gradients, f32.optimizer_slots)
+    assert (mixed.parameters, mixed.gradients, mixed.optimizer_slots) == (
+        f32.parameters,
+        f32.gradients,
+        f32.optimizer_slots,
+    )
     input_bytes = 16 * 20 * 4
     assert mixed.activations == input_bytes + (f32.activations - input_bytes) // 2
     assert mixed.variable_dtype == "float32" and mixed.compute_dtype == "bfloat16"
@@ -307,8 +311,9 @@ def failing_step(mib: int):
 
 
 def test_isolated_peak_is_the_steps_own_size_in_fresh_processes():
-    peaks = memory.measure_peaks_isolated(allocating_step, {"40 MiB": {"mib": 40}, "100 MiB": {"mib": 100}},
-                                          repeats=2, fresh_process=True)
+    peaks = memory.measure_peaks_isolated(
+        allocating_step, {"40 MiB": {"mib": 40}, "100 MiB": {"mib": 100}}, repeats=2, fresh_process=True
+    )
     assert list(peaks) == ["40 MiB", "100 MiB"]  # the order asked for
     for label, mib in (("40 MiB", 40), ("100 MiB", 100)):
         p = peaks[label]
@@ -346,8 +351,16 @@ def hanging_step(seconds: float):
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "from scratch"])
 def test_isolated_peaks_and_time_ratios_forked_or_not(fork):
     """Both ways give the step's own peak; the 100 MiB step takes longer than the 20 MiB one it is timed against."""
-    got = memory.measure_isolated(allocating_step, {"20 MiB": {"mib": 20}, "100 MiB": {"mib": 100}}, repeats=1,
-                                  fork=fork, fresh_process=True, time_rounds=5, time_repeats=3, time_baseline="20 MiB")
+    got = memory.measure_isolated(
+        allocating_step,
+        {"20 MiB": {"mib": 20}, "100 MiB": {"mib": 100}},
+        repeats=1,
+        fork=fork,
+        fresh_process=True,
+        time_rounds=5,
+        time_repeats=3,
+        time_baseline="20 MiB",
+    )
     assert ("forked" in got.peaks["20 MiB"].method) == fork
     if got.peaks["20 MiB"].method.startswith(memory.MEMORY_INFO):
         for label, mib in (("20 MiB", 20), ("100 MiB", 100)):
@@ -391,8 +404,14 @@ def test_a_failing_step_beside_one_still_building_reports_its_error_and_leaves_t
     with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
         memory.measure_isolated(failing_step, {"fails": {"mib": 3}}, fresh_process=True, repeats=1)  # warm helper
     with pytest.raises(RuntimeError, match="cannot build a 3 MiB step"):
-        memory.measure_isolated(_either_step, {"fails": {"mib": 3, "seconds": -1}, "slow": {"mib": 4, "seconds": 1}},
-                                fresh_process=True, repeats=1, parallel=2, timeout=30)
+        memory.measure_isolated(
+            _either_step,
+            {"fails": {"mib": 3, "seconds": -1}, "slow": {"mib": 4, "seconds": 1}},
+            fresh_process=True,
+            repeats=1,
+            parallel=2,
+            timeout=30,
+        )
     assert time.monotonic() - t0 < 25
     helper = psutil.Process(memory._forker.proc.pid)
     time.sleep(2)  # the slow sibling (1 s) has finished building and met the closed pipe
@@ -432,8 +451,15 @@ def test_isolated_timeout_stops_every_process(fork):
 def test_isolated_in_this_process_times_after_the_peaks():
     """On a TPU/GPU the steps are measured here; the timed ones are built again afterwards, so no model is alive
     while another's peak is measured: the second peak is the 20 MiB step's own, not 20 + 100 MiB."""
-    got = memory.measure_isolated(holding_step, {"100 MiB": {"mib": 100}, "20 MiB": {"mib": 20}}, repeats=1,
-                                  fresh_process=False, time_rounds=5, time_repeats=3, time_baseline="20 MiB")
+    got = memory.measure_isolated(
+        holding_step,
+        {"100 MiB": {"mib": 100}, "20 MiB": {"mib": 20}},
+        repeats=1,
+        fresh_process=False,
+        time_rounds=5,
+        time_repeats=3,
+        time_baseline="20 MiB",
+    )
     assert "in this process" in got.peaks["20 MiB"].method
     if got.peaks["20 MiB"].method.startswith(memory.MEMORY_INFO):
         assert got.peaks["20 MiB"].peak_bytes < 100 * MIB, got.peaks["20 MiB"].samples
@@ -457,7 +483,8 @@ def test_a_module_that_runs_an_op_at_import_is_refused(tmp_path, monkeypatch):
         pytest.skip("forking is used on Linux only")
     (tmp_path / "eager_at_import.py").write_text(
         "import tensorflow as tf\nONE = tf.constant(1.0)  # an op at import time\n\n"
-        "def make_step(mib):\n    return tf.function(lambda: ONE * mib)\n")
+        "def make_step(mib):\n    return tf.function(lambda: ONE * mib)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import eager_at_import
 
@@ -470,10 +497,17 @@ def test_a_module_that_runs_an_op_at_import_is_refused(tmp_path, monkeypatch):
 def test_tensorflow_has_run_an_op_reads_the_eager_context_in_a_fresh_process():
     """The fork-based measurements rely on TensorFlow's private eager-context flag (processes.tensorflow_has_run_an_op):
     False after importing TensorFlow, True once an op ran. A release that changes it fails here, loudly."""
-    code = ("import tensorflow as tf\nfrom course_utils import processes\nbefore = processes.tensorflow_has_run_an_op()\n"
-            "tf.constant(1) + 1\nprint(before, processes.tensorflow_has_run_an_op())")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    code = (
+        "import tensorflow as tf\nfrom course_utils import processes\nbefore = processes.tensorflow_has_run_an_op()\n"
+        "tf.constant(1) + 1\nprint(before, processes.tensorflow_has_run_an_op())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"], proc.stdout
 
@@ -481,8 +515,9 @@ def test_tensorflow_has_run_an_op_reads_the_eager_context_in_a_fresh_process():
 def test_peaks_from_several_processes_pool_every_reading():
     from course_utils.lessons.bfloat16_conversion import experiments as conversion
 
-    peaks = memory.measure_peaks_isolated(conversion.forward_step, {"f32": dict(policy="float32", width=8, batch=16)},
-                                          repeats=2, processes=3)
+    peaks = memory.measure_peaks_isolated(
+        conversion.forward_step, {"f32": dict(policy="float32", width=8, batch=16)}, repeats=2, processes=3
+    )
     assert list(peaks) == ["f32"]
     assert len(peaks["f32"].samples) == 6  # 3 processes × 2 readings
     assert peaks["f32"].peak_bytes == int(statistics.median(peaks["f32"].samples))
@@ -507,8 +542,9 @@ def test_measuring_processes_get_an_explicit_inter_op_pool(monkeypatch):
     monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
     memory.stop_measuring_process()  # a helper started before this test has its own environment
     expected = str(processes.interop_threads())
-    got = memory.measure_peaks_isolated(interop_checking_step, {"a": {"mib": 2, "expected": expected}}, repeats=1,
-                                        fresh_process=True, timeout=60)
+    got = memory.measure_peaks_isolated(
+        interop_checking_step, {"a": {"mib": 2, "expected": expected}}, repeats=1, fresh_process=True, timeout=60
+    )
     assert got["a"].peak_bytes > 0
     memory.stop_measuring_process()
 
@@ -528,8 +564,9 @@ def test_isolated_in_this_process_measures_both_orders_and_pools_them():
     are measured first to last, then last to first; each variant's readings from both passes are pooled, and the
     method names both passes' medians."""
     _BUILT.clear()
-    peaks = memory.measure_peaks_isolated(recording_step, {"a": {"mib": 8}, "b": {"mib": 16}, "c": {"mib": 4}},
-                                          repeats=2, fresh_process=False)
+    peaks = memory.measure_peaks_isolated(
+        recording_step, {"a": {"mib": 8}, "b": {"mib": 16}, "c": {"mib": 4}}, repeats=2, fresh_process=False
+    )
     assert _BUILT == [8, 16, 4, 4, 16, 8]  # both orders
     assert list(peaks) == ["a", "b", "c"]  # the order asked for
     for label, mib in (("a", 8), ("b", 16), ("c", 4)):

@@ -32,8 +32,13 @@ def _md(text: str) -> dict:
 
 
 def _code(text: str, tags: list[str] | None = None) -> dict:
-    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
-            "source": text.splitlines(keepends=True)}
+    cell = {
+        "cell_type": "code",
+        "execution_count": None,
+        "metadata": {},
+        "outputs": [],
+        "source": text.splitlines(keepends=True),
+    }
     if tags:
         cell["metadata"]["tags"] = tags
     return cell
@@ -45,9 +50,13 @@ def good_notebook(relpath: str = f"notebooks/{NAME}", repo: str = REPO, ref: str
         "nbformat_minor": 5,
         "metadata": {"language_info": {"name": "python"}},
         "cells": [
-            _md("# An example lesson\n\nOne line that promises something.\n\n" + nbl.badge_markdown(relpath, repo, ref)),
-            _md("## You will learn\n\n- one thing\n- another\n\n**Time:** 20 min. **Prerequisites:** none.\n"
-                "**Runtime:** TPU if you can get one; GPU or CPU work too."),
+            _md(
+                "# An example lesson\n\nOne line that promises something.\n\n" + nbl.badge_markdown(relpath, repo, ref)
+            ),
+            _md(
+                "## You will learn\n\n- one thing\n- another\n\n**Time:** 20 min. **Prerequisites:** none.\n"
+                "**Runtime:** TPU if you can get one; GPU or CPU work too."
+            ),
             _code(nbl.setup_cell_source(repo, ref)),
             _md("## A section\n\nProse."),
             _code("x = 1 + 1\nassert x == 2", tags=["parameters"]),
@@ -99,7 +108,11 @@ _SETUP_LINES = len(nbl.setup_cell_source().splitlines())
 @pytest.mark.parametrize(
     "path",
     REAL_NOTEBOOKS
-    or [pytest.param(None, marks=pytest.mark.skip(reason="no notebooks yet; test_correct_notebook_lints_clean covers the linter"))],
+    or [
+        pytest.param(
+            None, marks=pytest.mark.skip(reason="no notebooks yet; test_correct_notebook_lints_clean covers the linter")
+        )
+    ],
     ids=lambda p: p.name if isinstance(p, Path) else "none",
 )
 def test_real_notebook_lints_clean(path: Path) -> None:
@@ -121,8 +134,12 @@ def test_canonical_pieces() -> None:
     assert src.endswith("runtime = course_utils.setup()")
     compile(src, "<setup cell>", "exec")  # valid Python
     nb = nbl.apply_metadata({"metadata": {"colab": {"name": "x"}, "other": 1}})
-    assert nb["metadata"] == {"accelerator": "TPU", "colab": {"name": "x", "gpuType": "V5E1"},
-                              "kernelspec": {"name": "python3"}, "other": 1}
+    assert nb["metadata"] == {
+        "accelerator": "TPU",
+        "colab": {"name": "x", "gpuType": "V5E1"},
+        "kernelspec": {"name": "python3"},
+        "other": 1,
+    }
 
 
 def test_course_nbfmt_is_stock_nbfmt_plus_preserved_keys(tmp_path: Path) -> None:
@@ -203,8 +220,10 @@ def test_stock_nbfmt_output_is_rejected(repo_root: Path) -> None:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda s: s.replace("install_tensorflow()", "install_tensorflow(on_tpu=True)"),
-         r"line 16 is 'install_tensorflow\(on_tpu=True\)"),
+        (
+            lambda s: s.replace("install_tensorflow()", "install_tensorflow(on_tpu=True)"),
+            r"line 16 is 'install_tensorflow\(on_tpu=True\)",
+        ),
         (lambda s: s + "\nprint('extra')", rf"has {_SETUP_LINES + 1} lines, expected {_SETUP_LINES}"),
         (lambda s: s.replace(REPO, "someone-else/fork"), r"setup cell points at .*someone-else/fork"),
     ],
@@ -233,10 +252,14 @@ def test_sections_out_of_order_are_rejected(repo_root: Path) -> None:
     nb = good_notebook()
     summary = nb["cells"].pop(11)
     nb["cells"].insert(7, summary)  # Summary before Exercises
-    assert_only(lint(repo_root, nb), r"sections out of order: '## Summary' \(cell 7\) comes before '## Claims vs\. measured'")
+    assert_only(
+        lint(repo_root, nb), r"sections out of order: '## Summary' \(cell 7\) comes before '## Claims vs\. measured'"
+    )
     nb = good_notebook()
     nb["cells"][7], nb["cells"][9] = nb["cells"][9], nb["cells"][7]  # Claims before Exercises
-    assert_only(lint(repo_root, nb), r"sections out of order: '## Claims vs\. measured' \(cell 7\) comes before '## Exercises'")
+    assert_only(
+        lint(repo_root, nb), r"sections out of order: '## Claims vs\. measured' \(cell 7\) comes before '## Exercises'"
+    )
 
 
 def test_you_will_learn_needs_time_prerequisites_runtime(repo_root: Path) -> None:
@@ -267,8 +290,10 @@ def test_a_cell_marked_to_raise_is_rejected(repo_root: Path, mark: str) -> None:
     if mark == "comment":
         nb["cells"][6] = _code("# NBVAL_RAISES_EXCEPTION\nraise AttributeError('no setter')")
     else:
-        nb["cells"][6] = _code("raise AttributeError('no setter')",
-                               tags=["raises-exception" if mark == "tag" else "nbval-raises-exception"])
+        nb["cells"][6] = _code(
+            "raise AttributeError('no setter')",
+            tags=["raises-exception" if mark == "tag" else "nbval-raises-exception"],
+        )
     assert_only(lint(repo_root, nb), r"cell 6: marked to raise .* Colab's Run all stops .*expect_failure")
 
 
@@ -418,10 +443,20 @@ def test_set_repo_rejects_invalid_slug(repo_copy: Path, capsys, slug: str) -> No
     assert (repo_copy / "course_utils" / "_repo.py").read_bytes() == before
 
 
-@pytest.mark.parametrize("args", [["evil/name\n"], ["../.."], ["./fork"], ["owner/.."],
-                                  ["a-user/fork", "--ref", "main\n"], ["a-user/fork", "--ref", "."],
-                                  ["a-user/fork", "--ref", ".hidden"], ["a-user/fork", "--ref", "topic.lock"],
-                                  ["a-user/fork", "--ref", "release/"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["evil/name\n"],
+        ["../.."],
+        ["./fork"],
+        ["owner/.."],
+        ["a-user/fork", "--ref", "main\n"],
+        ["a-user/fork", "--ref", "."],
+        ["a-user/fork", "--ref", ".hidden"],
+        ["a-user/fork", "--ref", "topic.lock"],
+        ["a-user/fork", "--ref", "release/"],
+    ],
+)
 def test_set_repo_refuses_a_name_or_ref_that_is_none_and_changes_no_file(repo_copy: Path, capsys, args) -> None:
     """A trailing newline passed the old patterns (their $ matches before it) and left _repo.py with an unterminated
     string, after which nothing imported; "../.." pointed every badge at github.com/../..; --ref . rewrote 10 files,
@@ -445,8 +480,12 @@ def test_set_repo_writes_all_or_nothing_when_a_notebook_cannot_be_read(repo_copy
 
 def test_consistency_catches_a_stale_readme_and_setup_cell(repo_copy: Path) -> None:
     readme = repo_copy / "README.md"
-    readme.write_text(readme.read_text() + f"\n[02]({nbl.colab_url('notebooks/02_missing.ipynb')})\n"
-                      + nbl.colab_url(f"notebooks/{NAME}", "old/fork", "main") + "\n")
+    readme.write_text(
+        readme.read_text()
+        + f"\n[02]({nbl.colab_url('notebooks/02_missing.ipynb')})\n"
+        + nbl.colab_url(f"notebooks/{NAME}", "old/fork", "main")
+        + "\n"
+    )
     nb_path = repo_copy / "notebooks" / NAME
     nb = good_notebook()
     nb["cells"][2] = _code(nbl.setup_cell_source("old/fork", REF))
@@ -464,8 +503,12 @@ def test_notebooks_follow_googles_docs_style():
     import sys
 
     notebooks = sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb"))
-    proc = subprocess.run([sys.executable, "-m", "tensorflow_docs.tools.nblint", "--styles=google", *notebooks],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorflow_docs.tools.nblint", "--styles=google", *notebooks],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     plain = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     found = [line for line in plain.splitlines() if "Found:" in line]
     assert proc.returncode == 0, "nblint (google style) found:\n" + "\n".join(found[:20])
@@ -491,14 +534,19 @@ def _course_copy(tmp_path: Path) -> Path:
 def test_lessons_problems_names_a_notebook_off_the_list_one_without_its_lesson_and_a_wrong_readme_row(tmp_path):
     root = _course_copy(tmp_path)
     readme = root / "README.md"
-    readme.write_text(readme.read_text(encoding="utf-8").replace("| 05 | [Gradient accumulation]",
-                                                                 "| 05 | [Accumulation]"), encoding="utf-8")
+    readme.write_text(
+        readme.read_text(encoding="utf-8").replace("| 05 | [Gradient accumulation]", "| 05 | [Accumulation]"),
+        encoding="utf-8",
+    )
     (root / "notebooks" / "09_extra.ipynb").write_text("{}")
     (root / "notebooks" / "08_scaling_out.ipynb").unlink()
     seven = root / "notebooks" / "07_activation_memory.ipynb"
-    seven.write_text(seven.read_text(encoding="utf-8").replace(
-        "from course_utils.lessons import activation_memory as lesson", "from course_utils.lessons import x"),
-        encoding="utf-8")
+    seven.write_text(
+        seven.read_text(encoding="utf-8").replace(
+            "from course_utils.lessons import activation_memory as lesson", "from course_utils.lessons import x"
+        ),
+        encoding="utf-8",
+    )
     three = root / "course_utils" / "lessons" / "mixed_precision" / "lesson.toml"
     three.write_text(three.read_text().replace("minutes = 30", "minutes = 50"))
     problems = nbl.lessons_problems(root)
@@ -508,7 +556,8 @@ def test_lessons_problems_names_a_notebook_off_the_list_one_without_its_lesson_a
         "such notebook",
         "notebooks/03_mixed_precision.ipynb: its '**Time:** about N minutes' line says [30]; its manifest says 50",
         "notebooks/07_activation_memory.ipynb: no code cell imports its own lesson "
-        "(`from course_utils.lessons import activation_memory as lesson`)"], problems
+        "(`from course_utils.lessons import activation_memory as lesson`)",
+    ], problems
     assert len(problems) == 5 and "rows for 03, 05 differ" in problems[4] and "lint --fix" in problems[4], problems
     assert nbl.fix_curriculum(root) and not nbl.fix_curriculum(root)
     text = readme.read_text(encoding="utf-8")
@@ -525,7 +574,7 @@ def test_a_manifest_that_cannot_be_read_is_one_line_naming_file_and_field(tmp_pa
     manifest = folder / "lesson.toml"
     for text, says in [
         ('id = "09"\ntitle = "X"\nminutes = "forty"', "minutes must be a whole number, not 'forty'"),
-        ('id = "9"\ntitle = "X"', 'id must be two digits, like "09", not \'9\''),
+        ('id = "9"\ntitle = "X"', "id must be two digits, like \"09\", not '9'"),
         ('title = "X"', "no id"),
         ('id = "09"\ntitle = "X"\ncolour = 1', "unknown field(s) colour"),
         ('id = "09"\ntitle = "X"\n[run]\nci_shapes = ["tpu"]', "ci_shapes ['tpu'] are not among"),
@@ -535,8 +584,10 @@ def test_a_manifest_that_cannot_be_read_is_one_line_naming_file_and_field(tmp_pa
         ('id = "09"\ntitle = "X"\n[sizes]\nsteps = 3', "sizes.steps must be { full = ..., smoke = ... }, not 3"),
         ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = 3 }', "sizes.steps must be { full = ..., smoke"),
         ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = 3, smoke = 1.5 }', "are of different kinds"),
-        ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = true, smoke = false }',
-         "sizes.steps.full must be a number or a list of numbers, not True"),
+        (
+            'id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = true, smoke = false }',
+            "sizes.steps.full must be a number or a list of numbers, not True",
+        ),
         ('id = "09"\ntitle = "X"\n[sizes]\nsteps = { full = [], smoke = [1] }', "sizes.steps.full must be a number"),
         ('id = "09"\ntitle = "X"\n[sizes]\nStepCount = { full = 3, smoke = 1 }', "lower_case_with_underscores"),
     ]:
@@ -557,7 +608,7 @@ def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
     root = tmp_path / "course"
     for name in ("course_utils", "devtools", "notebooks"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("runs", "__pycache__", "*.egg-info"))
-    for name in ("README.md", "conftest.py", "CONTRIBUTING.md", "CHANGELOG.md"):
+    for name in ("README.md", "conftest.py", "CONTRIBUTING.md", "CHANGELOG.md", "pyproject.toml"):
         shutil.copy2(ROOT / name, root / name)
     folder = root / "course_utils" / "lessons" / "keras_on_jax"
     folder.mkdir()
@@ -565,15 +616,21 @@ def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
     (folder / "lesson.toml").write_text(
         'id = "09"\ntitle = "Keras on JAX"\nadvanced = true\nminutes = 45\nmeasures = "the same model on JAX"\n'
         '[run]\nxla_notebook = true\nall_cores = true\nci_shapes = ["gpu"]\n'
-        '[sizes]\njax_steps = { full = 100, smoke = 5 }\njax_batches = { full = [64, 128], smoke = [8] }\n')
+        "[sizes]\njax_steps = { full = 100, smoke = 5 }\njax_batches = { full = [64, 128], smoke = [8] }\n"
+    )
     nb = (ROOT / "notebooks" / "08_scaling_out.ipynb").read_text(encoding="utf-8")
     (root / "notebooks" / "09_keras_on_jax.ipynb").write_text(
-        nb.replace("from course_utils.lessons import scaling_out as lesson",
-                   "from course_utils.lessons import keras_on_jax as lesson")
-          .replace("**Time:** about 40 minutes", "**Time:** about 45 minutes"), encoding="utf-8")
-    code = ("import conftest, json\nfrom course_utils import config, lessons\nfrom tests import test_notebook_modes as m\n"
-            "print(json.dumps([[l.id for l in lessons.LESSONS], list(conftest.ALL_CORES_NOTEBOOKS), m.XLA_LESSONS,"
-            " [config.FULL_SIZES.jax_steps, config.SMOKE_SIZES.jax_batches, config.get().sizes.block_width]]))")
+        nb.replace(
+            "from course_utils.lessons import scaling_out as lesson",
+            "from course_utils.lessons import keras_on_jax as lesson",
+        ).replace("**Time:** about 40 minutes", "**Time:** about 45 minutes"),
+        encoding="utf-8",
+    )
+    code = (
+        "import conftest, json\nfrom course_utils import config, lessons\nfrom tests import test_notebook_modes as m\n"
+        "print(json.dumps([[l.id for l in lessons.LESSONS], list(conftest.ALL_CORES_NOTEBOOKS), m.XLA_LESSONS,"
+        " [config.FULL_SIZES.jax_steps, config.SMOKE_SIZES.jax_batches, config.get().sizes.block_width]]))"
+    )
     (root / "tests").mkdir()
     (root / "tests" / "__init__.py").write_text("")
     shutil.copy2(ROOT / "tests" / "test_notebook_modes.py", root / "tests" / "test_notebook_modes.py")
@@ -588,10 +645,19 @@ def test_adding_a_lesson_is_its_folder_and_its_notebook(tmp_path):
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "README.md: fixed: the curriculum table" in fixed.stdout
     row = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("| 09 |"))
-    assert row.startswith("| 09 | [*Advanced:* Keras on JAX](notebooks/09_keras_on_jax.ipynb) | 45 min | the same "
-                          "model on JAX | [![Open In Colab]"), row
+    assert row.startswith(
+        "| 09 | [*Advanced:* Keras on JAX](notebooks/09_keras_on_jax.ipynb) | 45 min | the same "
+        "model on JAX | [![Open In Colab]"
+    ), row
     assert run("-m", "course_utils.lessons", "--ci-shape", "gpu").stdout.split() == [
-        "01", "02", "03", "04", "05", "06", "09"]
+        "01",
+        "02",
+        "03",
+        "04",
+        "05",
+        "06",
+        "09",
+    ]
     assert run("-m", "course_utils.lessons", "--ci-shape", "tpu-1").stdout.split()[-1] == "07"
     listed = json.loads(run("-c", code).stdout)
     assert listed[0][-1] == "09" and listed[1][-1] == "09_keras_on_jax.ipynb" and listed[2][-1] == "09_"
@@ -603,8 +669,9 @@ def test_a_lesson_size_that_another_manifest_or_the_common_sizes_declare_is_refu
 
     mine = lessons.Lesson("09", "X", "course_utils.lessons.x", sizes=(("memory_batch", 1, 1),))
     monkeypatch.setattr(manifests, "LESSONS", (*lessons.LESSONS, mine))  # what the config reads
-    with pytest.raises(lessons.ManifestError, match="lesson 09's manifest declares sizes.memory_batch, which "
-                                                    "config.CommonSizes has"):
+    with pytest.raises(
+        lessons.ManifestError, match="lesson 09's manifest declares sizes.memory_batch, which config.CommonSizes has"
+    ):
         config._lesson_sizes()
     mine = lessons.Lesson("09", "X", "course_utils.lessons.x", sizes=(("block_width", 1, 1),))
     monkeypatch.setattr(manifests, "LESSONS", (*lessons.LESSONS, mine))
@@ -624,15 +691,17 @@ def shared_runs(notebooks: list[Path], package: Path, run: int = 6) -> list[str]
     for module in sorted(package.rglob("*.py")):
         lines = _code_lines(module.read_text(encoding="utf-8"))
         for i in range(len(lines) - run + 1):
-            runs.setdefault(tuple(lines[i:i + run]), module.relative_to(package.parent).as_posix())
+            runs.setdefault(tuple(lines[i : i + run]), module.relative_to(package.parent).as_posix())
     found = []
     for path in notebooks:
         for n, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
             lines = _code_lines(nbl.cell_source(cell)) if cell["cell_type"] == "code" else []
             for i in range(len(lines) - run + 1):
-                if tuple(lines[i:i + run]) in runs:
-                    found.append(f"{path.name} cell {n} shares {run}+ lines with {runs[tuple(lines[i:i + run])]}, "
-                                 f"from `{lines[i]}`")
+                if tuple(lines[i : i + run]) in runs:
+                    found.append(
+                        f"{path.name} cell {n} shares {run}+ lines with {runs[tuple(lines[i : i + run])]}, "
+                        f"from `{lines[i]}`"
+                    )
                     break
     return found
 
@@ -653,5 +722,33 @@ def test_the_copy_check_finds_a_retyped_function(tmp_path):
     path = tmp_path / NAME
     path.write_text(json.dumps(retyped))
     (found,) = shared_runs([path], ROOT / "course_utils")
-    assert found.startswith(f"{NAME} cell {len(retyped['cells']) - 1} shares 6+ lines with "
-                            "course_utils/lessons/bfloat16_conversion/experiments.py"), found
+    assert found.startswith(
+        f"{NAME} cell {len(retyped['cells']) - 1} shares 6+ lines with "
+        "course_utils/lessons/bfloat16_conversion/experiments.py"
+    ), found
+
+
+def test_lint_checks_the_python_sources_with_the_formatter_and_fix_formats_them(tmp_path, monkeypatch) -> None:
+    assert nbl.python_format_problems(ROOT) == []  # this checkout: formatted
+    messy = "x = [1,\n 2]\ny=( 3 )\n"
+    bad = tmp_path / "pkg" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text(messy)
+    kept = tmp_path / "measurements" / "as_it_ran.py"  # the measurements' scripts stay as they ran
+    kept.parent.mkdir()
+    kept.write_text(messy)
+    problems = nbl.python_format_problems(tmp_path)
+    assert len(problems) == 1 and problems[0].endswith(
+        "bad.py: not formatted (python -m course_utils lint --fix, or ruff format)"
+    ), problems
+    assert nbl.python_format_problems(tmp_path, fix=True) == []
+    assert bad.read_text() == "x = [1, 2]\ny = 3\n" and kept.read_text() == messy
+    bad.write_text("def broken(:\n")
+    assert nbl.python_format_problems(tmp_path)[0].startswith("ruff format failed: ")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ruff" else real(name, *a))
+    assert nbl.python_format_problems(tmp_path) == [
+        "ruff is not installed, so the Python sources were not checked: pip install -r requirements-dev.txt"
+    ]

@@ -36,8 +36,9 @@ XLA_LESSONS = tuple(f"{lesson.id}_" for lesson in lessons.LESSONS if lesson.xla_
 FULL_TIMEOUT_S = int(os.environ.get("COURSE_FULL_CELL_TIMEOUT_S", "900"))
 
 
-def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: pathlib.Path
-             ) -> tuple[list[str], list[str]]:
+def _execute(
+    path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: pathlib.Path
+) -> tuple[list[str], list[str]]:
     """Execute ``path`` in a fresh kernel with ``env`` set; return (unexpected errors, claims that do not hold)."""
     import nbformat
 
@@ -50,8 +51,14 @@ def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: p
     # the GPU and TPU stand-ins of lesson 08) would otherwise share runs/08 and read each other's files.
     workdir = claims_dir / "notebook_cwd"
     workdir.mkdir(exist_ok=True)
-    seconds, failure = notebook_run.run(nb, dict(os.environ), workdir=workdir, timeout=FULL_TIMEOUT_S,
-                                        log_path=claims_dir / "kernel.log", allow_errors=True)
+    seconds, failure = notebook_run.run(
+        nb,
+        dict(os.environ),
+        workdir=workdir,
+        timeout=FULL_TIMEOUT_S,
+        log_path=claims_dir / "kernel.log",
+        allow_errors=True,
+    )
     print(f"{path.name} {env}: {seconds:.0f} s")
     errors = [failure] if failure else []
     for index, cell in enumerate(nb.cells):
@@ -64,8 +71,11 @@ def _execute(path: pathlib.Path, env: dict[str, str], monkeypatch, claims_dir: p
     claims = [c for path in saved for c in json.loads(path.read_text(encoding="utf-8"))]
     if not claims:
         errors.append("the notebook saved no claims table (report.ClaimsTable)")
-    failed = [f"{c.get('id') or c['claim']}: expected {c['expected']}, measured {c['measured']} ({c['reason']})"
-              for c in claims if report.Verdict.read(c["verdict"]) is report.Verdict.FAILS]
+    failed = [
+        f"{c.get('id') or c['claim']}: expected {c['expected']}, measured {c['measured']} ({c['reason']})"
+        for c in claims
+        if report.Verdict.read(c["verdict"]) is report.Verdict.FAILS
+    ]
     return errors, failed
 
 
@@ -78,8 +88,11 @@ def test_full_mode_on_synthetic_data(path, monkeypatch, tmp_path):
 
 
 @pytest.mark.xla
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name.startswith(XLA_LESSONS)],
-                         ids=[p.stem for p in NOTEBOOKS if p.name.startswith(XLA_LESSONS)])
+@pytest.mark.parametrize(
+    "path",
+    [p for p in NOTEBOOKS if p.name.startswith(XLA_LESSONS)],
+    ids=[p.stem for p in NOTEBOOKS if p.name.startswith(XLA_LESSONS)],
+)
 def test_under_xla(path, monkeypatch, tmp_path):
     errors, failed = _execute(path, {"COURSE_SMOKE": "1", "COURSE_JIT": "1"}, monkeypatch, tmp_path)
     assert not errors, "cells raised under XLA:\n" + "\n".join(errors)
@@ -90,8 +103,9 @@ def test_under_xla(path, monkeypatch, tmp_path):
 @pytest.mark.parametrize("kind", ["tpu", "gpu"])
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_under_an_accelerator_stand_in(path, kind, monkeypatch, tmp_path):
-    errors, failed = _execute(path, {"COURSE_SMOKE": "1", "COURSE_STANDIN": kind, "COURSE_CPU_REPLICAS": "1"},
-                              monkeypatch, tmp_path)
+    errors, failed = _execute(
+        path, {"COURSE_SMOKE": "1", "COURSE_STANDIN": kind, "COURSE_CPU_REPLICAS": "1"}, monkeypatch, tmp_path
+    )
     assert not errors, f"cells raised under the {kind.upper()} stand-in:\n" + "\n".join(errors)
     assert not failed, f"claims that do not hold under the {kind.upper()} stand-in:\n" + "\n".join(failed)
 

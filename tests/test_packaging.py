@@ -21,7 +21,7 @@ from course_utils import lessons
 ROOT = Path(__file__).resolve().parents[1]
 TF_FAMILY = {"tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly", "keras", "tf-keras"}
 # What the tests and the maintainers need and a learner does not: requirements-dev.txt, never requirements.txt.
-DEV_TOOLS = {"pytest", "pytest-xdist", "nbval", "pyyaml", "playwright", "tensorflow-docs", "nox"}
+DEV_TOOLS = {"pytest", "pytest-xdist", "nbval", "pyyaml", "playwright", "tensorflow-docs", "nox", "ruff"}
 # SHA-256 of the Apache License 2.0 as apache.org publishes it (https://www.apache.org/licenses/LICENSE-2.0.txt).
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 LICENSE_FILES = ["LICENSE", "LICENSE-CONTENT.md"]
@@ -58,9 +58,19 @@ def test_requirements_pin_exact_versions_of_the_course_stack():
     assert pins["keras"].startswith("3.")
     assert pins["tensorflow-datasets"].startswith("4.9.")
     # what a learner runs: the notebooks in JupyterLab, TensorBoard and its profile tab, the course site
-    for need in ("jupyterlab", "ipykernel", "matplotlib", "psutil", "setproctitle", "tensorboard",
-                 "tensorboard-plugin-profile",
-                 "nbformat", "nbclient", "nbconvert", "setuptools"):
+    for need in (
+        "jupyterlab",
+        "ipykernel",
+        "matplotlib",
+        "psutil",
+        "setproctitle",
+        "tensorboard",
+        "tensorboard-plugin-profile",
+        "nbformat",
+        "nbclient",
+        "nbconvert",
+        "setuptools",
+    ):
         assert need in pins, need
     assert not DEV_TOOLS & pins.keys(), f"test tools belong in requirements-dev.txt: {sorted(DEV_TOOLS & pins.keys())}"
     assert "-e ." in _lines("requirements.txt"), "requirements.txt installs course_utils from the checkout"
@@ -87,15 +97,31 @@ def test_requirements_dev_is_the_learners_pins_plus_the_test_tools_pinned():
 
 def test_the_wheel_ships_every_module_including_the_lessons(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("course_utils-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {n for n in names if n.endswith((".py", "lesson.toml"))}  # the lessons' manifests: LESSONS reads them
-    expected = {p.relative_to(ROOT).as_posix() for pattern in ("*.py", "lesson.toml")
-                for p in (ROOT / "course_utils").rglob(pattern)}
+    expected = {
+        p.relative_to(ROOT).as_posix()
+        for pattern in ("*.py", "lesson.toml")
+        for p in (ROOT / "course_utils").rglob(pattern)
+    }
     assert expected - shipped == set(), f"missing from the wheel: {sorted(expected - shipped)}"
     assert not [n for n in names if n.startswith("devtools/")], "the maintainer tools ship in the learners' wheel"
     # the lessons' notebooks, as course_utils/notebooks: an installed prove executes them, found there
@@ -103,13 +129,23 @@ def test_the_wheel_ships_every_module_including_the_lessons(tmp_path):
     assert {n: zipfile.ZipFile(wheel).read(f"course_utils/notebooks/{n}") for n in notebooks} == notebooks
     installed = tmp_path / "installed"
     zipfile.ZipFile(wheel).extractall(installed)
-    found = subprocess.run([sys.executable, "-c", "from course_utils import lessons, proof; "
-                            "print('\\n'.join(str(proof.lesson_notebook(l)) for l in lessons.LESSONS))"],
-                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed)}, capture_output=True,
-                           text=True, timeout=120)
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from course_utils import lessons, proof; "
+            "print('\\n'.join(str(proof.lesson_notebook(l)) for l in lessons.LESSONS))",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert found.returncode == 0, found.stderr[-2000:]
-    assert found.stdout.split() == [str(installed / "course_utils" / lesson.notebook)
-                                    for lesson in lessons.LESSONS], found.stdout
+    assert found.stdout.split() == [str(installed / "course_utils" / lesson.notebook) for lesson in lessons.LESSONS], (
+        found.stdout
+    )
     # PEP 639: the licence files in .dist-info/licenses/, named in METADATA, as they are in the checkout
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     dist_info = metadata.rsplit("/", 1)[0]
@@ -127,7 +163,10 @@ def _assert_lists_the_licences(metadata: str) -> None:
 def test_the_sdist_ships_the_licences_and_lists_them(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp_path)!r}))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (sdist,) = tmp_path.glob("course_utils-*.tar.gz")
@@ -144,7 +183,8 @@ def test_the_code_is_apache_2_and_the_content_cc_by_4():
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
     assert hashlib.sha256((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_SHA256, (
-        "LICENSE is not the Apache License 2.0 text as apache.org publishes it, byte for byte")
+        "LICENSE is not the Apache License 2.0 text as apache.org publishes it, byte for byte"
+    )
     content = (ROOT / "LICENSE-CONTENT.md").read_text(encoding="utf-8")
     assert "Creative Commons Attribution 4.0 International" in content
     assert "https://creativecommons.org/licenses/by/4.0/legalcode" in content
@@ -197,7 +237,9 @@ def test_readme_set_up_installs_the_learners_pins_and_ci_runs_the_readmes_test_c
     assert TEST_COMMAND in _bash_commands(readme) or f"`{TEST_COMMAND}`" in readme, f"no `{TEST_COMMAND}` in the README"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install --quiet -r requirements-dev.txt" in ci
-    assert re.search(r'^(step "[^"]+" )?(run_)?pytest\s*(#.*)?$', ci, re.M), ".ci/run must run the README's test command as it is"
+    assert re.search(r'^(step "[^"]+" )?(run_)?pytest\s*(#.*)?$', ci, re.M), (
+        ".ci/run must run the README's test command as it is"
+    )
     # the slower proofs the README says CI runs: prove in full mode and under XLA
     readme_slow = re.findall(r"`prove ([^`]+)`", readme)
     assert len(readme_slow) >= 2 and all(f"prove {args}" in ci for args in readme_slow), readme_slow
@@ -219,9 +261,19 @@ def test_the_rules_code_cites_are_in_the_repository():
     root = Path(__file__).resolve().parents[1]
     headings = set(re.findall(r"^## (\d+)\. ", (root / "CONTRIBUTING.md").read_text(encoding="utf-8"), re.M))
     assert {"4", "5", "6", "7"} <= headings
-    files = [*root.glob("course_utils/**/*.py"), *root.glob("tests/*.py"), root / "conftest.py", root / "README.md",
-             *root.glob("notebooks/*.ipynb"), *root.glob("instructors/*.md"), *root.glob("requirements*.txt"),
-             root / "pyproject.toml", root / "noxfile.py", root / ".ci" / "run", *root.glob("binder/*")]
+    files = [
+        *root.glob("course_utils/**/*.py"),
+        *root.glob("tests/*.py"),
+        root / "conftest.py",
+        root / "README.md",
+        *root.glob("notebooks/*.ipynb"),
+        *root.glob("instructors/*.md"),
+        *root.glob("requirements*.txt"),
+        root / "pyproject.toml",
+        root / "noxfile.py",
+        root / ".ci" / "run",
+        *root.glob("binder/*"),
+    ]
     cited = set()
     for path in files:
         text = path.read_text(encoding="utf-8")
@@ -236,7 +288,8 @@ def test_no_doc_runs_the_tests_on_the_learners_pins_alone():
     for path in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "instructors").glob("*.md"))]:
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"pip install -r requirements\.txt\s*&&\s*pytest", text), (
-            f"{path.relative_to(ROOT)}: the test command is `{TEST_COMMAND}`")
+            f"{path.relative_to(ROOT)}: the test command is `{TEST_COMMAND}`"
+        )
 
 
 def test_the_test_workflow_runs_ci_on_push_and_pull_requests_with_pinned_actions():
@@ -275,6 +328,7 @@ def test_gitignore_keeps_what_the_courses_commands_write_out_of_git():
 
 # Binder: the README's badge and set-repo
 
+
 def _binder_root(tmp_path: Path, readme: str) -> Path:
     """A course root with what set-repo reads for Binder: _repo.py, a README, instructors/README.md, notebooks/
     (empty: no notebook to reformat)."""
@@ -294,15 +348,19 @@ def test_set_repo_rewrites_the_binder_badge(tmp_path, capsys):
     from devtools import notebooks as nbl
 
     badge = nbl.binder_badge_markdown()
-    assert badge == (f"[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/{nbl.REPO}/"
-                     f"{nbl.REF}?urlpath=lab/tree/notebooks)")
+    assert badge == (
+        f"[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/{nbl.REPO}/"
+        f"{nbl.REF}?urlpath=lab/tree/notebooks)"
+    )
     root = _binder_root(tmp_path, f"# Course\n\n{badge}\n")
     assert nbl.consistency_problems(root) == []
 
     assert nbl.set_repo_main(["a-user/fork.of-course", "--ref", "release/2026-11", "--root", str(root)]) == 0
     assert "README.md" in capsys.readouterr().out
-    expected = ("[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/a-user/fork.of-course/"
-                "release%2F2026-11?urlpath=lab/tree/notebooks)")  # mybinder.org wants "/" in a ref URL-encoded
+    expected = (
+        "[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/a-user/fork.of-course/"
+        "release%2F2026-11?urlpath=lab/tree/notebooks)"
+    )  # mybinder.org wants "/" in a ref URL-encoded
     assert nbl.binder_badge_markdown("a-user/fork.of-course", "release/2026-11") == expected
     assert (root / "README.md").read_text() == f"# Course\n\n{expected}\n"
     assert (root / "instructors" / "README.md").read_text() == f"Binder: # Course\n\n{expected}\n"
@@ -313,12 +371,15 @@ def test_set_repo_rewrites_the_binder_badge(tmp_path, capsys):
     assert (root / "README.md").read_text() == f"# Course\n\n{badge}\n"
 
 
-@pytest.mark.parametrize("url, says", [
-    ("https://mybinder.org/v2/gh/someone/else/main?urlpath=lab/tree/notebooks", "uses someone/else@main"),
-    ("https://mybinder.org/v2/gh/{repo}/old-tag?urlpath=lab/tree/notebooks", "@old-tag, expected"),
-    ("https://mybinder.org/v2/gh/{repo}?urlpath=lab/tree/notebooks", "@(the default branch), expected"),
-    ("https://mybinder.org/v2/gh/{repo}/{ref}?urlpath=lab/tree/lessons", "opens lessons, which does not exist"),
-])
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("https://mybinder.org/v2/gh/someone/else/main?urlpath=lab/tree/notebooks", "uses someone/else@main"),
+        ("https://mybinder.org/v2/gh/{repo}/old-tag?urlpath=lab/tree/notebooks", "@old-tag, expected"),
+        ("https://mybinder.org/v2/gh/{repo}?urlpath=lab/tree/notebooks", "@(the default branch), expected"),
+        ("https://mybinder.org/v2/gh/{repo}/{ref}?urlpath=lab/tree/lessons", "opens lessons, which does not exist"),
+    ],
+)
 def test_a_binder_badge_that_disagrees_with_repo_py_is_reported(tmp_path, capsys, url, says):
     from devtools import notebooks as nbl
 
@@ -350,7 +411,8 @@ def test_the_readme_has_the_binder_badge():
     from devtools import notebooks as nbl
 
     assert nbl.binder_badge_markdown() in (ROOT / "README.md").read_text(), (
-        f"the README has no Binder badge: {nbl.binder_badge_markdown()}")
+        f"the README has no Binder badge: {nbl.binder_badge_markdown()}"
+    )
 
 
 def test_badges_and_setup_cells_point_at_this_versions_release_tag():
@@ -370,17 +432,22 @@ def test_the_lessons_prove_and_the_lint_import_without_tensorflow():
     notebook lint stay free of TensorFlow and Keras at import: the lint and prove's parent process must start in a
     fraction of a second, bad capstone options are refused before TensorFlow starts, and a learner's setup cell sets
     TensorFlow's environment before TensorFlow starts. A lesson's two parts load TensorFlow, on first use."""
-    code = ("import sys, course_utils, course_utils.lessons, course_utils.proof, course_utils.capstone.plan, "
-            "course_utils.capstone.cli, devtools.notebooks\n"
-            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
-            "lesson = course_utils.lessons.BY_ID['05']\n"
-            "print(lesson.experiments.__name__, lesson.module.exercises.__name__, 'tensorflow' in sys.modules)\n"
-            "try:\n    lesson.module.measure\nexcept AttributeError as e:\n    print(e)")
+    code = (
+        "import sys, course_utils, course_utils.lessons, course_utils.proof, course_utils.capstone.plan, "
+        "course_utils.capstone.cli, devtools.notebooks\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))\n"
+        "lesson = course_utils.lessons.BY_ID['05']\n"
+        "print(lesson.experiments.__name__, lesson.module.exercises.__name__, 'tensorflow' in sys.modules)\n"
+        "try:\n    lesson.module.measure\nexcept AttributeError as e:\n    print(e)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-1500:]
     assert done.stdout.splitlines() == [
-        "[]", "course_utils.lessons.gradient_accumulation.experiments course_utils.lessons.gradient_accumulation.exercises"
-        " True", "module 'course_utils.lessons.gradient_accumulation' has no attribute 'measure'"], done.stdout
+        "[]",
+        "course_utils.lessons.gradient_accumulation.experiments course_utils.lessons.gradient_accumulation.exercises"
+        " True",
+        "module 'course_utils.lessons.gradient_accumulation' has no attribute 'measure'",
+    ], done.stdout
 
 
 def test_no_class_is_built_inside_a_function():
@@ -392,8 +459,11 @@ def test_no_class_is_built_inside_a_function():
     for path in sorted((ROOT / "course_utils").rglob("*.py")):
         for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                inside += [f"{path.relative_to(ROOT)}: {fn.name} defines {c.name}" for c in ast.walk(fn)
-                           if isinstance(c, ast.ClassDef)]
+                inside += [
+                    f"{path.relative_to(ROOT)}: {fn.name} defines {c.name}"
+                    for c in ast.walk(fn)
+                    if isinstance(c, ast.ClassDef)
+                ]
     assert not inside, inside
 
 

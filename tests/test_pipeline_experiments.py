@@ -101,6 +101,7 @@ def test_auto_shard_policies(tmp_path):
     assert "FAILED" in failed[-1]["ids"]
     assert any("not enough for the required 4 shards" in r["ids"] for r in failed)
 
+
 def test_remainder_is_dealt_in_per_replica_batches():
     result = run_with_replicas(4, None, exp.remainder_split, per_replica_batch=32, examples=[659, 680, 740])
     last = {r["examples"]: r for r in result["rows"]}
@@ -172,8 +173,11 @@ def test_a_drained_iterator_is_destroyed_after_the_timer_stops():
         def __iter__(self):
             return SlowToDestroy()
 
-    times = exp.interleaved_times({"drain": lambda: exp.drain(Pipeline()),
-                                   "loop": exp.simulated_accelerator(Pipeline(), step_s=0.001)}, rounds=2, warmup=1)
+    times = exp.interleaved_times(
+        {"drain": lambda: exp.drain(Pipeline()), "loop": exp.simulated_accelerator(Pipeline(), step_s=0.001)},
+        rounds=2,
+        warmup=1,
+    )
     assert max(times["drain"] + times["loop"]) < 0.2, times  # the 0.3 s destruction is not timed
     assert len(destroyed) == 6 and not exp._RETIRED  # every iterator destroyed: warm-up and timed calls alike
 
@@ -194,7 +198,9 @@ def test_shard_as_worker_is_tensorflows_auto_shard_rewrite():
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     ds = tf.data.Dataset.range(12).with_options(options)
-    shares = [[int(v) for v in exp.shard_as_worker(ds, tf.distribute.InputContext(3, worker, 3))] for worker in range(3)]
+    shares = [
+        [int(v) for v in exp.shard_as_worker(ds, tf.distribute.InputContext(3, worker, 3))] for worker in range(3)
+    ]
     assert shares == [[0, 3, 6, 9], [1, 4, 7, 10], [2, 5, 8, 11]]
 
 
@@ -229,7 +235,7 @@ def test_augment_batch_gives_each_image_its_own_flip_and_crop():
     def window_of(i):  # the (flip, row offset, column offset) that gives image i, or None
         for flip, dy, dx in windows:
             image = padded[i][:, ::-1] if flip else padded[i]
-            if np.array_equal(image[dy:dy + 32, dx:dx + 32], out[i]):
+            if np.array_equal(image[dy : dy + 32, dx : dx + 32], out[i]):
                 return flip, dy, dx
         return None
 
@@ -283,8 +289,9 @@ def test_profiled_input_share_tells_slow_reads_from_memory(tmp_path):
 
     # a step of a few ms (not a few µs): with a step as short as reading the cache, a busy machine (CI's, beside
     # other test workers) measured the cached input at 50.1% of the time
-    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(256),
-                              keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(256), keras.layers.Dense(10)]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     slow_share = exp.profiled_input_share(model, fast.map(slow), str(tmp_path / "slow")).input_share
     fast_share = exp.profiled_input_share(model, fast, str(tmp_path / "fast")).input_share
@@ -362,8 +369,15 @@ def test_steady_share_leaves_step_1_out_and_measures_the_loops_pauses():
     fed = exp.steady_share(reading([(100, 90, 1), (812, 0, 800)] + [(12, 0, 12)] * 5))  # fed after an 800 ms pause
     assert fed.paused and 700 < fed.pause_ms < 800 and fed.input_share == 0, fed
     assert "paused between two profiled steps" in fed.stall and "not a steady profile" in str(fed)
-    analysis = profiler.ProfileReading(0.7, 3, 100, "the input pipeline analysis", "", "x", tuple(
-        profiler.StepTiming(100.0 * i, 100.0, w, None, None) for i, w in enumerate((90, 60, 70))))
+    analysis = profiler.ProfileReading(
+        0.7,
+        3,
+        100,
+        "the input pipeline analysis",
+        "",
+        "x",
+        tuple(profiler.StepTiming(100.0 * i, 100.0, w, None, None) for i, w in enumerate((90, 60, 70))),
+    )
     no_times = exp.steady_share(analysis)  # an accelerator's analysis: no times of asking for a batch
     assert no_times.input_share == pytest.approx(0.65) and no_times.pause_ms is None and not no_times.paused
 
@@ -374,7 +388,10 @@ def test_the_steps_per_execution_check_trains_on_one_replica_and_a_hung_check_is
     import tensorflow as tf
 
     assert exp.spe_on_mirrored(tf.distribute.OneDeviceStrategy("/cpu:0"), 4) == {
-        "replicas": 1, "outcome": "fit ran", "error": ""}
+        "replicas": 1,
+        "outcome": "fit ran",
+        "error": "",
+    }
     start = time.monotonic()
     stopped = exp.spe_on_mirrored_fresh(4, timeout=0.5)  # far less than a fresh process needs
     assert time.monotonic() - start < 20

@@ -59,8 +59,10 @@ def test_bfloat16_softmax_rounds_to_one_but_keeps_loss_and_almost_every_gradient
     assert np.abs(bf["probs"].sum(axis=1) - 1).max() > 1e-3
     # and the clip-and-log path errs far more on the most confident rows than the logits path
     f32_out = precision.cross_entropy(logits, labels, "bfloat16", "float32")
-    assert precision.relative_error(bf["loss"], ref["loss"]).max() > 5 * precision.relative_error(
-        f32_out["loss"], ref["loss"]).max()
+    assert (
+        precision.relative_error(bf["loss"], ref["loss"]).max()
+        > 5 * precision.relative_error(f32_out["loss"], ref["loss"]).max()
+    )
 
 
 def test_loss_scale_optimizer_apply_gradients_unscales_like_apply():
@@ -78,8 +80,9 @@ def test_loss_scale_optimizer_apply_gradients_unscales_like_apply():
     assert updates == [0.5, 0.5]
 
 
-@pytest.mark.parametrize("policy,jit", [("float32", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True),
-                                        ("mixed_float16", False)])
+@pytest.mark.parametrize(
+    "policy,jit", [("float32", False), ("mixed_bfloat16", False), ("mixed_bfloat16", True), ("mixed_float16", False)]
+)
 def test_training_step_trains_under_the_policy(policy, jit):
     step = precision.training_step(policy, width=4, batch=8, jit=jit)
     model = step.model
@@ -88,8 +91,10 @@ def test_training_step_trains_under_the_policy(policy, jit):
     assert np.isfinite(loss)
     assert all(not np.array_equal(b, w.numpy()) for b, w in zip(before, model.trainable_weights))
     assert all(w.dtype == "float32" for w in model.trainable_weights)  # mixed: float32 variables
-    assert model.layers[1].compute_dtype == {"float32": "float32", "mixed_bfloat16": "bfloat16",
-                                             "mixed_float16": "float16"}[policy]
+    assert (
+        model.layers[1].compute_dtype
+        == {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}[policy]
+    )
 
 
 def test_training_step_peaks_measure_each_policy_in_a_fresh_process():
@@ -103,7 +108,7 @@ def test_training_step_peaks_measure_each_policy_in_a_fresh_process():
 
 # The TPU-shaped run (COURSE_CPU_REPLICAS=4, COURSE_JIT=1) in a fresh 4-replica process: lesson 03's §4 step and
 # §3's loss-scale reads, where they crashed (float() of a MirroredVariable; one XLA cluster over strategy.run).
-SEVERAL_REPLICAS = r'''
+SEVERAL_REPLICAS = r"""
 import json
 import numpy as np
 import keras
@@ -142,7 +147,7 @@ out["once"] = float(-model.trainable_variables[1].numpy()[0])
 strategy.run(lambda: lso.apply(grads, model.trainable_variables))
 out["per_replica"] = float(-model.trainable_variables[1].numpy()[0]) - out["once"]
 print(json.dumps(out))
-'''
+"""
 
 
 @pytest.mark.extended  # a fresh-process scenario: .ci/run runs it after the README's pytest
@@ -160,7 +165,8 @@ def test_lesson_03_on_four_replicas_the_step_is_the_one_device_step_and_the_scal
         one, many = step["losses"]
         assert abs(one - many) <= 1e-6 * abs(one), (name, step)
         assert step["grad_rel"] <= (1e-4 if name.startswith("float32") else 1e-2), (name, step)
-        assert step["xla"] == ("each replica's forward and backward pass, the update outside"
-                               if name.endswith("True") else "none"), (name, step)
+        assert step["xla"] == (
+            "each replica's forward and backward pass, the update outside" if name.endswith("True") else "none"
+        ), (name, step)
     assert "MirroredVariable" in got["float"] and got["numpy"] == 2.0**15
     assert got["once"] == pytest.approx(0.5) and got["per_replica"] == pytest.approx(4 * 0.5)

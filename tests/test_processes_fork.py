@@ -17,12 +17,19 @@ pytestmark = pytest.mark.skipif(not processes.can_fork(), reason="forking tasks 
 
 
 def _run(args, env, cwd, timeout):  # python -m fs_program ARGS, forked, stdout and stderr on one pipe
-    return processes.run([sys.executable, "-m", "fs_program", *args], fork=True, env=env, cwd=cwd, timeout=timeout,
-                         stderr=subprocess.STDOUT)
+    return processes.run(
+        [sys.executable, "-m", "fs_program", *args],
+        fork=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _start(args, env, cwd):
     return processes.start([sys.executable, "-m", "fs_program", *args], fork=True, env=env, cwd=cwd)
+
 
 PROGRAM = textwrap.dedent("""
     import json, os, sys, time
@@ -77,15 +84,18 @@ def test_a_forked_task_gets_its_own_environment_directory_group_output_and_runti
     assert "on stderr" in lines  # stderr on the same pipe
 
 
-@pytest.mark.parametrize("what, code, shown", [
-    (["exit", "0"], 0, None), (["exit", "42"], 42, None), (["raise"], 1, "ValueError: raised on purpose")])
+@pytest.mark.parametrize(
+    "what, code, shown",
+    [(["exit", "0"], 0, None), (["exit", "42"], 42, None), (["raise"], 1, "ValueError: raised on purpose")],
+)
 def test_exit_codes_are_those_of_python_m(program, what, code, shown):
     cwd, env = program
     done = _run(what, env, cwd, 120)
     assert done.returncode == code
     if shown:  # as a fresh `python -m` shows it
-        fresh = subprocess.run([sys.executable, "-m", "fs_program", *what], env=env, cwd=cwd, capture_output=True,
-                               text=True, timeout=120)
+        fresh = subprocess.run(
+            [sys.executable, "-m", "fs_program", *what], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+        )
         assert fresh.returncode == code
         assert shown in done.stdout and shown in fresh.stderr
 
@@ -131,8 +141,14 @@ def test_a_task_outlives_a_timeout_no_longer_than_the_timeout_and_says_so_in_one
     cwd, env = program
     start = time.monotonic()
     with pytest.raises(processes.TimedOut) as caught:
-        processes.run([sys.executable, "-m", "fs_program", "sleep"], fork=True, env=env, cwd=cwd, timeout=2,
-                      what="the sleeping task")
+        processes.run(
+            [sys.executable, "-m", "fs_program", "sleep"],
+            fork=True,
+            env=env,
+            cwd=cwd,
+            timeout=2,
+            what="the sleeping task",
+        )
     assert time.monotonic() - start < 15
     assert isinstance(caught.value, subprocess.TimeoutExpired)  # one type: what `except TimeoutExpired` catches
     assert str(caught.value) == "the sleeping task ran past 2 s and was stopped (its last line: sleeping)"
@@ -141,9 +157,12 @@ def test_a_task_outlives_a_timeout_no_longer_than_the_timeout_and_says_so_in_one
 
 def test_fork_takes_only_a_python_command_with_an_env_and_text_pipes(program):
     cwd, env = program
-    for argv, extra in [(["ls"], {"env": env}), ([sys.executable, "-m", "fs_program"], {}),
-                        ([sys.executable, "-m", "fs_program"], {"env": env, "stdin": subprocess.PIPE}),
-                        ([sys.executable, "-m", "fs_program"], {"env": env, "text": False})]:
+    for argv, extra in [
+        (["ls"], {"env": env}),
+        ([sys.executable, "-m", "fs_program"], {}),
+        ([sys.executable, "-m", "fs_program"], {"env": env, "stdin": subprocess.PIPE}),
+        ([sys.executable, "-m", "fs_program"], {"env": env, "text": False}),
+    ]:
         with pytest.raises(ValueError, match="fork=True runs"):
             processes.start(argv, fork=True, **extra)
 
@@ -154,8 +173,9 @@ def test_where_it_cannot_fork_the_same_command_starts_afresh(program, monkeypatc
     proc = _start(["exit", "7"], env, cwd)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=60) == 7
     proc.stdout.close()
-    done = processes.run([sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"], fork=True, env=env,
-                         timeout=60)
+    done = processes.run(
+        [sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"], fork=True, env=env, timeout=60
+    )
     assert done.stdout.strip() == "''"  # stdin /dev/null, as a forked child's: never the launcher's terminal
 
 

@@ -25,8 +25,14 @@ def _profiled_fit(log_dir, slow_input: bool) -> None:
 
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = ds.map(slow).batch(32) if slow_input else ds.batch(32).cache().prefetch(4)
-    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(32, 3, activation="relu"),
-                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10),
+        ]
+    )
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(ds, epochs=1, verbose=0, callbacks=[keras.callbacks.TensorBoard(str(log_dir), profile_batch=(4, 12))])
 
@@ -97,20 +103,38 @@ def test_without_the_plugin_the_trace_is_read_with_tensorflows_own_format(tmp_pa
 
 
 def _table(cols, rows, conclusion="Your program is HIGHLY input-bound"):
-    return [{"p": {"input_conclusion": conclusion, "hardware_type": "TPU"},
-             "cols": [{"id": c, "type": "number"} for c in cols], "rows": [{"c": [{"v": v} for v in r]} for r in rows]},
-            {"cols": [{"id": "opName"}], "rows": []}]  # the host-ops table that follows it
+    return [
+        {
+            "p": {"input_conclusion": conclusion, "hardware_type": "TPU"},
+            "cols": [{"id": c, "type": "number"} for c in cols],
+            "rows": [{"c": [{"v": v} for v in r]} for r in rows],
+        },
+        {"cols": [{"id": "opName"}], "rows": []},
+    ]  # the host-ops table that follows it
 
 
 def test_reads_a_tpu_profiles_columns_not_the_trace(monkeypatch, tmp_path):
     """Issue 21: xprof's TPU table has no stepTimeMs/infeedTimeMs (GenerateTpuInputPipelineAnalysisDataTable): the
     TensorCore's compute, infeed, outfeed, idle and host-transfer times per step; SparseCore v0 columns where the
     chip has one. The reading comes from those columns, never silently from the trace."""
-    cols = ["stepnum", "tcComputeTimeMs", "scv0ComputeTimeMs", "scv0InfeedTimeMs", "tcInfeedTimeMs", "tcOutfeedTimeMs",
-            "tcIdleTimeMs", "hostTransferTimeMs", "tooltip", "infeedPercentAverage", "infeedPercentMin",
-            "infeedPercentMax"]
-    rows = [["0", 30.0, 0.0, 0.0, 60.0, 1.0, 8.0, 1.0, "step 0", 60.0, 55.0, 65.0],
-            ["1", 30.0, 0.0, 0.0, 70.0, 0.0, 0.0, 0.0, "step 1", 70.0, 66.0, 74.0]]
+    cols = [
+        "stepnum",
+        "tcComputeTimeMs",
+        "scv0ComputeTimeMs",
+        "scv0InfeedTimeMs",
+        "tcInfeedTimeMs",
+        "tcOutfeedTimeMs",
+        "tcIdleTimeMs",
+        "hostTransferTimeMs",
+        "tooltip",
+        "infeedPercentAverage",
+        "infeedPercentMin",
+        "infeedPercentMax",
+    ]
+    rows = [
+        ["0", 30.0, 0.0, 0.0, 60.0, 1.0, 8.0, 1.0, "step 0", 60.0, 55.0, 65.0],
+        ["1", 30.0, 0.0, 0.0, 70.0, 0.0, 0.0, 0.0, "step 1", 70.0, 66.0, 74.0],
+    ]
     tables = {"input_pipeline_analyzer": _table(cols, rows)}
 
     class Convert:
@@ -119,6 +143,7 @@ def test_reads_a_tpu_profiles_columns_not_the_trace(monkeypatch, tmp_path):
             if tool not in tables:
                 raise AssertionError(f"read {tool}: the TPU columns were not used")
             import json
+
             return json.dumps(tables[tool]).encode(), None
 
     monkeypatch.setattr(profiler, "find_xplanes", lambda log_dir: [str(tmp_path / "t.xplane.pb")])
@@ -128,7 +153,9 @@ def test_reads_a_tpu_profiles_columns_not_the_trace(monkeypatch, tmp_path):
     assert reading.step_ms == pytest.approx(100.0) and reading.input_share == pytest.approx(0.65)
     assert reading.bound == "input-bound"
     assert [(t.start_ms, t.step_ms, t.wait_ms, t.asked_ms) for t in reading.timeline] == [
-        (0.0, 100.0, 60.0, None), (100.0, 100.0, 70.0, None)]  # each step's time and input part, end to end
+        (0.0, 100.0, 60.0, None),
+        (100.0, 100.0, 70.0, None),
+    ]  # each step's time and input part, end to end
     # the same table without the SparseCore columns (chips without one) reads the same
     keep = [i for i, c in enumerate(cols) if not c.startswith("scv0")]
     tables["input_pipeline_analyzer"] = _table([cols[i] for i in keep], [[r[i] for i in keep] for r in rows])
@@ -149,19 +176,33 @@ def _memory_profile(allocators: dict):
 
 
 def _snapshot(heap, op, shape, size):
-    return {"aggregationStats": {"heapAllocatedBytes": str(heap)},
-            "activityMetadata": {"memoryActivity": "ALLOCATION", "allocationBytes": str(size), "tfOpName": op,
-                                 "tensorShape": shape}}
+    return {
+        "aggregationStats": {"heapAllocatedBytes": str(heap)},
+        "activityMetadata": {
+            "memoryActivity": "ALLOCATION",
+            "allocationBytes": str(size),
+            "tfOpName": op,
+            "tensorShape": shape,
+        },
+    }
 
 
 def test_memory_profile_reads_the_peak_and_what_is_alive_there(monkeypatch, tmp_path):
-    gpu = {"memoryProfileSnapshots": [_snapshot(100, "a/Gelu", "[8,256]", 60), _snapshot(160, "a/MatMul", "[8,64]", 40),
-                                      _snapshot(220, "b/Gelu", "[8,256]", 60)],
-           "activeAllocations": [{"snapshotIndex": "0", "specialIndex": "-1", "numOccurrences": "1"},
-                                 {"snapshotIndex": "2", "specialIndex": "-1", "numOccurrences": "2"},
-                                 {"snapshotIndex": "-1", "specialIndex": "0", "numOccurrences": "1"}],
-           "specialAllocations": [{"allocationBytes": "20", "tfOpName": "unused preallocated device memory",
-                                   "tensorShape": "unknown"}]}
+    gpu = {
+        "memoryProfileSnapshots": [
+            _snapshot(100, "a/Gelu", "[8,256]", 60),
+            _snapshot(160, "a/MatMul", "[8,64]", 40),
+            _snapshot(220, "b/Gelu", "[8,256]", 60),
+        ],
+        "activeAllocations": [
+            {"snapshotIndex": "0", "specialIndex": "-1", "numOccurrences": "1"},
+            {"snapshotIndex": "2", "specialIndex": "-1", "numOccurrences": "2"},
+            {"snapshotIndex": "-1", "specialIndex": "0", "numOccurrences": "1"},
+        ],
+        "specialAllocations": [
+            {"allocationBytes": "20", "tfOpName": "unused preallocated device memory", "tensorShape": "unknown"}
+        ],
+    }
     host = {"memoryProfileSnapshots": [_snapshot(50, "x", "[1]", 50)], "activeAllocations": []}
     monkeypatch.setattr(profiler, "find_xplanes", lambda log_dir: [str(tmp_path / "run" / "h.xplane.pb")])
     monkeypatch.setattr(profiler, "_converter", lambda: _memory_profile({"host_bfc": host, "GPU_0_bfc": gpu}))
@@ -170,6 +211,7 @@ def test_memory_profile_reads_the_peak_and_what_is_alive_there(monkeypatch, tmp_
     assert [(e["op"], e["bytes"], e["count"]) for e in profile.at_peak] == [("b/Gelu", 120, 2), ("a/Gelu", 60, 1)]
     assert profile.reserved_bytes == 20  # the allocator's reserve is no tensor: kept apart
     from course_utils.lessons.activation_memory import experiments as activation_memory
+
     assert activation_memory.tensor_bytes_at_peak(profile) == 200  # what lesson 07's claim compares
     assert profile.share(lambda e: e["op"] == "b/Gelu") == pytest.approx(120 / 180)
 

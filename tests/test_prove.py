@@ -27,24 +27,33 @@ KEYS = {"id", "lesson", "claim", "expected", "measured", "verdict", "reason", "s
 def _prove(*args: str, **kwargs) -> subprocess.CompletedProcess:
     env = dict(os.environ, COURSE_SMOKE="1")
     env.pop("COURSE_CLAIMS_DIR", None)
-    return subprocess.run([sys.executable, "-m", "course_utils", "prove", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=kwargs.get("timeout", 600))
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "prove", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=kwargs.get("timeout", 600),
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--lessons", "99"], "unknown lesson '99'"),
-    (["--lessons", "02", "--out", "{file}/sub"], "cannot write to --out"),
-    (["--lessons", "02", "--out", "{file}"], "it exists and is not a folder"),
-    (["--lessons", "02", "--out", "{fifo}"], "it exists and is not a folder"),
-    (["--lessons", "02", "--out", ""], "the folder name is empty"),
-    (["--data", "npz:/no/such/file.npz"], "--data npz:/no/such/file.npz: the file does not exist"),
-    (["--data", "kaggle"], "--data 'kaggle' is not a data source"),
-    (["--timeout", "-1"], "--timeout must be a positive number"),
-    (["--timeout", "0"], "--timeout must be a positive number"),
-    (["--timeout", "nan"], "--timeout must be a positive number of seconds, at most 604800 (a week), got nan"),
-    (["--timeout", "inf"], "--timeout must be a positive number"),
-    (["--mode", "fast"], "invalid choice: 'fast'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lessons", "99"], "unknown lesson '99'"),
+        (["--lessons", "02", "--out", "{file}/sub"], "cannot write to --out"),
+        (["--lessons", "02", "--out", "{file}"], "it exists and is not a folder"),
+        (["--lessons", "02", "--out", "{fifo}"], "it exists and is not a folder"),
+        (["--lessons", "02", "--out", ""], "the folder name is empty"),
+        (["--data", "npz:/no/such/file.npz"], "--data npz:/no/such/file.npz: the file does not exist"),
+        (["--data", "kaggle"], "--data 'kaggle' is not a data source"),
+        (["--timeout", "-1"], "--timeout must be a positive number"),
+        (["--timeout", "0"], "--timeout must be a positive number"),
+        (["--timeout", "nan"], "--timeout must be a positive number of seconds, at most 604800 (a week), got nan"),
+        (["--timeout", "inf"], "--timeout must be a positive number"),
+        (["--mode", "fast"], "invalid choice: 'fast'"),
+    ],
+)
 def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, message):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
@@ -62,12 +71,20 @@ def test_a_missing_npz_in_course_data_is_refused_up_front(tmp_path):
     env = dict(os.environ, COURSE_SMOKE="1", COURSE_DATA="npz:/no/such/file.npz")
     env.pop("COURSE_CLAIMS_DIR", None)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "course_utils", "prove", "--lessons", "04", "--out",
-                           str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "course_utils", "prove", "--lessons", "04", "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
-    assert proc.stderr.strip() == ("prove: COURSE_DATA=npz:/no/such/file.npz: the file does not exist. Give the path "
-                                   "of a CIFAR-10 .npz (the README, section Modes, says how to make one), or unset "
-                                   "COURSE_DATA"), proc.stderr
+    assert proc.stderr.strip() == (
+        "prove: COURSE_DATA=npz:/no/such/file.npz: the file does not exist. Give the path "
+        "of a CIFAR-10 .npz (the README, section Modes, says how to make one), or unset "
+        "COURSE_DATA"
+    ), proc.stderr
     assert not (tmp_path / "out").exists() and time.perf_counter() - start < 60
 
 
@@ -131,25 +148,38 @@ def test_a_declared_claims_prose_is_in_its_notebook():
 
 
 def test_placed_sets_each_claims_lesson_and_where_and_a_prefix_covers_ids_made_in_a_loop():
-    claims = [report.Claim("a", "§1", "x", "y", True, id="02.forward_peak_bfloat16"),
-              report.Claim("b", "§1", "x", "y", True, id="02.kernel_cast_raises"),
-              report.Claim("c", "§1", "x", "y", None, id="02.not_run")]
-    table = {"02.forward_peak_": report.Claim.from_dict, "02.kernel_cast_raises": "course_utils.memory:variable_bytes",
-             "02.not_run": None}
+    claims = [
+        report.Claim("a", "§1", "x", "y", True, id="02.forward_peak_bfloat16"),
+        report.Claim("b", "§1", "x", "y", True, id="02.kernel_cast_raises"),
+        report.Claim("c", "§1", "x", "y", None, id="02.not_run"),
+    ]
+    table = {
+        "02.forward_peak_": report.Claim.from_dict,
+        "02.kernel_cast_raises": "course_utils.memory:variable_bytes",
+        "02.not_run": None,
+    }
     placed = report.placed(claims, "02", table)
-    assert [(c.lesson, c.where) for c in placed] == [("02", "course_utils.report:Claim.from_dict"),
-                                                     ("02", "course_utils.memory:variable_bytes"), ("02", "")]
+    assert [(c.lesson, c.where) for c in placed] == [
+        ("02", "course_utils.report:Claim.from_dict"),
+        ("02", "course_utils.memory:variable_bytes"),
+        ("02", ""),
+    ]
     assert report.where_label(placed[0].where) == "report.py: Claim.from_dict"
-    card = proof.report_card({"machine": {}, "lessons": {"02": {"title": "t", "claims": [c.to_dict() for c in placed]}}})
+    card = proof.report_card(
+        {"machine": {}, "lessons": {"02": {"title": "t", "claims": [c.to_dict() for c in placed]}}}
+    )
     assert "| `02.kernel_cast_raises`<br>`memory.py: variable_bytes` | b |" in card, card
 
 
 def test_exit_status_names_the_ids_of_the_claims_that_do_not_hold():
-    bad = [report.Claim(f"claim {n}", "§1", "x", "y", False, lesson="05", id=f"05.claim_{n}").to_dict()
-           for n in range(7)]
+    bad = [
+        report.Claim(f"claim {n}", "§1", "x", "y", False, lesson="05", id=f"05.claim_{n}").to_dict() for n in range(7)
+    ]
     code, line = proof.exit_status({"lessons": {"05": {"claims": bad}}}, ["05"])
-    assert code == 1 and line == "7 claim(s) do not hold here (05.claim_0, 05.claim_1, 05.claim_2, 05.claim_3, " \
-                                 "05.claim_4, …)"
+    assert (
+        code == 1
+        and line == "7 claim(s) do not hold here (05.claim_0, 05.claim_1, 05.claim_2, 05.claim_3, 05.claim_4, …)"
+    )
 
 
 def test_exit_status_counts_failed_claims_and_unmeasured_lessons():
@@ -168,28 +198,56 @@ def test_a_notebook_that_stops_is_one_line_naming_its_cell_and_error(tmp_path):
     line, not the traceback's last lines around it."""
     import argparse
 
-    machine = {"accelerator": {"kind": "TPU", "name": "none", "replicas": 1},
-               "cpu": {"model": "Some CPU", "cores": 2, "usable_cores": 1, "max_isa": "", "onednn": "0"},
-               "memory_gib": 8.0, "os": "Linux", "python": "3.11", "tensorflow": "2.20.0", "keras": "3.15.1",
-               "course_utils": "abc", "xla": True, "mode": "smoke", "data": "synthetic"}
+    machine = {
+        "accelerator": {"kind": "TPU", "name": "none", "replicas": 1},
+        "cpu": {"model": "Some CPU", "cores": 2, "usable_cores": 1, "max_isa": "", "onednn": "0"},
+        "memory_gib": 8.0,
+        "os": "Linux",
+        "python": "3.11",
+        "tensorflow": "2.20.0",
+        "keras": "3.15.1",
+        "course_utils": "abc",
+        "xla": True,
+        "mode": "smoke",
+        "data": "synthetic",
+    }
     data = {"format": proof.FORMAT_VERSION, "machine": machine, "fingerprint": "f", "lessons": {}}
     why = "notebooks/04_data_pipeline_sharding.ipynb: cell 63 of 91: TPUStandInRefused: XLA compiled for the host"
-    tail = ["  · cell 62/91 3.1 s", "Traceback (most recent call last):", '  File "proof.py", line 233',
-            f"{proof.LESSON_ERROR}{why}"]
+    tail = [
+        "  · cell 62/91 3.1 s",
+        "Traceback (most recent call last):",
+        '  File "proof.py", line 233',
+        f"{proof.LESSON_ERROR}{why}",
+    ]
     proof._record(argparse.Namespace(out=tmp_path, timeout=900.0), data, "04", 1, tail, tmp_path / "absent.json", 0.0)
     assert data["lessons"]["04"]["error"] == f"its notebook stopped: {why}"
     assert f"Could not be measured: its notebook stopped: {why}" in (tmp_path / "report.md").read_text()
 
 
 def test_report_card_has_a_table_per_lesson_and_the_machine():
-    machine = {"accelerator": {"kind": "CPU", "name": "none", "replicas": 1},
-               "cpu": {"model": "Some CPU", "cores": 2, "usable_cores": 1, "max_isa": "AVX2", "onednn": "0"},
-               "memory_gib": 8.0, "os": "Linux", "python": "3.11", "tensorflow": "2.20.0", "keras": "3.15.1",
-               "course_utils": "abc", "xla": True, "mode": "smoke", "data": "synthetic"}
+    machine = {
+        "accelerator": {"kind": "CPU", "name": "none", "replicas": 1},
+        "cpu": {"model": "Some CPU", "cores": 2, "usable_cores": 1, "max_isa": "AVX2", "onednn": "0"},
+        "memory_gib": 8.0,
+        "os": "Linux",
+        "python": "3.11",
+        "tensorflow": "2.20.0",
+        "keras": "3.15.1",
+        "course_utils": "abc",
+        "xla": True,
+        "mode": "smoke",
+        "data": "synthetic",
+    }
     claim = report.Claim("A claim", "§1", "< 1", "0.5", True, lesson="05").to_dict()
-    card = proof.report_card({"machine": machine, "lessons": {"05": {"title": "Gradient accumulation",
-                                                                     "claims": [claim], "seconds": 3},
-                                                              "02": {"title": "bf16", "error": "timed out"}}})
+    card = proof.report_card(
+        {
+            "machine": machine,
+            "lessons": {
+                "05": {"title": "Gradient accumulation", "claims": [claim], "seconds": 3},
+                "02": {"title": "bf16", "error": "timed out"},
+            },
+        }
+    )
     assert "Some CPU, 1 of 2 cores" in card and "with XLA" in card and "ONEDNN_MAX_CPU_ISA=AVX2" in card
     assert "oneDNN off" in card
     assert card.index("## 02") < card.index("## 05") and "Could not be measured: timed out" in card
@@ -212,9 +270,15 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     env.pop("COURSE_CLAIMS_DIR", None)
     # Ctrl-C's SIGINT must reach the driver as a terminal sends it: a runner may start tests with SIGINT ignored
     # (Python then keeps it ignored in the processes it starts), so the driver gets the default disposition
-    driver = subprocess.Popen([sys.executable, "-m", "course_utils", "prove", "--lessons", "3", "02", "--out", str(out)],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "course_utils", "prove", "--lessons", "3", "02", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines = []
     deadline = time.monotonic() + 300
     for line in driver.stdout:
@@ -226,7 +290,7 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
     rest, _ = driver.communicate(timeout=60)
     assert driver.returncode == 130, "".join(lines) + rest
     assert "keeps the lessons that finished" in rest and "Traceback" not in rest
-    previous, = out.glob("claims.previous-*.json")  # moved aside under its own name (UTC time), not overwritten
+    (previous,) = out.glob("claims.previous-*.json")  # moved aside under its own name (UTC time), not overwritten
     assert json.loads(previous.read_text())["fingerprint"] == "another machine"
     first = json.loads((out / "claims.json").read_text())
     assert set(first["lessons"]) == {"03"}
@@ -270,8 +334,11 @@ def test_prove_two_lessons_interrupted_then_resumed(tmp_path):
 
 def _files(folder: pathlib.Path) -> dict[str, bytes]:
     """Every file in ``folder`` (links as 'link → target'), but the lock file prove leaves."""
-    return {p.name: (f"link → {os.readlink(p)}".encode() if p.is_symlink() else p.read_bytes())
-            for p in sorted(folder.iterdir()) if p.name != ".lock"}
+    return {
+        p.name: (f"link → {os.readlink(p)}".encode() if p.is_symlink() else p.read_bytes())
+        for p in sorted(folder.iterdir())
+        if p.name != ".lock"
+    }
 
 
 def _refused(proc: subprocess.CompletedProcess, *words: str) -> None:
@@ -293,17 +360,30 @@ def test_a_link_where_prove_writes_is_refused_and_its_target_left_alone(tmp_path
     assert outside.read_text() == "a file elsewhere: prove must not write it" and _files(out) == before
 
 
-CLAIMS_OF_ANOTHER_RUN = json.dumps({"format": 1, "machine": {}, "fingerprint": "x", "lessons": {
-    "05": {"title": "Gradient accumulation", "claims": [], "seconds": 3}}}, indent=1)
+CLAIMS_OF_ANOTHER_RUN = json.dumps(
+    {
+        "format": 1,
+        "machine": {},
+        "fingerprint": "x",
+        "lessons": {"05": {"title": "Gradient accumulation", "claims": [], "seconds": 3}},
+    },
+    indent=1,
+)
 
 
-@pytest.mark.parametrize("content, words", [
-    (CLAIMS_OF_ANOTHER_RUN.replace('"seconds": 3', '"seconds": 3,'), ["is not valid JSON", "line 10", "move it away"]),
-    (CLAIMS_OF_ANOTHER_RUN[:40], ["is not valid JSON", "move it away"]),  # truncated
-    (b"\xff\xfe{}", ["is not UTF-8 text"]),
-    ('{"accuracy": 0.9}', ["was not written by prove", "refusing to overwrite it"]),
-    ("[1, 2]", ["was not written by prove"]),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (
+            CLAIMS_OF_ANOTHER_RUN.replace('"seconds": 3', '"seconds": 3,'),
+            ["is not valid JSON", "line 10", "move it away"],
+        ),
+        (CLAIMS_OF_ANOTHER_RUN[:40], ["is not valid JSON", "move it away"]),  # truncated
+        (b"\xff\xfe{}", ["is not UTF-8 text"]),
+        ('{"accuracy": 0.9}', ["was not written by prove", "refusing to overwrite it"]),
+        ("[1, 2]", ["was not written by prove"]),
+    ],
+)
 def test_a_claims_json_prove_cannot_read_is_refused_never_overwritten(tmp_path, content, words):
     """A hand edit's trailing comma, a truncated copy, another program's claims.json: refused before anything runs,
     byte for byte as it was (treating it as absent would overwrite every lesson proved so far)."""
@@ -331,8 +411,14 @@ def test_a_report_md_prove_did_not_write_is_refused_even_in_this_folder(tmp_path
     (tmp_path / "report.md").write_text("# My notes on the course\n")
     env = dict(os.environ, COURSE_SMOKE="1")
     env.pop("COURSE_CLAIMS_DIR", None)
-    proc = subprocess.run([sys.executable, "-m", "course_utils", "prove", "--lessons", "03", "--out", "."],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "course_utils", "prove", "--lessons", "03", "--out", "."],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     _refused(proc, "report.md was not written by prove", "refusing to overwrite it")
     assert (tmp_path / "report.md").read_text() == "# My notes on the course\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "report.md"]
@@ -401,9 +487,15 @@ def _start_prove(out: pathlib.Path, *args: str, env: dict | None = None) -> subp
         env = dict(os.environ, COURSE_SMOKE="1")
     env.pop("COURSE_CLAIMS_DIR", None)
     # default SIGINT disposition, as a terminal's Ctrl-C meets it (a runner may start tests with SIGINT ignored)
-    return subprocess.Popen([sys.executable, "-m", "course_utils", "prove", "--lessons", "03", "--out", str(out),
-                             *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "course_utils", "prove", "--lessons", "03", "--out", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 linux_only = pytest.mark.skipif(not pathlib.Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
@@ -484,7 +576,11 @@ def test_the_memory_forker_and_its_children_die_with_the_process_that_started_it
     forked (here mid-step) end within a second, not after the step finishes."""
     (tmp_path / "slow_step.py").write_text("import time\n\ndef make_step(**kwargs):\n    time.sleep(120)\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
-    lesson = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    lesson = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import json, os, time
         from course_utils import memory
         forker = memory._Forker(dict(os.environ))
@@ -493,7 +589,12 @@ def test_the_memory_forker_and_its_children_die_with_the_process_that_started_it
         forker.proc.stdin.flush()
         print(forker.proc.pid, flush=True)
         time.sleep(300)
-    """)], env=env, stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         forker = int(lesson.stdout.readline())
         deadline = time.monotonic() + 120
@@ -508,8 +609,12 @@ def test_the_memory_forker_and_its_children_die_with_the_process_that_started_it
 
 
 @pytest.mark.extended  # one lesson (~10 s), in a user namespace with a 256 KiB tmpfs as --out
-@pytest.mark.skipif(subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0
-                    if shutil.which("unshare") else True, reason="needs unshare -rm (Linux user namespaces)")
+@pytest.mark.skipif(
+    subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0
+    if shutil.which("unshare")
+    else True,
+    reason="needs unshare -rm (Linux user namespaces)",
+)
 def test_a_full_disk_is_one_line_exit_2_and_loses_nothing(tmp_path):
     """--out on a full file system (a real ENOSPC, from a tiny tmpfs): prove says so in one line, exit 2, no
     traceback, no temporary file left; the claims.json of another machine it moved aside before is intact, and the
@@ -517,8 +622,12 @@ def test_a_full_disk_is_one_line_exit_2_and_loses_nothing(tmp_path):
     prepared, snapshot, out = tmp_path / "prepared", tmp_path / "snapshot", tmp_path / "out"
     for folder in (prepared, snapshot / "out", out):
         folder.mkdir(parents=True)
-    earlier = {"format": 1, "machine": {"elsewhere": True}, "fingerprint": "another machine",
-               "lessons": {"05": {"title": "Gradient accumulation", "claims": [], "seconds": 3}}}
+    earlier = {
+        "format": 1,
+        "machine": {"elsewhere": True},
+        "fingerprint": "another machine",
+        "lessons": {"05": {"title": "Gradient accumulation", "claims": [], "seconds": 3}},
+    }
     (prepared / "claims.json").write_text(json.dumps(earlier))
     (prepared / "report.md").write_text("# Claims vs. measured — report card\n\nfrom another machine\n")
     (prepared / "claims.previous.json").write_text("the oldest card")
@@ -534,8 +643,14 @@ def test_a_full_disk_is_one_line_exit_2_and_loses_nothing(tmp_path):
     """
     env = dict(os.environ, COURSE_SMOKE="1", OUT=str(out), PREPARED=str(prepared), SNAPSHOT=str(snapshot))
     env.pop("COURSE_CLAIMS_DIR", None)
-    shell = subprocess.run(["unshare", "-rm", "sh", "-c", textwrap.dedent(script)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=600)
+    shell = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", textwrap.dedent(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert shell.returncode == 0, shell.stderr
     err = (snapshot / "stderr").read_text()
     assert (snapshot / "rc").read_text().strip() == "2", (snapshot / "stdout").read_text()[-3000:] + err
@@ -555,9 +670,23 @@ def test_a_full_disk_is_one_line_exit_2_and_loses_nothing(tmp_path):
 def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame):
     env = dict(os.environ)
     env.pop("COURSE_CLAIMS_DIR", None)
-    runner = subprocess.Popen([sys.executable, str(ROOT / ".ci" / "prove-perturbed"), "--only", "busy-core",
-                               "--lessons", "03", "--out", str(tmp_path)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / ".ci" / "prove-perturbed"),
+            "--only",
+            "busy-core",
+            "--lessons",
+            "03",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     below: list[int] = []
     try:
         _wait_for_child(runner, "while True: pass")
@@ -577,10 +706,16 @@ def test_prove_perturbed_stopped_stops_prove_and_its_busy_loop(tmp_path, signame
             runner.wait()
 
 
-@pytest.mark.parametrize("shape, jit, replicas", [(None, "0", {"01": "1", "04": "4"}), ("tpu", "1", {"01": "4", "04": "4"}),
-                                                  ("multi-gpu", "0", {"01": "2", "04": "2"}),
-                                                  ("gpu", "0", {"01": "1", "04": "1"}),
-                                                  ("tpu-1", "1", {"01": "1", "04": "1"})])
+@pytest.mark.parametrize(
+    "shape, jit, replicas",
+    [
+        (None, "0", {"01": "1", "04": "4"}),
+        ("tpu", "1", {"01": "4", "04": "4"}),
+        ("multi-gpu", "0", {"01": "2", "04": "2"}),
+        ("gpu", "0", {"01": "1", "04": "1"}),
+        ("tpu-1", "1", {"01": "1", "04": "1"}),
+    ],
+)
 def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
     """--shape tpu: a 4-core TPU stand-in and XLA for every lesson (a TPU compiles every step); multi-gpu: 2 GPUs
     stood in for, XLA as the course chooses for several GPUs; gpu: one; none: each lesson's own replicas on the CPU,
@@ -592,9 +727,19 @@ def test_shapes_set_every_lessons_replicas_and_xla(shape, jit, replicas):
         env = proof._child_env(args, lessons.BY_ID[lesson_id])
         assert (env["COURSE_CPU_REPLICAS"], env["COURSE_JIT"]) == (expected, jit)
         assert env[proof.SHAPE_VARIABLE] == (shape or "")
-    machine = {"accelerator": {"kind": "CPU", "name": "none", "replicas": 4}, "cpu": {
-        "model": "x", "cores": 2, "usable_cores": 2, "onednn": "default"}, "memory_gib": 1, "os": "L", "python": "3",
-        "tensorflow": "2", "keras": "3", "mode": "smoke", "xla": True, "data": "synthetic", "shape": shape}
+    machine = {
+        "accelerator": {"kind": "CPU", "name": "none", "replicas": 4},
+        "cpu": {"model": "x", "cores": 2, "usable_cores": 2, "onednn": "default"},
+        "memory_gib": 1,
+        "os": "L",
+        "python": "3",
+        "tensorflow": "2",
+        "keras": "3",
+        "mode": "smoke",
+        "xla": True,
+        "data": "synthetic",
+        "shape": shape,
+    }
     line = proof.machine_line(machine)
     assert (proof.SHAPES[shape]["what"] in line) if shape else ("split it into 4 devices" in line)
 
@@ -639,8 +784,9 @@ def _cpus_allowed(pid: int) -> str:
     return ""
 
 
-two_cores = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-                               reason="--jobs 2 needs two usable cores")
+two_cores = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="--jobs 2 needs two usable cores"
+)
 
 
 def test_jobs_start_the_longest_lessons_of_the_mode_first():
@@ -704,9 +850,12 @@ def test_a_signal_stops_every_lesson_running_at_once(tmp_path):
 def test_compare_verdicts_matches_by_id_takes_ids_for_an_old_card_by_wording_and_refuses_bad_input(tmp_path):
     """.ci/compare-verdicts: 0 when every claim reads the same, 1 (naming the id) when one differs, 2 in one line for
     an odd number of files or a file that is not a claims.json; a format-1 card (no ids) is matched by wording."""
+
     def card(name, claims, ids=True):
-        entries = [dict(report.Claim(text, "§1", "x", "y", holds, id=cid).to_dict(), lesson="05") for cid, text, holds
-                   in claims]
+        entries = [
+            dict(report.Claim(text, "§1", "x", "y", holds, id=cid).to_dict(), lesson="05")
+            for cid, text, holds in claims
+        ]
         for entry in entries:
             if not ids:
                 entry.pop("id")
@@ -715,8 +864,9 @@ def test_compare_verdicts_matches_by_id_takes_ids_for_an_old_card_by_wording_and
         return str(path)
 
     def run(*args):
-        return subprocess.run([sys.executable, str(ROOT / ".ci" / "compare-verdicts"), *args], capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, str(ROOT / ".ci" / "compare-verdicts"), *args], capture_output=True, text=True, timeout=60
+        )
 
     old = card("old.json", [("05.a", "claim a", True), ("05.b", "claim b", True)], ids=False)
     same = card("same.json", [("05.a", "claim a", True), ("05.b", "claim b reworded", True)])
@@ -736,8 +886,11 @@ def test_compare_verdicts_refuses_a_fifo_a_device_a_claim_without_verdict_and_an
     was a KeyError traceback, and one id listed twice with two verdicts read "0 differ". Each is one line, exit 2,
     within seconds."""
     good = {"id": "05.a", "claim": "a", "verdict": "holds"}
-    cards = {"no_verdict": [{"id": "05.a", "claim": "a"}], "twice": [good, dict(good, verdict="does not hold")],
-             "not_a_dict": ["05.a"]}
+    cards = {
+        "no_verdict": [{"id": "05.a", "claim": "a"}],
+        "twice": [good, dict(good, verdict="does not hold")],
+        "not_a_dict": ["05.a"],
+    }
     paths = {}
     for name, claims in cards.items():
         paths[name] = tmp_path / f"{name}.json"
@@ -746,11 +899,19 @@ def test_compare_verdicts_refuses_a_fifo_a_device_a_claim_without_verdict_and_an
     fine.write_text(json.dumps({"format": 2, "lessons": {"05": {"claims": [good]}}}))
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    for bad, says in ((paths["no_verdict"], "without its text or verdict"), (paths["twice"], "twice"),
-                      (paths["not_a_dict"], "without its text or verdict"), (fifo, "not a regular file"),
-                      (pathlib.Path("/dev/zero"), "not a regular file")):
-        proc = subprocess.run([sys.executable, str(ROOT / ".ci" / "compare-verdicts"), str(fine), str(bad)],
-                              capture_output=True, text=True, timeout=30)
+    for bad, says in (
+        (paths["no_verdict"], "without its text or verdict"),
+        (paths["twice"], "twice"),
+        (paths["not_a_dict"], "without its text or verdict"),
+        (fifo, "not a regular file"),
+        (pathlib.Path("/dev/zero"), "not a regular file"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / ".ci" / "compare-verdicts"), str(fine), str(bad)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
 
@@ -769,12 +930,19 @@ def test_a_stand_in_fails_on_a_claim_that_does_not_hold_unless_it_is_a_figure(mo
         return report.placed([claim], "03", {}, figures)[0]
 
     try:
-        for standin, figures, fails in (("tpu", {"03.x": "memory"}, False), ("gpu", {"03.": "speed"}, False),
-                                        ("tpu", {}, True), ("", {"03.x": "memory"}, True)):
+        for standin, figures, fails in (
+            ("tpu", {"03.x": "memory"}, False),
+            ("gpu", {"03.": "speed"}, False),
+            ("tpu", {}, True),
+            ("", {"03.x": "memory"}, True),
+        ):
             claim = judged(standin, figures)
             assert claim.fails == fails, (standin, figures, claim.verdict)
             assert ("stand-in" in claim.verdict) == (not fails), claim.verdict
-            data = {"machine": {"shape": "tpu-1" if standin else None}, "lessons": {"03": {"claims": [claim.to_dict()]}}}
+            data = {
+                "machine": {"shape": "tpu-1" if standin else None},
+                "lessons": {"03": {"claims": [claim.to_dict()]}},
+            }
             got, summary = proof.exit_status(data, ["03"])
             assert got == int(fails) and (("03.x" in summary) == fails), (standin, figures, summary)
             got, summary = proof.exit_status(data, ["03", "05"])
@@ -803,10 +971,18 @@ def test_kernels_sets_each_lessons_cpu_kernels_and_refuses_a_path_this_cpu_canno
     monkeypatch.setattr(hardware, "kernel_path", lambda environ=None: ("eigen", "no VNNI or AMX"))
     with pytest.raises(proof.UsageError, match="--kernels onednn-bf16: this CPU takes eigen"):
         proof._parse(["--kernels", "onednn-bf16"])
-    machine = {"accelerator": {"kind": "CPU", "name": "none", "replicas": 1}, "memory_gib": 24, "os": "Linux",
-               "python": "3.11", "tensorflow": "2.20.0", "keras": "3.15.1", "mode": "smoke", "xla": False,
-               "data": "synthetic", "cpu": {"model": "x", "cores": 2, "usable_cores": 2, "max_isa": "",
-                                            "onednn": "0", "kernels": "eigen"}}
+    machine = {
+        "accelerator": {"kind": "CPU", "name": "none", "replicas": 1},
+        "memory_gib": 24,
+        "os": "Linux",
+        "python": "3.11",
+        "tensorflow": "2.20.0",
+        "keras": "3.15.1",
+        "mode": "smoke",
+        "xla": False,
+        "data": "synthetic",
+        "cpu": {"model": "x", "cores": 2, "usable_cores": 2, "max_isa": "", "onednn": "0", "kernels": "eigen"},
+    }
     assert "CPU kernels eigen" in proof.machine_line(machine)
 
 
@@ -816,8 +992,9 @@ def test_a_claim_whose_verdict_cannot_be_read_is_refused_when_claims_json_is_rea
     good = report.Claim("c", "s", "e", "m", True, id="07.x").to_dict()
     assert proof._entry_problem({"claims": [good]}) is None
     problem = proof._entry_problem({"claims": [good, dict(good, holds="maybe")]})
-    assert problem == ("has a claim (number 2) that cannot be read (holds must be True, False, None or 'noise', "
-                       "got 'maybe')"), problem
+    assert problem == (
+        "has a claim (number 2) that cannot be read (holds must be True, False, None or 'noise', got 'maybe')"
+    ), problem
 
 
 def test_prove_perturbed_refuses_bad_arguments_up_front_and_reads_an_odd_card(tmp_path):
@@ -829,18 +1006,23 @@ def test_prove_perturbed_refuses_bad_arguments_up_front_and_reads_an_odd_card(tm
 
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    for args, says in ((["--lessons", "99"], "unknown lesson '99'"),
-                       (["--out", str(a_file)], "it exists and is not a folder"),
-                       (["--out", "/proc/x/out"], "cannot write to --out /proc/x/out")):
-        proc = subprocess.run([sys.executable, str(ROOT / ".ci" / "prove-perturbed"), *args], capture_output=True,
-                              text=True, timeout=60)
+    for args, says in (
+        (["--lessons", "99"], "unknown lesson '99'"),
+        (["--out", str(a_file)], "it exists and is not a folder"),
+        (["--out", "/proc/x/out"], "cannot write to --out /proc/x/out"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / ".ci" / "prove-perturbed"), *args], capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     loader = importlib.machinery.SourceFileLoader("prove_perturbed", str(ROOT / ".ci" / "prove-perturbed"))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     card = tmp_path / "claims.json"
-    card.write_text(json.dumps({"lessons": {"02": ["not", "an", "object"], "03": {"claims": [{"verdict": "holds"}, 7]}}}))
+    card.write_text(
+        json.dumps({"lessons": {"02": ["not", "an", "object"], "03": {"claims": [{"verdict": "holds"}, 7]}}})
+    )
     assert module.counts(card) == {"02": "unreadable", "03": "1✅ 1unreadable"}
 
 
@@ -865,6 +1047,7 @@ def test_a_truncated_or_pickled_npz_is_refused_before_any_lesson_starts(tmp_path
 
 # --from notebooks: the card read from the executed notebook (the issue: the notebook is the proof)
 
+
 def _notebook(path: pathlib.Path, *sources: str) -> pathlib.Path:
     import nbformat
 
@@ -874,18 +1057,23 @@ def _notebook(path: pathlib.Path, *sources: str) -> pathlib.Path:
     return path
 
 
-TABLE = ("from course_utils import report\n"
-         "report.ClaimsTable([report.Claim('It holds', '§1', 'x', 'x', True, lesson='03', id='03.fake',"
-         " where='m:f'), report.Claim('It cannot be seen', '§2', 'y', '—', None, lesson='03', id='03.other',"
-         " note='smoke sizes')])")
+TABLE = (
+    "from course_utils import report\n"
+    "report.ClaimsTable([report.Claim('It holds', '§1', 'x', 'x', True, lesson='03', id='03.fake',"
+    " where='m:f'), report.Claim('It cannot be seen', '§2', 'y', '—', None, lesson='03', id='03.other',"
+    " note='smoke sizes')])"
+)
 
 
-@pytest.mark.parametrize("cells, says", [
-    ((TABLE,), None),
-    (("import os\nassert os.getcwd() != " + repr(str(ROOT)), TABLE), None),  # a scratch folder, not the checkout
-    (("x = 1", "raise ValueError('boom')", TABLE), "cell 2 of 3: ValueError: boom"),
-    (("x = 1",), "but saved no claims table for lesson 03 (FileNotFoundError)"),
-])
+@pytest.mark.parametrize(
+    "cells, says",
+    [
+        ((TABLE,), None),
+        (("import os\nassert os.getcwd() != " + repr(str(ROOT)), TABLE), None),  # a scratch folder, not the checkout
+        (("x = 1", "raise ValueError('boom')", TABLE), "cell 2 of 3: ValueError: boom"),
+        (("x = 1",), "but saved no claims table for lesson 03 (FileNotFoundError)"),
+    ],
+)
 def test_notebook_claims_are_what_the_executed_notebooks_table_saved(tmp_path, monkeypatch, cells, says):
     path = _notebook(tmp_path / "03_fake.ipynb", *cells)
     monkeypatch.setattr(proof, "lesson_notebook", lambda lesson: path)
@@ -893,7 +1081,9 @@ def test_notebook_claims_are_what_the_executed_notebooks_table_saved(tmp_path, m
     if says is None:
         claims = proof.notebook_claims(lessons.BY_ID["03"], lines.append)
         assert [(c.id, c.outcome, c.where, c.note) for c in claims] == [
-            ("03.fake", report.Verdict.HOLDS, "m:f", ""), ("03.other", report.Verdict.UNMEASURABLE, "", "smoke sizes")]
+            ("03.fake", report.Verdict.HOLDS, "m:f", ""),
+            ("03.other", report.Verdict.UNMEASURABLE, "", "smoke sizes"),
+        ]
     else:
         with pytest.raises(RuntimeError, match=re.escape(says)):
             proof.notebook_claims(lessons.BY_ID["03"], lines.append)
@@ -911,9 +1101,12 @@ def test_a_notebook_that_cannot_be_read_is_one_clear_error(tmp_path, monkeypatch
 
 def test_prove_needs_the_notebooks_and_jupyters_runner_and_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(proof, "lesson_notebook", lambda lesson: None)
-    with pytest.raises(proof.UsageError, match=r"^prove executes the lessons' notebooks, and "
-                                               r"notebooks/03_mixed_precision.ipynb is neither in this checkout nor "
-                                               r"installed with course_utils: reinstall"):
+    with pytest.raises(
+        proof.UsageError,
+        match=r"^prove executes the lessons' notebooks, and "
+        r"notebooks/03_mixed_precision.ipynb is neither in this checkout nor "
+        r"installed with course_utils: reinstall",
+    ):
         proof._parse(["--lessons", "03", "--out", str(tmp_path)])
     monkeypatch.undo()
     real = importlib.util.find_spec

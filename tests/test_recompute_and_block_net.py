@@ -58,8 +58,11 @@ def test_recompute_mixed_bfloat16_and_fit():
     try:
         model = exp.block_net(**NET, remat="blocks", seed=0)
         assert model.layers[1].compute_dtype == "bfloat16"
-        model.compile(optimizer=keras.optimizers.Adam(1e-2),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True,
+        )
         x = np.random.default_rng(0).normal(size=(64, NET["tokens"], NET["width"])).astype("float32")
         y = (x[:, :, 0].mean(axis=1) > 0).astype("int32")  # learnable from the input
         history = model.fit(x, y, epochs=8, batch_size=16, verbose=0)
@@ -119,10 +122,12 @@ def test_largest_batch_extrapolation():
 def test_peaks_with_and_without_xla_in_one_process_and_recompute_saves():
     """make_step may return {key: step}: both measured, labelled label+key. Recomputed blocks keep less."""
     net = dict(width=32, depth=3, tokens=16)
-    peaks = memory.measure_peaks_isolated(exp.make_block_net_step,
-                                          {"plain": dict(batch=32, jit="both", **net),
-                                           "blocks": dict(batch=32, jit="both", remat="blocks", **net)},
-                                          repeats=2, parallel=2)
+    peaks = memory.measure_peaks_isolated(
+        exp.make_block_net_step,
+        {"plain": dict(batch=32, jit="both", **net), "blocks": dict(batch=32, jit="both", remat="blocks", **net)},
+        repeats=2,
+        parallel=2,
+    )
     assert set(peaks) == {"plain", "plain|xla", "blocks", "blocks|xla"}
     for label, peak in peaks.items():
         print(f"{label:12s} {memory.format_bytes(peak.peak_bytes)} {peak.samples}")

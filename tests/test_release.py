@@ -36,8 +36,14 @@ def test_the_record_is_of_the_release_the_notebooks_pin():
 
 
 def _nb(*cells: str) -> dict:
-    return {"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": [], "execution_count": None}
-                      for c in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return {
+        "cells": [
+            {"cell_type": "code", "source": c, "metadata": {}, "outputs": [], "execution_count": None} for c in cells
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def _uses(tmp_path: Path, *cells: str) -> list[release.Use]:
@@ -57,37 +63,55 @@ def test_notebook_uses_follow_imports_aliases_and_scopes(tmp_path):
     )
     got = [(u.dotted, u.keywords) for u in uses]
     assert got == [
-        ("course_utils", None), ("course_utils.data", None), ("course_utils.exercises", None),
+        ("course_utils", None),
+        ("course_utils.data", None),
+        ("course_utils.exercises", None),
         ("course_utils.demo.expect_failure", None),
-        ("course_utils.config.get", ()), ("course_utils.data.load", ("name",)),
+        ("course_utils.config.get", ()),
+        ("course_utils.data.load", ("name",)),
         ("course_utils.demo.expect_failure", ("match",)),
         ("course_utils.data.cifar10", ("batch",)),  # the parameter d shadowed the alias inside f only
     ]
     assert uses[4].where == "code cell 2, line 1"
 
 
-RECORD = {"package": "course_utils", "version": "2026.11.1", "modules": {
-    "course_utils": {"__version__": None, "data": "module", "setup": ["device", "**"], "config": "module",
-                     "runtime": "module"},
-    "course_utils.runtime": {"install_tensorflow": []},
-    "course_utils.data": {"load": ["name", "split"], "SIZES": None,
-                          "Loader": {"call": ["path"], "attrs": {"read": ["self", "n"], "rows": None}}},
-    "course_utils.config": {"get": []},
-}}
+RECORD = {
+    "package": "course_utils",
+    "version": "2026.11.1",
+    "modules": {
+        "course_utils": {
+            "__version__": None,
+            "data": "module",
+            "setup": ["device", "**"],
+            "config": "module",
+            "runtime": "module",
+        },
+        "course_utils.runtime": {"install_tensorflow": []},
+        "course_utils.data": {
+            "load": ["name", "split"],
+            "SIZES": None,
+            "Loader": {"call": ["path"], "attrs": {"read": ["self", "n"], "rows": None}},
+        },
+        "course_utils.config": {"get": []},
+    },
+}
 
 
-@pytest.mark.parametrize("dotted, keywords, problem", [
-    ("course_utils.data.load", ("name",), None),
-    ("course_utils.data.load", ("name", "shuffle"), "course_utils.data.load() takes no shuffle there"),
-    ("course_utils.data.missing", None, "course_utils.data has no missing"),
-    ("course_utils.lessons.x.experiments", None, "course_utils has no lessons"),
-    ("course_utils.setup", ("anything",), None),  # **kwargs
-    ("course_utils.data.SIZES.smoke", None, None),  # an attribute of a value: not recorded
-    ("course_utils.data.Loader.read", ("n",), None),
-    ("course_utils.data.Loader.write", None, "course_utils.data.Loader has no attribute write"),
-    ("course_utils.data.Loader", ("path", "mode"), "course_utils.data.Loader() takes no mode there"),
-    ("keras.layers", None, "keras.layers: no module keras"),
-])
+@pytest.mark.parametrize(
+    "dotted, keywords, problem",
+    [
+        ("course_utils.data.load", ("name",), None),
+        ("course_utils.data.load", ("name", "shuffle"), "course_utils.data.load() takes no shuffle there"),
+        ("course_utils.data.missing", None, "course_utils.data has no missing"),
+        ("course_utils.lessons.x.experiments", None, "course_utils has no lessons"),
+        ("course_utils.setup", ("anything",), None),  # **kwargs
+        ("course_utils.data.SIZES.smoke", None, None),  # an attribute of a value: not recorded
+        ("course_utils.data.Loader.read", ("n",), None),
+        ("course_utils.data.Loader.write", None, "course_utils.data.Loader has no attribute write"),
+        ("course_utils.data.Loader", ("path", "mode"), "course_utils.data.Loader() takes no mode there"),
+        ("keras.layers", None, "keras.layers: no module keras"),
+    ],
+)
 def test_use_problem_names_what_the_release_lacks(dotted, keywords, problem):
     assert release.use_problem(release.Use(dotted, "cell 1", keywords), RECORD) == problem
 
@@ -102,7 +126,9 @@ def _package(root: Path, body: str) -> None:
 
 
 def test_record_api_lists_modules_names_and_parameters(tmp_path):
-    _package(tmp_path, """
+    _package(
+        tmp_path,
+        """
         import os
         from os.path import join
 
@@ -118,9 +144,12 @@ def test_record_api_lists_modules_names_and_parameters(tmp_path):
                 pass
             def _private(self):
                 pass
-        """)
-    code = (f"import sys, json; sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]\n"
-            "from devtools.release import record_api; print(json.dumps(record_api('fakepkg')))")
+        """,
+    )
+    code = (
+        f"import sys, json; sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]\n"
+        "from devtools.release import record_api; print(json.dumps(record_api('fakepkg')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     record = json.loads(out.stdout)
     assert record["version"] == "1.0" and sorted(record["modules"]) == ["fakepkg", "fakepkg.sub", "fakepkg.sub.tools"]
@@ -141,17 +170,21 @@ def _release_root(tmp_path: Path) -> Path:
     (root / "course_utils" / "__init__.py").write_text(f'"""x"""\n__version__ = "{version}"\n')
     (root / "pyproject.toml").write_text(f'[project]\nname = "course-utils"\nversion = "{version}"\n')
     (root / "CITATION.cff").write_text(f'cff-version: 1.2.0\nversion: "{version}"\ndate-released: "2026-11-25"\n')
-    (root / "CHANGELOG.md").write_text(f"# Changelog\n\n## Unreleased\n\n- new: data.load\n\n## {version} (2026-11-25)\n\n"
-                                       "- first\n")
-    (root / "README.md").write_text(f"# Course\n\n{nbl.binder_badge_markdown()}\n\n"
-                                    f"git clone https://github.com/{nbl.REPO} && cd {nbl.REPO.split('/')[1]}\n")
+    (root / "CHANGELOG.md").write_text(
+        f"# Changelog\n\n## Unreleased\n\n- new: data.load\n\n## {version} (2026-11-25)\n\n- first\n"
+    )
+    (root / "README.md").write_text(
+        f"# Course\n\n{nbl.binder_badge_markdown()}\n\n"
+        f"git clone https://github.com/{nbl.REPO} && cd {nbl.REPO.split('/')[1]}\n"
+    )
     return root
 
 
 def test_cut_release_bumps_every_version_dates_the_notes_and_records_the_api(tmp_path):
     root = _release_root(tmp_path)
-    changed = release.cut_release("2026.12.0", root, today=datetime.date(2026, 12, 1), record=json.loads(
-        json.dumps(RECORD)))
+    changed = release.cut_release(
+        "2026.12.0", root, today=datetime.date(2026, 12, 1), record=json.loads(json.dumps(RECORD))
+    )
     assert 'version = "2026.12.0"' in (root / "pyproject.toml").read_text()
     assert '__version__ = "2026.12.0"' in (root / "course_utils" / "__init__.py").read_text()
     cff = (root / "CITATION.cff").read_text()
@@ -165,10 +198,16 @@ def test_cut_release_bumps_every_version_dates_the_notes_and_records_the_api(tmp
     assert release.release_problems(root) == [] and nbl.consistency_problems(root) == []
 
 
-@pytest.mark.parametrize("version, says", [
-    ("2026.11", "expected YYYY.MM.N"), ("2026.13.0", "expected YYYY.MM.N"), ("v2026.12.0", "expected YYYY.MM.N"),
-    ("2026.11.0", "not newer than"), ("2025.12.9", "not newer than"),
-])
+@pytest.mark.parametrize(
+    "version, says",
+    [
+        ("2026.11", "expected YYYY.MM.N"),
+        ("2026.13.0", "expected YYYY.MM.N"),
+        ("v2026.12.0", "expected YYYY.MM.N"),
+        ("2026.11.0", "not newer than"),
+        ("2025.12.9", "not newer than"),
+    ],
+)
 def test_cut_release_refuses_a_bad_or_old_version_and_changes_nothing(tmp_path, version, says):
     root = _release_root(tmp_path)
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
@@ -187,8 +226,13 @@ def test_cut_release_refuses_when_nothing_is_unreleased(tmp_path):
 
 def test_the_release_command_says_a_bad_version_in_one_line(tmp_path):
     root = _release_root(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "course_utils", "release", "2026.99.1", "--root", str(root)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "course_utils", "release", "2026.99.1", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("release: ") and "YYYY.MM.N" in done.stderr
 
@@ -197,12 +241,14 @@ def test_a_notebook_using_a_helper_newer_than_its_release_is_reported(tmp_path):
     root = _release_root(tmp_path)
     (root / release.API_FILE).write_text(release.dump_record({**RECORD, "version": nbl.REF[1:]}))
     nb = _nb(nbl.setup_cell_source(), "from course_utils import data\ndata.load(name='a')\ndata.stream()")
-    nb["cells"].insert(0, {"cell_type": "markdown", "metadata": {},
-                           "source": nbl.badge_markdown("notebooks/01_x.ipynb")})
+    nb["cells"].insert(
+        0, {"cell_type": "markdown", "metadata": {}, "source": nbl.badge_markdown("notebooks/01_x.ipynb")}
+    )
     (root / "notebooks" / "01_x.ipynb").write_text(json.dumps(nb))
     problems = release.release_problems(root)
-    assert len(problems) == 1 and problems[0].startswith("notebooks/01_x.ipynb (code cell 2, line 3): "
-                                                         f"course_utils.data has no stream in {nbl.REF}")
+    assert len(problems) == 1 and problems[0].startswith(
+        f"notebooks/01_x.ipynb (code cell 2, line 3): course_utils.data has no stream in {nbl.REF}"
+    )
 
 
 def test_set_repo_rewrites_the_folder_a_clone_is_entered_by(tmp_path):
@@ -214,21 +260,23 @@ def test_set_repo_rewrites_the_folder_a_clone_is_entered_by(tmp_path):
     readme.write_text(readme.read_text().replace("cd my-course", "cd memory-efficient-tf"))
     assert nbl.consistency_problems(root) == [
         "README.md: line 5: `cd memory-efficient-tf` after cloning a-user/my-course, whose folder is my-course "
-        "(run `python -m course_utils set-repo`)"]
+        "(run `python -m course_utils set-repo`)"
+    ]
 
 
 def test_the_setup_cell_says_when_the_installed_course_utils_is_not_its_release(tmp_path):
     """Run the canonical setup cell's check with an older course_utils installed (a runtime that imported it
     before, a stale pip install): it says so before later cells fail on a missing name."""
     src = nbl.setup_cell_source()
-    check = src[src.index("import course_utils\n"):src.index("runtime = course_utils.setup()")]
+    check = src[src.index("import course_utils\n") : src.index("runtime = course_utils.setup()")]
     fake = tmp_path / "course_utils"
     fake.mkdir()
     (fake / "__init__.py").write_text('__version__ = "2026.10.0"\n')
     code = f'COURSE_REF = "{nbl.REF}"\n' + check
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith(
-        f"course_utils 2026.10.0 is installed, but this notebook was written for {nbl.REF}: ")
+        f"course_utils 2026.10.0 is installed, but this notebook was written for {nbl.REF}: "
+    )
     same = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert same.returncode == 0 and same.stdout == ""
 

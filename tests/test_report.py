@@ -18,12 +18,15 @@ def test_samples_spread_is_min_max_below_five_and_middle_half_from_five():
         report.Samples([])
 
 
-@pytest.mark.parametrize("values, verdict", [
-    ([1.3, 1.4, 1.5], report.HOLDS),
-    ([0.9, 1.0, 1.05], report.FAILS),
-    ([1.1, 1.3, 1.5], report.NOISE),  # the spread straddles 1.2: never a coin flip
-    ([1.25, 1.3, 1.2, 1.35, 1.3, 5.0, 0.1], report.HOLDS),  # middle half 1.2..1.3 > 1.15 despite outliers
-])
+@pytest.mark.parametrize(
+    "values, verdict",
+    [
+        ([1.3, 1.4, 1.5], report.HOLDS),
+        ([0.9, 1.0, 1.05], report.FAILS),
+        ([1.1, 1.3, 1.5], report.NOISE),  # the spread straddles 1.2: never a coin flip
+        ([1.25, 1.3, 1.2, 1.35, 1.3, 5.0, 0.1], report.HOLDS),  # middle half 1.2..1.3 > 1.15 despite outliers
+    ],
+)
 def test_claim_from_samples_decides_from_the_spread(values, verdict):
     threshold = 1.15 if len(values) > 3 else 1.2
     claim = report.Claim.from_samples("faster", "§1", "> 1.2×", values, ">", threshold)
@@ -88,20 +91,35 @@ def test_claim_ids_round_trip_and_id_problems_names_each_fault():
     good = [Claim("a", "§1", "x", "y", True, id="05.first"), Claim("b", "§2", "x", "y", True, id="05.second")]
     assert [Claim.from_dict(c.to_dict()).id for c in good] == ["05.first", "05.second"]
     assert id_problems(good, "05") == []
-    bad = good + [Claim("c", "§3", "x", "y", True, id="05.first"), Claim("d", "§4", "x", "y", True),
-                  Claim("e", "§5", "x", "y", True, id="04.other"), Claim("f", "§6", "x", "y", True, id="05.Bad Name")]
+    bad = good + [
+        Claim("c", "§3", "x", "y", True, id="05.first"),
+        Claim("d", "§4", "x", "y", True),
+        Claim("e", "§5", "x", "y", True, id="04.other"),
+        Claim("f", "§6", "x", "y", True, id="05.Bad Name"),
+    ]
     problems = id_problems(bad, "05")
     assert len(problems) == 4 and "'05.first' is used twice" in problems[0], problems
     assert all("not 05.name" in p for p in problems[1:]), problems
 
 
 def _declared():
-    return report.LessonClaims("02", [
-        report.Declared("02.kernel_cast_raises", "casting a {what} raises", "§2", "an error", where=report.Samples),
-        report.Declared("02.speed", "{policy} is faster", "§3", "> {threshold}×", figure="speed", op=">",
-                        threshold=1.1, prose="more than {threshold}×"),
-        report.Declared("02.forward_peak_", "the forward peak is lower", "§4", "< 1×", where="notebook §4"),
-    ])
+    return report.LessonClaims(
+        "02",
+        [
+            report.Declared("02.kernel_cast_raises", "casting a {what} raises", "§2", "an error", where=report.Samples),
+            report.Declared(
+                "02.speed",
+                "{policy} is faster",
+                "§3",
+                "> {threshold}×",
+                figure="speed",
+                op=">",
+                threshold=1.1,
+                prose="more than {threshold}×",
+            ),
+            report.Declared("02.forward_peak_", "the forward peak is lower", "§4", "< 1×", where="notebook §4"),
+        ],
+    )
 
 
 def test_a_declared_claim_takes_its_words_threshold_and_where_from_its_declaration():
@@ -138,13 +156,16 @@ def test_declared_claims_refuse_what_is_not_declared_judged_twice_or_left_out():
         declared.all([one, speed])
     with pytest.raises(ValueError, match="used twice"):
         declared.all([one, one, speed, *peaks])
-    for bad, says in ((report.Declared("02.x", "a", "b", "c", figure="size"), "figure"),
-                      (report.Declared("03.x", "a", "b", "c"), "not 02.name"),
-                      (report.Declared("02.Bad", "a", "b", "c"), "not 02.name")):
+    for bad, says in (
+        (report.Declared("02.x", "a", "b", "c", figure="size"), "figure"),
+        (report.Declared("03.x", "a", "b", "c"), "not 02.name"),
+        (report.Declared("02.Bad", "a", "b", "c"), "not 02.name"),
+    ):
         with pytest.raises(ValueError, match=says):
             report.LessonClaims("02", [bad])
-    optional = report.LessonClaims("02", [report.Declared("02.x", "a", "b", "c"),
-                                          report.Declared("02.row.", "a", "b", "c", optional=True)])
+    optional = report.LessonClaims(
+        "02", [report.Declared("02.x", "a", "b", "c"), report.Declared("02.row.", "a", "b", "c", optional=True)]
+    )
     x = optional.judge("02.x", "m", True)
     assert optional.all([x]) == [x] and optional.spec("02.row.gce_cpu").id == "02.row."
     with pytest.raises(ValueError, match="used twice"):

@@ -40,14 +40,19 @@ def test_refuses_what_a_fresh_process_cannot_import():
 def test_lesson_02_forward_step_runs_where_it_is_placed():
     """Issue 22: lesson 02 read a TPU's peak while its forward pass ran unplaced (a TPU gets only ops placed on it).
     The step places its images, weights and calls on the device asked for: on 2 CPU devices, the second one."""
-    out = runtime.run_on_cpu_replicas(2, "\n".join([
-        "import course_utils",
-        "from course_utils.lessons.bfloat16_conversion import experiments as conversion",
-        "assert course_utils.detect().num_replicas == 2  # the CPU split into 2 devices",
-        "for device in ('/CPU:1', None):",
-        "    step = conversion.forward_step('float32', width=8, batch=4, device=device)",
-        "    print(step().device)",
-    ]))
+    out = runtime.run_on_cpu_replicas(
+        2,
+        "\n".join(
+            [
+                "import course_utils",
+                "from course_utils.lessons.bfloat16_conversion import experiments as conversion",
+                "assert course_utils.detect().num_replicas == 2  # the CPU split into 2 devices",
+                "for device in ('/CPU:1', None):",
+                "    step = conversion.forward_step('float32', width=8, batch=4, device=device)",
+                "    print(step().device)",
+            ]
+        ),
+    )
     placed, default = out.strip().splitlines()[-2:]
     assert placed.endswith("device:CPU:1") and default.endswith("device:CPU:0"), out
 
@@ -57,20 +62,25 @@ def test_lesson_02_convolution_probe_and_lesson_05_training_step_run_where_they_
     while the notebook named the accelerator (a TPU gets only ops placed on it). Both place their inputs, weights and
     calls on the device asked for — default: memory.default_device(), the one the label names. On 2 CPU devices: the
     second one when asked, CPU:0 (the default device) otherwise."""
-    out = runtime.run_on_cpu_replicas(2, "\n".join([
-        "import course_utils",
-        "from course_utils import memory",
-        "from course_utils.lessons.bfloat16_conversion import experiments as conversion",
-        "from course_utils.lessons.gradient_accumulation import experiments as accumulation",
-        "assert course_utils.detect().num_replicas == 2 and memory.default_device() == 'CPU:0'",
-        "for device in ('/CPU:1', None):",
-        "    probe = conversion.xla_convolution_dtypes('bfloat16', width=4, batch=2, device=device)",
-        "    step = accumulation.training_step(8, width=4, device=device)",
-        "    logs = step()",
-        "    optimizer = step.model.optimizer",
-        "    print('|'.join([probe.device, logs['loss'].device, step.model.weights[0].value.device,",
-        "                    optimizer.variables[-1].value.device]))",
-    ]))
+    out = runtime.run_on_cpu_replicas(
+        2,
+        "\n".join(
+            [
+                "import course_utils",
+                "from course_utils import memory",
+                "from course_utils.lessons.bfloat16_conversion import experiments as conversion",
+                "from course_utils.lessons.gradient_accumulation import experiments as accumulation",
+                "assert course_utils.detect().num_replicas == 2 and memory.default_device() == 'CPU:0'",
+                "for device in ('/CPU:1', None):",
+                "    probe = conversion.xla_convolution_dtypes('bfloat16', width=4, batch=2, device=device)",
+                "    step = accumulation.training_step(8, width=4, device=device)",
+                "    logs = step()",
+                "    optimizer = step.model.optimizer",
+                "    print('|'.join([probe.device, logs['loss'].device, step.model.weights[0].value.device,",
+                "                    optimizer.variables[-1].value.device]))",
+            ]
+        ),
+    )
     placed, default = (line.split("|") for line in out.strip().splitlines()[-2:])
     assert all(d.endswith("device:CPU:1") for d in placed), out
     assert all(d.endswith("device:CPU:0") for d in default), out

@@ -21,7 +21,11 @@ def _runtime_in_fresh_process(replicas: int) -> dict:
     env = dict(os.environ, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
         [sys.executable, "-m", "course_utils.runtime", "--fit"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -29,8 +33,10 @@ def _runtime_in_fresh_process(replicas: int) -> dict:
 
 @pytest.mark.parametrize(
     "replicas, strategy_name",
-    [(1, "OneDeviceStrategy"),
-     pytest.param(4, "MirroredStrategy", marks=pytest.mark.extended)],  # a fresh 4-replica process: .ci/run
+    [
+        (1, "OneDeviceStrategy"),
+        pytest.param(4, "MirroredStrategy", marks=pytest.mark.extended),
+    ],  # a fresh 4-replica process: .ci/run
 )
 def test_cpu_strategy_has_the_requested_replicas_and_fit_works(replicas, strategy_name):
     info = _runtime_in_fresh_process(replicas)
@@ -133,8 +139,12 @@ def test_tpu_path_runs_the_four_calls_in_order(monkeypatch):
             self.num_replicas_in_sync = 1
             self.extended = types.SimpleNamespace(worker_devices=("/job:worker/replica:0/task:0/device:TPU:0",))
 
-    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r is resolver)))
-    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("initialize", r is resolver)))
+    monkeypatch.setattr(
+        tf.config, "experimental_connect_to_cluster", lambda r: calls.append(("connect", r is resolver))
+    )
+    monkeypatch.setattr(
+        tf.tpu.experimental, "initialize_tpu_system", lambda r: calls.append(("initialize", r is resolver))
+    )
     monkeypatch.setattr(tf.distribute, "TPUStrategy", FakeTPUStrategy)
     rt = runtime.detect(probe_tpu=True, resolver_factory=factory, use_cache=False)
     assert calls == [("resolver", "local"), ("connect", True), ("initialize", True), ("strategy", True)]
@@ -206,7 +216,7 @@ def test_setup_prints_the_summary(capsys):
 # --- Installing TensorFlow on a Colab TPU runtime, and the libtpu check (fakes: no pip, no TPU) ---
 
 JAX_REQUIRES = ['jaxlib<=0.10.2,>=0.10.2; extra == "tpu"', 'libtpu==0.0.42.*; extra == "tpu"']
-JAX_072_REQUIRES = ['jaxlib<=0.7.2,>=0.7.2', 'libtpu==0.0.23; extra == "tpu"', 'requests; extra == "tpu"']
+JAX_072_REQUIRES = ["jaxlib<=0.7.2,>=0.7.2", 'libtpu==0.0.23; extra == "tpu"', 'requests; extra == "tpu"']
 TF_TPU_REQUIRES = ["numpy>=1.26.0", "libtpu~=0.0.14", 'nvidia-nccl-cu12<3.0; extra == "and-cuda"']
 
 
@@ -226,8 +236,9 @@ def test_libtpu_check_says_nothing_false_on_colabs_untouched_tpu_image():
 
 
 def test_libtpu_check_after_the_setup_says_what_it_cost_jax_and_nothing_else():
-    summary, problems = runtime.libtpu_check(*_metadata(JAX_072_REQUIRES, libtpu=runtime.LIBTPU_FOR_TF, jax="0.7.2",
-                                                        tensorflow_tpu="2.20.0"))
+    summary, problems = runtime.libtpu_check(
+        *_metadata(JAX_072_REQUIRES, libtpu=runtime.LIBTPU_FOR_TF, jax="0.7.2", tensorflow_tpu="2.20.0")
+    )
     assert problems == []  # the release's own libtpu
     assert "tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14 (satisfied)" in summary
     assert "with libtpu 0.0.14, TensorFlow's, JAX may no longer start on the TPU in this runtime" in summary
@@ -239,8 +250,9 @@ def test_libtpu_check_says_a_libtpu_newer_than_tensorflows_release_is_untested()
     assert "libtpu installed: libtpu 0.0.42" in summary
     assert "tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14 (satisfied)" in summary
     assert "JAX 0.10.2's jax[tpu] extra names libtpu==0.0.42.*" in summary and "may no longer" not in summary
-    assert len(problems) == 1 and problems[0].startswith("untested libtpu: tensorflow-tpu 2.20.0 names libtpu 0.0.14 "
-                                                         "(libtpu~=0.0.14); 0.0.42 is newer")
+    assert len(problems) == 1 and problems[0].startswith(
+        "untested libtpu: tensorflow-tpu 2.20.0 names libtpu 0.0.14 (libtpu~=0.0.14); 0.0.42 is newer"
+    )
     assert "pip install libtpu==0.0.14" in problems[0] and "Kaggle/docker-python#1499" in problems[0]
     _, problems = runtime.libtpu_check(*_metadata(libtpu="0.0.14", tensorflow_tpu="2.20.0"))
     assert problems == []  # the release's own libtpu: nothing to say
@@ -310,14 +322,24 @@ def test_a_tpu_machine_with_tensorflows_cpu_build_is_not_tried_and_the_cpu_still
         "    raise AssertionError('tried')\n"
         "rt = runtime.detect(cpu_replicas=4, use_cache=False)\n"
         "print(rt.kind, rt.num_replicas)\n"
-        "print(rt.fallbacks[0])\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
-                          env={k: v for k, v in os.environ.items() if not k.startswith("COURSE_")})
+        "print(rt.fallbacks[0])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={k: v for k, v in os.environ.items() if not k.startswith("COURSE_")},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     kind_line, why = proc.stdout.strip().splitlines()[-2:]
     assert kind_line == "CPU 4"
-    assert why.startswith("TPU (/dev/vfio/0 exists (TPU v5e/v6e device file)) not tried: this TensorFlow has no TPU "
-                          "support") and runtime.TPU_INSTALL_FIX in why
+    assert (
+        why.startswith(
+            "TPU (/dev/vfio/0 exists (TPU v5e/v6e device file)) not tried: this TensorFlow has no TPU support"
+        )
+        and runtime.TPU_INSTALL_FIX in why
+    )
 
 
 def test_install_does_nothing_where_tensorflow_exists():
@@ -328,12 +350,20 @@ def test_install_does_nothing_where_tensorflow_exists():
 
 def test_install_on_a_tpu_uses_the_documented_find_links_command(no_tensorflow, capsys):
     pip, calls = _fake_pip((0, ""))
-    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.14",
-                                                                          ["libtpu mismatch: simulated"]),
-                                       version={"jax": "0.7.2", "libtpu": "0.0.21.1"}.get,
-                                       reach_tpu=lambda: (True, "TPU cores: 1"))
-    assert calls == [("tensorflow-tpu==2.20.0", "libtpu==0.0.14",
-                      "--find-links=https://storage.googleapis.com/libtpu-tf-releases/index.html")]
+    lines = runtime.install_tensorflow(
+        on_tpu=True,
+        pip=pip,
+        check=lambda: ("libtpu installed: libtpu 0.0.14", ["libtpu mismatch: simulated"]),
+        version={"jax": "0.7.2", "libtpu": "0.0.21.1"}.get,
+        reach_tpu=lambda: (True, "TPU cores: 1"),
+    )
+    assert calls == [
+        (
+            "tensorflow-tpu==2.20.0",
+            "libtpu==0.0.14",
+            "--find-links=https://storage.googleapis.com/libtpu-tf-releases/index.html",
+        )
+    ]
     cost = [ln for ln in lines if ln.startswith("It replaces this image's libtpu 0.0.21.1")]
     assert cost and "(chosen for its JAX 0.7.2) with 0.0.14" in cost[0] and "JAX may then no longer start" in cost[0]
     assert "Installed the TPU build. libtpu installed: libtpu 0.0.14" in lines
@@ -348,25 +378,38 @@ def test_a_tpu_build_that_does_not_reach_the_tpu_is_replaced_and_the_images_libt
     in a fresh process, then installs the CPU/GPU build and gives JAX its libtpu back."""
     pip, calls = _fake_pip((0, ""), (0, ""), (0, ""))
     uninstalled = []
-    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.14", []),
-                                       version={"jax": "0.7.2", "libtpu": "0.0.21.1"}.get,
-                                       reach_tpu=lambda: (False, "No TPU platform found"),
-                                       pip_uninstall=lambda names: uninstalled.append(names) or (0, ""))
+    lines = runtime.install_tensorflow(
+        on_tpu=True,
+        pip=pip,
+        check=lambda: ("libtpu installed: libtpu 0.0.14", []),
+        version={"jax": "0.7.2", "libtpu": "0.0.21.1"}.get,
+        reach_tpu=lambda: (False, "No TPU platform found"),
+        pip_uninstall=lambda names: uninstalled.append(names) or (0, ""),
+    )
     assert calls == [runtime.TPU_PIP_ARGS, ("libtpu==0.0.21.1",), ("tensorflow==2.20.0",)]
     assert uninstalled == [("tensorflow-tpu",)]
-    assert any(ln.startswith("⚠️ TensorFlow's TPU build does not reach the TPU here: No TPU platform found.")
-               for ln in lines)
+    assert any(
+        ln.startswith("⚠️ TensorFlow's TPU build does not reach the TPU here: No TPU platform found.") for ln in lines
+    )
     assert "Put back this image's libtpu 0.0.21.1 for its JAX 0.7.2." in lines
     assert lines[-1] == "Installed tensorflow==2.20.0 (CPU/GPU build)."
 
 
 def test_a_failed_uninstall_of_the_tpu_build_stops_with_what_to_do_and_no_traceback(no_tensorflow):
     pip, calls = _fake_pip((0, ""))
-    with pytest.raises(runtime.InstallFailed, match=r"`pip uninstall -y tensorflow-tpu` exited with code 1: "
-                       r"ERROR: busy\. Restart the runtime") as raised:
-        runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("", []), version=lambda name: None,
-                                   reach_tpu=lambda: (False, "No TPU platform found"),
-                                   pip_uninstall=lambda names: (1, "ERROR: busy"))
+    with pytest.raises(
+        runtime.InstallFailed,
+        match=r"`pip uninstall -y tensorflow-tpu` exited with code 1: "
+        r"ERROR: busy\. Restart the runtime",
+    ) as raised:
+        runtime.install_tensorflow(
+            on_tpu=True,
+            pip=pip,
+            check=lambda: ("", []),
+            version=lambda name: None,
+            reach_tpu=lambda: (False, "No TPU platform found"),
+            pip_uninstall=lambda names: (1, "ERROR: busy"),
+        )
     assert calls == [runtime.TPU_PIP_ARGS]  # nothing installed over a TPU build still in place
     assert raised.value._render_traceback_() == [f"InstallFailed: {raised.value}"]
 
@@ -376,38 +419,58 @@ def test_the_tpu_check_reports_what_the_fresh_process_said(monkeypatch):
 
     def fake_run(argv, **kwargs):
         assert argv[:2] == [sys.executable, "-c"] and "initialize_tpu_system" in argv[2]
-        return subprocess.CompletedProcess(argv, 1, "", (
-            "2026-11-28 06:01:13.7 I external/local_xla/xla/stream_executor/tpu/tpu_platform_interface.cc:78] No TPU "
-            "platform found. Platform manager status: OK\ntensorflow.python.framework.errors_impl.InternalError: Graph "
-            "execution error:\n"))
+        return subprocess.CompletedProcess(
+            argv,
+            1,
+            "",
+            (
+                "2026-11-28 06:01:13.7 I external/local_xla/xla/stream_executor/tpu/tpu_platform_interface.cc:78] No TPU "
+                "platform found. Platform manager status: OK\ntensorflow.python.framework.errors_impl.InternalError: Graph "
+                "execution error:\n"
+            ),
+        )
 
     monkeypatch.setattr(runtime.processes, "run", fake_run)
     assert runtime.tpu_reachable_in_fresh_process() == (False, "No TPU platform found. Platform manager status: OK")
-    monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
-        argv, 1, "", "noise\nValueError: Please provide a TPU Name\n"))
+    monkeypatch.setattr(
+        runtime.processes,
+        "run",
+        lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "noise\nValueError: Please provide a TPU Name\n"),
+    )
     assert runtime.tpu_reachable_in_fresh_process() == (False, "ValueError: Please provide a TPU Name")
-    monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
-        argv, 0, "TPU cores: 1\n", ""))
+    monkeypatch.setattr(
+        runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "TPU cores: 1\n", "")
+    )
     assert runtime.tpu_reachable_in_fresh_process() == (True, "TPU cores: 1")
-    monkeypatch.setattr(runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(
-        argv, 0, "TPU cores: 0\n", ""))
+    monkeypatch.setattr(
+        runtime.processes, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 0, "TPU cores: 0\n", "")
+    )
     assert runtime.tpu_reachable_in_fresh_process()[0] is False
 
 
 def test_install_says_when_the_find_links_page_is_unreachable_and_goes_on(no_tensorflow):
     """pip warns and retries when --find-links' host cannot be reached, then installs from the package index (what
     happened where the course is tested): the setup says so in one line, and the install counts."""
-    retry = ("WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection "
-             "broken by 'NewConnectionError(': Failed to establish a new connection: [Errno -2] Name or service not "
-             "known')': /libtpu-tf-releases/index.html")
+    retry = (
+        "WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection "
+        "broken by 'NewConnectionError(': Failed to establish a new connection: [Errno -2] Name or service not "
+        "known')': /libtpu-tf-releases/index.html"
+    )
     output = f"{retry}\n{retry}\nSuccessfully installed libtpu-0.0.14 tensorflow-tpu-2.20.0"
     notes = runtime.unreachable_links_note(output, runtime.TPU_PIP_ARGS)
-    assert notes == [f"pip could not reach {runtime.LIBTPU_TF_INDEX} (it retried a few times): it went on with the "
-                     "package index, which has tensorflow-tpu 2.20.0 and libtpu 0.0.14 too"]
+    assert notes == [
+        f"pip could not reach {runtime.LIBTPU_TF_INDEX} (it retried a few times): it went on with the "
+        "package index, which has tensorflow-tpu 2.20.0 and libtpu 0.0.14 too"
+    ]
     assert runtime.unreachable_links_note("Successfully installed tensorflow-tpu-2.20.0", runtime.TPU_PIP_ARGS) == []
     pip, _ = _fake_pip((0, "", notes))
-    lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("libtpu installed: libtpu 0.0.14", []),
-                                       version=lambda name: None, reach_tpu=lambda: (True, "TPU cores: 1"))
+    lines = runtime.install_tensorflow(
+        on_tpu=True,
+        pip=pip,
+        check=lambda: ("libtpu installed: libtpu 0.0.14", []),
+        version=lambda name: None,
+        reach_tpu=lambda: (True, "TPU cores: 1"),
+    )
     assert notes[0] in lines and "Installed the TPU build. libtpu installed: libtpu 0.0.14" in lines
     assert not any(ln.startswith("It replaces") for ln in lines)  # no libtpu on the image: nothing replaced
 
@@ -417,9 +480,11 @@ def test_a_failed_tpu_install_is_named_and_falls_back(no_tensorflow):
     lines = runtime.install_tensorflow(on_tpu=True, pip=pip, check=lambda: ("", []), version=lambda name: None)
     assert calls == [runtime.TPU_PIP_ARGS, ("tensorflow==2.20.0",)]
     failed = [ln for ln in lines if ln.startswith("The TPU build did not install")]
-    assert failed == ["The TPU build did not install: `pip install tensorflow-tpu==2.20.0 libtpu==0.0.14 "
-                      f"--find-links={runtime.LIBTPU_TF_INDEX}` exited with code 1: "
-                      "ERROR: No matching distribution found for libtpu~=0.0.14"]
+    assert failed == [
+        "The TPU build did not install: `pip install tensorflow-tpu==2.20.0 libtpu==0.0.14 "
+        f"--find-links={runtime.LIBTPU_TF_INDEX}` exited with code 1: "
+        "ERROR: No matching distribution found for libtpu~=0.0.14"
+    ]
     assert any("will run on the TPU VM's CPU" in ln for ln in lines)
     assert lines[-1] == "Installed tensorflow==2.20.0 (CPU/GPU build)."
 
@@ -432,8 +497,11 @@ def test_no_tpu_installs_the_cpu_gpu_build_only(no_tensorflow):
 
 def test_when_nothing_installs_the_error_names_the_command_and_exit_code(no_tensorflow):
     pip, _ = _fake_pip((1, "tpu: no wheel"), (2, "ERROR: Could not find a version"))
-    with pytest.raises(runtime.InstallFailed, match=r"`pip install tensorflow==2\.20\.0` exited with code 2: ERROR: Could "
-                       "not find") as raised:
+    with pytest.raises(
+        runtime.InstallFailed,
+        match=r"`pip install tensorflow==2\.20\.0` exited with code 2: ERROR: Could "
+        "not find",
+    ) as raised:
         runtime.install_tensorflow(on_tpu=True, pip=pip)
     # a notebook shows the message alone (IPython's _render_traceback_), not a traceback into course_utils
     assert raised.value._render_traceback_() == [f"InstallFailed: {raised.value}"]
@@ -452,6 +520,7 @@ def test_old_recipes_report_what_they_do_here(monkeypatch):
 
 
 # -- issue 9 §3: re-running the setup cell, stale runtimes (each in a fresh process: the split is global) --
+
 
 def _fresh(code: str) -> str:
     import subprocess
@@ -537,7 +606,7 @@ def test_first_line_keeps_the_key_part_of_a_tpu_error_and_cuts_at_a_word():
     assert "your TPU runtime version does not match the TensorFlow version" in line  # the part that says what to do
     assert "ConfigureDistributedTPU" not in line and "\n" not in line  # first line only
     assert line.endswith("…") and len(line) <= len("InvalidArgumentError: ") + 400
-    body = line[len("InvalidArgumentError: "):-1].rstrip()
+    body = line[len("InvalidArgumentError: ") : -1].rstrip()
     assert TPU_MISMATCH.startswith(body)  # a prefix of the message ...
     assert TPU_MISMATCH[len(body)] in " .;,"  # ... that ends at a word boundary, not inside a word or device name
 
@@ -564,10 +633,19 @@ def test_a_long_tpu_error_reaches_the_fallback_reason_whole(monkeypatch):
     assert "does not match the TensorFlow version" in rt.summary()
 
 
-@pytest.mark.parametrize("kind, course_jit, replicas, expected", [
-    ("TPU", False, 1, (False, True)), ("TPU", True, 8, (False, True)), ("GPU", False, 1, (True, True)),
-    ("multi-GPU", False, 2, (False, False)), ("multi-GPU", True, 4, (False, False)), ("CPU", False, 1, (False, False)),
-    ("CPU", True, 1, (True, True)), ("CPU", True, 4, (False, False))])
+@pytest.mark.parametrize(
+    "kind, course_jit, replicas, expected",
+    [
+        ("TPU", False, 1, (False, True)),
+        ("TPU", True, 8, (False, True)),
+        ("GPU", False, 1, (True, True)),
+        ("multi-GPU", False, 2, (False, False)),
+        ("multi-GPU", True, 4, (False, False)),
+        ("CPU", False, 1, (False, False)),
+        ("CPU", True, 1, (True, True)),
+        ("CPU", True, 4, (False, False)),
+    ],
+)
 def test_fit_jit_compile_per_hardware(kind, course_jit, replicas, expected):
     jit_compile, compiled, why = runtime.fit_jit_compile(kind, course_jit, replicas)
     assert (jit_compile, compiled) == expected and why
@@ -586,8 +664,11 @@ def test_fit_trains_on_two_replicas_under_xla_with_the_courses_rule():
     got = runtime.run_with_replicas(2, None, tpu.fit_xla_on_replicas)
     assert got["replicas"] == 2 and got["rule"] == [False, False] and got["rule_trained"]
     # still broken in Keras: the rule is still needed (if this starts to train, revisit fit_jit_compile)
-    assert got["jit_true"].startswith("InvalidArgumentError: ") and "located in device CPU:1 from device CPU:0" in (
-        got["jit_true"]) and "defined @" not in got["jit_true"], got["jit_true"]
+    assert (
+        got["jit_true"].startswith("InvalidArgumentError: ")
+        and "located in device CPU:1 from device CPU:0" in (got["jit_true"])
+        and "defined @" not in got["jit_true"]
+    ), got["jit_true"]
     assert got["custom_loop_max_diff"] <= 1e-5 and got["custom_loop_moved"] > 1e-3
     assert tpu.xla_on_replicas_claim(got).holds is True
 
@@ -600,8 +681,11 @@ def test_keras_auto_jit_is_off_for_a_model_built_under_a_strategy_even_with_a_gp
     import tensorflow as tf
 
     real = tf.config.list_physical_devices
-    monkeypatch.setattr(tf.config, "list_physical_devices",  # pretend a GPU: Keras' CPU-only rule does not fire
-                        lambda kind=None: real(kind) + ([] if kind else [types.SimpleNamespace(device_type="GPU")]))
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",  # pretend a GPU: Keras' CPU-only rule does not fire
+        lambda kind=None: real(kind) + ([] if kind else [types.SimpleNamespace(device_type="GPU")]),
+    )
 
     def auto(scope):
         with scope:

@@ -43,38 +43,61 @@ def _course(tmp_path: pathlib.Path) -> pathlib.Path:
     root = tmp_path / "course"
     (root / "notebooks").mkdir(parents=True)
     (root / "README.md").write_text(README)
-    figure = ("import base64, IPython.display as d\n"
-              "png = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAYAAABytg0kAAAAEklEQVR4nGP4z8DwHwQZYAwAkNwL9TpM"
-              "oEcAAAAASUVORK5CYII=')\n"
-              "d.display(d.Image(png))\n")
-    _notebook(root / "notebooks" / "01_first.ipynb", [
-        nbformat.v4.new_markdown_cell("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-                                      "(https://colab.research.google.com/github/o/n/blob/main/notebooks/01_first.ipynb)"
-                                      "\n# 01 · First"),
-        nbformat.v4.new_code_cell("import os\nprint('smoke' if os.environ.get('COURSE_SMOKE') == '1' else 'full')"),
-        nbformat.v4.new_code_cell(figure),
-    ])
+    figure = (
+        "import base64, IPython.display as d\n"
+        "png = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAYAAABytg0kAAAAEklEQVR4nGP4z8DwHwQZYAwAkNwL9TpM"
+        "oEcAAAAASUVORK5CYII=')\n"
+        "d.display(d.Image(png))\n"
+    )
+    _notebook(
+        root / "notebooks" / "01_first.ipynb",
+        [
+            nbformat.v4.new_markdown_cell(
+                "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+                "(https://colab.research.google.com/github/o/n/blob/main/notebooks/01_first.ipynb)"
+                "\n# 01 · First"
+            ),
+            nbformat.v4.new_code_cell("import os\nprint('smoke' if os.environ.get('COURSE_SMOKE') == '1' else 'full')"),
+            nbformat.v4.new_code_cell(figure),
+        ],
+    )
     broken = nbformat.v4.new_code_cell("1 / 0  # fails on purpose")
     broken.metadata["tags"] = ["raises-exception"]
-    _notebook(root / "notebooks" / "02_second.ipynb", [
-        nbformat.v4.new_markdown_cell("# 02 · Second"),
-        broken,
-        nbformat.v4.new_code_cell("raise ValueError('the lesson is broken here')"),
-        nbformat.v4.new_code_cell("print('never runs')"),
-    ])
+    _notebook(
+        root / "notebooks" / "02_second.ipynb",
+        [
+            nbformat.v4.new_markdown_cell("# 02 · Second"),
+            broken,
+            nbformat.v4.new_code_cell("raise ValueError('the lesson is broken here')"),
+            nbformat.v4.new_code_cell("print('never runs')"),
+        ],
+    )
     return root
 
 
 def _card(kind="CPU", xla=False, verdict="holds", holds=True, measured="1.5×", lesson="04") -> dict:
-    claim = report.Claim("prefetch overlaps input", "guide", "> 1×", measured, holds if verdict != "inconclusive"
-                         else "noise")
+    claim = report.Claim(
+        "prefetch overlaps input", "guide", "> 1×", measured, holds if verdict != "inconclusive" else "noise"
+    )
     claim.lesson = lesson
-    machine = {"accelerator": {"kind": kind, "name": "none" if kind == "CPU" else f"{kind} 1", "replicas": 1},
-               "cpu": {"model": "AMD EPYC", "cores": 2, "usable_cores": 2, "max_isa": "", "onednn": "default"},
-               "memory_gib": 23.5, "os": "Linux", "python": "3.11.7", "tensorflow": "2.20.0", "keras": "3.15.1",
-               "course_utils": "abc", "xla": xla, "mode": "full", "data": "synthetic"}
-    return {"format": 1, "machine": machine, "lessons": {lesson: {"title": "Pipelines", "claims": [claim.to_dict()],
-                                                                  "seconds": 9.0}}}
+    machine = {
+        "accelerator": {"kind": kind, "name": "none" if kind == "CPU" else f"{kind} 1", "replicas": 1},
+        "cpu": {"model": "AMD EPYC", "cores": 2, "usable_cores": 2, "max_isa": "", "onednn": "default"},
+        "memory_gib": 23.5,
+        "os": "Linux",
+        "python": "3.11.7",
+        "tensorflow": "2.20.0",
+        "keras": "3.15.1",
+        "course_utils": "abc",
+        "xla": xla,
+        "mode": "full",
+        "data": "synthetic",
+    }
+    return {
+        "format": 1,
+        "machine": machine,
+        "lessons": {lesson: {"title": "Pipelines", "claims": [claim.to_dict()], "seconds": 9.0}},
+    }
 
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAYAAABytg0kAAAAEklEQVR4nGP4z8DwHwQZYAwAkNwL9TpMoEcAAAAASUVORK5CYII="
@@ -82,16 +105,29 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAYAAABytg0kAAAAEklEQVR4nGP4z8DwHwQZYAwAk
 
 def test_each_figure_gets_alt_text_from_its_titles_and_section(tmp_path):
     figure = nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure size 640x480>"})
-    plot = nbformat.v4.new_code_cell('fig, ax = plt.subplots()\nax.set(ylabel="MiB", title=f"Peak, batch {n}")\n'
-                                     'fig.suptitle("Memory of steps_per_execution")\nplt.show()', outputs=[figure])
+    plot = nbformat.v4.new_code_cell(
+        'fig, ax = plt.subplots()\nax.set(ylabel="MiB", title=f"Peak, batch {n}")\n'
+        'fig.suptitle("Memory of steps_per_execution")\nplt.show()',
+        outputs=[figure],
+    )
     unnamed = nbformat.v4.new_code_cell("plt.imshow(x)", outputs=[figure, figure])
     fields = nbformat.v4.new_code_cell('ax.set_title(f"{a} → {b}")', outputs=[figure])
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("# 01 · First\n## 2. Memory: `steps_per_execution` and **prefetch**"), plot,
-        nbformat.v4.new_markdown_cell("Some text, no heading"), unnamed, fields])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("# 01 · First\n## 2. Memory: `steps_per_execution` and **prefetch**"),
+            plot,
+            nbformat.v4.new_markdown_cell("Some text, no heading"),
+            unnamed,
+            fields,
+        ]
+    )
     where = " (section “2. Memory: steps_per_execution and prefetch”)"
-    assert site.figure_alts(nb) == ["Figure: Peak, batch …; Memory of steps_per_execution" + where,
-                                    "A figure" + where, "A figure" + where, "A figure" + where]
+    assert site.figure_alts(nb) == [
+        "Figure: Peak, batch …; Memory of steps_per_execution" + where,
+        "A figure" + where,
+        "A figure" + where,
+        "A figure" + where,
+    ]
     lessons = [site.Lesson("01", "First", "notebooks/01_first.ipynb", "5 min", "a figure")]
     page = site.render_lesson(nb, lessons, 0, site.write_template(tmp_path / "templates"))
     assert re.findall(r'<img[^>]*alt="([^"]*)"', page) == site.figure_alts(nb)
@@ -111,14 +147,22 @@ def test_builds_the_lessons_marks_a_failed_one_with_its_cell_and_reuses_unchange
     assert len([line for line in lines if line.startswith("[site]")]) == 2 * 2 + 1
     cells = [line for line in lines if not line.startswith("[site]")]  # one progress line per code cell run
     assert all(re.fullmatch(r"\[0[12]\] cell \d/\d \(start\) \d+\.\d s( — error)?", line) for line in cells), cells
-    assert [line.split(" (")[0] for line in cells] == ["[01] cell 2/3", "[01] cell 3/3", "[02] cell 2/4", "[02] cell 3/4"]
+    assert [line.split(" (")[0] for line in cells] == [
+        "[01] cell 2/3",
+        "[01] cell 3/3",
+        "[02] cell 2/4",
+        "[02] cell 3/4",
+    ]
     assert cells[2].endswith("— error") and cells[3].endswith("— error") and not cells[0].endswith("error")
 
     page = (out / "lessons" / "01_first.html").read_text()
     assert "smoke" in page and re.search(r'<img[^>]+src="data:image/png;base64,', page)  # outputs and figure inline
     assert not re.search(r'<(script|link|img)[^>]+(src|href)="https?://', page)  # offline: nothing from a CDN
-    assert re.search(r'<a href="https://colab\.research\.google\.com/github/o/n/blob/main/notebooks/01_first\.ipynb">'
-                     r'Open In Colab</a>', page)  # the badge image became its text, still a link
+    assert re.search(
+        r'<a href="https://colab\.research\.google\.com/github/o/n/blob/main/notebooks/01_first\.ipynb">'
+        r"Open In Colab</a>",
+        page,
+    )  # the badge image became its text, still a link
     assert 'href="../lessons/02_second.html" rel="next"' in page and 'href="../index.html"' in page
     broken = (out / "lessons" / "02_second.html").read_text()
     assert "This lesson failed to execute" in broken and "cell 3 of 4: ValueError" in broken
@@ -133,8 +177,10 @@ def test_builds_the_lessons_marks_a_failed_one_with_its_cell_and_reuses_unchange
     capsys.readouterr()
     assert site.main(["--out", str(out), "--root", str(root)]) == 1  # the command: exit 1, one line per failure
     err = capsys.readouterr().err
-    assert err == ("site: lesson 02 (notebooks/02_second.ipynb) failed at cell 3 of 4: ValueError: the lesson is broken "
-                   "here; the rest of the site is built\n"), err
+    assert err == (
+        "site: lesson 02 (notebooks/02_second.ipynb) failed at cell 3 of 4: ValueError: the lesson is broken "
+        "here; the rest of the site is built\n"
+    ), err
     nb = nbformat.read(root / "notebooks" / "01_first.ipynb", as_version=4)
     nb.cells[1].source += "\nprint('changed')"
     nbformat.write(nb, root / "notebooks" / "01_first.ipynb")
@@ -153,17 +199,25 @@ def test_a_partial_build_links_only_pages_that_exist(tmp_path):
 
 
 def test_report_cards_side_by_side_with_columns_for_what_is_not_measured(tmp_path):
-    cards = [("cpu", _card()), ("cpu-xla", _card(xla=True, verdict="inconclusive", measured="1.0×")),
-             ("gpu", _card(kind="GPU", measured="1.9×"))]
+    cards = [
+        ("cpu", _card()),
+        ("cpu-xla", _card(xla=True, verdict="inconclusive", measured="1.0×")),
+        ("gpu", _card(kind="GPU", measured="1.9×")),
+    ]
     page = site.cards_html(cards, site.curriculum(pathlib.Path(__file__).resolve().parent.parent))
     heads = re.findall(r'<th scope="col"[^>]*>([^<]*)', page)
-    assert heads == ["Claim", "CPU · 2 cores · full mode · without XLA", "CPU · 2 cores · full mode · with XLA",
-                     "GPU (GPU 1) · full mode · without XLA", "TPU"]
+    assert heads == [
+        "Claim",
+        "CPU · 2 cores · full mode · without XLA",
+        "CPU · 2 cores · full mode · with XLA",
+        "GPU (GPU 1) · full mode · without XLA",
+        "TPU",
+    ]
     assert "not measured yet" in page and "prove --mode full" in page
     assert page.count("· course_utils abc</span>") == 3  # which course code measured each card
     row = re.search(r'<tr class="differs"><td>prefetch overlaps input</td>(.*?)</tr>', page).group(1)
     assert row.count('<td class="measured') == 4 and "1.9×" in row and "inconclusive" in row
-    assert '04 · Data pipelines and sharding' in page
+    assert "04 · Data pipelines and sharding" in page
     one = site.cards_html([("gpu", _card(kind="GPU")), ("tpu", _card(kind="TPU"))], [])
     assert "not measured yet" not in one
 
@@ -176,9 +230,14 @@ def test_cards_line_up_claims_by_id_and_a_card_from_before_ids_by_its_wording(tm
     reworded = _card(measured="1.2×")
     reworded["lessons"]["04"]["claims"][0].update(id="04.prefetch_overlaps", claim="prefetch overlaps the input")
     old = _card(measured="1.7×")  # before ids: no "id", the first card's wording
-    page = site.cards_html([("new", site.load_card(_write(tmp_path / "a.json", new))),
-                            ("reworded", site.load_card(_write(tmp_path / "b.json", reworded))),
-                            ("old", site.load_card(_write(tmp_path / "c.json", old)))], [])
+    page = site.cards_html(
+        [
+            ("new", site.load_card(_write(tmp_path / "a.json", new))),
+            ("reworded", site.load_card(_write(tmp_path / "b.json", reworded))),
+            ("old", site.load_card(_write(tmp_path / "c.json", old))),
+        ],
+        [],
+    )
     rows = re.findall(r"<tr(?: class=\"differs\")?><td>(.*?)</tr>", page, re.S)
     assert len(rows) == 1, rows
     assert rows[0].startswith('prefetch overlaps input<span class="claim-id">04.prefetch_overlaps</span>')
@@ -190,14 +249,16 @@ def _write(path: pathlib.Path, card: dict) -> pathlib.Path:
     return path
 
 
-@pytest.mark.parametrize("content, words", [
-    ("{not json", "not JSON"),
-    (json.dumps({"lessons": {}}), "needs the 'machine' and 'lessons'"),
-    (json.dumps([1, 2]), "needs the 'machine' and 'lessons'"),
-    (json.dumps({"machine": {"accelerator": {}}, "lessons": {"04": {"claims": "x"}}}), "no list of claims"),
-    (json.dumps({"machine": {"accelerator": {}}, "lessons": {"04": {"claims": [{"claim": "c"}]}}}),
-     "not a claim"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("{not json", "not JSON"),
+        (json.dumps({"lessons": {}}), "needs the 'machine' and 'lessons'"),
+        (json.dumps([1, 2]), "needs the 'machine' and 'lessons'"),
+        (json.dumps({"machine": {"accelerator": {}}, "lessons": {"04": {"claims": "x"}}}), "no list of claims"),
+        (json.dumps({"machine": {"accelerator": {}}, "lessons": {"04": {"claims": [{"claim": "c"}]}}}), "not a claim"),
+    ],
+)
 def test_a_cards_file_that_is_not_a_claims_file_is_one_line(tmp_path, content, words):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
@@ -209,8 +270,21 @@ def test_a_cards_file_that_is_not_a_claims_file_is_one_line(tmp_path, content, w
 def test_bad_cards_and_a_missing_file_in_a_fresh_process_are_one_line_exit_2(tmp_path):
     (tmp_path / "notes.json").write_text('{"hello": 1}')
     for cards, words in (("notes.json", "not a claims file"), ("missing.json", "cannot read it")):
-        done = subprocess.run([sys.executable, "-m", "course_utils", "site", "--out", str(tmp_path / "s"), "--cards",
-                               str(tmp_path / cards)], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "course_utils",
+                "site",
+                "--out",
+                str(tmp_path / "s"),
+                "--cards",
+                str(tmp_path / cards),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2 and done.stdout == "", done
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("site: --cards ") and words in done.stderr
     assert not (tmp_path / "s").exists()  # nothing written before the input is checked
@@ -228,13 +302,19 @@ def test_an_unwritable_out_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pathlib.Path, "mkdir", refuse)
     code = site.main(["--out", str(tmp_path / "locked" / "site"), "--root", str(root)])
     err = capsys.readouterr().err
-    assert code == 2 and err == f"site: cannot write to --out {str(tmp_path / 'locked' / 'site')!r}: Permission denied\n"
+    assert (
+        code == 2 and err == f"site: cannot write to --out {str(tmp_path / 'locked' / 'site')!r}: Permission denied\n"
+    )
 
 
 def test_bad_settings_are_one_line(tmp_path, capsys):
     root = _course(tmp_path)
-    for argv, words in ((["--mode", "fast"], "invalid choice: 'fast'"), (["--timeout", "0"], "positive, finite number"),
-                        (["--lessons", "09"], "unknown lesson(s) 09"), (["--data", "ftp:x"], "--data ")):
+    for argv, words in (
+        (["--mode", "fast"], "invalid choice: 'fast'"),
+        (["--timeout", "0"], "positive, finite number"),
+        (["--lessons", "09"], "unknown lesson(s) 09"),
+        (["--data", "ftp:x"], "--data "),
+    ):
         code = site.main(["--out", str(tmp_path / "s"), "--root", str(root), *argv])
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("site: ") and err.count("\n") == 1 and words in err, (argv, err)
@@ -332,15 +412,19 @@ def test_the_report_cards_page_escapes_everything_a_card_brings(tmp_path):
     assert text.count(EVIL) >= 5  # shown as text: the lesson, the claim, its value, its reason, the card's name
 
 
-@pytest.mark.parametrize("mutate, words", [
-    (lambda card: card["machine"].update(accelerator="GPU"), "'accelerator'"),
-    (lambda card: card["machine"].update(cpu=["AMD"]), "'cpu'"),
-    (lambda card: card["lessons"]["04"]["claims"][0].update(claim=["a", "list"]), "claim"),
-    (lambda card: card["lessons"]["04"]["claims"][0].update(measured={"a": 1}), "measured"),
-    (lambda card: card["lessons"]["04"]["claims"][0].update(holds="maybe"), "holds"),
-])
-def test_a_card_that_cannot_be_shown_stops_the_build_before_any_notebook_runs(tmp_path, monkeypatch, capsys,
-                                                                              mutate, words):
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda card: card["machine"].update(accelerator="GPU"), "'accelerator'"),
+        (lambda card: card["machine"].update(cpu=["AMD"]), "'cpu'"),
+        (lambda card: card["lessons"]["04"]["claims"][0].update(claim=["a", "list"]), "claim"),
+        (lambda card: card["lessons"]["04"]["claims"][0].update(measured={"a": 1}), "measured"),
+        (lambda card: card["lessons"]["04"]["claims"][0].update(holds="maybe"), "holds"),
+    ],
+)
+def test_a_card_that_cannot_be_shown_stops_the_build_before_any_notebook_runs(
+    tmp_path, monkeypatch, capsys, mutate, words
+):
     root, card = _course(tmp_path), _card()
     mutate(card)
     path = tmp_path / "claims.json"
@@ -368,8 +452,13 @@ def _site_process(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 
-    return subprocess.run([sys.executable, "-m", "course_utils", "site", *argv], capture_output=True, text=True,
-                          preexec_fn=limit, **{"timeout": 60, **kwargs})
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "site", *argv],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        **{"timeout": 60, **kwargs},
+    )
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
@@ -383,8 +472,11 @@ def test_a_card_that_is_not_a_regular_file_is_one_line_not_a_hang(tmp_path, kind
         card = tmp_path
     done = _site_process(["--out", str(tmp_path / "s"), "--cards", str(card)])
     assert done.returncode == 2 and done.stdout == "", done
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"site: --cards {card}: ") and \
-        "not a regular file" in done.stderr, done.stderr
+    assert (
+        done.stderr.count("\n") == 1
+        and done.stderr.startswith(f"site: --cards {card}: ")
+        and "not a regular file" in done.stderr
+    ), done.stderr
     assert not (tmp_path / "s").exists()
 
 
@@ -397,8 +489,15 @@ def test_a_timeout_that_is_no_limit_is_refused(tmp_path, monkeypatch, capsys, va
     assert not calls
 
 
-@pytest.mark.parametrize("kind, words", [("empty", "the folder name is empty"), ("file", "not a folder"),
-                                         ("under-a-file", "Not a directory"), ("fifo", "not a folder")])
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("empty", "the folder name is empty"),
+        ("file", "not a folder"),
+        ("under-a-file", "Not a directory"),
+        ("fifo", "not a folder"),
+    ],
+)
 def test_an_out_that_cannot_be_a_site_folder_is_one_line(tmp_path, monkeypatch, capsys, kind, words):
     root = _course(tmp_path)
     here = tmp_path / "cwd"
@@ -407,8 +506,12 @@ def test_an_out_that_cannot_be_a_site_folder_is_one_line(tmp_path, monkeypatch, 
     (tmp_path / "a-file").write_text("keep me")
     if kind == "fifo":
         os.mkfifo(tmp_path / "a-fifo")
-    out = {"empty": "", "file": str(tmp_path / "a-file"), "under-a-file": str(tmp_path / "a-file" / "site"),
-           "fifo": str(tmp_path / "a-fifo")}[kind]
+    out = {
+        "empty": "",
+        "file": str(tmp_path / "a-file"),
+        "under-a-file": str(tmp_path / "a-file" / "site"),
+        "fifo": str(tmp_path / "a-fifo"),
+    }[kind]
     calls = _never_execute(monkeypatch)
     code = site.main(["--out", out, "--root", str(root)])
     err = capsys.readouterr().err
@@ -481,11 +584,17 @@ def test_a_notebook_runs_in_a_scratch_folder_inside_out_and_deletes_nothing_besi
     mine = root / "notebooks" / "runs" / "08"  # a learner's own results, beside the notebooks
     mine.mkdir(parents=True)
     (mine / "results.json").write_text("the learner's")
-    _notebook(root / "notebooks" / "01_first.ipynb", [
-        nbformat.v4.new_markdown_cell("# 01 · First"),
-        nbformat.v4.new_code_cell("import os, pathlib, shutil\nshutil.rmtree('runs/08', ignore_errors=True)  # as "
-                                  "lesson 08 does\npathlib.Path('runs/08').mkdir(parents=True)\n"
-                                  "pathlib.Path('runs/08/new.txt').write_text('x')\nprint('cwd=' + os.getcwd())")])
+    _notebook(
+        root / "notebooks" / "01_first.ipynb",
+        [
+            nbformat.v4.new_markdown_cell("# 01 · First"),
+            nbformat.v4.new_code_cell(
+                "import os, pathlib, shutil\nshutil.rmtree('runs/08', ignore_errors=True)  # as "
+                "lesson 08 does\npathlib.Path('runs/08').mkdir(parents=True)\n"
+                "pathlib.Path('runs/08/new.txt').write_text('x')\nprint('cwd=' + os.getcwd())"
+            ),
+        ],
+    )
     course = site.build(out, root=root, lessons=["01"], cards=[], progress=lambda line: None)
     assert course[0].status == "executed", course[0].failure
     assert (mine / "results.json").read_text() == "the learner's" and not (mine / "new.txt").exists()
@@ -499,14 +608,20 @@ def test_a_notebook_runs_in_a_scratch_folder_inside_out_and_deletes_nothing_besi
 @pytest.mark.extended  # starts a Jupyter kernel
 def test_a_long_cell_says_it_is_still_running(tmp_path, monkeypatch):
     root, out = _course(tmp_path), tmp_path / "site"
-    _notebook(root / "notebooks" / "01_first.ipynb", [
-        nbformat.v4.new_markdown_cell("# 01 · First\n## 3. Waiting"), nbformat.v4.new_code_cell("import time\ntime.sleep(3.5)")])
+    _notebook(
+        root / "notebooks" / "01_first.ipynb",
+        [
+            nbformat.v4.new_markdown_cell("# 01 · First\n## 3. Waiting"),
+            nbformat.v4.new_code_cell("import time\ntime.sleep(3.5)"),
+        ],
+    )
     monkeypatch.setattr(site, "STILL_RUNNING_EVERY_S", 1.0)
     lines: list[str] = []
     site.build(out, root=root, lessons=["01"], cards=[], progress=lines.append)
     still = [line for line in lines if "still running" in line]
-    assert len(still) >= 2 and all(re.fullmatch(r"\[01\] cell 2/2 \(§3\) \d\.\d s — still running", line)
-                                   for line in still), lines
+    assert len(still) >= 2 and all(
+        re.fullmatch(r"\[01\] cell 2/2 \(§3\) \d\.\d s — still running", line) for line in still
+    ), lines
     assert re.fullmatch(r"\[01\] cell 2/2 \(§3\) 3\.\d s", lines[lines.index(still[-1]) + 1]), lines
 
 
@@ -515,12 +630,22 @@ def test_a_long_cell_says_it_is_still_running(tmp_path, monkeypatch):
 def test_ctrl_c_or_sigterm_stops_the_kernel_and_the_build_and_leaves_a_consistent_site(tmp_path, sig, code):
     root, out = _course(tmp_path), tmp_path / "site"
     started = tmp_path / "kernel.pid"
-    _notebook(root / "notebooks" / "01_first.ipynb", [
-        nbformat.v4.new_markdown_cell("# 01 · First"),
-        nbformat.v4.new_code_cell(f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text(str(os.getpid()))"
-                                  "\ntime.sleep(300)")])
-    proc = subprocess.Popen([sys.executable, "-m", "course_utils", "site", "--out", str(out), "--root", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _notebook(
+        root / "notebooks" / "01_first.ipynb",
+        [
+            nbformat.v4.new_markdown_cell("# 01 · First"),
+            nbformat.v4.new_code_cell(
+                f"import os, pathlib, time\npathlib.Path({str(started)!r}).write_text(str(os.getpid()))"
+                "\ntime.sleep(300)"
+            ),
+        ],
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "course_utils", "site", "--out", str(out), "--root", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -563,38 +688,58 @@ def test_ctrl_c_or_sigterm_stops_the_kernel_and_the_build_and_leaves_a_consisten
 
 
 def _claims_output() -> dict:
-    table = report.ClaimsTable([
-        report.Claim("bf16 halves the weights", "guide; §2", "0.5×", "0.50×", True),
-        report.Claim("XLA is faster here", "§4", "> 1×", "0.9×", False, differs_here="a CPU gains little from XLA"),
-        report.Claim("TPU only", "§5", "yes", "no TPU", None, note="run on a TPU runtime")], save=False)
-    return nbformat.v4.new_output("execute_result", data={"text/markdown": table._repr_markdown_(),
-                                                          "text/plain": str(table)}, execution_count=1)
+    table = report.ClaimsTable(
+        [
+            report.Claim("bf16 halves the weights", "guide; §2", "0.5×", "0.50×", True),
+            report.Claim("XLA is faster here", "§4", "> 1×", "0.9×", False, differs_here="a CPU gains little from XLA"),
+            report.Claim("TPU only", "§5", "yes", "no TPU", None, note="run on a TPU runtime"),
+        ],
+        save=False,
+    )
+    return nbformat.v4.new_output(
+        "execute_result", data={"text/markdown": table._repr_markdown_(), "text/plain": str(table)}, execution_count=1
+    )
 
 
 def _lesson_nb():
-    return nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_markdown_cell("# 02 · Second\nIntro."),
-        nbformat.v4.new_markdown_cell("## 1. What `bf16` is\ntext\n### A detail"),
-        nbformat.v4.new_code_cell("x = 1"),
-        nbformat.v4.new_markdown_cell("## 2. Colab's runtimes → today"),
-        nbformat.v4.new_markdown_cell("## Claims vs. measured on your hardware"),
-        nbformat.v4.new_code_cell("ClaimsTable(...)", outputs=[_claims_output()])])
+    return nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("# 02 · Second\nIntro."),
+            nbformat.v4.new_markdown_cell("## 1. What `bf16` is\ntext\n### A detail"),
+            nbformat.v4.new_code_cell("x = 1"),
+            nbformat.v4.new_markdown_cell("## 2. Colab's runtimes → today"),
+            nbformat.v4.new_markdown_cell("## Claims vs. measured on your hardware"),
+            nbformat.v4.new_code_cell("ClaimsTable(...)", outputs=[_claims_output()]),
+        ]
+    )
 
 
 def test_sections_name_each_cell_for_the_progress_lines():
-    assert site.sections(_lesson_nb()) == ["start", "§1", "§1", "§2", "Claims vs. measured on …", "Claims vs. measured on …"]
+    assert site.sections(_lesson_nb()) == [
+        "start",
+        "§1",
+        "§1",
+        "§2",
+        "Claims vs. measured on …",
+        "Claims vs. measured on …",
+    ]
 
 
 def test_a_lesson_page_has_its_contents_and_the_previous_and_next_lessons(tmp_path):
     from bs4 import BeautifulSoup
 
-    lessons = [site.Lesson(f"0{n}", title, f"notebooks/0{n}_x{n}.ipynb", "5 min", "") for n, title in
-               ((1, "First"), (2, "*Advanced:* second"), (3, "Third"))]
+    lessons = [
+        site.Lesson(f"0{n}", title, f"notebooks/0{n}_x{n}.ipynb", "5 min", "")
+        for n, title in ((1, "First"), (2, "*Advanced:* second"), (3, "Third"))
+    ]
     page = site.render_lesson(_lesson_nb(), lessons, 1, site.write_template(tmp_path / "templates"))
     soup = BeautifulSoup(page, "html.parser")
     toc = soup.select("nav.course-toc a")
-    assert [a.get_text() for a in toc] == ["1. What bf16 is", "2. Colab's runtimes → today",
-                                           "Claims vs. measured on your hardware"]  # the ## headings, no "¶"
+    assert [a.get_text() for a in toc] == [
+        "1. What bf16 is",
+        "2. Colab's runtimes → today",
+        "Claims vs. measured on your hardware",
+    ]  # the ## headings, no "¶"
     assert all(soup.find(id=a["href"][1:]) is not None for a in toc)  # each leads to its heading
     title_cell = soup.select_one(".jp-MarkdownCell h1").find_parent(class_="jp-Cell")
     assert title_cell.find_next_sibling() is soup.select_one("nav.course-toc")  # right under the title
@@ -603,8 +748,9 @@ def test_a_lesson_page_has_its_contents_and_the_previous_and_next_lessons(tmp_pa
     assert pager.select_one("a.next")["href"] == "../lessons/03_x3.html" and "03 · Third" in pager.get_text()
     assert pager.select_one('a[href="#course-contents"]') and soup.find(id="course-contents")
     assert pager.find_parent("main") is not None  # at the end of the lesson, inside its main content
-    first = site.render_lesson(_lesson_nb(), lessons, 0, site.write_template(tmp_path / "templates"), available={
-        lessons[0].page})  # nothing before it, and the next page is not built
+    first = site.render_lesson(
+        _lesson_nb(), lessons, 0, site.write_template(tmp_path / "templates"), available={lessons[0].page}
+    )  # nothing before it, and the next page is not built
     pager = BeautifulSoup(first, "html.parser").select_one("nav.course-pager")
     assert not pager.select("a.prev") and not pager.select("a.next")
 
@@ -613,17 +759,33 @@ def test_a_claims_table_names_each_cell_and_writes_each_verdicts_reason_under_it
     from bs4 import BeautifulSoup
 
     lessons = [site.Lesson("02", "Second", "notebooks/02_x.ipynb", "5 min", "")]
-    soup = BeautifulSoup(site.render_lesson(_lesson_nb(), lessons, 0, site.write_template(tmp_path / "t")),
-                         "html.parser")
+    soup = BeautifulSoup(
+        site.render_lesson(_lesson_nb(), lessons, 0, site.write_template(tmp_path / "t")), "html.parser"
+    )
     table = soup.select_one("table.course-claims")
     rows = table.select("tbody tr")
-    assert [td["data-label"] for td in rows[0].find_all("td")] == ["Claim", "Source", "Expected", "Measured here",
-                                                                   "Verdict"]
-    verdicts = [(td.select_one(".verdict").get_text(), td.select_one(".reason").get_text() if td.select_one(".reason")
-                 else None) for td in table.select("td.claim-verdict")]
-    assert verdicts == [(report.HOLDS, None), (report.DIFFERS, "a CPU gains little from XLA"),
-                        (report.UNMEASURABLE, "run on a TPU runtime")]
-    assert "@media (max-width: 600px)" in site.SITE_CSS and "table.course-claims thead { display: none; }" in site.SITE_CSS
+    assert [td["data-label"] for td in rows[0].find_all("td")] == [
+        "Claim",
+        "Source",
+        "Expected",
+        "Measured here",
+        "Verdict",
+    ]
+    verdicts = [
+        (
+            td.select_one(".verdict").get_text(),
+            td.select_one(".reason").get_text() if td.select_one(".reason") else None,
+        )
+        for td in table.select("td.claim-verdict")
+    ]
+    assert verdicts == [
+        (report.HOLDS, None),
+        (report.DIFFERS, "a CPU gains little from XLA"),
+        (report.UNMEASURABLE, "run on a TPU runtime"),
+    ]
+    assert (
+        "@media (max-width: 600px)" in site.SITE_CSS and "table.course-claims thead { display: none; }" in site.SITE_CSS
+    )
     cards = site.cards_html([("cpu", _card(verdict="inconclusive", holds="noise"))], [])
     cell = BeautifulSoup(cards, "html.parser").select_one("table.cards td.measured")
     assert cell["data-label"] == "CPU · 2 cores · full mode · without XLA"  # named on a phone, where the head hides
@@ -636,25 +798,34 @@ def test_the_paths_of_the_machine_that_built_the_site_are_shown_relative(tmp_pat
 
     purelib, stdlib = sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]
     work = tmp_path / "site" / ".work" / "02_x"
-    traceback = [f"\x1b[0;31mValueError\x1b[0m  Traceback (most recent call last)",
-                 f"File \x1b[0;32m{purelib}/keras/src/utils/traceback_utils.py:122\x1b[0m, in \x1b[0;36merror_handler\x1b[0m",
-                 f"File \x1b[0;32m{stdlib}/json/decoder.py:337\x1b[0m, in \x1b[0;36mdecode\x1b[0m",
-                 f"File \x1b[0;32m/opt/other/lib/python3.12/site-packages/numpy/core.py:7\x1b[0m",
-                 f"File \x1b[0;32m{tempfile.gettempdir()}/ipykernel_4242/1234.py:1\x1b[0m"]
+    traceback = [
+        f"\x1b[0;31mValueError\x1b[0m  Traceback (most recent call last)",
+        f"File \x1b[0;32m{purelib}/keras/src/utils/traceback_utils.py:122\x1b[0m, in \x1b[0;36merror_handler\x1b[0m",
+        f"File \x1b[0;32m{stdlib}/json/decoder.py:337\x1b[0m, in \x1b[0;36mdecode\x1b[0m",
+        f"File \x1b[0;32m/opt/other/lib/python3.12/site-packages/numpy/core.py:7\x1b[0m",
+        f"File \x1b[0;32m{tempfile.gettempdir()}/ipykernel_4242/1234.py:1\x1b[0m",
+    ]
     nb = _lesson_nb()
     nb.cells[2].outputs = [
         nbformat.v4.new_output("stream", name="stderr", text=f"{purelib}/keras/src/backend.py:12: UserWarning: x\n"),
         nbformat.v4.new_output("stream", name="stdout", text=f"wrote {work}/runs/06/metrics.json\n"),
-        nbformat.v4.new_output("error", ename="ValueError", evalue=f"bad file {purelib}/keras/x.py",
-                               traceback=traceback)]
+        nbformat.v4.new_output(
+            "error", ename="ValueError", evalue=f"bad file {purelib}/keras/x.py", traceback=traceback
+        ),
+    ]
     lessons = [site.Lesson("02", "Second", "notebooks/02_x.ipynb", "5 min", "")]
     shown = site.shown_paths((work, ""), (tmp_path / "site", ""), (tmp_path / "course", ""))
     page = site.render_lesson(nb, lessons, 0, site.write_template(tmp_path / "t"), shown=shown)
     for gone in (purelib, stdlib, "/opt/other", str(work), tempfile.gettempdir() + "/ipykernel"):
         assert gone not in page, gone
-    for kept in ("site-packages/keras/src/utils/traceback_utils.py", f"{os.path.basename(stdlib)}/json/decoder.py",
-                 "site-packages/numpy/core.py", "tmp/ipykernel_4242/1234.py", "site-packages/keras/src/backend.py",
-                 "wrote runs/06/metrics.json"):
+    for kept in (
+        "site-packages/keras/src/utils/traceback_utils.py",
+        f"{os.path.basename(stdlib)}/json/decoder.py",
+        "site-packages/numpy/core.py",
+        "tmp/ipykernel_4242/1234.py",
+        "site-packages/keras/src/backend.py",
+        "wrote runs/06/metrics.json",
+    ):
         assert kept in page, kept
     site._shown_outputs(nb, shown)  # the error's message too (the index and the banner quote it)
     assert nb.cells[2].outputs[2]["evalue"] == "bad file site-packages/keras/x.py"
@@ -667,7 +838,10 @@ def test_a_notebook_that_cannot_be_read_is_one_line_naming_it(tmp_path, content)
     it is a SiteError (one line, exit 2) that names the file and how to get it back."""
     notebook = tmp_path / "01_broken.ipynb"
     notebook.write_bytes(content)
-    with pytest.raises(site.SiteError, match=r"01_broken\.ipynb is not a notebook the site can read \(.+\); restore it "
-                       r"\(git checkout -- 01_broken\.ipynb\) or fix it") as raised:
+    with pytest.raises(
+        site.SiteError,
+        match=r"01_broken\.ipynb is not a notebook the site can read \(.+\); restore it "
+        r"\(git checkout -- 01_broken\.ipynb\) or fix it",
+    ) as raised:
         site.execute(notebook, dict(os.environ), tmp_path / "cache", 60)
     assert "\n" not in str(raised.value)

@@ -25,8 +25,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # As root in a container, with no network: no sandbox, and none of Chromium's own calls home (they would fail and
 # be logged at every start).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 VIEWPORTS = {"laptop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
 # Every verdict and its reason, where a reader sees them: inside the window and inside the box that would scroll
 # (the output area of a lesson, the .scroll box of the cards), and that box not scrolling sideways.
@@ -90,15 +98,21 @@ def test_index_lesson_and_cards_in_chromium(built, tmp_path):
         try:
             for screen, viewport in VIEWPORTS.items():
                 page = browser.new_page(viewport=viewport)
-                page.on("console", lambda m, s=screen: problems.append(f"{s}: console {m.type}: {m.text}")
-                        if m.type == "error" else None)
+                page.on(
+                    "console",
+                    lambda m, s=screen: (
+                        problems.append(f"{s}: console {m.type}: {m.text}") if m.type == "error" else None
+                    ),
+                )
                 page.on("pageerror", lambda e, s=screen: problems.append(f"{s}: page error: {e}"))
                 page.on("requestfailed", lambda r, s=screen: problems.append(f"{s}: request failed: {r.url[:120]}"))
                 for name, rel in pages.items():
                     page.goto((built / rel).as_uri(), wait_until="load")
                     images = page.eval_on_selector_all(
-                        "img", "els => els.map(e => ({ok: e.complete && e.naturalWidth > 0, src: e.src.slice(0, 60), "
-                               "alt: e.alt}))")
+                        "img",
+                        "els => els.map(e => ({ok: e.complete && e.naturalWidth > 0, src: e.src.slice(0, 60), "
+                        "alt: e.alt}))",
+                    )
                     bad = [i["src"] for i in images if not i["ok"]]
                     assert not bad, f"{name}: figures that did not load: {bad}"
                     undescribed = [i["src"] for i in images if not i["alt"] or i["alt"] == site.NBCONVERT_DEFAULT_ALT]
@@ -109,8 +123,12 @@ def test_index_lesson_and_cards_in_chromium(built, tmp_path):
                         assert claims.count() >= 1, "no claims table on the lesson page"
                         assert claims.last.locator("tbody tr").count() >= 20  # lesson 04 has 25 claims
                         assert page.locator(".course-banner").count() == 0  # it executed
-                        _all_in_view(page, "table.course-claims td.claim-verdict .verdict", f"{screen} lesson verdicts", 20)
-                        _all_in_view(page, "table.course-claims td.claim-verdict .reason", f"{screen} lesson reasons", 1)
+                        _all_in_view(
+                            page, "table.course-claims td.claim-verdict .verdict", f"{screen} lesson verdicts", 20
+                        )
+                        _all_in_view(
+                            page, "table.course-claims td.claim-verdict .reason", f"{screen} lesson reasons", 1
+                        )
                         toc = page.locator("nav.course-toc a")
                         assert toc.count() >= 6, "no contents list on the lesson page"
                         target = toc.nth(2).get_attribute("href")
@@ -119,8 +137,9 @@ def test_index_lesson_and_cards_in_chromium(built, tmp_path):
                         page.wait_for_timeout(300)
                         top = page.evaluate("id => document.getElementById(id).getBoundingClientRect().top", target[1:])
                         bar = page.locator("nav.course-nav").bounding_box()
-                        assert bar["y"] + bar["height"] - 1 <= top < viewport["height"] / 2, \
+                        assert bar["y"] + bar["height"] - 1 <= top < viewport["height"] / 2, (
                             f"the heading {target} is at {top}px: under the sticky bar or not scrolled to"
+                        )
                         shot = tmp_path / f"{screen}-lesson-contents-jump.png"
                         page.screenshot(path=str(shot))
                         page.evaluate("window.scrollTo(0, 0)")

@@ -24,14 +24,31 @@ def _run_nbval(tmp_path: pathlib.Path, *cells: str) -> subprocess.CompletedProce
     nb.cells += [nbformat.v4.new_code_cell(source) for source in cells]
     nbformat.write(nb, tmp_path / "claims.ipynb")
     env = dict(os.environ, COURSE_SMOKE="1", COURSE_CLAIMS_DIR=str(tmp_path / "claims"))
-    return subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-                           "-p", "no:cacheprovider", "-q", "claims.ipynb"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "claims.ipynb",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _table(holds: str, lesson: str = "05", id: str = "05.a_claim") -> str:
-    return (f'report.ClaimsTable([report.Claim("A claim", "§1", "> 1", "0.5", {holds}, "a reason", lesson="{lesson}", '
-            f'id="{id}")])')
+    return (
+        f'report.ClaimsTable([report.Claim("A claim", "§1", "> 1", "0.5", {holds}, "a reason", lesson="{lesson}", '
+        f'id="{id}")])'
+    )
 
 
 def test_a_claim_that_does_not_hold_fails_its_cell_in_smoke_mode(tmp_path):
@@ -54,9 +71,11 @@ def test_the_verdict_is_read_from_the_saved_claims_not_the_output(tmp_path):
 
 def test_a_saved_claim_with_an_unknown_verdict_fails_its_cell_naming_it(tmp_path):
     """A verdict word conftest does not know (a typo, a newer card format) is not taken as a pass."""
-    write = ("import json, os\n"
-             "json.dump([{'id': '05.odd', 'claim': 'odd', 'verdict': 'mostly holds'}], "
-             "open(os.path.join(os.environ['COURSE_CLAIMS_DIR'], 'claims-05.json'), 'w'))")
+    write = (
+        "import json, os\n"
+        "json.dump([{'id': '05.odd', 'claim': 'odd', 'verdict': 'mostly holds'}], "
+        "open(os.path.join(os.environ['COURSE_CLAIMS_DIR'], 'claims-05.json'), 'w'))"
+    )
     proc = _run_nbval(tmp_path, "import os; os.makedirs(os.environ['COURSE_CLAIMS_DIR'], exist_ok=True)", write)
     assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-3000:]
     assert "- 05.odd: unknown verdict 'mostly holds'" in proc.stdout, proc.stdout[-3000:]
@@ -75,18 +94,42 @@ def test_under_xdist_unit_tests_wait_while_a_notebook_that_uses_every_core_runs(
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     stamp = "import time; open({!r}, 'a').write(f'{{time.time()}}\\n')"
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(stamp.format(str(tmp_path / "start"))),
-                nbformat.v4.new_code_cell("import time; time.sleep(4)"),
-                nbformat.v4.new_code_cell(stamp.format(str(tmp_path / "end")))]
+    nb.cells = [
+        nbformat.v4.new_code_cell(stamp.format(str(tmp_path / "start"))),
+        nbformat.v4.new_code_cell("import time; time.sleep(4)"),
+        nbformat.v4.new_code_cell(stamp.format(str(tmp_path / "end"))),
+    ]
     nbformat.write(nb, tmp_path / "busy.ipynb")
-    (tmp_path / "test_unit.py").write_text("import time\n" + "".join(
-        f"def test_{i}():\n    open({str(tmp_path / 'units')!r}, 'a').write(f'{{time.time()}}\\n')\n"
-        "    time.sleep(0.3)\n" for i in range(16)))
+    (tmp_path / "test_unit.py").write_text(
+        "import time\n"
+        + "".join(
+            f"def test_{i}():\n    open({str(tmp_path / 'units')!r}, 'a').write(f'{{time.time()}}\\n')\n"
+            "    time.sleep(0.3)\n"
+            for i in range(16)
+        )
+    )
     env = dict(os.environ, COURSE_SMOKE="1", COURSE_ALL_CORES_NOTEBOOKS="busy.ipynb")
     env.pop("COURSE_CLAIMS_DIR", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-                           "-n", "2", "busy.ipynb", "test_unit.py"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "busy.ipynb",
+            "test_unit.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     start, end = (float((tmp_path / name).read_text()) for name in ("start", "end"))
     units = [float(t) for t in (tmp_path / "units").read_text().split()]
@@ -101,7 +144,10 @@ def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_
     """The README's pytest runs on every usable core (pytest-xdist, ``-n auto``): every notebook on one worker, in
     order, and each worker reads the claims its own kernels saved (a claims folder per worker)."""
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
-    for name, cells in {"a.ipynb": ["x = 1", _table("True")], "b.ipynb": ["y = 2", _table("False", lesson="07", id="07.a_claim")]}.items():
+    for name, cells in {
+        "a.ipynb": ["x = 1", _table("True")],
+        "b.ipynb": ["y = 2", _table("False", lesson="07", id="07.a_claim")],
+    }.items():
         nb = nbformat.v4.new_notebook()
         nb.cells = [nbformat.v4.new_code_cell("from course_utils import report")]
         nb.cells += [nbformat.v4.new_code_cell(source) for source in cells]
@@ -109,9 +155,28 @@ def test_under_xdist_notebooks_share_one_worker_and_a_failing_claim_still_fails_
     (tmp_path / "test_unit.py").write_text("".join(f"def test_{i}():\n    assert True\n" for i in range(6)))
     env = dict(os.environ, COURSE_SMOKE="1")
     env.pop("COURSE_CLAIMS_DIR", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
-                           "-v", "-n", "2", "a.ipynb", "b.ipynb", "test_unit.py"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            "-n",
+            "2",
+            "a.ipynb",
+            "b.ipynb",
+            "test_unit.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     workers = {}
     for line in proc.stdout.splitlines():
@@ -131,9 +196,15 @@ def test_the_notebooks_that_use_every_core_run_first_and_the_rest_keep_their_ord
     import conftest
 
     monkeypatch.setenv("COURSE_ALL_CORES_NOTEBOOKS", "04_b.ipynb")
-    ids = ["tests/test_a.py::test_1", "notebooks/01_a.ipynb::Cell 0", "notebooks/01_a.ipynb::Cell 1",
-           "notebooks/04_b.ipynb::Cell 0", "notebooks/04_b.ipynb::Cell 1", "tests/test_z.py::test_2",
-           "notebooks/05_c.ipynb::Cell 0"]
+    ids = [
+        "tests/test_a.py::test_1",
+        "notebooks/01_a.ipynb::Cell 0",
+        "notebooks/01_a.ipynb::Cell 1",
+        "notebooks/04_b.ipynb::Cell 0",
+        "notebooks/04_b.ipynb::Cell 1",
+        "tests/test_z.py::test_2",
+        "notebooks/05_c.ipynb::Cell 0",
+    ]
     items = [types.SimpleNamespace(nodeid=i) for i in ids]
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.nodeid for i in items] == [ids[3], ids[4], ids[0], ids[1], ids[2], ids[5], ids[6]]

@@ -18,11 +18,18 @@ from course_utils import config, processes, proof
 def run_standin(which: str, replicas: int, lines: list[str], timeout: float = 240) -> dict:
     """Run ``lines`` in a fresh process under ``COURSE_STANDIN=which`` with ``replicas`` replicas; the last line of
     its output is ``print(json.dumps(result))``: return ``result``."""
-    env = dict(os.environ, COURSE_STANDIN=which, COURSE_CPU_REPLICAS=str(replicas), COURSE_DEVICE="auto",
-               TF_CPP_MIN_LOG_LEVEL="3", COURSE_SMOKE="1")
+    env = dict(
+        os.environ,
+        COURSE_STANDIN=which,
+        COURSE_CPU_REPLICAS=str(replicas),
+        COURSE_DEVICE="auto",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        COURSE_SMOKE="1",
+    )
     env.pop("COURSE_JIT", None)
-    code = "\n".join(["import json, course_utils", "rt = course_utils.detect()", "r = {}", *lines,
-                      "print(json.dumps(r))"])
+    code = "\n".join(
+        ["import json, course_utils", "rt = course_utils.detect()", "r = {}", *lines, "print(json.dumps(r))"]
+    )
     proc = processes.run([sys.executable, "-c", code], fork=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -147,13 +154,17 @@ def test_lesson_05_builtin_accumulation_fails_where_the_lesson_says_on_a_tpu(cor
     from TPUStrategy, which merges in place: expect_failure would raise DemoDidNotFail and stop Run all. The demo runs
     on a MirroredStrategy (over the host's CPU on a TPU) and fails there as the lesson says, with one core (the stand-in
     merges in place) and several."""
-    r = run_standin("tpu", cores, [
-        "from course_utils.lessons.gradient_accumulation import experiments as e5",
-        "import tensorflow as tf",
-        "m = e5.mirrored_strategy(rt.strategy)",
-        "r['type'], r['devices'] = type(m).__name__, list(m.extended.worker_devices)",
-        "r['outcome'] = e5.builtin_on_mirrored(rt.strategy, rt.kind, 4)",
-    ])
+    r = run_standin(
+        "tpu",
+        cores,
+        [
+            "from course_utils.lessons.gradient_accumulation import experiments as e5",
+            "import tensorflow as tf",
+            "m = e5.mirrored_strategy(rt.strategy)",
+            "r['type'], r['devices'] = type(m).__name__, list(m.extended.worker_devices)",
+            "r['outcome'] = e5.builtin_on_mirrored(rt.strategy, rt.kind, 4)",
+        ],
+    )
     assert r["type"] == "MirroredStrategy" and r["devices"][0].endswith("CPU:0"), r
     assert r["outcome"] == "RuntimeError (merge_call in Cond)", r
 
@@ -166,8 +177,9 @@ def test_a_bad_stand_in_is_one_clear_error():
     assert config.load({}).standin == ""
 
 
-@pytest.mark.parametrize("shape, standin, replicas", [("tpu", "tpu", "4"), ("gpu", "gpu", "1"),
-                                                       ("multi-gpu", "gpu", "2"), (None, None, "1")])
+@pytest.mark.parametrize(
+    "shape, standin, replicas", [("tpu", "tpu", "4"), ("gpu", "gpu", "1"), ("multi-gpu", "gpu", "2"), (None, None, "1")]
+)
 def test_prove_shapes_run_the_stand_ins(shape, standin, replicas, monkeypatch):
     """prove --shape tpu|gpu|multi-gpu runs every lesson under that stand-in; no --shape clears one left in the
     environment (a CPU proof is a CPU's)."""

@@ -30,9 +30,24 @@ def slow_notebook(tmp_path_factory) -> pathlib.Path:
 def _pytest(folder: pathlib.Path, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("CI", "COURSE_ENFORCE_BUDGETS")}
     environ.update(COURSE_SMOKE="1", COURSE_NOTEBOOK_BUDGET_S="1", COURSE_TOTAL_BUDGET_S="100", **env)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-                           "--nbval-current-env", "slow.ipynb"], cwd=folder, env=environ, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "slow.ipynb",
+        ],
+        cwd=folder,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.extended
@@ -57,14 +72,31 @@ def test_a_notebook_whose_kernel_dies_fails_at_once_not_after_nbvals_timeout(tmp
     dead kernel's reply (--nbval-cell-timeout, 2,000 s a cell): CI hung. With conftest.py the cell fails in seconds,
     saying the kernel died."""
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('alive')"),
-                                         nbformat.v4.new_code_cell("import os\nos.abort()")])
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("print('alive')"), nbformat.v4.new_code_cell("import os\nos.abort()")]
+    )
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "dies.ipynb")
     environ = dict(os.environ, COURSE_SMOKE="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-                           "--nbval-current-env", "--nbval-cell-timeout=120", "dies.ipynb"], cwd=tmp_path,
-                          env=environ, capture_output=True, text=True, timeout=100)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbval-lax",
+            "--nbval-current-env",
+            "--nbval-cell-timeout=120",
+            "dies.ipynb",
+        ],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert done.returncode == 1, done.stdout[-2000:]
     assert "1 failed, 1 passed" in done.stdout
     assert "the notebook's kernel died" in done.stdout

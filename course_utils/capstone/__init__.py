@@ -54,20 +54,99 @@ TensorFlow), :mod:`.run_folder` (the output folder, resuming), :mod:`.checks` (:
 
 from __future__ import annotations
 
-from .options import (CLASSES, POLICIES, SCHEDULES, PROG, COURSE, BASELINE, MAX_EPOCHS, MAX_SCHEDULE_STEPS,
-                      MAX_BUDGET_S, MAX_BATCH, MAX_WIDTH, MAX_STEPS_PER_EXECUTION, MAX_SEED, MARKER, LOCK, RUN_FILES,
-                      RUN_FOLDERS, BACKUP_FILES, tensorboard_installed, OptionsError, RunStateError, Options, is_int,
-                      own_name, own_backup_name, folder_problem, out_problem, divisor_below, bounded, STEMS)
-from .models import (whitening_kernel, resnet9, tutorial_cnn)
-from .recipes import (TPU_STEPS_PER_EXECUTION, MAX_LR_SCALING_BATCH, RECIPE_TABLE, Recipe, RECIPES, resolved,
-                      choose_steps_per_execution, choose_jit, peak_learning_rate)
-from .plan import (AUTO_WIDTH, start_width, SMALL_BATCH, small_batch, FEW_EPOCHS, stem_hint, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS, TTA_VIEWS, FINAL_EVAL_SHARE, tta_views_for,
-                   PLANNING_SHARE, PLANNING_MARGIN, WARM_UP_STEPS,
-                   WARM_UP_MIN_S, VALIDATION_FRACTION, MAX_VALIDATION, VALIDATION_SEED, resnet9_macs, predicted_epoch_s,
-                   width_model, target_epochs_for, choose_width, validation_size, BudgetPlan, whole_batch_s)
-from .run_folder import (earlier_run, repair_backup, load_result, RunFolder, ResumeState, backup_epoch,
-                         read_resume_state, check_same_batch, check_backup_fits)
+from .options import (
+    CLASSES,
+    POLICIES,
+    SCHEDULES,
+    PROG,
+    COURSE,
+    BASELINE,
+    MAX_EPOCHS,
+    MAX_SCHEDULE_STEPS,
+    MAX_BUDGET_S,
+    MAX_BATCH,
+    MAX_WIDTH,
+    MAX_STEPS_PER_EXECUTION,
+    MAX_SEED,
+    MARKER,
+    LOCK,
+    RUN_FILES,
+    RUN_FOLDERS,
+    BACKUP_FILES,
+    tensorboard_installed,
+    OptionsError,
+    RunStateError,
+    Options,
+    is_int,
+    own_name,
+    own_backup_name,
+    folder_problem,
+    out_problem,
+    divisor_below,
+    bounded,
+    STEMS,
+)
+from .models import whitening_kernel, resnet9, tutorial_cnn
+from .recipes import (
+    TPU_STEPS_PER_EXECUTION,
+    MAX_LR_SCALING_BATCH,
+    RECIPE_TABLE,
+    Recipe,
+    RECIPES,
+    resolved,
+    choose_steps_per_execution,
+    choose_jit,
+    peak_learning_rate,
+)
+from .plan import (
+    AUTO_WIDTH,
+    start_width,
+    SMALL_BATCH,
+    small_batch,
+    FEW_EPOCHS,
+    stem_hint,
+    RECHOOSE_OFF_BY,
+    TTA_CHOICES,
+    TTA_SHIFTS,
+    TTA_VIEWS,
+    FINAL_EVAL_SHARE,
+    tta_views_for,
+    PLANNING_SHARE,
+    PLANNING_MARGIN,
+    WARM_UP_STEPS,
+    WARM_UP_MIN_S,
+    VALIDATION_FRACTION,
+    MAX_VALIDATION,
+    VALIDATION_SEED,
+    resnet9_macs,
+    predicted_epoch_s,
+    width_model,
+    target_epochs_for,
+    choose_width,
+    validation_size,
+    BudgetPlan,
+    whole_batch_s,
+)
+from .run_folder import (
+    earlier_run,
+    repair_backup,
+    load_result,
+    RunFolder,
+    ResumeState,
+    backup_epoch,
+    read_resume_state,
+    check_same_batch,
+    check_backup_fits,
+)
 from .checks import CourseSettings, course_settings, validate
-from .trainer import (progress_bar_wanted, SYNTHETIC_NOTE, Predictions, Result, tta_views, Splits, split_validation,
-                      train)
-from .cli import (build_parser, parse_args, main, in_cli_words)
+from .trainer import (
+    progress_bar_wanted,
+    SYNTHETIC_NOTE,
+    Predictions,
+    Result,
+    tta_views,
+    Splits,
+    split_validation,
+    train,
+)
+from .cli import build_parser, parse_args, main, in_cli_words

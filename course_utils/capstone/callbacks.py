@@ -37,8 +37,9 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
             return tf.identity(self.peak)
         step = tf.cast(step, tf.float32)
         up = self.peak * (step + 1.0) / self.warmup_steps
-        down = self.peak * tf.maximum(self.total_steps - step, 0.0) / tf.maximum(
-            self.total_steps - self.warmup_steps, 1.0)
+        down = (
+            self.peak * tf.maximum(self.total_steps - step, 0.0) / tf.maximum(self.total_steps - self.warmup_steps, 1.0)
+        )
         return tf.minimum(up, down)
 
     def value(self, step: int) -> float:
@@ -102,9 +103,21 @@ class Progress(keras.callbacks.Callback):
     """One line per epoch, metrics.json after every epoch, clock.json every few seconds, the plan refitted to
     the budget after every epoch (:meth:`BudgetPlan.replan`)."""
 
-    def __init__(self, o: Options, plan: BudgetPlan, run: RunFolder, clock, history, schedule,
-                 steps_per_epoch: int, say, time_view: Callable[..., list[float]] | None = None, *, global_batch: int,
-                 plan_first_epoch: Callable[..., str] | None = None):
+    def __init__(
+        self,
+        o: Options,
+        plan: BudgetPlan,
+        run: RunFolder,
+        clock,
+        history,
+        schedule,
+        steps_per_epoch: int,
+        say,
+        time_view: Callable[..., list[float]] | None = None,
+        *,
+        global_batch: int,
+        plan_first_epoch: Callable[..., str] | None = None,
+    ):
         super().__init__()
         # With no separate warm-up (plan.in_first_epoch): the first epoch's call ends (FirstEpochTimes, which the
         # trainer puts before the callbacks that save) make the plan, through plan_first_epoch
@@ -158,8 +171,11 @@ class Progress(keras.callbacks.Callback):
         if timed is not None:
             timed.train, timed.test = [], []
         view_line = None
-        due = (self.plan.view_to_time(len(self.epoch_times) + 1, len(self.view_times), epoch + 1)
-               if self.time_view is not None else None)
+        due = (
+            self.plan.view_to_time(len(self.epoch_times) + 1, len(self.view_times), epoch + 1)
+            if self.time_view is not None
+            else None
+        )
         if due:
             # measure the final evaluation rather than estimate it; counted in this epoch's time (the first
             # compiles anyway; the plan leaves out the first epoch once others are measured, and the slowest)
@@ -168,9 +184,11 @@ class Progress(keras.callbacks.Callback):
             view_s = self.plan.final_view_s = min(self.view_times)
             views = self.plan.tta_views = self.plan.views_from_view(view_s, self.o.tta)
             self.plan.final_eval_estimate_s = BudgetPlan.final_eval_from_view(view_s, views)
-            view_line = (f"  (final evaluation: a view of the test split took {view_s:.2f} s "
-                         f"(the fastest of {len(self.view_times)}) → {views} view{'s' * (views > 1)}, "
-                         f"{self.plan.final_eval_estimate_s:.1f} s kept for it, was {before:.1f} s)")
+            view_line = (
+                f"  (final evaluation: a view of the test split took {view_s:.2f} s "
+                f"(the fastest of {len(self.view_times)}) → {views} view{'s' * (views > 1)}, "
+                f"{self.plan.final_eval_estimate_s:.1f} s kept for it, was {before:.1f} s)"
+            )
         now = time.perf_counter()
         train_s = (self.t_test or now) - self.t_epoch
         images = self.steps_per_epoch * self.global_batch
@@ -192,15 +210,15 @@ class Progress(keras.callbacks.Callback):
         # epochs costs budget too); an epoch's own time for the first one here.
         previous = self.history[-1]["elapsed_s"] if self.epoch_times else None
         self.history.append(entry)
-        self.epoch_times.append(entry["elapsed_s"] - previous if previous is not None
-                                else entry["epoch_time_s"])
+        self.epoch_times.append(entry["elapsed_s"] - previous if previous is not None else entry["epoch_time_s"])
         fileguard.write_json(self.run.metrics, self.history)
         fileguard.write_json(self.run.clock, {"elapsed_s": entry["elapsed_s"]})
         # Printed at the next epoch's start / the end: Keras' progress bar finishes its line after us.
         self.pending.append(
             f"epoch {epoch + 1}/{self.plan.epochs} · {entry['elapsed_s']:.1f} s · train loss "
             f"{entry['train_loss']:.4f} · val acc {100 * entry['val_accuracy']:.2f}% · "
-            f"{entry['images_per_s']:.0f} images/s")
+            f"{entry['images_per_s']:.0f} images/s"
+        )
         if planned:
             self.pending.append(planned)
         if view_line:
@@ -215,7 +233,8 @@ class Progress(keras.callbacks.Callback):
             old, new, left, epoch_s = changed
             self.schedule.set_plan(*self.plan.schedule_steps())
             decay = "; the LR decay now ends there" if self.o.schedule == "onecycle" else ""
-            self.pending.append(f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> "
-                                f"{new} epochs{decay})")
+            self.pending.append(
+                f"  (budget: {left:.0f} s left at {epoch_s:.1f} s/epoch: plan {old} -> {new} epochs{decay})"
+            )
         if epoch + 1 >= self.plan.epochs:
             self.model.stop_training = True

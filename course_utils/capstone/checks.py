@@ -7,9 +7,26 @@ import dataclasses
 import math
 import os
 
-from .options import (MAX_BATCH, MAX_BUDGET_S, MAX_EPOCHS, MAX_SEED, MAX_STEPS_PER_EXECUTION, MAX_WIDTH, Options,
-                      OptionsError, POLICIES, RunStateError, SCHEDULES, STEMS, bounded, divisor_below, folder_problem,
-                      is_int, out_problem, tensorboard_installed)
+from .options import (
+    MAX_BATCH,
+    MAX_BUDGET_S,
+    MAX_EPOCHS,
+    MAX_SEED,
+    MAX_STEPS_PER_EXECUTION,
+    MAX_WIDTH,
+    Options,
+    OptionsError,
+    POLICIES,
+    RunStateError,
+    SCHEDULES,
+    STEMS,
+    bounded,
+    divisor_below,
+    folder_problem,
+    is_int,
+    out_problem,
+    tensorboard_installed,
+)
 from .recipes import RECIPES
 from .run_folder import earlier_run
 from .. import config as _config
@@ -49,8 +66,14 @@ def course_settings(o: Options, base: CourseSettings | None = None) -> CourseSet
             cfg = _config.get()
         except _config.ConfigError as exc:
             raise OptionsError(str(exc)) from None
-        base = CourseSettings(cfg.data, cfg.cpu_replicas, bool(cfg.jit), cfg.sizes.model_width,
-                              cfg.sizes.train_examples, cfg.sizes.test_examples)
+        base = CourseSettings(
+            cfg.data,
+            cfg.cpu_replicas,
+            bool(cfg.jit),
+            cfg.sizes.model_width,
+            cfg.sizes.train_examples,
+            cfg.sizes.test_examples,
+        )
     replicas = base.cpu_replicas if o.cpu_replicas is None else o.cpu_replicas
     if not 1 <= replicas <= _config.MAX_CPU_REPLICAS:
         raise OptionsError(f"--cpu-replicas must be 1 to {_config.MAX_CPU_REPLICAS}, got {replicas}")
@@ -65,11 +88,20 @@ def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettin
     if (o.time_budget is None) == (o.epochs is None):
         raise OptionsError("give exactly one of --time-budget SECONDS or --epochs N")
     if o.time_budget is not None:
-        if isinstance(o.time_budget, bool) or not isinstance(o.time_budget, (int, float)) or not (
-                o.time_budget > 0 and math.isfinite(o.time_budget)):
+        if (
+            isinstance(o.time_budget, bool)
+            or not isinstance(o.time_budget, (int, float))
+            or not (o.time_budget > 0 and math.isfinite(o.time_budget))
+        ):
             raise OptionsError(f"--time-budget must be a positive number of seconds, got {o.time_budget!r}")
-        bounded("time_budget", o.time_budget, 0, MAX_BUDGET_S,
-                 " seconds (a week: no runtime lives longer; for more, use --epochs)", whole=False)
+        bounded(
+            "time_budget",
+            o.time_budget,
+            0,
+            MAX_BUDGET_S,
+            " seconds (a week: no runtime lives longer; for more, use --epochs)",
+            whole=False,
+        )
     if o.epochs is not None:
         if is_int(o.epochs) and o.epochs < 1:
             raise OptionsError(f"--epochs must be at least 1, got {o.epochs}")
@@ -92,12 +124,16 @@ def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettin
         raise OptionsError(f"jit must be True, False or None (per hardware), got {o.jit!r}")
     if o.schedule is not None and o.schedule not in SCHEDULES:
         raise OptionsError(f"unknown schedule {o.schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if o.label_smoothing is not None and (isinstance(o.label_smoothing, bool) or not isinstance(
-            o.label_smoothing, (int, float)) or not 0 <= o.label_smoothing < 1):
+    if o.label_smoothing is not None and (
+        isinstance(o.label_smoothing, bool)
+        or not isinstance(o.label_smoothing, (int, float))
+        or not 0 <= o.label_smoothing < 1
+    ):
         raise OptionsError(f"--label-smoothing must be in [0, 1), got {o.label_smoothing!r}")
     if o.stem is not None and o.stem not in STEMS:
-        raise OptionsError(f"unknown stem {o.stem!r}; use one of {', '.join(STEMS)} (or leave it out: full, "
-                           "the course's)")
+        raise OptionsError(
+            f"unknown stem {o.stem!r}; use one of {', '.join(STEMS)} (or leave it out: full, the course's)"
+        )
     if o.width is not None:
         if is_int(o.width) and o.width < 1:
             raise OptionsError(f"--width must be at least 1, got {o.width}")
@@ -106,12 +142,16 @@ def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettin
     for name in ("train_examples", "test_examples"):
         n = getattr(o, name)
         if n is not None and (not is_int(n) or (n < 1 and n != -1) or n > MAX_NPZ_IMAGES):
-            raise OptionsError(f"--{name.replace('_', '-')} must be 1 to {MAX_NPZ_IMAGES:,} (or -1 = whole split), "
-                               f"got {n!r}")
-    if o.validation_examples is not None and (not is_int(o.validation_examples) or not
-                                              1 <= o.validation_examples <= MAX_NPZ_IMAGES):
-        raise OptionsError(f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
-                           f" got {o.validation_examples!r}")
+            raise OptionsError(
+                f"--{name.replace('_', '-')} must be 1 to {MAX_NPZ_IMAGES:,} (or -1 = whole split), got {n!r}"
+            )
+    if o.validation_examples is not None and (
+        not is_int(o.validation_examples) or not 1 <= o.validation_examples <= MAX_NPZ_IMAGES
+    ):
+        raise OptionsError(
+            f"--validation-examples must be 1 to {MAX_NPZ_IMAGES:,} (held out of the training images),"
+            f" got {o.validation_examples!r}"
+        )
 
     settings = course_settings(o, settings)
     data, replicas = settings.data, settings.cpu_replicas
@@ -135,22 +175,27 @@ def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettin
         if problem:
             raise OptionsError(problem)
         if not tensorboard_installed():
-            raise OptionsError("--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer "
-                               "installs: pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard "
-                               "out)")
+            raise OptionsError(
+                "--tensorboard needs the tensorboard package, which TensorFlow 2.21 no longer "
+                "installs: pip install tensorboard tensorboard-plugin-profile (or leave --tensorboard "
+                "out)"
+            )
     recipe = RECIPES[o.recipe]
     if o.batch_size is None and recipe.per_replica_batch and recipe.batch_size % o.accumulate:
         fits = divisor_below(recipe.batch_size, o.accumulate)
-        raise OptionsError(f"--accumulate {o.accumulate} does not divide the {o.recipe} recipe's batch of "
-                           f"{recipe.batch_size} per replica; use --accumulate {fits}, or give --batch-size (the global "
-                           "batch, a multiple of replicas × accumulate)")
+        raise OptionsError(
+            f"--accumulate {o.accumulate} does not divide the {o.recipe} recipe's batch of "
+            f"{recipe.batch_size} per replica; use --accumulate {fits}, or give --batch-size (the global "
+            "batch, a multiple of replicas × accumulate)"
+        )
     batch = recipe.global_batch(o.batch_size, replicas, o.accumulate)[0]
     # CPU replicas are known before TensorFlow starts; a GPU/TPU count is checked again after detection.
     unit = replicas * o.accumulate
     if batch % unit:
         raise OptionsError(
             f"--batch-size {batch} is not divisible by replicas × accumulate = {replicas} × {o.accumulate}; "
-            f"use a multiple of {unit}")
+            f"use a multiple of {unit}"
+        )
     if o.resume and not os.path.isdir(o.out):
         raise OptionsError(f"--resume: {o.out!r} does not exist; run once without --resume first")
     return settings

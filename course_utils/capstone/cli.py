@@ -21,67 +21,148 @@ from ..data import DataSourceError
 class _Parser(commandline.ArgumentParser):
     error_class = OptionsError
 
+
 def _positive_float(text: str) -> float:
     try:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=f"python -m course_utils.{PROG}",
-                description="Train CIFAR-10 with the course recipe or the tutorial baseline, for a number of "
-                            "epochs or a time budget; resumable.")
+    p = _Parser(
+        prog=f"python -m course_utils.{PROG}",
+        description="Train CIFAR-10 with the course recipe or the tutorial baseline, for a number of "
+        "epochs or a time budget; resumable.",
+    )
     p.add_argument("--data", default=None, help="tfds | synthetic | npz:PATH (default: COURSE_DATA, else tfds)")
     p.add_argument("--recipe", default="course", help="course | baseline (default course)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--time-budget", type=_positive_float, default=None, metavar="SECONDS",
-                   help="wall-clock budget, evaluation included; picks the epochs and shapes the LR schedule")
+    g.add_argument(
+        "--time-budget",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="wall-clock budget, evaluation included; picks the epochs and shapes the LR schedule",
+    )
     g.add_argument("--epochs", type=int, default=None, metavar="N", help="train exactly N epochs (no budget)")
-    p.add_argument("--out", default="runs/capstone", metavar="DIR",
-                   help="output folder: new, empty, or an earlier capstone run (default runs/capstone)")
+    p.add_argument(
+        "--out",
+        default="runs/capstone",
+        metavar="DIR",
+        help="output folder: new, empty, or an earlier capstone run (default runs/capstone)",
+    )
     r = p.add_mutually_exclusive_group()
     r.add_argument("--resume", action="store_true", help="continue the run in --out after the last finished epoch")
-    r.add_argument("--overwrite", action="store_true",
-                   help="replace the run already in --out (without it, a folder holding a run is refused)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="global batch per update (default: course 128 per replica × replicas, with the learning rate "
-                        "scaled linearly; baseline 32, the tutorial's)")
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, a folder holding a run is refused)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="global batch per update (default: course 128 per replica × replicas, with the learning rate "
+        "scaled linearly; baseline 32, the tutorial's)",
+    )
     p.add_argument("--policy", default="auto", help="auto | float32 | mixed_bfloat16 | mixed_float16")
     j = p.add_mutually_exclusive_group()
-    j.add_argument("--jit", dest="jit", action="store_const", const=True, default=None,
-                   help="compile the step with XLA (default: on one GPU; off on a CPU and on several replicas, "
-                        "where fit cannot be compiled; a TPU always compiles)")
+    j.add_argument(
+        "--jit",
+        dest="jit",
+        action="store_const",
+        const=True,
+        default=None,
+        help="compile the step with XLA (default: on one GPU; off on a CPU and on several replicas, "
+        "where fit cannot be compiled; a TPU always compiles)",
+    )
     j.add_argument("--no-jit", dest="jit", action="store_const", const=False, help="do not compile the step with XLA")
     p.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per update (lesson 05)")
-    p.add_argument("--steps-per-execution", type=int, default=None, metavar="N",
-                   help=f"steps per call into the compiled function (default: {TPU_STEPS_PER_EXECUTION} on a TPU, at "
-                        "most an epoch's steps; 1 elsewhere; lesson 04)")
+    p.add_argument(
+        "--steps-per-execution",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"steps per call into the compiled function (default: {TPU_STEPS_PER_EXECUTION} on a TPU, at "
+        "most an epoch's steps; 1 elsewhere; lesson 04)",
+    )
     p.add_argument("--cpu-replicas", type=int, default=None, metavar="N", help="split the CPU into N replicas")
     p.add_argument("--seed", type=int, default=42, help="random seed of the weights and the data order (default 42)")
     p.add_argument("--tensorboard", default=None, metavar="DIR", help="TensorBoard scalars + a profile of a few steps")
-    p.add_argument("--train-examples", type=int, default=None, metavar="N",
-                   help="first N training images, validation included (-1: all)")
+    p.add_argument(
+        "--train-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first N training images, validation included (-1: all)",
+    )
     p.add_argument("--test-examples", type=int, default=None, metavar="N", help="first N test images (-1: all)")
-    p.add_argument("--validation-examples", type=int, default=None, metavar="N",
-                   help=f"held out of the training images (default {VALIDATION_FRACTION:.0%}, at most {MAX_VALIDATION:,})"
-                   .replace("%", "%%"))  # argparse %-formats help strings
-    p.add_argument("--width", type=int, default=None, help=f"course: base width w (widths w,2w,4w,8w); default {COURSE['width']} (smoke 8), "
-                        "chosen automatically with --time-budget")
-    p.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None,
-                   help="no flips and crops while training (an ablation)")
-    p.add_argument("--label-smoothing", type=float, default=None, metavar="X",
-                   help="label smoothing in [0, 1) (course 0.2, baseline 0)")
+    p.add_argument(
+        "--validation-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"held out of the training images (default {VALIDATION_FRACTION:.0%}, at most {MAX_VALIDATION:,})".replace(
+            "%", "%%"
+        ),
+    )  # argparse %-formats help strings
+    p.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help=f"course: base width w (widths w,2w,4w,8w); default {COURSE['width']} (smoke 8), "
+        "chosen automatically with --time-budget",
+    )
+    p.add_argument(
+        "--no-augment",
+        dest="augment",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no flips and crops while training (an ablation)",
+    )
+    p.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=None,
+        metavar="X",
+        help="label smoothing in [0, 1) (course 0.2, baseline 0)",
+    )
     p.add_argument("--schedule", default=None, help="onecycle | constant")
-    p.add_argument("--no-tta", dest="tta", action="store_const", const=False, default=None,
-                   help="no test-time augmentation (mirror and one-pixel shifts)")
-    p.add_argument("--no-whiten", dest="whiten", action="store_const", const=False, default=None,
-                   help="course: no fixed patch-whitening first convolution (an ablation)")
-    p.add_argument("--stem", default=None, help="course: full (the first layers at 32x32) | s2d (at 16x16, from "
-                   "2x2 patches: about twice the epochs where a budget fits few); default: full")
-    p.add_argument("--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
-                                                     "a notebook, never into a log or a pipe)")
+    p.add_argument(
+        "--no-tta",
+        dest="tta",
+        action="store_const",
+        const=False,
+        default=None,
+        help="no test-time augmentation (mirror and one-pixel shifts)",
+    )
+    p.add_argument(
+        "--no-whiten",
+        dest="whiten",
+        action="store_const",
+        const=False,
+        default=None,
+        help="course: no fixed patch-whitening first convolution (an ablation)",
+    )
+    p.add_argument(
+        "--stem",
+        default=None,
+        help="course: full (the first layers at 32x32) | s2d (at 16x16, from "
+        "2x2 patches: about twice the epochs where a budget fits few); default: full",
+    )
+    p.add_argument(
+        "--ema", dest="ema", action="store_const", const=True, default=None, help="average the weights (EMA)"
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar, only the line per epoch (the bar is drawn only on a terminal or in "
+        "a notebook, never into a log or a pipe)",
+    )
     return p
+
 
 def parse_args(argv: list[str]) -> Options:
     """Options from a command line; raises :class:`OptionsError` (one line) for anything wrong."""
@@ -91,6 +172,7 @@ def parse_args(argv: list[str]) -> Options:
     opts = Options(**values, verbose=0 if quiet else 1)
     validate(opts)
     return opts
+
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: 0 done, 1 a data or file error, 2 a bad option, 130 interrupted (Ctrl-C; resumable).
@@ -119,12 +201,16 @@ def main(argv: list[str] | None = None) -> int:
             raise commandline.Failed(f"data error: {in_cli_words(str(exc))}") from None
         except OSError as exc:  # the disk, not the options: full, removed, or made read-only mid-run
             where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-            raise commandline.Failed(f"error: {exc.strerror or exc}{where}; the finished epochs are saved: fix it and "
-                                     "run the same command with --resume") from None
+            raise commandline.Failed(
+                f"error: {exc.strerror or exc}{where}; the finished epochs are saved: fix it and "
+                "run the same command with --resume"
+            ) from None
         s = result.summary
-        print(f"Done: test accuracy {100 * s['test_accuracy']:.2f}% (validation {100 * s['validation_accuracy']:.2f}%) "
-              f"after {s['epochs']} epochs in {s['wall_time_s']:.1f} s; summary in "
-              f"{os.path.join(opts.out, 'summary.json')}")
+        print(
+            f"Done: test accuracy {100 * s['test_accuracy']:.2f}% (validation {100 * s['validation_accuracy']:.2f}%) "
+            f"after {s['epochs']} epochs in {s['wall_time_s']:.1f} s; summary in "
+            f"{os.path.join(opts.out, 'summary.json')}"
+        )
         return 0
 
     def stopped(what: str) -> str:
@@ -136,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return f"{what}{why}: {saved}; run the same command with --resume to continue"
 
     return commandline.run(PROG, body, stopped=stopped)
+
 
 def process_start() -> float:
     """This process's start on the ``time.perf_counter`` clock (now, where it cannot be read): a budget counts
@@ -178,17 +265,24 @@ def stat_start_s(stat: str) -> float:
 def in_cli_words(message: str) -> str:
     """A data error as the command line says it: ``--data synthetic``, not the notebooks' ``COURSE_DATA=synthetic``
     set before a setup cell the command line does not have."""
-    message = message.replace(_data.NO_INTERNET_FIX, (
-        "Use --data npz:/path/cifar10.npz (a copy of CIFAR-10) or --data synthetic (generated CIFAR-shaped data, no "
-        "download). To get CIFAR-10 for this machine: on a connected one run load_cifar10(\"tfds\", n_train=-1, "
-        "n_test=-1) and write_npz(...) (see course_utils.data.write_npz), or copy its ~/tensorflow_datasets/cifar10 "
-        "folder here."))
+    message = message.replace(
+        _data.NO_INTERNET_FIX,
+        (
+            "Use --data npz:/path/cifar10.npz (a copy of CIFAR-10) or --data synthetic (generated CIFAR-shaped data, no "
+            'download). To get CIFAR-10 for this machine: on a connected one run load_cifar10("tfds", n_train=-1, '
+            "n_test=-1) and write_npz(...) (see course_utils.data.write_npz), or copy its ~/tensorflow_datasets/cifar10 "
+            "folder here."
+        ),
+    )
     for notebook, cli in (
-            (" or COURSE_SMOKE=1 before the setup cell (restart the kernel if it already ran)", " or --data synthetic"),
-            (" or COURSE_SMOKE=1 before the setup cell", " or --data synthetic"),
-            (" (then restart the kernel)", ""),
-            ("Fix the path in COURSE_DATA", "Fix the path in --data"),
-            ("COURSE_DATA=npz:", "--data npz:"), ("COURSE_DATA=synthetic", "--data synthetic"),
-            ("COURSE_DATA", "--data"), ("set --data", "use --data")):
+        (" or COURSE_SMOKE=1 before the setup cell (restart the kernel if it already ran)", " or --data synthetic"),
+        (" or COURSE_SMOKE=1 before the setup cell", " or --data synthetic"),
+        (" (then restart the kernel)", ""),
+        ("Fix the path in COURSE_DATA", "Fix the path in --data"),
+        ("COURSE_DATA=npz:", "--data npz:"),
+        ("COURSE_DATA=synthetic", "--data synthetic"),
+        ("COURSE_DATA", "--data"),
+        ("set --data", "use --data"),
+    ):
         message = message.replace(notebook, cli)
     return message

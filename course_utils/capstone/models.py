@@ -20,8 +20,17 @@ def whitening_kernel(x, mean, variance, size: int = 2, eps: float = 5e-4, images
     kernel = vectors / np.sqrt(values + eps)  # columns: one filter each
     return kernel.reshape(size, size, z.shape[-1], -1).astype(np.float32)
 
-def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, variance=None,
-            logit_scale: float = COURSE["logit_scale"], name: str = "resnet9", whiten=None, stem: str = "full"):
+
+def resnet9(
+    width: int = COURSE["width"],
+    num_classes: int = 10,
+    mean=None,
+    variance=None,
+    logit_scale: float = COURSE["logit_scale"],
+    name: str = "resnet9",
+    whiten=None,
+    stem: str = "full",
+):
     """A ResNet-9-style network for 32×32 images (Page's DAWNBench net), widths ``w, 2w, 4w, 8w``.
 
     prep: conv-BN-ReLU(w) · layer1: conv-BN-ReLU(2w), max-pool, residual(2 × conv-BN-ReLU) ·
@@ -59,8 +68,15 @@ def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, vari
     else:
         x = layers.Rescaling(1 / 255)(inputs)
     if whiten is not None:
-        white = layers.Conv2D(whiten.shape[-1], whiten.shape[0], strides=whiten.shape[0] if s2d else 1,
-                              padding="valid" if s2d else "same", use_bias=False, trainable=False, name="whiten")
+        white = layers.Conv2D(
+            whiten.shape[-1],
+            whiten.shape[0],
+            strides=whiten.shape[0] if s2d else 1,
+            padding="valid" if s2d else "same",
+            use_bias=False,
+            trainable=False,
+            name="whiten",
+        )
         x = white(x)
         white.set_weights([whiten])
     x = cbr(x, w, strides=2 if s2d and whiten is None else 1)
@@ -73,20 +89,24 @@ def resnet9(width: int = COURSE["width"], num_classes: int = 10, mean=None, vari
     x = layers.Rescaling(logit_scale, dtype="float32")(x)  # float32 logits (lesson 03)
     return keras.Model(inputs, x, name=name)
 
+
 def tutorial_cnn(num_classes: int = 10, name: str = "tutorial_cnn"):
     """The TensorFlow CNN tutorial's model (tensorflow.org/tutorials/images/cnn), with /255 in the model."""
     import keras
     from keras import layers
 
-    return keras.Sequential([
-        keras.Input((32, 32, 3)),
-        layers.Rescaling(1 / 255),
-        layers.Conv2D(32, 3, activation="relu"),
-        layers.MaxPooling2D(),
-        layers.Conv2D(64, 3, activation="relu"),
-        layers.MaxPooling2D(),
-        layers.Conv2D(64, 3, activation="relu"),
-        layers.Flatten(),
-        layers.Dense(64, activation="relu"),
-        layers.Dense(num_classes, dtype="float32"),
-    ], name=name)
+    return keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            layers.Rescaling(1 / 255),
+            layers.Conv2D(32, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(64, 3, activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(64, 3, activation="relu"),
+            layers.Flatten(),
+            layers.Dense(64, activation="relu"),
+            layers.Dense(num_classes, dtype="float32"),
+        ],
+        name=name,
+    )

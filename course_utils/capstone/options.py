@@ -41,7 +41,7 @@ BASELINE = dict(batch_size=32, learning_rate=1e-3)
 # Bounds on the numeric options, each with its reason (checked before TensorFlow starts)
 MAX_EPOCHS = 10_000  # the schedule counts steps in float32: exact only up to 2**24 steps (checked too)
 
-MAX_SCHEDULE_STEPS = 2 ** 24
+MAX_SCHEDULE_STEPS = 2**24
 
 MAX_BUDGET_S = 7 * 86_400  # a week: no runtime the course targets lives longer (Colab: 12-24 hours)
 
@@ -52,7 +52,7 @@ MAX_WIDTH = 512  # 8w = 4,096 filters: beyond any memory the course targets
 
 MAX_STEPS_PER_EXECUTION = 10_000
 
-MAX_SEED = 2 ** 32 - 1  # NumPy's seeds (keras.utils.set_random_seed) are 32-bit
+MAX_SEED = 2**32 - 1  # NumPy's seeds (keras.utils.set_random_seed) are 32-bit
 
 # The output folder: the marker a run leaves, and the names the trainer itself writes there
 MARKER = "capstone_run.json"
@@ -65,6 +65,7 @@ LOCK = ".lock"  # fileguard.folder_lock's: one run at a time writes into a folde
 
 BACKUP_FILES = ("latest.weights.h5", "training_metadata.json")  # BackupAndRestore's, each also as ".bkp"
 
+
 def tensorboard_installed() -> bool:
     """Whether TensorBoard is installed: ``tf.summary`` (the TensorBoard callback's scalars and profile) needs it,
     and TensorFlow 2.21 stopped depending on it."""
@@ -72,16 +73,20 @@ def tensorboard_installed() -> bool:
 
     return importlib.util.find_spec("tensorboard") is not None
 
+
 class OptionsError(ValueError):
     """An option the trainer cannot use; the message is one line that says which and what to do."""
+
 
 class TensorFlowUnavailable(RuntimeError):
     """TensorFlow failed to import (checked after the options and the folder, before anything is written); the
     message is one line with the import's own last line and what to run."""
 
+
 class RunStateError(OptionsError):
     """``--resume`` found state in the run's folder that the trainer did not write (or another run's); the message
     says which file, why, and that nothing was changed."""
+
 
 @dataclasses.dataclass
 class Options:
@@ -116,20 +121,24 @@ class Options:
     ema: bool | None = None
     verbose: int = 1  # 1: progress bar + a line per epoch; 0: the line per epoch; -1: silent
 
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
 
 def own_name(name: str) -> bool:
     """A file name the trainer writes in its output folder: its files and their temporary copies — a kill can leave
     one behind (:func:`fileguard.write_bytes`' ``.NAME.PID-RANDOM.tmp``, or ``NAME.tmpPID`` from runs before it)."""
     if name.startswith(".") and name.endswith(".tmp"):
-        base = name[1:-len(".tmp")].rsplit(".", 1)[0]
+        base = name[1 : -len(".tmp")].rsplit(".", 1)[0]
     else:
         base = name.split(".tmp", 1)[0] if ".tmp" in name else name
     return base == MARKER or base in RUN_FILES
 
+
 def own_backup_name(name: str) -> bool:
     return name.removesuffix(".bkp") in BACKUP_FILES
+
 
 def _foreign_entries(out: str) -> list[str]:
     """What in ``out`` the trainer did not write: names other than its files, its backup folder and the backup's
@@ -145,6 +154,7 @@ def _foreign_entries(out: str) -> list[str]:
             foreign.append(name)
     return foreign
 
+
 def _written_by_trainer(path: str) -> bool:
     """Whether ``summary.json`` or ``metrics.json`` at ``path`` reads as the trainer's: a summary naming its recipe
     and options, or a list of epochs numbered from 1 (at most 16 MiB read)."""
@@ -158,16 +168,20 @@ def _written_by_trainer(path: str) -> bool:
     except (OSError, ValueError):
         return False
     if os.path.basename(path) == "summary.json":
-        return isinstance(data, dict) and data.get("recipe") in ("course", "baseline") and isinstance(
-            data.get("options"), dict)
-    return isinstance(data, list) and all(isinstance(e, dict) and e.get("epoch") == i
-                                          for i, e in enumerate(data, 1))
+        return (
+            isinstance(data, dict)
+            and data.get("recipe") in ("course", "baseline")
+            and isinstance(data.get("options"), dict)
+        )
+    return isinstance(data, list) and all(isinstance(e, dict) and e.get("epoch") == i for i, e in enumerate(data, 1))
+
 
 def _nearest_existing(path: str) -> str:
     path = os.path.abspath(path)
     while not os.path.lexists(path):
         path = os.path.dirname(path)
     return path
+
 
 def folder_problem(flag: str, path: Any) -> str | None:
     """Why ``path`` cannot be (or become) a folder this process writes into; None when it can."""
@@ -179,9 +193,13 @@ def folder_problem(flag: str, path: Any) -> str | None:
     if not os.path.isdir(existing):
         return f"{flag} {path!r} cannot be created: {existing!r} is a file"
     if not os.access(existing, os.W_OK | os.X_OK):
-        return (f"{flag} {path!r} is not writable" if existing == os.path.abspath(path) else
-                f"{flag} {path!r} cannot be created: {existing!r} is not writable")
+        return (
+            f"{flag} {path!r} is not writable"
+            if existing == os.path.abspath(path)
+            else f"{flag} {path!r} cannot be created: {existing!r} is not writable"
+        )
     return None
+
 
 def out_problem(out: Any) -> str | None:
     """Why a run may not write into ``out``: it must be a new or empty folder, or a capstone run already (its
@@ -197,28 +215,43 @@ def out_problem(out: Any) -> str | None:
         path = os.path.join(out, name)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
             kind = "a symbolic link" if os.path.islink(path) else "a file"
-            return (f"--out {out!r}: its {name!r} is {kind}, not a folder; the trainer keeps its backups only in a "
-                    f"folder of its own there: remove {name!r}, or choose another --out")
+            return (
+                f"--out {out!r}: its {name!r} is {kind}, not a folder; the trainer keeps its backups only in a "
+                f"folder of its own there: remove {name!r}, or choose another --out"
+            )
     if os.path.isfile(os.path.join(out, MARKER)):  # its own run: other files may stay, but not in backup/
         inside = [name for name in foreign if name.startswith(tuple(f"{f}/" for f in RUN_FOLDERS))]
         if inside:
-            return (f"--out {out!r}: its backup folder holds files the trainer did not write ({', '.join(inside[:3])}),"
-                    " and Keras removes that folder when a run finishes: move them, or choose another --out")
+            return (
+                f"--out {out!r}: its backup folder holds files the trainer did not write ({', '.join(inside[:3])}),"
+                " and Keras removes that folder when a run finishes: move them, or choose another --out"
+            )
         return None
     # no marker: a run from before it, if what carries the trainer's names reads as the trainer's (a folder holding
     # only someone's own summary.json and metrics.json is theirs, not a run to replace)
-    foreign = sorted(foreign + [name for name in ("metrics.json", "summary.json") if name not in foreign
-                                and os.path.isfile(os.path.join(out, name))
-                                and not _written_by_trainer(os.path.join(out, name))])
+    foreign = sorted(
+        foreign
+        + [
+            name
+            for name in ("metrics.json", "summary.json")
+            if name not in foreign
+            and os.path.isfile(os.path.join(out, name))
+            and not _written_by_trainer(os.path.join(out, name))
+        ]
+    )
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        return (f"--out {out!r} holds files that are not a capstone run's ({shown}); the trainer writes only into a new "
-                "or empty folder or one of its own runs: choose another --out")
+        return (
+            f"--out {out!r} holds files that are not a capstone run's ({shown}); the trainer writes only into a new "
+            "or empty folder or one of its own runs: choose another --out"
+        )
     return None
+
 
 def divisor_below(n: int, k: int) -> int:
     """The largest divisor of ``n`` below ``k`` (an --accumulate that divides the per-replica batch)."""
     return max(d for d in range(1, k) if n % d == 0)
+
 
 def bounded(name: str, value: Any, low: float, high: float, why: str, whole: bool = True) -> None:
     flag = "--" + name.replace("_", "-")

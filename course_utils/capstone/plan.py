@@ -20,18 +20,27 @@ from .options import COURSE, MAX_SCHEDULE_STEPS, STEMS, is_int
 # Longer budgets want more epochs as well as a wider net: the target grows as the square root of the budget beyond
 # `target_budget_s` (target_epochs_for). 600 s, 2 cores, fixed widths: 32 / 48 / 64 trained 75 / 44 / 28 epochs to
 # 79.0 / 78.6 / 77.4% (flip TTA); the target of 63 there chooses 32.
-AUTO_WIDTH = dict(widths=(4, 6, 8, 12, 16, 24, 32, 48, 64), start=8, target_epochs=20, target_budget_s=60.0,
-                  target_growth=0.5, fixed_share=0.6, start_by_kernels={"eigen": 4})
+AUTO_WIDTH = dict(
+    widths=(4, 6, 8, 12, 16, 24, 32, 48, 64),
+    start=8,
+    target_epochs=20,
+    target_budget_s=60.0,
+    target_growth=0.5,
+    fixed_share=0.6,
+    start_by_kernels={"eigen": 4},
+)
 
 # `start_by_kernels`: the width the warm-up times first on a CPU kernel path where `start` is too wide to be kept. On
 # TensorFlow's own kernels (`eigen`) a 60 s budget chose width 4 from width 8's timing on one core and on two, and
 # compiling width 8 only to drop it cost the first epoch 4-5 s on one core (14.1 s from process start, 23% of it)
+
 
 def start_width(kernels: str | None, rule: dict = AUTO_WIDTH) -> int:
     """The width auto width times first: ``rule["start_by_kernels"]`` for this CPU kernel path when it is one of
     ``rule["widths"]``, else ``rule["start"]``."""
     width = rule.get("start_by_kernels", {}).get(kernels)
     return width if width in rule["widths"] else rule["start"]
+
 
 # The per-replica batch auto width trains with where a budget buys few updates: `per_replica` images instead of the
 # recipe's 128 on the `kernels` paths, with a budget of at most `up_to_s`. On TensorFlow's own kernels (`eigen`) a 60 s
@@ -41,6 +50,7 @@ def start_width(kernels: str | None, rule: dict = AUTO_WIDTH) -> int:
 # follows the batch (the linear rule)
 SMALL_BATCH = dict(kernels=("eigen",), per_replica=64, up_to_s=90.0)
 
+
 def small_batch(kernels: str | None, budget_s: float | None, rule: dict = SMALL_BATCH) -> int | None:
     """The per-replica batch auto width trains with on CPU kernel path ``kernels`` under a ``budget_s`` budget:
     ``rule["per_replica"]`` on ``rule["kernels"]`` with a budget of at most ``rule["up_to_s"]``, else None (the
@@ -49,10 +59,11 @@ def small_batch(kernels: str | None, budget_s: float | None, rule: dict = SMALL_
         return rule["per_replica"]
     return None
 
+
 # Where a budget fits fewer than `FEW_EPOCHS` epochs of auto width's narrowest network, the plan's line says so and
 # names `--stem s2d` (models.resnet9: prep and layer1's first convolution at 16×16 from 2×2 patches). A train step on
-# TensorFlow's own kernels (one core, width 4, 64 per replica): 111 ms with the full stem, 54 with s2d, 80 for the
-# tutorial's CNN. On the dev images' validation split, Eigen, 60 s (2026-12-02): on a 2-core AVX2 EPYC, where the full
+# TensorFlow's own kernels (one core of the AVX2 EPYC below, width 4, 64 per replica): 111 ms with the full stem, 54
+# with s2d, 80 for the tutorial's CNN (on the AVX-512 EPYC s2d trained 2.0x the images per second in the runs below). On the dev images' validation split, Eigen, 60 s (2026-12-02): on a 2-core AVX2 EPYC, where the full
 # stem fit 6-9 epochs, s2d trained 13-17 and read 2 to 4 points higher (two runs each); on the 2-core AVX-512 EPYC,
 # where it fit 11-20, s2d trained 19-29 and read lower, medians of 3: 60.4 vs 62.4 on one core, 62.2 vs 62.7 on two;
 # on the AVX2 EPYC at 120 s (15-23 epochs) it tied or lost. Twice the epochs pay only where there are very few, and a
@@ -60,14 +71,18 @@ def small_batch(kernels: str | None, budget_s: float | None, rule: dict = SMALL_
 # not a choice the trainer makes
 FEW_EPOCHS = 10
 
+
 def stem_hint(width: int, epochs: int, stem: str, rule: dict = AUTO_WIDTH, few: int = FEW_EPOCHS) -> str | None:
     """The plan line's hint for auto width's ``width`` planned for ``epochs`` with ``stem``: ``--stem s2d`` where
     the narrowest of ``rule["widths"]`` fits fewer than ``few`` epochs with the full stem, else None."""
     if stem == "full" and width == min(rule["widths"]) and epochs < few:
-        return (f"only {epochs} epoch{'s' * (epochs != 1)} of the narrowest network fit: --stem s2d runs its first "
-                "layers at 16×16 and trains about twice as many, which read 2-4 validation points higher where 6-9 "
-                "fit (lesson 06 §2)")
+        return (
+            f"only {epochs} epoch{'s' * (epochs != 1)} of the narrowest network fit: --stem s2d runs its first "
+            "layers at 16×16 and trains about twice as many, which read 2-4 validation points higher where 6-9 "
+            "fit (lesson 06 §2)"
+        )
     return None
+
 
 # When the chosen width is timed too and its epoch is off the prediction by more than this factor (either way), the
 # width is chosen again from the two timed widths (epoch = a + b·MACs through them, width_model), and timed again if
@@ -127,6 +142,7 @@ MAX_VALIDATION = 5_000
 
 VALIDATION_SEED = 20_240_101
 
+
 def resnet9_macs(width: int, stem: str = "full") -> int:
     """Multiply-accumulates of :func:`resnet9`'s convolutions per 32×32 image: 9·(3·1024·w + 10,240·w²) (width 8:
     6.1 M, 16: 24 M, 64: 380 M); the whitening convolution adds about 9·9·1024·w + 0.15 M (width 8: +0.8 M), left
@@ -137,10 +153,12 @@ def resnet9_macs(width: int, stem: str = "full") -> int:
         return 9 * (3 * 256 * width + 8_704 * width * width)
     return 9 * (3 * 1024 * width + 10_240 * width * width)
 
+
 def predicted_epoch_s(epoch_s: float, width: int, at: int, fixed_share: float = AUTO_WIDTH["fixed_share"]) -> float:
     """An epoch's seconds at ``width``, from ``epoch_s`` measured at width ``at``: a ``fixed_share`` of it stays, the
     rest scales with :func:`resnet9_macs`."""
     return epoch_s * (fixed_share + (1 - fixed_share) * resnet9_macs(width) / resnet9_macs(at))
+
 
 def width_model(timed: dict[int, float], fixed_share: float = AUTO_WIDTH["fixed_share"]) -> Callable[[int], float]:
     """Epoch seconds at any width, from the epochs timed at some widths (``{width: seconds}``): a timed width's own;
@@ -158,6 +176,7 @@ def width_model(timed: dict[int, float], fixed_share: float = AUTO_WIDTH["fixed_
         base, slope = 0.0, timed[hi] / resnet9_macs(hi)
     return lambda width: timed.get(width, base + slope * resnet9_macs(width))
 
+
 def target_epochs_for(budget_s: float | None, rule: dict = AUTO_WIDTH) -> int:
     """The epochs auto width aims at for a budget: ``rule["target_epochs"]`` up to ``rule["target_budget_s"]``, then
     growing as ``(budget / target_budget_s) ** target_growth`` (20, 28 at 120 s, 63 at 600 s, 155 at an hour)."""
@@ -165,8 +184,15 @@ def target_epochs_for(budget_s: float | None, rule: dict = AUTO_WIDTH) -> int:
         return rule["target_epochs"]
     return round(rule["target_epochs"] * max(1.0, budget_s / rule["target_budget_s"]) ** rule["target_growth"])
 
-def choose_width(epoch_s: float, at: int, left_s: float, rule: dict = AUTO_WIDTH,
-                 timed: dict[int, float] | None = None, budget_s: float | None = None) -> tuple[int, float, int]:
+
+def choose_width(
+    epoch_s: float,
+    at: int,
+    left_s: float,
+    rule: dict = AUTO_WIDTH,
+    timed: dict[int, float] | None = None,
+    budget_s: float | None = None,
+) -> tuple[int, float, int]:
     """Auto width: ``(width, predicted epoch seconds, epochs)`` — the widest of ``rule["widths"]`` whose predicted
     epochs in ``left_s`` seconds reach the target (:func:`target_epochs_for` the whole ``budget_s``); the narrowest
     when none does. ``epoch_s`` is the epoch the warm-up measured at width ``at``; ``timed``: other widths' measured
@@ -182,8 +208,8 @@ def choose_width(epoch_s: float, at: int, left_s: float, rule: dict = AUTO_WIDTH
             best = (width, e, n)
     return best
 
-def tta_views_for(view_s: float, budget_s: float | None, fixed_s: float = 0.0,
-                  share: float = FINAL_EVAL_SHARE) -> int:
+
+def tta_views_for(view_s: float, budget_s: float | None, fixed_s: float = 0.0, share: float = FINAL_EVAL_SHARE) -> int:
     """The test-time views the final evaluation can afford: without a budget all :data:`TTA_VIEWS`; with one the most
     of :data:`TTA_CHOICES` whose ``views × view_s + fixed_s`` (an estimate with its margins) is at most ``share`` of
     the budget, at least one."""
@@ -194,12 +220,14 @@ def tta_views_for(view_s: float, budget_s: float | None, fixed_s: float = 0.0,
             return views
     return 1
 
+
 def validation_size(n_train_images: int, requested: int | None = None) -> int:
     """How many of ``n_train_images`` the validation split holds: as requested, else :data:`VALIDATION_FRACTION`
     (at least 1, at most :data:`MAX_VALIDATION`)."""
     if requested is not None:
         return int(requested)
     return max(1, min(MAX_VALIDATION, round(VALIDATION_FRACTION * n_train_images)))
+
 
 @dataclasses.dataclass
 class BudgetPlan:
@@ -274,8 +302,9 @@ class BudgetPlan:
         """Whether the plan is still to be made from the first epoch's own steps (no separate warm-up ran)."""
         return bool(self.warm_up and self.warm_up.get("in_first_epoch") and self.warm_up.get("train_step_s") is None)
 
-    def plan_in_first_epoch(self, done: int, elapsed_s: float, warm: dict, val_steps: int, test_steps: int,
-                            tta: bool, cap: int) -> tuple[float, int]:
+    def plan_in_first_epoch(
+        self, done: int, elapsed_s: float, warm: dict, val_steps: int, test_steps: int, tta: bool, cap: int
+    ) -> tuple[float, int]:
         """The plan from the step times of this process's first epoch (``warm``: as a warm-up's figures, its
         compiling calls left out), ``done`` epochs done and ``elapsed_s`` of the budget used, at most ``cap`` epochs:
         ``(epoch seconds, epochs)``, the final evaluation estimated as after a warm-up (:meth:`estimates`; it is
@@ -298,8 +327,9 @@ class BudgetPlan:
         self.epochs = epochs
         step = done * self.steps_per_epoch
         if step < self.warmup_steps:
-            self.warmup_steps = min(max(step, self.warmup_for(epochs, self.steps_per_epoch)),
-                                    epochs * self.steps_per_epoch)
+            self.warmup_steps = min(
+                max(step, self.warmup_for(epochs, self.steps_per_epoch)), epochs * self.steps_per_epoch
+            )
 
     @classmethod
     def no_time_to_time_steps(cls, budget_s: float, elapsed_s: float) -> bool:
@@ -308,8 +338,9 @@ class BudgetPlan:
         return budget_s - elapsed_s < cls.FINAL_EVAL_MIN_S + 2 * cls.EPOCH_MIN_S
 
     @classmethod
-    def estimates(cls, warm: dict, val_steps: int, test_steps: int, tta: bool,
-                  budget_s: float | None = None) -> tuple[float, float, int]:
+    def estimates(
+        cls, warm: dict, val_steps: int, test_steps: int, tta: bool, budget_s: float | None = None
+    ) -> tuple[float, float, int]:
         """``(epoch_s, final_eval_s, views)`` from the warm-up's step times: the final evaluation's includes compiling
         predict, which the warm-up leaves to it (``predict_compile_estimate_s``); ``views``: the test-time views it
         predicts (:func:`tta_views_for` the budget with ``tta``, else 1)."""
@@ -378,9 +409,9 @@ class BudgetPlan:
         if self.budget_s is None or done >= cap or not epoch_times:
             return None
         measured = epoch_times[1:] or epoch_times
-        recent = measured[-self.RECENT_EPOCHS:]
+        recent = measured[-self.RECENT_EPOCHS :]
         while len(recent) < len(measured) and sum(recent) < self.RECENT_S:
-            recent = measured[-len(recent) - 1:]
+            recent = measured[-len(recent) - 1 :]
         if len(recent) < 3 and self.warm_up_epoch_s:
             recent = recent + [self.warm_up_epoch_s]
         recent = sorted(recent)[:-1] or recent  # the slowest left out: one stall is not yet a trend
@@ -390,8 +421,11 @@ class BudgetPlan:
         fits = done + max(0, int(left / epoch_s + self.ROUND_UP))
         fits = max(done, min(fits, cap))
         slack = left - (self.epochs - done) * epoch_s
-        if (-max(self.LATE_TOLERANCE * epoch_s, self.SHRINK_FRACTION * left) <= slack
-                <= max(self.GROW_AFTER * epoch_s, self.GROW_FRACTION * left)):
+        if (
+            -max(self.LATE_TOLERANCE * epoch_s, self.SHRINK_FRACTION * left)
+            <= slack
+            <= max(self.GROW_AFTER * epoch_s, self.GROW_FRACTION * left)
+        ):
             return None
         if fits > self.epochs and self.epochs - done < self.NO_GROW_LAST:
             return None
@@ -410,8 +444,9 @@ class BudgetPlan:
         if not isinstance(d, dict):
             raise ValueError(f"it holds {type(d).__name__}, not a plan")
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(n for n in ("options", "steps_per_epoch", "epochs", "initial_epochs", "warmup_steps")
-                         if n not in d)
+        missing = sorted(
+            n for n in ("options", "steps_per_epoch", "epochs", "initial_epochs", "warmup_steps") if n not in d
+        )
         if missing:
             raise ValueError(f"it lacks {', '.join(missing)}")
         plan = cls(**{k: v for k, v in d.items() if k in names and k != "policy"}, policy=d.get("policy", ""))
@@ -424,8 +459,10 @@ class BudgetPlan:
         if plan.global_batch is not None and (not is_int(plan.global_batch) or plan.global_batch < 1):
             raise ValueError(f"global_batch is {plan.global_batch!r}, not a whole number from 1")
         if not is_int(plan.warmup_steps) or not 0 <= plan.warmup_steps <= plan.epochs * plan.steps_per_epoch:
-            raise ValueError(f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
-                             f"{plan.epochs * plan.steps_per_epoch} steps")
+            raise ValueError(
+                f"warmup_steps is {plan.warmup_steps!r}, not within the plan's "
+                f"{plan.epochs * plan.steps_per_epoch} steps"
+            )
         if plan.stem not in STEMS:
             raise ValueError(f"stem is {plan.stem!r}, not one of {STEMS}")
         if plan.tta_views not in TTA_CHOICES or isinstance(plan.tta_views, bool):
@@ -438,10 +475,11 @@ class BudgetPlan:
                 raise ValueError(f"{name} is {value!r}, not a number of seconds")
         return plan
 
+
 def whole_batch_s(ends: list[tuple[int, float]], sizes: list[int] | None) -> float:
     """A whole (the first) batch's seconds from ``ends``, ``(last step index, time)`` at the end of each call: the
     time after the first call, per image of the batches it ran (``sizes``: each batch's images; None: all alike)."""
     (first, t_first), (last, t_last) = ends[0], ends[-1]
     sizes = list(sizes) if sizes else [1] * (last + 1)
-    images = sum(sizes[first + 1:last + 1]) or (last - first) * sizes[0]
+    images = sum(sizes[first + 1 : last + 1]) or (last - first) * sizes[0]
     return (t_last - t_first) / max(images, 1) * sizes[0]

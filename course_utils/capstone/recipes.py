@@ -21,43 +21,88 @@ TPU_STEPS_PER_EXECUTION = 32
 MAX_LR_SCALING_BATCH = 1024
 
 RECIPE_TABLE = [
-    {"choice": "ResNet-9-style network (conv-BN-ReLU prep, 2 residual blocks, global max pooling)", "lesson": "capstone",
-     "source": "D. Page, 'How to train your ResNet' (DAWNBench 2018); airbench (K. Jordan 2024)"},
-    {"choice": "with a time budget, the widest network width that still trains 20 epochs (more for budgets over a "
-               "minute; timed at width 8, the others predicted, chosen again if the chosen width's timing is off)",
-     "lesson": "capstone", "source": "capstone.choose_width; lesson 06 §2"},
-    {"choice": "a fixed first convolution that whitens 2×2 patches (its filters computed once from the training "
-               "images; learning starts faster)", "lesson": "capstone",
-     "source": "airbench (K. Jordan 2024); capstone.whitening_kernel"},
-    {"choice": "optional --stem s2d: the first layers at 16×16 from 2×2 patches, about twice the epochs; the plan "
-               "names it where a budget fits fewer than 10 epochs of the narrowest network", "lesson": "capstone",
-     "source": "capstone.resnet9(stem=...), capstone.stem_hint; lesson 06 §2"},
-    {"choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
-     "lesson": "03", "source": "hardware.recommended_policy"},
-    {"choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
-               "not per image)", "lesson": "04", "source": "data.build_pipeline(batch_augment_fn=data.augment_batch)"},
-    {"choice": "random crop (pad 4) + horizontal flip, each image its own; per-channel normalization", "lesson": "04",
-     "source": "data.augment_batch; Page"},
-    {"choice": "a batch of 128 per replica: the global batch is 128 × replicas (auto width on TensorFlow's own CPU "
-               "kernels with a budget of 90 s or less: 64, twice the few updates such a budget buys)", "lesson": "08",
-     "source": "lesson 08 §6; capstone.Recipe.global_batch, capstone.small_batch"},
-    {"choice": "SGD, Nesterov momentum 0.9, decoupled weight decay", "lesson": "capstone",
-     "source": "Page; Loshchilov & Hutter 2019 (decoupled weight decay)"},
+    {
+        "choice": "ResNet-9-style network (conv-BN-ReLU prep, 2 residual blocks, global max pooling)",
+        "lesson": "capstone",
+        "source": "D. Page, 'How to train your ResNet' (DAWNBench 2018); airbench (K. Jordan 2024)",
+    },
+    {
+        "choice": "with a time budget, the widest network width that still trains 20 epochs (more for budgets over a "
+        "minute; timed at width 8, the others predicted, chosen again if the chosen width's timing is off)",
+        "lesson": "capstone",
+        "source": "capstone.choose_width; lesson 06 §2",
+    },
+    {
+        "choice": "a fixed first convolution that whitens 2×2 patches (its filters computed once from the training "
+        "images; learning starts faster)",
+        "lesson": "capstone",
+        "source": "airbench (K. Jordan 2024); capstone.whitening_kernel",
+    },
+    {
+        "choice": "optional --stem s2d: the first layers at 16×16 from 2×2 patches, about twice the epochs; the plan "
+        "names it where a budget fits fewer than 10 epochs of the narrowest network",
+        "lesson": "capstone",
+        "source": "capstone.resnet9(stem=...), capstone.stem_hint; lesson 06 §2",
+    },
+    {
+        "choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",
+        "lesson": "03",
+        "source": "hardware.recommended_policy",
+    },
+    {
+        "choice": "tf.data pipeline: cache → shuffle → batch → augment whole batches → prefetch (one call per batch, "
+        "not per image)",
+        "lesson": "04",
+        "source": "data.build_pipeline(batch_augment_fn=data.augment_batch)",
+    },
+    {
+        "choice": "random crop (pad 4) + horizontal flip, each image its own; per-channel normalization",
+        "lesson": "04",
+        "source": "data.augment_batch; Page",
+    },
+    {
+        "choice": "a batch of 128 per replica: the global batch is 128 × replicas (auto width on TensorFlow's own CPU "
+        "kernels with a budget of 90 s or less: 64, twice the few updates such a budget buys)",
+        "lesson": "08",
+        "source": "lesson 08 §6; capstone.Recipe.global_batch, capstone.small_batch",
+    },
+    {
+        "choice": "SGD, Nesterov momentum 0.9, decoupled weight decay",
+        "lesson": "capstone",
+        "source": "Page; Loshchilov & Hutter 2019 (decoupled weight decay)",
+    },
     {"choice": "label smoothing 0.2", "lesson": "capstone", "source": "Szegedy et al. 2016; airbench"},
-    {"choice": "warm-up then linear decay to zero, stretched to end at the budget", "lesson": "capstone",
-     "source": "Page (one-cycle); budgeted training (Li et al. 2020)"},
-    {"choice": f"peak LR linear in the global batch ({COURSE['lr_per_256']:g} per 256: 4× Page's, for budgets of a few "
-               "hundred updates; warned above ~1k)", "lesson": "capstone, 08",
-     "source": "Goyal et al. 2017; Page; capstone.peak_learning_rate"},
-    {"choice": "test-time augmentation: the mean over each image and its mirror, each also shifted one pixel "
-               "diagonally (10 views); under a time budget only as many views as fit in 5% of it (10, 2 or 1)",
-     "lesson": "capstone", "source": "Page; airbench; capstone.tta_views, capstone.FINAL_EVAL_SHARE"},
+    {
+        "choice": "warm-up then linear decay to zero, stretched to end at the budget",
+        "lesson": "capstone",
+        "source": "Page (one-cycle); budgeted training (Li et al. 2020)",
+    },
+    {
+        "choice": f"peak LR linear in the global batch ({COURSE['lr_per_256']:g} per 256: 4× Page's, for budgets of a few "
+        "hundred updates; warned above ~1k)",
+        "lesson": "capstone, 08",
+        "source": "Goyal et al. 2017; Page; capstone.peak_learning_rate",
+    },
+    {
+        "choice": "test-time augmentation: the mean over each image and its mirror, each also shifted one pixel "
+        "diagonally (10 views); under a time budget only as many views as fit in 5% of it (10, 2 or 1)",
+        "lesson": "capstone",
+        "source": "Page; airbench; capstone.tta_views, capstone.FINAL_EVAL_SHARE",
+    },
     {"choice": "optional EMA of the weights (SGD use_ema)", "lesson": "capstone", "source": "Page; Keras optimizers"},
-    {"choice": "optional gradient accumulation (--accumulate K)", "lesson": "05", "source": "accumulation.AccumulatingModel"},
-    {"choice": f"steps_per_execution: {TPU_STEPS_PER_EXECUTION} steps per call on a TPU, 1 elsewhere", "lesson": "04",
-     "source": "Keras compile(); capstone.choose_steps_per_execution"},
+    {
+        "choice": "optional gradient accumulation (--accumulate K)",
+        "lesson": "05",
+        "source": "accumulation.AccumulatingModel",
+    },
+    {
+        "choice": f"steps_per_execution: {TPU_STEPS_PER_EXECUTION} steps per call on a TPU, 1 elsewhere",
+        "lesson": "04",
+        "source": "Keras compile(); capstone.choose_steps_per_execution",
+    },
     {"choice": "BackupAndRestore + best checkpoint; --resume", "lesson": "capstone", "source": "Keras callbacks"},
 ]
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -84,8 +129,14 @@ class Recipe:
             o.ema = False
         return o
 
-    def global_batch(self, asked: int | None, replicas: int, accumulate: int = 1,
-                     train_images: int | None = None, per_replica: tuple[int, str] | None = None) -> tuple[int, str]:
+    def global_batch(
+        self,
+        asked: int | None,
+        replicas: int,
+        accumulate: int = 1,
+        train_images: int | None = None,
+        per_replica: tuple[int, str] | None = None,
+    ) -> tuple[int, str]:
         """``(global batch per update, why)``. ``asked`` (``--batch-size``) is the global batch as given. Else the
         baseline keeps its global batch (the tutorial's, on any number of replicas), and the course recipe gives
         each replica :attr:`batch_size` (128) — so the global batch, and with it the peak learning rate
@@ -99,15 +150,15 @@ class Recipe:
             return self.batch_size, f"the {self.name} recipe's, on any number of replicas"
         first, per_why = per_replica or (self.batch_size, "")
         per = first
-        while (train_images is not None and per * replicas > train_images and per % 2 == 0
-               and (per // 2) % accumulate == 0):
+        while (
+            train_images is not None and per * replicas > train_images and per % 2 == 0 and (per // 2) % accumulate == 0
+        ):
             per //= 2
         why = f"{per} per replica × {replicas} replica{'s' if replicas != 1 else ''}"
         if per_why:
             why += f" ({per_why})"
         if per != first:
-            why += (f" ({first} per replica would make one step larger than the {train_images} training "
-                    "images)")
+            why += f" ({first} per replica would make one step larger than the {train_images} training images)"
         return per * replicas, why
 
     def choose_policy(self, rt) -> tuple[str, str]:  # pragma: no cover - each recipe says
@@ -126,6 +177,7 @@ class Recipe:
     def optimizer(self, schedule, ema: bool):  # pragma: no cover
         raise NotImplementedError
 
+
 class _Course(Recipe):
     def choose_policy(self, rt) -> tuple[str, str]:
         policy, why = hardware.recommended_policy(rt)
@@ -133,8 +185,10 @@ class _Course(Recipe):
             path, kernels_why = hardware.kernel_path()  # which CPU kernels TensorFlow runs here, and why
             if path == "eigen":
                 # measured on a 2-core AVX512-BF16 CPU: 207 ms a step under mixed_bfloat16, 38 ms under float32
-                return "float32", (f"CPU kernels eigen ({kernels_why}): TensorFlow's own kernels run bfloat16 several "
-                                   "times slower than float32")
+                return "float32", (
+                    f"CPU kernels eigen ({kernels_why}): TensorFlow's own kernels run bfloat16 several "
+                    "times slower than float32"
+                )
             if path == "onednn-fp32":
                 return "float32", f"CPU kernels onednn-fp32 ({kernels_why}): no bfloat16 units, float32 is faster"
             return "mixed_bfloat16", f"CPU kernels onednn-bf16 ({kernels_why})"
@@ -152,8 +206,10 @@ class _Course(Recipe):
     def optimizer(self, schedule, ema):
         import keras
 
-        return keras.optimizers.SGD(schedule, momentum=COURSE["momentum"], nesterov=True,
-                                    weight_decay=COURSE["weight_decay"], use_ema=ema)
+        return keras.optimizers.SGD(
+            schedule, momentum=COURSE["momentum"], nesterov=True, weight_decay=COURSE["weight_decay"], use_ema=ema
+        )
+
 
 class _Baseline(Recipe):
     def choose_policy(self, rt) -> tuple[str, str]:
@@ -173,20 +229,39 @@ class _Baseline(Recipe):
 
         return keras.optimizers.Adam(schedule, use_ema=ema)
 
+
 RECIPES: dict[str, Recipe] = {
-    "course": _Course("course", batch_size=COURSE["batch_size"], per_replica_batch=True, augment=True,
-                      label_smoothing=COURSE["label_smoothing"], schedule="onecycle", tta=True, whiten=True,
-                      sized_by_width=True),
-    "baseline": _Baseline("baseline", batch_size=BASELINE["batch_size"], per_replica_batch=False, augment=False,
-                          label_smoothing=0.0, schedule="constant", tta=False, whiten=False,
-                          sized_by_width=False),
+    "course": _Course(
+        "course",
+        batch_size=COURSE["batch_size"],
+        per_replica_batch=True,
+        augment=True,
+        label_smoothing=COURSE["label_smoothing"],
+        schedule="onecycle",
+        tta=True,
+        whiten=True,
+        sized_by_width=True,
+    ),
+    "baseline": _Baseline(
+        "baseline",
+        batch_size=BASELINE["batch_size"],
+        per_replica_batch=False,
+        augment=False,
+        label_smoothing=0.0,
+        schedule="constant",
+        tta=False,
+        whiten=False,
+        sized_by_width=False,
+    ),
 }
+
 
 def resolved(o: Options) -> Options:
     """A copy of ``o`` with every recipe default filled in that the hardware does not decide. Left None until
     :func:`train` knows the replicas and the data: the course recipe's ``batch_size`` (per replica: see
     :meth:`Recipe.global_batch`) and ``steps_per_execution`` (:func:`choose_steps_per_execution`)."""
     return RECIPES[o.recipe].fill_defaults(o)
+
 
 def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, steps_per_epoch: int) -> tuple[int, str]:
     """``(steps_per_execution, why)``: ``asked`` (``--steps-per-execution``) as given; on a TPU
@@ -197,16 +272,20 @@ def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, step
     if asked is not None:
         return asked, "--steps-per-execution"
     if kind == "TPU" and replicas > 1 and standin.active() == "tpu":
-        return 1, (f"TPU stand-in: its {replicas} cores run on MirroredStrategy, where fit with more than 1 "
-                   f"crashes (keras-team/keras#19246); a TPU takes {TPU_STEPS_PER_EXECUTION}")
+        return 1, (
+            f"TPU stand-in: its {replicas} cores run on MirroredStrategy, where fit with more than 1 "
+            f"crashes (keras-team/keras#19246); a TPU takes {TPU_STEPS_PER_EXECUTION}"
+        )
     if kind == "TPU":
         n = max(1, min(TPU_STEPS_PER_EXECUTION, steps_per_epoch))
         bound = f", bounded by the {steps_per_epoch} steps of an epoch" if n < TPU_STEPS_PER_EXECUTION else ""
         return n, f"TPU: {n} steps per call into the compiled function, one host round trip for them all{bound}"
     if replicas > 1:
-        return 1, (f"{replicas} replicas under MirroredStrategy: fit with more than 1 crashes there "
-                   "(keras-team/keras#19246)")
+        return 1, (
+            f"{replicas} replicas under MirroredStrategy: fit with more than 1 crashes there (keras-team/keras#19246)"
+        )
     return 1, f"{kind}: a step of this ResNet is long next to a call, so several per call pay off only on a TPU"
+
 
 def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
     """``(jit_compile, compiled, why)``: what to pass Keras' ``compile(jit_compile=...)``, whether the step really
@@ -222,14 +301,17 @@ def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 
     - CPU: off — a small ResNet on a CPU is bound by its convolutions, which XLA hands to the same kernels
       (lesson 06 §5 measures it)."""
     if o.jit and not whole_step_compiles(kind, replicas):
-        raise OptionsError(f"--jit fails on {replicas} replicas: {MULTI_REPLICA_XLA}; leave --jit out (fit then runs "
-                           "without XLA) or train on one replica (--cpu-replicas 1)")
+        raise OptionsError(
+            f"--jit fails on {replicas} replicas: {MULTI_REPLICA_XLA}; leave --jit out (fit then runs "
+            "without XLA) or train on one replica (--cpu-replicas 1)"
+        )
     if o.jit is not None:
         return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
     jit, compiled, why = fit_jit_compile(kind, course_jit, replicas)  # the rule every lesson's fit follows
     if not compiled and replicas <= 1:  # a CPU: lesson 06 measured it for this model
         why = "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
     return jit, compiled, why
+
 
 def peak_learning_rate(global_batch: int, lr_per_256: float = COURSE["lr_per_256"]) -> float:
     """The linear scaling rule: the peak LR grows in proportion to the global batch (per update).

@@ -10,8 +10,19 @@ import shutil
 from typing import Any
 
 from .. import fileguard
-from .options import (MARKER, Options, OptionsError, PROG, RUN_FILES, RUN_FOLDERS, RunStateError, is_int,
-                      own_backup_name, own_name, out_problem)
+from .options import (
+    MARKER,
+    Options,
+    OptionsError,
+    PROG,
+    RUN_FILES,
+    RUN_FOLDERS,
+    RunStateError,
+    is_int,
+    own_backup_name,
+    own_name,
+    out_problem,
+)
 from .plan import BudgetPlan
 
 
@@ -25,18 +36,24 @@ def earlier_run(out: str) -> str | None:
     if os.path.exists(run.summary):
         what = "a finished run"
         if isinstance(summary, dict) and isinstance(summary.get("test_accuracy"), (int, float)):
-            what += (f" (test accuracy {100 * summary['test_accuracy']:.1f}% after {summary.get('epochs', '?')} epochs"
-                     f" on {summary.get('data', '?')} data)")
-        return (f"--out {out!r} holds {what}; nothing was changed: add --overwrite to replace it, or choose another "
-                "--out")
+            what += (
+                f" (test accuracy {100 * summary['test_accuracy']:.1f}% after {summary.get('epochs', '?')} epochs"
+                f" on {summary.get('data', '?')} data)"
+            )
+        return (
+            f"--out {out!r} holds {what}; nothing was changed: add --overwrite to replace it, or choose another --out"
+        )
     history = _read_json(run.metrics, [])
     left = [name for name in RUN_FILES if name != "summary.json" and os.path.exists(os.path.join(out, name))]
     if os.path.isdir(run.backup) or left:
         epochs = len(history) if isinstance(history, list) else 0
-        return (f"--out {out!r} holds an unfinished run ({epochs} epoch{'s' if epochs != 1 else ''} in metrics.json);"
-                " nothing was changed: add --resume to continue it, --overwrite to start again, or choose another "
-                "--out")
+        return (
+            f"--out {out!r} holds an unfinished run ({epochs} epoch{'s' if epochs != 1 else ''} in metrics.json);"
+            " nothing was changed: add --resume to continue it, --overwrite to start again, or choose another "
+            "--out"
+        )
     return None
+
 
 def _read_json(path: str, default: Any = None) -> Any:
     try:
@@ -44,6 +61,7 @@ def _read_json(path: str, default: Any = None) -> Any:
             return json.load(f)
     except (OSError, ValueError):
         return default
+
 
 def _readable_weights(path: str) -> bool:
     """Whether a ``.weights.h5`` file opens and every array in it reads (a kill mid-write leaves one that does not)."""
@@ -58,9 +76,11 @@ def _readable_weights(path: str) -> bool:
         return False
     return True
 
+
 def _readable_metadata(path: str) -> bool:
     meta = _read_json(path, None)
     return isinstance(meta, dict) and isinstance(meta.get("epoch"), int)
+
 
 def repair_backup(backup: str) -> str:
     """Make ``BackupAndRestore``'s folder loadable after a kill that cut a save short; say what was done.
@@ -77,16 +97,24 @@ def repair_backup(backup: str) -> str:
     if _readable_weights(weights + ".bkp") and _readable_metadata(meta + ".bkp"):
         shutil.copyfile(weights + ".bkp", weights)
         shutil.copyfile(meta + ".bkp", meta)
-        return ("The last backup was cut off mid-write (the run was stopped while saving it); resuming from the one "
-                "before it.")
+        return (
+            "The last backup was cut off mid-write (the run was stopped while saving it); resuming from the one "
+            "before it."
+        )
     shutil.rmtree(backup, ignore_errors=True)
-    return ("The only backup was cut off mid-write (the run was stopped while saving it); training starts again "
-            "from epoch 1 (the time already spent still counts).")
+    return (
+        "The only backup was cut off mid-write (the run was stopped while saving it); training starts again "
+        "from epoch 1 (the time already spent still counts)."
+    )
+
 
 def load_result(out: str) -> dict:
     """``{"summary": ..., "history": ...}`` of a finished (or interrupted) run in ``out``, read from disk."""
-    return {"summary": _read_json(os.path.join(out, "summary.json")),
-            "history": _read_json(os.path.join(out, "metrics.json"), [])}
+    return {
+        "summary": _read_json(os.path.join(out, "summary.json")),
+        "history": _read_json(os.path.join(out, "metrics.json"), []),
+    }
+
 
 class RunFolder:
     """The paths of a run's files in ``out``, and the only code that deletes there (the trainer's own names)."""
@@ -113,8 +141,14 @@ class RunFolder:
                     os.rmdir(path)
             elif own_name(name) and name != MARKER and os.path.isfile(path):
                 os.remove(path)
-        fileguard.write_json(self.marker, {"written_by": f"course_utils.{PROG}", "what": "a capstone run's folder: "
-                                        "the trainer may delete its own files here when a new run starts"})
+        fileguard.write_json(
+            self.marker,
+            {
+                "written_by": f"course_utils.{PROG}",
+                "what": "a capstone run's folder: the trainer may delete its own files here when a new run starts",
+            },
+        )
+
 
 @dataclasses.dataclass
 class ResumeState:
@@ -126,11 +160,13 @@ class ResumeState:
     spent_s: float
     backup_epoch: int
 
+
 def backup_epoch(backup: str) -> int:
     """The last epoch ``BackupAndRestore`` saved (0: none, or unreadable)."""
     meta = _read_json(os.path.join(backup, "training_metadata.json"), {})
     epoch = meta.get("epoch", 0) if isinstance(meta, dict) else 0
     return epoch if is_int(epoch) and epoch > 0 else 0
+
 
 def read_resume_state(run: RunFolder, o: Options) -> ResumeState:
     """The state ``--resume`` continues from; :class:`OptionsError` with the reason for anything the trainer did not
@@ -138,21 +174,28 @@ def read_resume_state(run: RunFolder, o: Options) -> ResumeState:
     where = repr(run.out)
 
     def fix(instead: str = "") -> str:
-        return (f"nothing was changed: fix or remove it{instead}, or run with --overwrite instead of --resume to start "
-                "again (that deletes the run)")
+        return (
+            f"nothing was changed: fix or remove it{instead}, or run with --overwrite instead of --resume to start "
+            "again (that deletes the run)"
+        )
 
     if os.path.exists(run.summary):
-        raise RunStateError(f"--resume: the run in {run.out} has finished (summary.json); nothing to resume — "
-                           "use --overwrite instead of --resume to train again there, or use another --out")
+        raise RunStateError(
+            f"--resume: the run in {run.out} has finished (summary.json); nothing to resume — "
+            "use --overwrite instead of --resume to train again there, or use another --out"
+        )
     if not os.path.exists(run.plan):
-        raise RunStateError(f"--resume: nothing to resume in {where}: it has no plan.json (the run stopped before it "
-                           "had planned its epochs); run without --resume")
+        raise RunStateError(
+            f"--resume: nothing to resume in {where}: it has no plan.json (the run stopped before it "
+            "had planned its epochs); run without --resume"
+        )
     try:
         with open(run.plan, encoding="utf-8") as f:
             plan = BudgetPlan.from_dict(json.load(f))
     except (OSError, ValueError) as exc:
-        raise RunStateError(f"--resume: plan.json in {where} is not a plan this trainer wrote ({_one_line(exc)}); "
-                           f"{fix()}") from None
+        raise RunStateError(
+            f"--resume: plan.json in {where} is not a plan this trainer wrote ({_one_line(exc)}); {fix()}"
+        ) from None
     _check_same_run(plan.options, o)
 
     history: list = []
@@ -162,15 +205,18 @@ def read_resume_state(run: RunFolder, o: Options) -> ResumeState:
                 history = json.load(f)
             _check_history(history)
         except (OSError, ValueError) as exc:
-            raise RunStateError(f"--resume: metrics.json in {where} is not what the trainer writes "
-                               f"({_one_line(exc)}); {fix()}") from None
+            raise RunStateError(
+                f"--resume: metrics.json in {where} is not what the trainer writes ({_one_line(exc)}); {fix()}"
+            ) from None
     spent = max([0.0] + [h["elapsed_s"] for h in history])
     if os.path.exists(run.clock):
         state = _read_json(run.clock, None)
         value = state.get("elapsed_s") if isinstance(state, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-            raise RunStateError(f"--resume: clock.json in {where} is not what the trainer writes (elapsed_s is "
-                               f"{value!r}); {fix(' (the time spent is then read from metrics.json)')}")
+            raise RunStateError(
+                f"--resume: clock.json in {where} is not what the trainer writes (elapsed_s is "
+                f"{value!r}); {fix(' (the time spent is then read from metrics.json)')}"
+            )
         spent = max(spent, float(value))
 
     meta_path = os.path.join(run.backup, "training_metadata.json")
@@ -182,9 +228,12 @@ def read_resume_state(run: RunFolder, o: Options) -> ResumeState:
             raise RunStateError(f"--resume: the backup in {where} says epoch {epoch!r}, not a finished epoch; {fix()}")
         epoch = epoch if is_int(epoch) else 0  # a metadata file cut off mid-write: repair_backup falls back
     if epoch > plan.epochs:
-        raise RunStateError(f"--resume: the backup in {where} says epoch {epoch}, beyond the plan's {plan.epochs} "
-                           f"epochs: it is not this run's backup; {fix()}")
+        raise RunStateError(
+            f"--resume: the backup in {where} says epoch {epoch}, beyond the plan's {plan.epochs} "
+            f"epochs: it is not this run's backup; {fix()}"
+        )
     return ResumeState(plan, history, spent, epoch)
+
 
 def _check_history(history: Any) -> None:
     if not isinstance(history, list):
@@ -196,23 +245,45 @@ def _check_history(history: Any) -> None:
         if isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed < math.inf:
             raise ValueError(f"epoch {i}'s elapsed_s is {elapsed!r}")
 
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:200]
 
+
 def _check_same_run(stored: dict, o: Options) -> None:
-    for key in ("recipe", "data", "batch_size", "width", "accumulate", "policy", "augment", "label_smoothing",
-                "schedule", "ema", "whiten", "train_examples", "test_examples", "validation_examples", "time_budget",
-                "epochs"):
+    for key in (
+        "recipe",
+        "data",
+        "batch_size",
+        "width",
+        "accumulate",
+        "policy",
+        "augment",
+        "label_smoothing",
+        "schedule",
+        "ema",
+        "whiten",
+        "train_examples",
+        "test_examples",
+        "validation_examples",
+        "time_budget",
+        "epochs",
+    ):
         if key == "batch_size" and (o.batch_size is None or stored.get(key) is None):  # the recipe's per-replica
             continue  # batch, here or then: the global batches are compared once the replicas are known (check_same_batch)
         if key not in stored:  # a plan from before the option existed: its model is not this trainer's
-            raise OptionsError(f"--resume: {o.out} was started by an earlier version of the trainer (its plan has no "
-                               f"{key!r}); nothing was changed: start it again with --overwrite, or use another --out")
+            raise OptionsError(
+                f"--resume: {o.out} was started by an earlier version of the trainer (its plan has no "
+                f"{key!r}); nothing was changed: start it again with --overwrite, or use another --out"
+            )
         if stored.get(key) != getattr(o, key):
             flag = "--" + key.replace("_", "-")
-            raise OptionsError(f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
-                               "resume with the same options or use another --out")
+            raise OptionsError(
+                f"--resume: {o.out} was started with {flag} {stored.get(key)}, not {getattr(o, key)}; "
+                "resume with the same options or use another --out"
+            )
+
 
 def check_same_batch(plan, batch: int, why: str, out: str) -> None:
     """--resume: the global batch chosen here (``batch``: the recipe's per replica × this machine's replicas) must be
@@ -220,8 +291,11 @@ def check_same_batch(plan, batch: int, why: str, out: str) -> None:
     from before plans kept ``global_batch`` holds it in its options, which the run rewrote then.)"""
     stored = plan.global_batch if plan.global_batch is not None else plan.options.get("batch_size")
     if stored != batch:
-        raise OptionsError(f"--resume: {out} was started with a global batch of {stored}, and here it would be "
-                           f"{batch} ({why}): resume with --batch-size {stored} or use another --out")
+        raise OptionsError(
+            f"--resume: {out} was started with a global batch of {stored}, and here it would be "
+            f"{batch} ({why}): resume with --batch-size {stored} or use another --out"
+        )
+
 
 def check_backup_fits(run: RunFolder, model) -> None:
     """A backup another run wrote (another recipe or width) fails inside fit with a shape error: refuse it first."""
@@ -236,8 +310,10 @@ def check_backup_fits(run: RunFolder, model) -> None:
             warnings.simplefilter("ignore")
             model.load_weights(weights)
     except Exception:  # noqa: BLE001 - any failure to load means: not this run's backup
-        raise RunStateError(f"--resume: the backup in {run.out!r} does not fit this run's model (its weights have "
-                            "other shapes): it is another run's; nothing was changed: resume with that run's options, "
-                            "or use another --out") from None
+        raise RunStateError(
+            f"--resume: the backup in {run.out!r} does not fit this run's model (its weights have "
+            "other shapes): it is another run's; nothing was changed: resume with that run's options, "
+            "or use another --out"
+        ) from None
     for v, value in zip(model.variables, snapshot):  # BackupAndRestore loads it again, with the optimizer state
         v.assign(value)

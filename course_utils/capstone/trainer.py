@@ -16,13 +16,30 @@ from .. import fileguard, processes
 from .checks import CourseSettings, validate
 from .models import whitening_kernel
 from .options import COURSE, LOCK, MAX_EPOCHS, MAX_SCHEDULE_STEPS, PROG, Options, OptionsError, TensorFlowUnavailable
-from .plan import (AUTO_WIDTH, BudgetPlan, PLANNING_MARGIN, PLANNING_SHARE, RECHOOSE_OFF_BY, TTA_CHOICES, TTA_SHIFTS,
-                   TTA_VIEWS, WARM_UP_PER_START_UP, FINAL_EVAL_SHARE, start_width, small_batch, stem_hint,
-                   VALIDATION_SEED, WARM_UP_MIN_S, WARM_UP_STEPS, whole_batch_s, choose_width, target_epochs_for,
-                   validation_size)
+from .plan import (
+    AUTO_WIDTH,
+    BudgetPlan,
+    PLANNING_MARGIN,
+    PLANNING_SHARE,
+    RECHOOSE_OFF_BY,
+    TTA_CHOICES,
+    TTA_SHIFTS,
+    TTA_VIEWS,
+    WARM_UP_PER_START_UP,
+    FINAL_EVAL_SHARE,
+    start_width,
+    small_batch,
+    stem_hint,
+    VALIDATION_SEED,
+    WARM_UP_MIN_S,
+    WARM_UP_STEPS,
+    whole_batch_s,
+    choose_width,
+    target_epochs_for,
+    validation_size,
+)
 from .recipes import MAX_LR_SCALING_BATCH, RECIPES, Recipe, choose_jit, choose_steps_per_execution, resolved
-from .run_folder import (RunFolder, backup_epoch, check_backup_fits, check_same_batch, read_resume_state,
-                         repair_backup)
+from .run_folder import RunFolder, backup_epoch, check_backup_fits, check_same_batch, read_resume_state, repair_backup
 from .. import data as _data
 from .. import hardware as _hardware
 from .. import memory as _memory
@@ -45,8 +62,12 @@ def progress_bar_wanted(stream: Any = None) -> bool:
         return False
     return shell is not None and hasattr(shell, "kernel")
 
-SYNTHETIC_NOTE = ("These accuracies are on synthetic images (generated offline to be easy to learn), not CIFAR-10: "
-                  "they show the trainer works, not how well it learns real images (--data tfds or npz:PATH).")
+
+SYNTHETIC_NOTE = (
+    "These accuracies are on synthetic images (generated offline to be easy to learn), not CIFAR-10: "
+    "they show the trainer works, not how well it learns real images (--data tfds or npz:PATH)."
+)
+
 
 @dataclasses.dataclass
 class Predictions:
@@ -61,6 +82,7 @@ class Predictions:
     @property
     def accuracy(self) -> float:
         return float((self.predicted == self.labels).mean()) if len(self.labels) else float("nan")
+
 
 @dataclasses.dataclass
 class Result:
@@ -80,9 +102,11 @@ class Result:
         if self._predictions is not None and self._predictions.tta == tta:
             return self._predictions
         x, y = self._test
-        probs = _predict_probs(self.model, x, self.summary.get("tta_views", TTA_VIEWS) if tta else 1,
-                               self.summary["global_batch"])
+        probs = _predict_probs(
+            self.model, x, self.summary.get("tta_views", TTA_VIEWS) if tta else 1, self.summary["global_batch"]
+        )
         return Predictions(x, y, probs.argmax(1), probs, tta)
+
 
 def tta_views(x, views: int = TTA_VIEWS):
     """Test-time augmentation's views of images ``x`` [N,32,32,3], the unshifted image first: all :data:`TTA_VIEWS`
@@ -99,8 +123,9 @@ def tta_views(x, views: int = TTA_VIEWS):
     out = []
     for image, frame in ((x, padded), (x[:, :, ::-1], padded[:, :, ::-1])):
         out.append(image)
-        out += [frame[:, 1 + dy:1 + dy + h, 1 + dx:1 + dx + w] for dy, dx in TTA_SHIFTS]
+        out += [frame[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w] for dy, dx in TTA_SHIFTS]
     return out
+
 
 def _predict_probs(model, x, views: int, batch_size: int, plain=None):
     """Class probabilities: the mean over ``views`` :func:`tta_views` (1: the images alone). `plain`: the unshifted
@@ -113,7 +138,9 @@ def _predict_probs(model, x, views: int, batch_size: int, plain=None):
 
     def probs_of(images):
         n = len(images)
-        padded = np.concatenate([images, np.zeros((-n % batch, *images.shape[1:]), images.dtype)]) if n % batch else images
+        padded = (
+            np.concatenate([images, np.zeros((-n % batch, *images.shape[1:]), images.dtype)]) if n % batch else images
+        )
         logits = model.predict(padded, batch_size=batch, verbose=0)[:n]
         return tf.nn.softmax(tf.cast(logits, tf.float32)).numpy()
 
@@ -122,6 +149,7 @@ def _predict_probs(model, x, views: int, batch_size: int, plain=None):
     if views > 1:
         p = (p + sum(probs_of(np.ascontiguousarray(view)) for view in tta_views(xf, views)[1:])) / views
     return p
+
 
 def _arrays(ds, batch: int = 4096):
     import numpy as np
@@ -134,6 +162,7 @@ def _arrays(ds, batch: int = 4096):
         return np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)
     return np.concatenate(xs).astype(np.uint8), np.concatenate(ys).astype(np.int64)
 
+
 @dataclasses.dataclass
 class Splits:
     """The three splits as uint8 images and int64 labels: ``train`` trains, ``validation`` (held out of the
@@ -144,6 +173,7 @@ class Splits:
     test: tuple
     source: str
 
+
 def split_validation(x, y, size: int):
     """``(x_train, y_train), (x_val, y_val)``: ``size`` images held out, chosen with :data:`VALIDATION_SEED` (not the
     run's seed: runs on the same data are compared on the same validation images)."""
@@ -152,6 +182,7 @@ def split_validation(x, y, size: int):
     order = np.random.default_rng(VALIDATION_SEED).permutation(len(x))
     held, kept = np.sort(order[:size]), np.sort(order[size:])
     return (x[kept], y[kept]), (x[held], y[held])
+
 
 def _load_splits(o: Options, settings: CourseSettings) -> Splits:
     """The run's splits from ``settings.data`` (``--data`` or the course config's): every image of the split, or on
@@ -166,6 +197,7 @@ def _load_splits(o: Options, settings: CourseSettings) -> Splits:
         raise OptionsError(f"--validation-examples {size} leaves no training images of the {len(x)} loaded; use fewer")
     train, validation = split_validation(x, y, size)
     return Splits(train, validation, _arrays(d.test), d.source)
+
 
 @contextlib.contextmanager
 def _keras_without_pyplot(on: bool):
@@ -182,6 +214,7 @@ def _keras_without_pyplot(on: bool):
         if blocked and "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
             del sys.modules["matplotlib"]
 
+
 class _Clock:
     """Wall time of the whole run, across restarts: time before this process + time in it."""
 
@@ -190,6 +223,7 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.before + time.perf_counter() - self.t0
+
 
 def _fit_strategy(rt):
     """The strategy the trainer builds and fits under: the runtime's where it has several replicas or is a TPU; on one
@@ -203,6 +237,7 @@ def _fit_strategy(rt):
     if rt.strategy.num_replicas_in_sync == 1 and rt.kind in ("CPU", "GPU"):
         return rt.one_device_strategy()
     return rt.strategy
+
 
 def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = True, *, batch: int):
     """The trainer's pipelines (lesson 04's order, with its faster augmentation): training images uint8-cached,
@@ -218,18 +253,29 @@ def _pipelines(o: Options, splits: Splits, replicas: int = 1, autotune: bool = T
         return x, tf.one_hot(y, 10)
 
     (x_train, y_train), (x_val, y_val) = splits.train, splits.validation
-    train_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_train, y_train)), batch,
-                                    training=True, augment_fn=None,
-                                    batch_augment_fn=_data.augment_batch if o.augment else None,
-                                    shuffle_buffer=len(x_train), seed=o.seed, prefetch=False)
+    train_ds = _data.build_pipeline(
+        tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        batch,
+        training=True,
+        augment_fn=None,
+        batch_augment_fn=_data.augment_batch if o.augment else None,
+        shuffle_buffer=len(x_train),
+        seed=o.seed,
+        prefetch=False,
+    )
     train_ds = train_ds.map(one_hot, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    val_ds = _data.build_pipeline(tf.data.Dataset.from_tensor_slices((x_val, y_val)),
-                                  _eval_batch(batch, len(x_val), replicas),
-                                  training=False, drop_remainder=False, prefetch=False)
+    val_ds = _data.build_pipeline(
+        tf.data.Dataset.from_tensor_slices((x_val, y_val)),
+        _eval_batch(batch, len(x_val), replicas),
+        training=False,
+        drop_remainder=False,
+        prefetch=False,
+    )
     val_ds = val_ds.map(one_hot).prefetch(tf.data.AUTOTUNE)
     if not autotune:
         train_ds, val_ds = _data.without_autotune(train_ds), _data.without_autotune(val_ds)
     return train_ds, val_ds
+
 
 def _eval_batch(batch: int, n: int, replicas: int = 1) -> int:
     """The evaluation batch for ``n`` images: at least 256, and at least the training's global ``batch``. Smaller
@@ -241,8 +287,20 @@ def _eval_batch(batch: int, n: int, replicas: int = 1) -> int:
         batch = max(n - n % replicas, min(n, replicas))
     return batch
 
-def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, strategy, width: int, splits: Splits,
-                    *, batch: int, steps_per_execution: int, stem: str = "full"):
+
+def _compiled_model(
+    o: Options,
+    recipe: Recipe,
+    policy: str,
+    jit_compile: bool,
+    strategy,
+    width: int,
+    splits: Splits,
+    *,
+    batch: int,
+    steps_per_execution: int,
+    stem: str = "full",
+):
     """``(net, model, schedule, peak_lr)``: the recipe's network, the model fit trains (wrapped for --accumulate)
     compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``; ``batch`` and
     ``steps_per_execution``: the values the run derived (the peak learning rate follows the global batch)."""
@@ -257,8 +315,9 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
     keras.config.set_dtype_policy(policy)
     try:
         with strategy.scope():
-            net = recipe.model(width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None,
-                               stem=stem)
+            net = recipe.model(
+                width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None, stem=stem
+            )
             peak = recipe.peak_learning_rate(batch)
             schedule = BudgetSchedule(peak, o.schedule)
             model = net
@@ -270,18 +329,22 @@ def _compiled_model(o: Options, recipe: Recipe, policy: str, jit_compile: bool, 
 
                 model = accumulation.AccumulatingModel(net, steps=o.accumulate)
                 model(tf.zeros((1, 32, 32, 3)))
-            model.compile(optimizer=recipe.optimizer(schedule, o.ema),
-                          loss=keras.losses.CategoricalCrossentropy(from_logits=True,
-                                                                    label_smoothing=o.label_smoothing),
-                          metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-                          steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+            model.compile(
+                optimizer=recipe.optimizer(schedule, o.ema),
+                loss=keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=o.label_smoothing),
+                metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+                steps_per_execution=steps_per_execution,
+                jit_compile=jit_compile,
+            )
             model.optimizer.build(model.trainable_variables)
     finally:
         keras.config.set_dtype_policy(previous_policy)
     return net, model, schedule, peak
 
-def train(options: Options, *, settings: CourseSettings | None = None, _t0: float | None = None,
-          _command_line: bool = False) -> Result:
+
+def train(
+    options: Options, *, settings: CourseSettings | None = None, _t0: float | None = None, _command_line: bool = False
+) -> Result:
     """Train one recipe (see :class:`Options`) and return a :class:`Result`. Writes ``options.out``. What the options
     leave open comes from ``settings`` (the course's mode: data, replicas, XLA, width cap, synthetic sizes), else from
     the course config, read once before the run (:func:`checks.course_settings`).
@@ -322,16 +385,20 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
 
     # the options and the folder are checked: now TensorFlow. A broken install is one line, an exception's or, where the
     # import kills the process (SIGILL on a CPU without AVX, SIGABRT from a mismatched library), the watcher's
-    crashed = (f"{PROG}: error: importing TensorFlow killed this process (a crash in its native code, no Python error); "
-               "python -m course_utils doctor says why")
+    crashed = (
+        f"{PROG}: error: importing TensorFlow killed this process (a crash in its native code, no Python error); "
+        "python -m course_utils doctor says why"
+    )
     try:
         with processes.crash_said(crashed), _keras_without_pyplot(lean_imports):
             import keras  # noqa: F401 - imports TensorFlow (Keras' backend) too
             import tensorflow  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a RuntimeError from a library it loads
         last = (str(exc).strip().splitlines() or [""])[-1]
-        raise TensorFlowUnavailable(f"TensorFlow could not be imported ({type(exc).__name__}: {last}); check the "
-                                    "install: python -m course_utils doctor") from None
+        raise TensorFlowUnavailable(
+            f"TensorFlow could not be imported ({type(exc).__name__}: {last}); check the "
+            "install: python -m course_utils doctor"
+        ) from None
     # The hardware first: splitting the CPU into replicas must happen before TensorFlow starts (loading data starts
     # it). Then the data: a source that cannot deliver fails before anything is built or deleted.
     rt = _runtime.detect(cpu_replicas=settings.cpu_replicas)
@@ -350,19 +417,25 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     auto_width = recipe.sized_by_width and o.width is None and o.time_budget is not None
     # The global batch: --batch-size, or the recipe's (course: 128 per replica × the replicas found here; auto width
     # on a slow kernel path with a short budget: plan.small_batch)
-    small = small_batch(kernels[0] if kernels else None, o.time_budget) if auto_width and recipe.per_replica_batch \
-        else None
+    small = (
+        small_batch(kernels[0] if kernels else None, o.time_budget) if auto_width and recipe.per_replica_batch else None
+    )
     per_replica = None
     if small and small % o.accumulate == 0:
-        per_replica = (small, f"auto width on CPU kernels {kernels[0]} with a {o.time_budget:g} s budget: "
-                              f"{small} rather than {recipe.batch_size} doubles the few updates it buys")
+        per_replica = (
+            small,
+            f"auto width on CPU kernels {kernels[0]} with a {o.time_budget:g} s budget: "
+            f"{small} rather than {recipe.batch_size} doubles the few updates it buys",
+        )
     batch, batch_why = recipe.global_batch(o.batch_size, replicas, o.accumulate, len(splits.train[0]), per_replica)
     # The network's stem (models.STEMS): --stem, else the full one; a resumed run keeps the one it started with
     if state is not None:
         stem, stem_why = state.plan.stem, "the run's plan (resumed)"
         if o.stem is not None and o.stem != stem:
-            raise OptionsError(f"--resume: {o.out} was started with --stem {stem}, not {o.stem}; resume with the "
-                               "same options or use another --out")
+            raise OptionsError(
+                f"--resume: {o.out} was started with --stem {stem}, not {o.stem}; resume with the "
+                "same options or use another --out"
+            )
     elif o.stem is not None:
         stem, stem_why = o.stem, "--stem"
     else:
@@ -370,13 +443,16 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     if state is not None:
         check_same_batch(state.plan, batch, batch_why, o.out)
     if batch % (replicas * o.accumulate):
-        raise OptionsError(f"--batch-size {batch} is not divisible by replicas × accumulate = "
-                           f"{replicas} × {o.accumulate} on this {rt.kind}; use a multiple of {replicas * o.accumulate}")
+        raise OptionsError(
+            f"--batch-size {batch} is not divisible by replicas × accumulate = "
+            f"{replicas} × {o.accumulate} on this {rt.kind}; use a multiple of {replicas * o.accumulate}"
+        )
     if o.steps_per_execution is not None and o.steps_per_execution > 1 and rt.strategy_name == "MirroredStrategy":
         raise OptionsError(
             f"--steps-per-execution {o.steps_per_execution} fails under MirroredStrategy ({replicas} replicas) in "
             f"Keras {keras.__version__} (keras-team/keras#19246: 'You must feed a value for placeholder tensor'); "
-            "use --steps-per-execution 1 here (it pays on TPUs, which use TPUStrategy)")
+            "use --steps-per-execution 1 here (it pays on TPUs, which use TPUStrategy)"
+        )
     if len(splits.validation[0]) % replicas:
         # every evaluation batch must split evenly over the replicas (a replica left with no image fails in the
         # model, and Keras' first-batch build averages the replicas' images: _eval_batch): leave out the last
@@ -388,8 +464,10 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     if steps_per_epoch < 1:
         raise OptionsError(f"--batch-size {batch} is larger than the {len(x_train)} training images")
     if o.epochs is not None and o.epochs * steps_per_epoch > MAX_SCHEDULE_STEPS:
-        raise OptionsError(f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
-                           "the float32 schedule counts exactly; use fewer epochs")
+        raise OptionsError(
+            f"--epochs {o.epochs} × {steps_per_epoch} steps is beyond the {MAX_SCHEDULE_STEPS:,} steps "
+            "the float32 schedule counts exactly; use fewer epochs"
+        )
     policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
     jit_compile, xla, jit_why = choose_jit(o, rt.kind, settings.course_jit, replicas)
     spe, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas, steps_per_epoch)
@@ -400,16 +478,20 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     keras.utils.set_random_seed(o.seed)
     runtime_line = rt.summary().splitlines()[0]
     if strategy is not rt.strategy:  # the runtime line names the runtime's strategy: say which one fit runs under
-        runtime_line += ("; the trainer fits under TensorFlow's default strategy on this one device (lesson 06 §2: no "
-                         "wait for the last epoch's iterator)")
+        runtime_line += (
+            "; the trainer fits under TensorFlow's default strategy on this one device (lesson 06 §2: no "
+            "wait for the last epoch's iterator)"
+        )
     say(runtime_line)
     if kernels:
         say(_hardware.kernel_path_line())
     micro = batch // replicas // o.accumulate
     say(f"Recipe {o.recipe}: policy {policy} ({policy_why}); XLA {'on' if xla else 'off'} ({jit_why})")
-    say(f"Global batch {batch} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
+    say(
+        f"Global batch {batch} ({batch_why}; each replica {micro} × {o.accumulate} accumulated); peak learning "
         f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {spe} "
-        f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images")
+        f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images"
+    )
     if recipe.sized_by_width and stem != "full":
         say(f"Stem {stem}: prep and layer1's first convolution at 16×16 from 2×2 patches ({stem_why})")
     train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy, batch=batch)
@@ -418,8 +500,9 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     val_steps, test_steps = len(val_sizes), math.ceil(len(x_test) / _eval_batch(batch, len(x_test), replicas))
 
     def build(width: int):
-        return _compiled_model(o, recipe, policy, jit_compile, strategy, width, splits, batch=batch,
-                               steps_per_execution=spe, stem=stem)
+        return _compiled_model(
+            o, recipe, policy, jit_compile, strategy, width, splits, batch=batch, steps_per_execution=spe, stem=stem
+        )
 
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
     # budget, auto width: the warm-up times AUTO_WIDTH's start width and the plan chooses (_new_plan).
@@ -439,9 +522,23 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
 
     if state is None:
         plan, (net, model, schedule, peak) = _new_plan(
-            o, steps_per_epoch, policy, width, clock, say, (train_ds, val_ds), val_sizes, test_steps, auto_width,
-            build, (net, model, schedule, peak), batch=batch, steps_per_execution=spe, loading_s=loading_s,
-            stem=stem)
+            o,
+            steps_per_epoch,
+            policy,
+            width,
+            clock,
+            say,
+            (train_ds, val_ds),
+            val_sizes,
+            test_steps,
+            auto_width,
+            build,
+            (net, model, schedule, peak),
+            batch=batch,
+            steps_per_execution=spe,
+            loading_s=loading_s,
+            stem=stem,
+        )
         width = plan.width
         fileguard.write_json(run.plan, plan.to_dict())
     else:
@@ -458,12 +555,16 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         check_backup_fits(run, model)
         history = [h for h in state.history if h["epoch"] <= done]
         if done > len(history):
-            say(f"metrics.json lists {len(history)} of the {done} epochs in the backup: the records of the others "
-                "were lost with the kill (their training was not)")
+            say(
+                f"metrics.json lists {len(history)} of the {done} epochs in the backup: the records of the others "
+                "were lost with the kill (their training was not)"
+            )
         if plan.in_first_epoch and history:  # killed before its first epoch's plan was saved: that epoch's time
             plan.epoch_estimate_s = history[-1]["epoch_time_s"]
-        say(f"Resuming after epoch {done} of {plan.epochs}; {clock():.1f} s already spent"
-            + (f" of the {o.time_budget:g} s budget" if o.time_budget else ""))
+        say(
+            f"Resuming after epoch {done} of {plan.epochs}; {clock():.1f} s already spent"
+            + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
+        )
     fileguard.write_json(run.metrics, history)
 
     def time_view(compile: bool) -> list[float]:
@@ -479,27 +580,43 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
             times.append(time.perf_counter() - started)
         return times
 
-    def plan_first_epoch(train_ends: list, test_ends: list, t_epoch: float, t_test: float | None, done: int,
-                         cap: int) -> str:
+    def plan_first_epoch(
+        train_ends: list, test_ends: list, t_epoch: float, t_test: float | None, done: int, cap: int
+    ) -> str:
         warm = first_epoch_times(train_ends, test_ends, t_epoch, t_test, steps_per_epoch, val_sizes, batch)
         epoch_s, epochs = plan.plan_in_first_epoch(done, clock(), warm, len(val_sizes), test_steps, o.tta, cap)
         hint = stem_hint(plan.width, epochs, stem) if auto_width else None
-        return (f"  (budget {o.time_budget:g} s: epoch {done} measured {warm['train_step_s'] * 1e3:.1f} ms/step "
-                f"(compiling: {warm['compile_s']:.1f} s), ~{epoch_s:.1f} s/epoch with validation; {clock():.1f} s "
-                f"used so far → {epochs} epoch{'s' * (epochs != 1)}{'; ' + hint if hint else ''})")
+        return (
+            f"  (budget {o.time_budget:g} s: epoch {done} measured {warm['train_step_s'] * 1e3:.1f} ms/step "
+            f"(compiling: {warm['compile_s']:.1f} s), ~{epoch_s:.1f} s/epoch with validation; {clock():.1f} s "
+            f"used so far → {epochs} epoch{'s' * (epochs != 1)}{'; ' + hint if hint else ''})"
+        )
 
-    progress = Progress(o, plan, run, clock, history, schedule, steps_per_epoch, say, time_view, global_batch=batch,
-                        plan_first_epoch=plan_first_epoch if plan.in_first_epoch else None)
+    progress = Progress(
+        o,
+        plan,
+        run,
+        clock,
+        history,
+        schedule,
+        steps_per_epoch,
+        say,
+        time_view,
+        global_batch=batch,
+        plan_first_epoch=plan_first_epoch if plan.in_first_epoch else None,
+    )
     # The progress callback comes after every callback that saves: an epoch's time includes its checkpoint and
     # backup, and metrics.json lists an epoch only once the backup holds it (a kill in between resumes after it).
-    callbacks = [keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True,
-                                                 save_weights_only=True),
-                 keras.callbacks.BackupAndRestore(run.backup, double_checkpoint=True)]
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(run.best, monitor="val_accuracy", save_best_only=True, save_weights_only=True),
+        keras.callbacks.BackupAndRestore(run.backup, double_checkpoint=True),
+    ]
     if o.tensorboard:
         calls = math.ceil(steps_per_epoch / spe)  # the callback counts calls, not steps
         first = min(3, calls)
-        callbacks.append(keras.callbacks.TensorBoard(
-            o.tensorboard, profile_batch=(first, min(first + 4, calls)), write_graph=False))
+        callbacks.append(
+            keras.callbacks.TensorBoard(o.tensorboard, profile_batch=(first, min(first + 4, calls)), write_graph=False)
+        )
     callbacks.append(progress)
     if progress.first_epoch is not None:
         callbacks.insert(0, progress.first_epoch)  # its clock first, as the warm-up's
@@ -522,8 +639,7 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         cap = plan.epochs if o.time_budget is None else max(2 * plan.epochs, plan.epochs + 5)
         if plan.in_first_epoch:
             cap = max(cap, min(MAX_EPOCHS, MAX_SCHEDULE_STEPS // steps_per_epoch))
-        model.fit(train_ds, epochs=cap, validation_data=val_ds, callbacks=callbacks,
-                  verbose=1 if bar else 0)
+        model.fit(train_ds, epochs=cap, validation_data=val_ds, callbacks=callbacks, verbose=1 if bar else 0)
     else:  # nothing left to train: load the last backup
         if os.path.exists(os.path.join(run.backup, "latest.weights.h5")):
             model.load_weights(os.path.join(run.backup, "latest.weights.h5"))
@@ -584,7 +700,9 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         "jit_compile": jit_compile,
         "xla": xla,
         "xla_why": jit_why,
-        "xla_chosen_by": "option" if o.jit is not None else ("COURSE_JIT" if settings.course_jit and rt.kind != "TPU" else "trainer"),
+        "xla_chosen_by": "option"
+        if o.jit is not None
+        else ("COURSE_JIT" if settings.course_jit and rt.kind != "TPU" else "trainer"),
         "width": width if recipe.sized_by_width else None,
         "stem": stem if recipe.sized_by_width else None,
         "stem_why": stem_why if recipe.sized_by_width else None,
@@ -606,18 +724,24 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     }
     fileguard.write_json(run.summary, summary)
     fileguard.write_json(run.clock, {"elapsed_s": wall, "finished": True})
-    say(f"Final test accuracy {100 * acc:.2f}%"
+    say(
+        f"Final test accuracy {100 * acc:.2f}%"
         + (f" with TTA, {views} views ({100 * acc_plain:.2f}% without)" if views > 1 else "")
         + (" (no time for TTA's views in this budget)" if o.tta and views == 1 else "")
         + f" (validation {100 * summary['validation_accuracy']:.2f}% after the last epoch)" * bool(history)
-        + f"; {wall:.1f} s wall" + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
-        + (f"\n{SYNTHETIC_NOTE}" if splits.source == "synthetic" else ""))
+        + f"; {wall:.1f} s wall"
+        + (f" of the {o.time_budget:g} s budget" if o.time_budget else "")
+        + (f"\n{SYNTHETIC_NOTE}" if splits.source == "synthetic" else "")
+    )
     if o.time_budget and wall > 1.1 * o.time_budget:
-        say(f"Over the budget by {wall - o.time_budget:.1f} s ({wall / o.time_budget:.2f}×): planning took "
+        say(
+            f"Over the budget by {wall - o.time_budget:.1f} s ({wall / o.time_budget:.2f}×): planning took "
             f"{plan.planning_elapsed_s or 0:.1f} s, training {max(0.0, trained_s - (plan.planning_elapsed_s or 0)):.1f} s,"
-            f" the test evaluation {final_eval_s:.1f} s")
+            f" the test evaluation {final_eval_s:.1f} s"
+        )
     preds = Predictions(x_test, y_test, probs.argmax(1), probs, o.tta)
     return Result(summary, history, net, o, (x_test, y_test), preds)
+
 
 def _peak_memory(device: str | None) -> tuple[int, str]:
     """``(bytes, method)``: the allocator's peak on ``device`` since its reset, or where it keeps no statistics
@@ -633,15 +757,40 @@ def _peak_memory(device: str | None) -> tuple[int, str]:
             pass
     return _memory.maxrss_bytes(), "process peak RSS (resource.getrusage ru_maxrss; whole process)"
 
-def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: _Clock, say, datasets: tuple,
-              val_sizes: list[int], test_steps: int, auto_width: bool, build: Callable, built: tuple, *,
-              batch: int, steps_per_execution: int, loading_s: float = 0.0,
-              stem: str = "full") -> tuple[BudgetPlan, tuple]:
+
+def _new_plan(
+    o: Options,
+    steps_per_epoch: int,
+    policy: str,
+    width: int,
+    clock: _Clock,
+    say,
+    datasets: tuple,
+    val_sizes: list[int],
+    test_steps: int,
+    auto_width: bool,
+    build: Callable,
+    built: tuple,
+    *,
+    batch: int,
+    steps_per_execution: int,
+    loading_s: float = 0.0,
+    stem: str = "full",
+) -> tuple[BudgetPlan, tuple]:
     """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
     width: the widths it tried, and the model of the one chosen)."""
-    plan = BudgetPlan(options=dataclasses.asdict(o), global_batch=batch, steps_per_epoch=steps_per_epoch, policy=policy,
-                      width=width, stem=stem,
-                      epochs=o.epochs or 1, initial_epochs=o.epochs or 1, warmup_steps=0, budget_s=o.time_budget)
+    plan = BudgetPlan(
+        options=dataclasses.asdict(o),
+        global_batch=batch,
+        steps_per_epoch=steps_per_epoch,
+        policy=policy,
+        width=width,
+        stem=stem,
+        epochs=o.epochs or 1,
+        initial_epochs=o.epochs or 1,
+        warmup_steps=0,
+        budget_s=o.time_budget,
+    )
     if o.time_budget is not None and steps_per_execution == 1 and not warm_up_fits(o.time_budget, clock(), loading_s):
         # (several steps per call, a TPU's: the warm-up times whole calls; an epoch's last call may run fewer steps)
         # No room for a separate warm-up: the start width trains now; Progress times its first epoch's steps and
@@ -654,10 +803,12 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
         plan.final_eval_estimate_s = FINAL_EVAL_SHARE * budget
         plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
         network = f"width {width}" if auto_width else "the network"
-        say(f"Budget {budget:g} s: {started:.1f} s went to starting up (Python, TensorFlow, the data, the model; "
+        say(
+            f"Budget {budget:g} s: {started:.1f} s went to starting up (Python, TensorFlow, the data, the model; "
             f"{started / budget:.0%}), and a warm-up would take "
             f"~{WARM_UP_PER_START_UP * max(started - loading_s, 0.0):.1f} s more (over {PLANNING_SHARE:.0%} of the "
-            f"budget) → {network} trains now; its first epoch's steps set the plan")
+            f"budget) → {network} trains now; its first epoch's steps set the plan"
+        )
         return plan, built
     if o.time_budget is not None:
         budget = o.time_budget
@@ -665,9 +816,15 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
         warm_started = clock()
 
         def warm_up(model):
-            return _warm_up(model, *datasets, steps_per_execution, steps_per_epoch, val_steps,
-                            one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(budget, clock()),
-                            eval_sizes=val_sizes)
+            return _warm_up(
+                model,
+                *datasets,
+                steps_per_execution,
+                steps_per_epoch,
+                val_steps,
+                one_epoch_only=lambda: BudgetPlan.no_time_to_time_steps(budget, clock()),
+                eval_sizes=val_sizes,
+            )
 
         warm = warm_up(built[1])
         warm_took, warms = clock() - warm_started, {width: warm}
@@ -683,14 +840,17 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                 # timed, but one is still chosen from the start width's timing: keeping the start width there cost
                 # the most (TensorFlow's own kernels, 2 cores, 60 s: 5 epochs at width 8)
                 if clock() > PLANNING_SHARE * budget:
-                    say(f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
-                        f"{clock():.1f} s ({clock() / budget:.0%} of it) → the width is chosen from that timing alone")
+                    say(
+                        f"Budget {budget:g} s is short for this machine: compiling and timing the first steps took "
+                        f"{clock():.1f} s ({clock() / budget:.0%} of it) → the width is chosen from that timing alone"
+                    )
                 timed, models = {width: epoch_s}, {width: built}
                 while True:
                     # another width compiles again (about as long as this one did)
                     left = budget - clock() - final_s - warm["compile_s"]
-                    new_width, new_epoch_s, new_epochs = choose_width(epoch_s, width, left, AUTO_WIDTH, timed=timed,
-                                                                      budget_s=budget)
+                    new_width, new_epoch_s, new_epochs = choose_width(
+                        epoch_s, width, left, AUTO_WIDTH, timed=timed, budget_s=budget
+                    )
                     if new_width in timed:  # the current width (or one timed before, compiled already)
                         if new_width != width:
                             say(f"Budget {budget:g} s: back to width {new_width} (timed ~{new_epoch_s:.1f} s/epoch)")
@@ -700,11 +860,16 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                             tried.append([width, round(epoch_s, 2), epochs])
                         break
                     scale = new_epoch_s / epoch_s
-                    how = (f"predicted ~{new_epoch_s:.1f} s/epoch" if len(timed) == 1 else
-                           f"~{new_epoch_s:.1f} s/epoch on the line through widths {min(timed)} and {max(timed)}")
-                    why = (f"Budget {budget:g} s: ~{epoch_s:.1f} s/epoch at width {width} → width {new_width} "
-                           f"({how}, {new_epochs} epochs: the widest that trains "
-                           f"{target_epochs_for(budget, AUTO_WIDTH)}; lesson 06 §2)")
+                    how = (
+                        f"predicted ~{new_epoch_s:.1f} s/epoch"
+                        if len(timed) == 1
+                        else f"~{new_epoch_s:.1f} s/epoch on the line through widths {min(timed)} and {max(timed)}"
+                    )
+                    why = (
+                        f"Budget {budget:g} s: ~{epoch_s:.1f} s/epoch at width {width} → width {new_width} "
+                        f"({how}, {new_epochs} epochs: the widest that trains "
+                        f"{target_epochs_for(budget, AUTO_WIDTH)}; lesson 06 §2)"
+                    )
                     built = models[new_width] = build(new_width)
                     timing = (warm_took - warm["compile_s"]) * scale  # the timed steps, at the new width
                     # a quarter more than the last width's compile and steps: estimated from another width, it ran
@@ -714,8 +879,10 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                         warm_started = clock()
                         new_warm = warm_up(built[1])
                         if new_warm["train_step_s"] is None:  # compiling it used the budget: keep the timed width
-                            say(f"Budget {budget:g} s: compiling width {new_width} took the time left for timing it "
-                                f"→ back to width {width} (timed ~{epoch_s:.1f} s/epoch)")
+                            say(
+                                f"Budget {budget:g} s: compiling width {new_width} took the time left for timing it "
+                                f"→ back to width {width} (timed ~{epoch_s:.1f} s/epoch)"
+                            )
                             built = models[width]
                             epochs = BudgetPlan.epochs_in(budget - clock() - final_s, epoch_s)
                             tried.append([width, round(epoch_s, 2), epochs])
@@ -728,17 +895,25 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
                         width, timed[new_width] = new_width, epoch_s
                         off = epoch_s / new_epoch_s
                         if len(timed) < 3 and max(off, 1 / off) > RECHOOSE_OFF_BY:
-                            say(f"Budget {budget:g} s: width {width} measured ~{epoch_s:.1f} s/epoch, not the "
-                                f"~{new_epoch_s:.1f} s predicted → choosing again from the two widths timed")
+                            say(
+                                f"Budget {budget:g} s: width {width} measured ~{epoch_s:.1f} s/epoch, not the "
+                                f"~{new_epoch_s:.1f} s predicted → choosing again from the two widths timed"
+                            )
                             continue
                     else:
                         # not timed: its first epoch compiles training and evaluation (the start width's times)
-                        say(why + "; not timed (planning stays within "
-                            f"{PLANNING_SHARE:.0%} of the budget): the plan is corrected after each epoch")
-                        warm = dict(warm, predicted_from_width=width, train_step_s=warm["train_step_s"] * scale,
-                                    eval_step_s=warm["eval_step_s"] * scale,
-                                    train_epoch_s=warm["train_epoch_s"] * scale,
-                                    eval_epoch_s=warm["eval_epoch_s"] * scale)
+                        say(
+                            why + "; not timed (planning stays within "
+                            f"{PLANNING_SHARE:.0%} of the budget): the plan is corrected after each epoch"
+                        )
+                        warm = dict(
+                            warm,
+                            predicted_from_width=width,
+                            train_step_s=warm["train_step_s"] * scale,
+                            eval_step_s=warm["eval_step_s"] * scale,
+                            train_epoch_s=warm["train_epoch_s"] * scale,
+                            eval_epoch_s=warm["eval_epoch_s"] * scale,
+                        )
                         epoch_s, final_s, views = BudgetPlan.estimates(warm, val_steps, test_steps, o.tta, budget)
                         epochs = BudgetPlan.epochs_in(budget - clock() - final_s - warm["compile_s"], epoch_s)
                         tried.append([new_width, round(epoch_s, 2), epochs])
@@ -750,18 +925,23 @@ def _new_plan(o: Options, steps_per_epoch: int, policy: str, width: int, clock: 
         plan.warm_up_epoch_s = epoch_s or None
         plan.epochs = plan.initial_epochs = epochs
         if warm["train_step_s"] is None:
-            say(f"Budget {budget:g} s: the first step compiled in {warm['compile_s']:.1f} s; "
-                f"{clock():.1f} s used so far → 1 epoch (no time left to time steps)")
+            say(
+                f"Budget {budget:g} s: the first step compiled in {warm['compile_s']:.1f} s; "
+                f"{clock():.1f} s used so far → 1 epoch (no time left to time steps)"
+            )
         else:
             measured = "predicted" if "predicted_from_width" in warm else "warm-up measured"
-            say(f"Budget {budget:g} s: {measured} {warm['train_step_s'] * 1e3:.1f} ms/step "
+            say(
+                f"Budget {budget:g} s: {measured} {warm['train_step_s'] * 1e3:.1f} ms/step "
                 f"(compile excluded: {warm['compile_s']:.1f} s, counted), ~{epoch_s:.1f} s/epoch with validation; "
-                f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}")
+                f"{clock():.1f} s used so far → {epochs} epoch{'s' if epochs != 1 else ''}"
+            )
         hint = stem_hint(width, epochs, stem) if auto_width else None
         if hint:
             say(f"Budget {budget:g} s: {hint}")
     plan.warmup_steps = BudgetPlan.warmup_for(plan.epochs, steps_per_epoch)
     return plan, built
+
 
 def warm_up_fits(budget_s: float, elapsed_s: float, loading_s: float = 0.0) -> bool:
     """Whether a separate warm-up, estimated at :data:`WARM_UP_PER_START_UP` of the start-up it follows (the
@@ -769,8 +949,16 @@ def warm_up_fits(budget_s: float, elapsed_s: float, loading_s: float = 0.0) -> b
     this machine compiles), ends within :data:`PLANNING_SHARE` of the budget; else the first epoch times itself."""
     return elapsed_s + WARM_UP_PER_START_UP * max(elapsed_s - loading_s, 0.0) <= PLANNING_SHARE * budget_s
 
-def first_epoch_times(train: list, test: list, t_epoch: float, t_test: float | None, steps_per_epoch: int,
-                      eval_sizes: list[int], global_batch: int) -> dict:
+
+def first_epoch_times(
+    train: list,
+    test: list,
+    t_epoch: float,
+    t_test: float | None,
+    steps_per_epoch: int,
+    eval_sizes: list[int],
+    global_batch: int,
+) -> dict:
     """A warm-up's figures (:func:`_warm_up`) from the first epoch of a process with one step per call:
     ``train``/``test``, ``(batch, perf_counter)`` at each call's end (:class:`~.callbacks.FirstEpochTimes`), the
     epoch's and its evaluation's start. The first call of each traced and compiled: left out. A training step: the
@@ -789,14 +977,28 @@ def first_epoch_times(train: list, test: list, t_epoch: float, t_test: float | N
     else:  # no evaluation ran in this epoch
         first_eval, eval_step = 0.0, per_image * eval_sizes[0]
     steps_before = train[0][0] + 1  # the steps the first call ran
-    return {"train_step_s": train_step, "eval_step_s": eval_step,
-            "compile_s": max(first_train - train_step * steps_before, 0.0) + max(first_eval - eval_step, 0.0),
-            "timed_steps": train[-1][0] - train[0][0], "in_first_epoch": True,
-            "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
-            "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * len(eval_sizes)}
+    return {
+        "train_step_s": train_step,
+        "eval_step_s": eval_step,
+        "compile_s": max(first_train - train_step * steps_before, 0.0) + max(first_eval - eval_step, 0.0),
+        "timed_steps": train[-1][0] - train[0][0],
+        "in_first_epoch": True,
+        "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
+        "train_epoch_s": train_step * steps_per_epoch,
+        "eval_epoch_s": eval_step * len(eval_sizes),
+    }
 
-def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_steps: int,
-             one_epoch_only: Callable[[], bool] = lambda: False, eval_sizes: list[int] | None = None) -> dict:
+
+def _warm_up(
+    model,
+    train_ds,
+    test_ds,
+    spe: int,
+    steps_per_epoch: int,
+    test_steps: int,
+    one_epoch_only: Callable[[], bool] = lambda: False,
+    eval_sizes: list[int] | None = None,
+) -> dict:
     """Time a few real steps (:data:`WARM_UP_STEPS`, and :data:`WARM_UP_MIN_S` at least, up to an epoch; the first
     call, which traces and compiles, is timed separately), then put the weights and optimizer state back as they were. If ``one_epoch_only()`` says so after the first call (the
     budget is spent), stop there: only ``compile_s`` is measured, every other figure is None.
@@ -822,8 +1024,13 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
 
     if t.stopped:
         restore()
-        return {"train_step_s": None, "eval_step_s": None, "compile_s": first_train,
-                "train_epoch_s": None, "eval_epoch_s": None}
+        return {
+            "train_step_s": None,
+            "eval_step_s": None,
+            "compile_s": first_train,
+            "train_epoch_s": None,
+            "eval_epoch_s": None,
+        }
     train_step = (t.train[-1][1] - t.train[0][1]) / (t.train[-1][0] - t.train[0][0])
     eval_calls = min(test_steps, 3)
     start = time.perf_counter()
@@ -836,7 +1043,12 @@ def _warm_up(model, train_ds, test_ds, spe: int, steps_per_epoch: int, test_step
         model.evaluate(test_ds.take(1), verbose=0)
         eval_step = time.perf_counter() - start
     restore()
-    return {"train_step_s": train_step, "eval_step_s": eval_step, "compile_s": first_train + first_eval,
-            "timed_steps": t.train[-1][0] - t.train[0][0],
-            "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
-            "train_epoch_s": train_step * steps_per_epoch, "eval_epoch_s": eval_step * test_steps}
+    return {
+        "train_step_s": train_step,
+        "eval_step_s": eval_step,
+        "compile_s": first_train + first_eval,
+        "timed_steps": t.train[-1][0] - t.train[0][0],
+        "predict_compile_estimate_s": max(first_eval - eval_step, 0.0),
+        "train_epoch_s": train_step * steps_per_epoch,
+        "eval_epoch_s": eval_step * test_steps,
+    }

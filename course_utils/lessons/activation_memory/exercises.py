@@ -8,8 +8,16 @@ from typing import Any
 
 import numpy as np
 
-from ...exercises import (Incorrect, Exercise, _is_tensor, call_learner, describe, ExerciseBank, require_callable,
-                         require_number)
+from ...exercises import (
+    Incorrect,
+    Exercise,
+    _is_tensor,
+    call_learner,
+    describe,
+    ExerciseBank,
+    require_callable,
+    require_number,
+)
 
 # -- 1. relu_code -----------------------------------------------------------------------------
 
@@ -33,8 +41,9 @@ _RELU_INPUTS = (
 def _as_array(value: Any, shown_as: str) -> np.ndarray:
     """A learner's array-like result as a numpy array, or Incorrect naming what came instead."""
     if isinstance(value, np.ma.MaskedArray):
-        raise Incorrect(f"{shown_as} returned a masked array; return a plain array of codes (no mask: every element "
-                        "has a code).")
+        raise Incorrect(
+            f"{shown_as} returned a masked array; return a plain array of codes (no mask: every element has a code)."
+        )
     if isinstance(value, np.ndarray):
         return np.asarray(value)  # a subclass (np.matrix, a learner's own) as the plain array it holds
     if _is_tensor(value) and type(value).__name__ == "EagerTensor":
@@ -42,8 +51,10 @@ def _as_array(value: Any, shown_as: str) -> np.ndarray:
             return np.asarray(value.numpy())
         except Exception:  # noqa: BLE001
             pass
-    raise Incorrect(f"{shown_as} returned {describe(value)}; return an array of codes, one per element of x "
-                    "(a numpy array or an eager tensor).")
+    raise Incorrect(
+        f"{shown_as} returned {describe(value)}; return an array of codes, one per element of x "
+        "(a numpy array or an eager tensor)."
+    )
 
 
 def _shown_relu_call(x: np.ndarray) -> str:
@@ -59,14 +70,20 @@ def _check_relu_code(answer: Any) -> str:
         shown = _shown_relu_call(x)
         code = _as_array(call_learner(fn, x.copy(), shown_as=shown), shown)
         if code.shape != x.shape:
-            raise Incorrect(f"{shown} returned shape {code.shape}; the code needs one entry per element of x, "
-                            f"shape {x.shape} (whatever x's dtype: compare values, do not reinterpret bytes).")
+            raise Incorrect(
+                f"{shown} returned shape {code.shape}; the code needs one entry per element of x, "
+                f"shape {x.shape} (whatever x's dtype: compare values, do not reinterpret bytes)."
+            )
         if code.dtype.kind == "f" or code.dtype.name == "bfloat16":
             if code.shape == x.shape and np.array_equal(code.astype(np.float64), x.astype(np.float64)):
-                raise Incorrect("That is x itself: 16 to 64 bits a number. The backward needs only one bit: which "
-                                "side of 0 each element is on.")
-            raise Incorrect(f"{shown} returned floats ({code.dtype.name}): a float is 16 to 64 bits a number, and the "
-                            "code is one bit. Return booleans (e.g. `x > 0`) or integer 0/1 (uint8 packs 8 to a byte).")
+                raise Incorrect(
+                    "That is x itself: 16 to 64 bits a number. The backward needs only one bit: which "
+                    "side of 0 each element is on."
+                )
+            raise Incorrect(
+                f"{shown} returned floats ({code.dtype.name}): a float is 16 to 64 bits a number, and the "
+                "code is one bit. Return booleans (e.g. `x > 0`) or integer 0/1 (uint8 packs 8 to a byte)."
+            )
         if code.dtype.kind not in "biu":
             raise Incorrect(f"{shown} returned an array of {code.dtype}; return booleans or integer 0/1.")
         values = set(np.unique(code).tolist())
@@ -80,27 +97,36 @@ def _check_relu_code(answer: Any) -> str:
             continue
         wrong = have != want
         if np.array_equal(have, x >= 0):
-            raise Incorrect("Close: at exactly x = 0 TensorFlow's ReLU gradient is 0, so the code must be 0 there "
-                            "(`x > 0`, not `x >= 0`).")
+            raise Incorrect(
+                "Close: at exactly x = 0 TensorFlow's ReLU gradient is 0, so the code must be 0 there "
+                "(`x > 0`, not `x >= 0`)."
+            )
         if np.array_equal(have, x <= 0) or np.array_equal(have, x < 0):
             raise Incorrect("Upside down: the gradient passes (code 1) where x > 0 and is blocked where x <= 0.")
         missed = want & ~have  # code 0 where the gradient passes
         if np.array_equal(wrong, missed) and np.all(x[missed] >= 6):
-            raise Incorrect(f"{shown} gives 0 for large x (e.g. {float(x[missed].min()):g}): that is the gradient of "
-                            "ReLU6 (a ReLU clipped at `max_value=6`), which stops passing it at 6. Plain ReLU passes the "
-                            "gradient for every x > 0, however large.")
+            raise Incorrect(
+                f"{shown} gives 0 for large x (e.g. {float(x[missed].min()):g}): that is the gradient of "
+                "ReLU6 (a ReLU clipped at `max_value=6`), which stops passing it at 6. Plain ReLU passes the "
+                "gradient for every x > 0, however large."
+            )
         if np.array_equal(wrong, missed) and np.all(np.abs(x[missed].astype(np.float64)) < 1e-6):
-            raise Incorrect(f"{shown} gives 0 for tiny positive x (e.g. {float(x[missed].min()):.3g}), where ReLU "
-                            "still passes the gradient. Does your code compare with a small threshold, or convert x to "
-                            "a smaller dtype first? Compare x itself with 0: `x > 0`, in x's own dtype.")
-        raise Incorrect(f"dy × code differs from ReLU's gradient for {shown}: the code must be 1 exactly where "
-                        "x > 0.")
+            raise Incorrect(
+                f"{shown} gives 0 for tiny positive x (e.g. {float(x[missed].min()):.3g}), where ReLU "
+                "still passes the gradient. Does your code compare with a small threshold, or convert x to "
+                "a smaller dtype first? Compare x itself with 0: `x > 0`, in x's own dtype."
+            )
+        raise Incorrect(f"dy × code differs from ReLU's gradient for {shown}: the code must be 1 exactly where x > 0.")
     note = ""
     if widest is not None and widest.itemsize > 1:
-        note = (f" Your {widest.name} codes take {widest.itemsize} bytes each until packed; bool or uint8 take 1, and "
-                "`np.packbits` puts 8 in a byte.")
-    return ("One bit per element (`x > 0`) is all ReLU's backward needs: packed 8 to a byte that is 1/32 of a float32 "
-            "input. GELU's derivative is not 0/1 everywhere, so few-bit GELU needs a few bits and a table." + note)
+        note = (
+            f" Your {widest.name} codes take {widest.itemsize} bytes each until packed; bool or uint8 take 1, and "
+            "`np.packbits` puts 8 in a byte."
+        )
+    return (
+        "One bit per element (`x > 0`) is all ReLU's backward needs: packed 8 to a byte that is 1/32 of a float32 "
+        "input. GELU's derivative is not 0/1 everywhere, so few-bit GELU needs a few bits and a table." + note
+    )
 
 
 # -- 2. blocks_to_recompute -------------------------------------------------------------------
@@ -108,12 +134,12 @@ def _check_relu_code(answer: Any) -> str:
 # (saved MiB per block, extra ms per block, target MiB); the checker compares the extra time with the optimum's,
 # so any optimal set passes (in the fifth case two sets cost 7 ms)
 _RECOMPUTE_CASES = (
-    ((40, 10, 25, 5), (4.0, 1.0, 3.0, 0.5), 30),   # greedy by MiB alone takes 40 (4 ms); best: 25+5 (3.5 ms)
+    ((40, 10, 25, 5), (4.0, 1.0, 3.0, 0.5), 30),  # greedy by MiB alone takes 40 (4 ms); best: 25+5 (3.5 ms)
     ((12, 12, 12, 12), (2.0, 1.0, 3.0, 4.0), 24),  # same saving: the two cheapest
-    ((8, 30, 30), (1.0, 2.0, 2.5), 60),            # needs both big ones
+    ((8, 30, 30), (1.0, 2.0, 2.5), 60),  # needs both big ones
     ((50, 20, 20, 20), (9.0, 2.0, 2.0, 2.5), 40),  # ratio-greedy would take 20+20 (4 ms): also best
-    ((30, 10, 10), (6.0, 1.0, 1.0), 31),           # ratio-greedy takes 10+10 then 30 (8 ms); best 30+10 (7 ms)
-    ((5, 5), (1.0, 1.0), 0),                       # nothing to save: recompute nothing
+    ((30, 10, 10), (6.0, 1.0, 1.0), 31),  # ratio-greedy takes 10+10 then 30 (8 ms); best 30+10 (7 ms)
+    ((5, 5), (1.0, 1.0), 0),  # nothing to save: recompute nothing
 )
 
 
@@ -138,8 +164,10 @@ def _check_blocks_to_recompute(answer: Any) -> str:
         try:  # at most one more item than there are blocks: a huge range() or a learner's iterable cannot run away
             items = list(itertools.islice(iter(got.tolist() if isinstance(got, np.ndarray) else got), len(saved) + 1))
         except Exception as exc:  # noqa: BLE001 - the learner's own container: iterating it raised
-            raise Incorrect(f"{shown} returned {describe(got)}, which could not be read as a list "
-                            f"({type(exc).__name__}); return a plain list of block indices.") from None
+            raise Incorrect(
+                f"{shown} returned {describe(got)}, which could not be read as a list "
+                f"({type(exc).__name__}); return a plain list of block indices."
+            ) from None
         if len(items) > len(saved):
             raise Incorrect(f"{shown} returned {describe(got)}: more indices than blocks.")
         indices = []
@@ -157,12 +185,19 @@ def _check_blocks_to_recompute(answer: Any) -> str:
             raise Incorrect(f"{shown} returned {indices}: it saves {total_saved} MiB, short of the target {target}.")
         best_cost, best_combo = _best(saved, cost, target)
         if total_cost > best_cost + 1e-9:
-            hint = (" Taking the biggest savings first is not the cheapest set." if indices and
-                    max(indices, key=lambda i: saved[i]) == max(range(len(saved)), key=lambda i: saved[i]) else "")
-            raise Incorrect(f"{shown} returned {indices}: {total_cost:g} ms extra, but {sorted(best_combo)} reaches "
-                            f"the target for {best_cost:g} ms.{hint}")
-    return ("The cheapest set is a small knapsack problem: with a handful of blocks, trying every subset is exact "
-            "and instant. Rules of thumb (largest saving per ms first) can miss the best set.")
+            hint = (
+                " Taking the biggest savings first is not the cheapest set."
+                if indices and max(indices, key=lambda i: saved[i]) == max(range(len(saved)), key=lambda i: saved[i])
+                else ""
+            )
+            raise Incorrect(
+                f"{shown} returned {indices}: {total_cost:g} ms extra, but {sorted(best_combo)} reaches "
+                f"the target for {best_cost:g} ms.{hint}"
+            )
+    return (
+        "The cheapest set is a small knapsack problem: with a handful of blocks, trying every subset is exact "
+        "and instant. Rules of thumb (largest saving per ms first) can miss the best set."
+    )
 
 
 class _Unreadable(list):
@@ -181,9 +216,14 @@ class _Unfloatable(float):
 
 # -- 3. largest_batch -------------------------------------------------------------------------
 
-_BATCH_CASES = ((100.0, 164.0, 32, 64, 1000.0), (50.0, 90.0, 16, 32, 1000.0), (300.0, 500.0, 128, 256, 16384.0),
-                (100.0, 164.0, 32, 64, 90.0), (10.0, 14.0, 1, 2, 12.0),
-                (100.0, 164.0, 32, 64, 30.0))  # the fixed part (36) does not fit: 0
+_BATCH_CASES = (
+    (100.0, 164.0, 32, 64, 1000.0),
+    (50.0, 90.0, 16, 32, 1000.0),
+    (300.0, 500.0, 128, 256, 16384.0),
+    (100.0, 164.0, 32, 64, 90.0),
+    (10.0, 14.0, 1, 2, 12.0),
+    (100.0, 164.0, 32, 64, 30.0),
+)  # the fixed part (36) does not fit: 0
 
 
 def _expected_batch(p1, p2, b1, b2, budget):
@@ -204,16 +244,22 @@ def _check_largest_batch(answer: Any) -> str:
         quote = f"{shown} returned {describe(got)}, expected {expected}"
         per = (p2 - p1) / (b2 - b1)
         if math.isclose(value, budget / (p2 / b2)) or value == math.floor(budget / (p2 / b2)):
-            raise Incorrect(f"{quote}: peak ÷ batch counts the weights and optimizer state once per example. Split the "
-                            "peak into a fixed part and a part per example first.")
+            raise Incorrect(
+                f"{quote}: peak ÷ batch counts the weights and optimizer state once per example. Split the "
+                "peak into a fixed part and a part per example first."
+            )
         if not float(value).is_integer() and math.isclose(value, (budget - (p1 - b1 * per)) / per):
             raise Incorrect(f"{quote}: round down to a whole batch (a larger one does not fit).")
         if value < 0:
             raise Incorrect(f"{quote}: when even the fixed part does not fit, the answer is 0.")
-        raise Incorrect(f"Not quite: {quote}. per example = (peak_large − peak_small) / (batch_large − batch_small); "
-                        "fixed = peak_small − batch_small × per example.")
-    return ("Two measurements give the line peak = fixed + batch × per example; the budget minus the fixed part, "
-            "divided by the per-example part, is the largest batch. Each technique changes only the per-example part.")
+        raise Incorrect(
+            f"Not quite: {quote}. per example = (peak_large − peak_small) / (batch_large − batch_small); "
+            "fixed = peak_small − batch_small × per example."
+        )
+    return (
+        "Two measurements give the line peak = fixed + batch × per example; the budget minus the fixed part, "
+        "divided by the per-example part, is the largest batch. Each technique changes only the per-example part."
+    )
 
 
 EXERCISES = ExerciseBank(
@@ -221,8 +267,10 @@ EXERCISES = ExerciseBank(
     [
         Exercise(
             name="relu_code",
-            question=("Write `relu_code(x)`: the smallest code of x that ReLU's backward needs, one entry per element, "
-                      "so that `dy * code` is ReLU's gradient."),
+            question=(
+                "Write `relu_code(x)`: the smallest code of x that ReLU's backward needs, one entry per element, "
+                "so that `dy * code` is ReLU's gradient."
+            ),
             checker=_check_relu_code,
             answer_name="relu_code",
             hints=(
@@ -240,22 +288,24 @@ def relu_code(x):
     """What ReLU's backward must keep of x: 1 where the gradient passes, 0 where it is blocked."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda x: x > 0),
+            reference=lambda: lambda x: x > 0,
             wrong_examples=(
-                ("keeps x", lambda: (lambda x: x), "x itself"),
-                (">= 0", lambda: (lambda x: x >= 0), "exactly x = 0"),
-                ("inverted", lambda: (lambda x: x <= 0), "Upside down"),
-                ("floats", lambda: (lambda x: (x > 0).astype(np.float32)), "one bit"),
-                ("ReLU6's code", lambda: (lambda x: (x > 0) & (x < 6)), "ReLU6"),
-                ("a threshold above 0", lambda: (lambda x: x > 1e-35), "tiny positive"),
-                ("compared in float32", lambda: (lambda x: x.astype(np.float32) > 0), "tiny positive"),
-                ("masked", lambda: (lambda x: np.ma.masked_array(x > 0)), "masked array"),
+                ("keeps x", lambda: lambda x: x, "x itself"),
+                (">= 0", lambda: lambda x: x >= 0, "exactly x = 0"),
+                ("inverted", lambda: lambda x: x <= 0, "Upside down"),
+                ("floats", lambda: lambda x: (x > 0).astype(np.float32), "one bit"),
+                ("ReLU6's code", lambda: lambda x: (x > 0) & (x < 6), "ReLU6"),
+                ("a threshold above 0", lambda: lambda x: x > 1e-35, "tiny positive"),
+                ("compared in float32", lambda: lambda x: x.astype(np.float32) > 0, "tiny positive"),
+                ("masked", lambda: lambda x: np.ma.masked_array(x > 0), "masked array"),
             ),
         ),
         Exercise(
             name="blocks_to_recompute",
-            question=("Write `blocks_to_recompute(saved_mib, extra_ms, target_mib)`: the indices of the blocks to "
-                      "recompute so the saving reaches the target at the least extra time."),
+            question=(
+                "Write `blocks_to_recompute(saved_mib, extra_ms, target_mib)`: the indices of the blocks to "
+                "recompute so the saving reaches the target at the least extra time."
+            ),
             checker=_check_blocks_to_recompute,
             answer_name="blocks_to_recompute",
             hints=(
@@ -281,19 +331,21 @@ def blocks_to_recompute(saved_mib, extra_ms, target_mib):
     """Indices of the blocks to recompute: saving >= target_mib at the least extra time."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda s, c, t: list(_best(s, c, t)[1])),
+            reference=lambda: lambda s, c, t: list(_best(s, c, t)[1]),
             wrong_examples=(
                 ("biggest first", lambda: _greedy_by_saving, "cheapest"),
-                ("everything", lambda: (lambda s, c, t: list(range(len(s)))), "reaches the target for"),
-                ("nothing", lambda: (lambda s, c, t: []), "short of the target"),
-                ("a huge range", lambda: (lambda s, c, t: range(10**12)), "more indices than blocks"),
-                ("a list that cannot be read", lambda: (lambda s, c, t: _Unreadable([0, 1])), "could not be read"),
+                ("everything", lambda: lambda s, c, t: list(range(len(s))), "reaches the target for"),
+                ("nothing", lambda: lambda s, c, t: [], "short of the target"),
+                ("a huge range", lambda: lambda s, c, t: range(10**12), "more indices than blocks"),
+                ("a list that cannot be read", lambda: lambda s, c, t: _Unreadable([0, 1]), "could not be read"),
             ),
         ),
         Exercise(
             name="largest_batch",
-            question=("Write `largest_batch(peak_small, peak_large, batch_small, batch_large, budget)`: from peaks "
-                      "measured at two batch sizes, the largest batch whose peak fits the budget (same units)."),
+            question=(
+                "Write `largest_batch(peak_small, peak_large, batch_small, batch_large, budget)`: from peaks "
+                "measured at two batch sizes, the largest batch whose peak fits the budget (same units)."
+            ),
             checker=_check_largest_batch,
             answer_name="largest_batch",
             hints=(
@@ -313,13 +365,19 @@ def largest_batch(peak_small, peak_large, batch_small, batch_large, budget):
     """The largest batch whose peak fits the budget, from two measured peaks."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda p1, p2, b1, b2, m: _expected_batch(p1, p2, b1, b2, m)),
+            reference=lambda: lambda p1, p2, b1, b2, m: _expected_batch(p1, p2, b1, b2, m),
             wrong_examples=(
-                ("peak per example", lambda: (lambda p1, p2, b1, b2, m: int(m // (p2 / b2))), "fixed part"),
-                ("no floor", lambda: (lambda p1, p2, b1, b2, m: (m - (p1 - b1 * (p2 - p1) / (b2 - b1)))
-                                      / ((p2 - p1) / (b2 - b1))), "round down"),
-                ("a number that cannot be read", lambda: (lambda p1, p2, b1, b2, m: _Unfloatable(1.0)),
-                 "could not be read as a number"),
+                ("peak per example", lambda: lambda p1, p2, b1, b2, m: int(m // (p2 / b2)), "fixed part"),
+                (
+                    "no floor",
+                    lambda: lambda p1, p2, b1, b2, m: (m - (p1 - b1 * (p2 - p1) / (b2 - b1))) / ((p2 - p1) / (b2 - b1)),
+                    "round down",
+                ),
+                (
+                    "a number that cannot be read",
+                    lambda: lambda p1, p2, b1, b2, m: _Unfloatable(1.0),
+                    "could not be read as a number",
+                ),
             ),
         ),
     ],

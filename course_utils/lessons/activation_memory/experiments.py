@@ -56,9 +56,18 @@ def _mlp_block(i: int, tokens: int, width: int, expansion: int, activation: str,
     return keras.Model(x, keras.layers.Add(name=f"residual{i}")([x, h]), name=f"block{i}")
 
 
-def block_net(width: int = 64, depth: int = 4, tokens: int = 64, expansion: int = 4, classes: int = 10,
-              remat: str = "none", activation: str = "exact", bits: int = 2, norm: str = "keras",
-              seed: int = 0):
+def block_net(
+    width: int = 64,
+    depth: int = 4,
+    tokens: int = 64,
+    expansion: int = 4,
+    classes: int = 10,
+    remat: str = "none",
+    activation: str = "exact",
+    bits: int = 2,
+    norm: str = "keras",
+    seed: int = 0,
+):
     """Tokens ``[tokens, width]`` → ``depth`` residual MLP blocks → mean over tokens → Dense(classes) logits.
 
     ``remat``: ``"none"``; ``"blocks"`` = every block wrapped in
@@ -123,8 +132,7 @@ def _block_net_batch(batch: int, tokens: int, width: int, classes: int, seed: in
 XLA_KEYS = {False: "", True: "|xla"}  # label suffixes when one process measures a step without and with XLA
 
 
-def make_block_net_step(batch: int = 128, jit: Any = False, optimizer: str = "adam", seed: int = 0,
-                        **net_kwargs):
+def make_block_net_step(batch: int = 128, jit: Any = False, optimizer: str = "adam", seed: int = 0, **net_kwargs):
     """One training step of :func:`block_net` (forward, backward, and the optimizer's update) in a ``tf.function``.
 
     ``jit``: compile with XLA; ``"both"`` returns ``{"": step without XLA, "|xla": step with XLA}``, two
@@ -172,17 +180,20 @@ def make_cross_entropy_steps(chunks: int = 0, **kwargs):
     return _without_and_with_xla(am.make_cross_entropy_step(chunks=chunks, jit=False, **kwargs))
 
 
-def gradient_differences(variants: dict[str, dict], batch: int = 16, seed: int = 0, jit: bool = False,
-                         **net_kwargs) -> dict[str, dict]:
+def gradient_differences(
+    variants: dict[str, dict], batch: int = 16, seed: int = 0, jit: bool = False, **net_kwargs
+) -> dict[str, dict]:
     """Gradients of every variant against the plain block net's, same weights and batch.
 
     ``variants``: ``{label: block_net switches}``. Returns ``{label: {"max_abs": …, "cosine": …}}``
     (max |Δ| over all weights' gradients, and the cosine similarity of the whole flattened gradient).
     """
+
     def grads_of(**switches):  # the step of make_block_net_step without an optimizer returns the gradients
         with tf.device(memory.default_device()):  # on the accelerator (a TPU VM never compiles XLA for its host)
-            _, grads = make_block_net_step(batch=batch, jit=bool(jit), optimizer="none", seed=seed, **net_kwargs,
-                                           **switches)()
+            _, grads = make_block_net_step(
+                batch=batch, jit=bool(jit), optimizer="none", seed=seed, **net_kwargs, **switches
+            )()
         return np.concatenate([t.numpy().ravel() for t in grads])
 
     with _quiet_retracing():
@@ -191,13 +202,17 @@ def gradient_differences(variants: dict[str, dict], batch: int = 16, seed: int =
     out = {}
     for label, got in got_all.items():
         cosine = float(np.dot(ref, got) / (np.linalg.norm(ref) * np.linalg.norm(got)))
-        out[label] = {"max_abs": float(np.max(np.abs(got - ref))), "cosine": cosine,
-                      "max_ref": float(np.max(np.abs(ref)))}
+        out[label] = {
+            "max_abs": float(np.max(np.abs(got - ref))),
+            "cosine": cosine,
+            "max_ref": float(np.max(np.abs(ref))),
+        }
     return out
 
 
-def largest_batch(peak_small: float, peak_large: float, batch_small: int, batch_large: int,
-                  budget_bytes: float) -> tuple[int, float, float]:
+def largest_batch(
+    peak_small: float, peak_large: float, batch_small: int, batch_large: int, budget_bytes: float
+) -> tuple[int, float, float]:
     """The largest batch whose peak fits ``budget_bytes``, from peaks measured at two batch sizes.
 
     Training memory is a fixed part (weights, gradients, optimizer state) plus a part proportional to the
@@ -218,8 +233,9 @@ def largest_batch(peak_small: float, peak_large: float, batch_small: int, batch_
 # ----------------------------------------------------------------------------------------------
 
 
-def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes: int = 10, seed: int = 0,
-             stages: int = 3):
+def gelu_cnn(
+    width: int = 16, activation: str = "exact", bits: int = 2, classes: int = 10, seed: int = 0, stages: int = 3
+):
     """conv-BN-GELU ×2 (w) · pool · ×2 (2w) · pool · ×2 (4w) · global average · Dense — GELU exact or few-bit.
 
     ``stages``: how many of the three conv-BN-GELU ×2 stages (smoke mode: 1; tracing the step is most of a short run's
@@ -247,8 +263,19 @@ def gelu_cnn(width: int = 16, activation: str = "exact", bits: int = 2, classes:
     return keras.Model(inputs, outputs, name=f"gelu_cnn_{activation}")
 
 
-def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs: int = 10, batch: int = 128,
-                   width: int = 16, lr: float = 0.01, seed: int = 0, verbose: bool = True, stages: int = 3) -> dict:
+def train_gelu_cnn(
+    train,
+    test,
+    activation: str = "exact",
+    bits: int = 2,
+    epochs: int = 10,
+    batch: int = 128,
+    width: int = 16,
+    lr: float = 0.01,
+    seed: int = 0,
+    verbose: bool = True,
+    stages: int = 3,
+) -> dict:
     """Train :func:`gelu_cnn` (``stages`` of it) on ``train`` (an unbatched (image uint8, label) ``tf.data``
     dataset) with flip + crop.
 
@@ -260,13 +287,21 @@ def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs
     steps = max(1, n // batch)
     model = gelu_cnn(width, activation, bits, seed=seed, stages=stages)
     schedule = keras.optimizers.schedules.CosineDecay(lr, decay_steps=epochs * steps)
-    model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=5e-4),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.AdamW(schedule, weight_decay=5e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     # autotuning off: each epoch's fit call ends by destroying its iterator, which otherwise waits for the autotuning
     # thread to wake (up to an epoch on one core: data.without_autotune), and that wait would count as training time
     train_ds = data.without_autotune(
-        train.cache().shuffle(n, seed=seed).map(data.augment, num_parallel_calls=tf.data.AUTOTUNE)
-        .map(data.to_float).batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+        train.cache()
+        .shuffle(n, seed=seed)
+        .map(data.augment, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(data.to_float)
+        .batch(batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     test_ds = data.without_autotune(test.map(data.to_float).batch(512).cache().prefetch(tf.data.AUTOTUNE))
     label = "exact GELU" if activation == "exact" else f"{bits}-bit GELU"
     out = {"label": label, "epochs": [], "test_accuracy": [], "seconds": []}
@@ -280,8 +315,11 @@ def train_gelu_cnn(train, test, activation: str = "exact", bits: int = 2, epochs
         out["test_accuracy"].append(float(acc))
         out["seconds"].append(spent)
         if verbose:
-            print(f"  {label:>11}  epoch {epoch:>2}/{epochs}  {spent:6.1f} s  "
-                  f"train loss {history.history['loss'][-1]:.3f}  test accuracy {acc:.1%}", flush=True)
+            print(
+                f"  {label:>11}  epoch {epoch:>2}/{epochs}  {spent:6.1f} s  "
+                f"train loss {history.history['loss'][-1]:.3f}  test accuracy {acc:.1%}",
+                flush=True,
+            )
     return out
 
 
@@ -296,23 +334,33 @@ def remat_scope_modes() -> list[dict]:
     Returns one row per mode with "runs" or the exception's type and first line. (On Keras 3.15 / TF 2.20
     only ``"activations"`` runs compiled: keras-team/keras#21207.)
     """
+
     def first_line(exc: BaseException) -> str:
         import re
 
         text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).split())
         for marker in ("The custom_gradient decorator", "object has no attribute"):
             if marker in text:
-                text = text[text.index(marker):]
+                text = text[text.index(marker) :]
                 break
         return f"{type(exc).__name__}: {text[:110]}"
 
     rows = []
-    for mode, kw in (("activations", {}), ("full", {}), ("larger_than", {"output_size_threshold": 8}),
-                     ("list_of_layers", {"layer_names": ["hidden"]})):
+    for mode, kw in (
+        ("activations", {}),
+        ("full", {}),
+        ("larger_than", {"output_size_threshold": 8}),
+        ("list_of_layers", {"layer_names": ["hidden"]}),
+    ):
         keras.utils.set_random_seed(0)
         with keras.RematScope(mode=mode, **kw):
-            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="gelu", name="hidden"),
-                                      keras.layers.Dense(4, name="out")])
+            model = keras.Sequential(
+                [
+                    keras.Input((8,)),
+                    keras.layers.Dense(16, activation="gelu", name="hidden"),
+                    keras.layers.Dense(4, name="out"),
+                ]
+            )
         x = tf.random.normal([4, 8], seed=1)
 
         def grads():
@@ -352,8 +400,9 @@ def largest_batches(peaks: dict, batch: int, budget_gib: float = BUDGET_GIB) -> 
     budget = budget_gib * 2**30
     out = {}
     for jit, suffix in ((False, ""), (True, "|xla")):
-        out[("plain", jit)], fixed, _ = largest_batch(peaks["plain" + suffix].peak_bytes,
-                                                      peaks["plain, 2·B" + suffix].peak_bytes, batch, 2 * batch, budget)
+        out[("plain", jit)], fixed, _ = largest_batch(
+            peaks["plain" + suffix].peak_bytes, peaks["plain, 2·B" + suffix].peak_bytes, batch, 2 * batch, budget
+        )
         for name in TECHNIQUES:
             per_example = (peaks[name + suffix].peak_bytes - fixed) / batch
             out[(name, jit)] = int((budget - fixed) // per_example) if per_example > 0 else 0
@@ -386,8 +435,15 @@ def optimizer_state(**net) -> dict:
         optimizer.build(variables)
         state = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in optimizer.variables if len(v.shape))
         out[name] = {"bytes": state, "per_parameter": state / parameter_bytes, "keeps": keeps, "code": code}
-    factored = sum((int(np.prod(v.shape[:-1])) + int(np.prod(v.shape[:-2])) * int(v.shape[-1])) if len(v.shape) >= 2
-                   else int(np.prod(v.shape)) for v in variables) * 4
+    factored = (
+        sum(
+            (int(np.prod(v.shape[:-1])) + int(np.prod(v.shape[:-2])) * int(v.shape[-1]))
+            if len(v.shape) >= 2
+            else int(np.prod(v.shape))
+            for v in variables
+        )
+        * 4
+    )
     return {"parameter_bytes": parameter_bytes, "factored_bytes": factored, "optimizers": out}
 
 
@@ -423,9 +479,12 @@ def profiled_steps(folder: str, batch: int, net: dict) -> tuple[dict, str]:
     (``tensorboard_plugin_profile``, which Colab's images lack and whose converter needs protobuf >= 6.31) the rest of
     the lesson runs, and the claim says why it is not measured."""
     try:
-        return {name: profile_step_memory(os.path.join(folder, name.replace(" ", "_")), batch=batch,
-                                          **profile_net(net), **switches)
-                for name, switches in (("plain", {}), ("recompute blocks", TECHNIQUES["recompute blocks"]))}, ""
+        return {
+            name: profile_step_memory(
+                os.path.join(folder, name.replace(" ", "_")), batch=batch, **profile_net(net), **switches
+            )
+            for name, switches in (("plain", {}), ("recompute blocks", TECHNIQUES["recompute blocks"]))
+        }, ""
     except profiler.ProfileError as exc:
         return {}, str(exc)
 
@@ -434,10 +493,12 @@ def _profile_claim(r: dict):
     if r["no_profile"]:
         return CLAIMS.judge("07.peak_is_block_insides", "no memory profile", None, r["no_profile"])
     peaks, wide = r["profile_peaks"], r["wide_share"]
-    return CLAIMS.judge("07.peak_is_block_insides",
-                        f"{wide['plain']:.0%} wide; peak {peaks['recompute blocks'] / 2**20:.1f} vs "
-                        f"{peaks['plain'] / 2**20:.1f} MiB in tensors",
-                        wide["plain"] > 0.5 and peaks["recompute blocks"] < peaks["plain"])
+    return CLAIMS.judge(
+        "07.peak_is_block_insides",
+        f"{wide['plain']:.0%} wide; peak {peaks['recompute blocks'] / 2**20:.1f} vs "
+        f"{peaks['plain'] / 2**20:.1f} MiB in tensors",
+        wide["plain"] > 0.5 and peaks["recompute blocks"] < peaks["plain"],
+    )
 
 
 def tensor_bytes_at_peak(profile) -> int:
@@ -450,6 +511,7 @@ def tensor_bytes_at_peak(profile) -> int:
 def wide_share(profile, width: int, expansion: int = 4) -> float:
     """The share of the bytes alive at the profile's peak in the blocks' wide tensors: a last dimension of
     ``expansion × width`` (the Dense(4·W) output, GELU's output and temporaries, and their gradients)."""
+
     def wide(entry):
         dims = entry["shape"].strip("[]").split(",")
         return len(dims) > 1 and dims[-1].strip() == str(expansion * width)
@@ -480,8 +542,12 @@ def gelu_claim(seeds, final: dict, last: int, acc_exact: float, acc_fewbit: floa
     runs measured mean gaps of −1.8 points (seeds from +0.3 to −3.7, exact GELU alone 4.5 points apart) and, on TF
     2.20, −0.9 (−0.3 to −2.6), so a yes/no on "≥ exact − 2" over 2 seeds fails often with nothing wrong."""
     gaps = [(final[("few_bit", s)] - final[("exact", s)]) * 100 for s in seeds]
-    claim = CLAIMS.judge_samples("07.few_bit_gelu_accuracy", gaps, note=f"{acc_fewbit:.1%} vs {acc_exact:.1%} over "
-                                 f"{len(seeds)} seed(s)", last=last)
+    claim = CLAIMS.judge_samples(
+        "07.few_bit_gelu_accuracy",
+        gaps,
+        note=f"{acc_fewbit:.1%} vs {acc_exact:.1%} over {len(seeds)} seed(s)",
+        last=last,
+    )
     if not learned:
         claim.holds, claim.note = None, "the exact runs did not learn here (smoke mode: 2 short epochs)"
     return claim
@@ -493,61 +559,156 @@ def gelu_claim(seeds, final: dict, last: int, acc_exact: float, acc_fewbit: floa
 # The least share of the plain step's peak each technique saves, without and with XLA
 RECOMPUTE_SAVES, FEW_BIT_SAVES, LAYERNORM_SAVES, CHUNKS_SAVE = 0.15, 0.10, 0.05, 0.10
 BATCH_GAIN = 1.1  # the largest batch that fits with a technique, against plain's: above this
-CLAIMS = report.LessonClaims("07", [
-    report.Declared("07.activations_dominate", "Activations are most of a training step's memory (estimate)", "§1",
-                    "> 50% of the estimate", where="course_utils.memory:estimate_training_memory"),
-    report.Declared("07.peak_grows_with_batch",
-                    "The measured peak grows with the batch at least as fast as the estimated activations", "§1",
-                    "measured / estimated ≥ 1", where=make_block_net_step, figure="memory"),
-    report.Declared("07.remat_scope_list_fails_compiled",
-                    "keras.RematScope('list_of_layers') fails in a compiled step on the TensorFlow backend",
-                    "§2; keras#21207", "ValueError", where=remat_scope_modes),
-    report.Declared("07.recompute_same_gradients", "Recomputation gives the same gradients", "§2",
-                    "max |Δ| ≤ 1e-6 × max |gradient|, with and without XLA", where=gradient_differences),
-    report.Declared("07.recompute_lowers_peak", "Recomputing blocks lowers the peak, without and with XLA", "§2",
-                    "> {threshold:.0%} saved in both", where=make_block_net_step, figure="memory",
-                    threshold=RECOMPUTE_SAVES),
-    report.Declared("07.recompute_costs_time", "Recomputing blocks costs time", "§2", "> {threshold}× without XLA",
-                    where=make_block_net_step, figure="speed", op=">", threshold=1.0),
-    report.Declared("07.few_bit_gelu_gradients", "2-bit GELU gradients point where the exact ones do",
-                    "§3; Novikov et al.", "cosine ≥ 0.95", where="notebook §3"),
-    report.Declared("07.few_bit_gelu_lowers_peak", "Few-bit GELU lowers the peak, without and with XLA", "§3",
-                    "> {threshold:.0%} saved in both", where=make_block_net_step, figure="memory",
-                    threshold=FEW_BIT_SAVES),
-    report.Declared("07.few_bit_gelu_accuracy", f"2-bit GELU trains to within {GELU_GAP_POINTS:g} points of exact "
-                    "GELU (same epochs, each seed)", "§3",
-                    f"every seed > −{GELU_GAP_POINTS:g} points (mean of the last {{last}} epochs)",
-                    where=train_gelu_cnn, op=">", threshold=-GELU_GAP_POINTS, fmt="+.1f", unit=" points"),
-    report.Declared("07.output_saving_layernorm_peak",
-                    "An output-saving LayerNorm lowers the peak where LayerNorm is a large share (Dense + LN stack)",
-                    "§4; Tempo", "> {threshold:.0%} saved without XLA", where=make_layer_norm_stack_steps,
-                    figure="memory", op=">", threshold=LAYERNORM_SAVES, fmt=".0%", unit=""),
-    report.Declared("07.output_saving_gelu_no_gain", "Output-saving GELU does not pay in plain TensorFlow ops", "§4",
-                    "saves less than recomputing the activation (with and without XLA), at > 2× the step time",
-                    where=make_block_net_step, figure="memory"),
-    report.Declared("07.chunked_logits_same_loss", "Chunked logits give the same loss and gradients", "§5",
-                    "max |Δ| < 1e-5", where="notebook §5"),
-    report.Declared("07.chunked_logits_lower_peak", "Chunked logits lower the peak, without and with XLA", "§5",
-                    "> {threshold:.0%} saved in both", where=make_cross_entropy_steps, figure="memory",
-                    threshold=CHUNKS_SAVE),
-    report.Declared("07.larger_batch_fits",
-                    "Recomputing blocks and few-bit GELU each buy a larger batch, without and with XLA", "§6",
-                    "> {threshold}× plain's", where=largest_batches, figure="memory", threshold=BATCH_GAIN),
-    report.Declared("07.adafactor_state", "Keras' Adafactor keeps about as much state as SGD with momentum: half of "
-                    "Adam's, not the published few percent", "§7; keras/src/optimizers/adafactor.py",
-                    "Adafactor 0.95–1.1× the parameters, Adam 2×; published ≤ 0.1×", where=optimizer_state),
-    report.Declared("07.peak_is_block_insides", "At a plain step's peak most live bytes are the blocks' wide insides; "
-                    "recomputing blocks lowers the profiled peak", "§7; memory profile",
-                    "> 50% in 4·W-wide tensors; recompute < plain (bytes in tensors at the peak)",
-                    where=profile_step_memory, figure="memory"),
-])
+CLAIMS = report.LessonClaims(
+    "07",
+    [
+        report.Declared(
+            "07.activations_dominate",
+            "Activations are most of a training step's memory (estimate)",
+            "§1",
+            "> 50% of the estimate",
+            where="course_utils.memory:estimate_training_memory",
+        ),
+        report.Declared(
+            "07.peak_grows_with_batch",
+            "The measured peak grows with the batch at least as fast as the estimated activations",
+            "§1",
+            "measured / estimated ≥ 1",
+            where=make_block_net_step,
+            figure="memory",
+        ),
+        report.Declared(
+            "07.remat_scope_list_fails_compiled",
+            "keras.RematScope('list_of_layers') fails in a compiled step on the TensorFlow backend",
+            "§2; keras#21207",
+            "ValueError",
+            where=remat_scope_modes,
+        ),
+        report.Declared(
+            "07.recompute_same_gradients",
+            "Recomputation gives the same gradients",
+            "§2",
+            "max |Δ| ≤ 1e-6 × max |gradient|, with and without XLA",
+            where=gradient_differences,
+        ),
+        report.Declared(
+            "07.recompute_lowers_peak",
+            "Recomputing blocks lowers the peak, without and with XLA",
+            "§2",
+            "> {threshold:.0%} saved in both",
+            where=make_block_net_step,
+            figure="memory",
+            threshold=RECOMPUTE_SAVES,
+        ),
+        report.Declared(
+            "07.recompute_costs_time",
+            "Recomputing blocks costs time",
+            "§2",
+            "> {threshold}× without XLA",
+            where=make_block_net_step,
+            figure="speed",
+            op=">",
+            threshold=1.0,
+        ),
+        report.Declared(
+            "07.few_bit_gelu_gradients",
+            "2-bit GELU gradients point where the exact ones do",
+            "§3; Novikov et al.",
+            "cosine ≥ 0.95",
+            where="notebook §3",
+        ),
+        report.Declared(
+            "07.few_bit_gelu_lowers_peak",
+            "Few-bit GELU lowers the peak, without and with XLA",
+            "§3",
+            "> {threshold:.0%} saved in both",
+            where=make_block_net_step,
+            figure="memory",
+            threshold=FEW_BIT_SAVES,
+        ),
+        report.Declared(
+            "07.few_bit_gelu_accuracy",
+            f"2-bit GELU trains to within {GELU_GAP_POINTS:g} points of exact GELU (same epochs, each seed)",
+            "§3",
+            f"every seed > −{GELU_GAP_POINTS:g} points (mean of the last {{last}} epochs)",
+            where=train_gelu_cnn,
+            op=">",
+            threshold=-GELU_GAP_POINTS,
+            fmt="+.1f",
+            unit=" points",
+        ),
+        report.Declared(
+            "07.output_saving_layernorm_peak",
+            "An output-saving LayerNorm lowers the peak where LayerNorm is a large share (Dense + LN stack)",
+            "§4; Tempo",
+            "> {threshold:.0%} saved without XLA",
+            where=make_layer_norm_stack_steps,
+            figure="memory",
+            op=">",
+            threshold=LAYERNORM_SAVES,
+            fmt=".0%",
+            unit="",
+        ),
+        report.Declared(
+            "07.output_saving_gelu_no_gain",
+            "Output-saving GELU does not pay in plain TensorFlow ops",
+            "§4",
+            "saves less than recomputing the activation (with and without XLA), at > 2× the step time",
+            where=make_block_net_step,
+            figure="memory",
+        ),
+        report.Declared(
+            "07.chunked_logits_same_loss",
+            "Chunked logits give the same loss and gradients",
+            "§5",
+            "max |Δ| < 1e-5",
+            where="notebook §5",
+        ),
+        report.Declared(
+            "07.chunked_logits_lower_peak",
+            "Chunked logits lower the peak, without and with XLA",
+            "§5",
+            "> {threshold:.0%} saved in both",
+            where=make_cross_entropy_steps,
+            figure="memory",
+            threshold=CHUNKS_SAVE,
+        ),
+        report.Declared(
+            "07.larger_batch_fits",
+            "Recomputing blocks and few-bit GELU each buy a larger batch, without and with XLA",
+            "§6",
+            "> {threshold}× plain's",
+            where=largest_batches,
+            figure="memory",
+            threshold=BATCH_GAIN,
+        ),
+        report.Declared(
+            "07.adafactor_state",
+            "Keras' Adafactor keeps about as much state as SGD with momentum: half of "
+            "Adam's, not the published few percent",
+            "§7; keras/src/optimizers/adafactor.py",
+            "Adafactor 0.95–1.1× the parameters, Adam 2×; published ≤ 0.1×",
+            where=optimizer_state,
+        ),
+        report.Declared(
+            "07.peak_is_block_insides",
+            "At a plain step's peak most live bytes are the blocks' wide insides; "
+            "recomputing blocks lowers the profiled peak",
+            "§7; memory profile",
+            "> 50% in 4·W-wide tensors; recompute < plain (bytes in tensors at the peak)",
+            where=profile_step_memory,
+            figure="memory",
+        ),
+    ],
+)
 
 
 def claims(r: dict) -> list:
     """Lesson 07's claims from the notebook's results."""
     peaks, estimates, batch = r["peaks"], r["estimates"], r["batch"]
-    time_ratios = {jit: {name: r["time_ratios"][name + ("|xla" if jit else "")] for name in TECHNIQUES}
-                   for jit in (False, True)}
+    time_ratios = {
+        jit: {name: r["time_ratios"][name + ("|xla" if jit else "")] for name in TECHNIQUES} for jit in (False, True)
+    }
 
     def saved(name, suffix="", table=peaks, base="plain"):
         return 1 - table[name + suffix].peak_bytes / table[base + suffix].peak_bytes
@@ -556,7 +717,8 @@ def claims(r: dict) -> list:
         return f"{saved(name, **kwargs):.0%} without XLA, {saved(name, '|xla', **kwargs):.0%} with"
 
     estimate_ratio = ((peaks["plain, 2·B"].peak_bytes - peaks["plain"].peak_bytes) / batch) / (
-        estimates[batch].activations / batch)
+        estimates[batch].activations / batch
+    )
     activation_share = estimates[batch].activations / estimates[batch].total
     compiled = next(m["tf.function"] for m in r["modes"] if m["RematScope mode"] == "list_of_layers")
     diffs, diffs_xla = r["diffs"], r["diffs_xla"]
@@ -566,50 +728,82 @@ def claims(r: dict) -> list:
     acc_fewbit = float(np.mean([final[("few_bit", s)] for s in seeds]))
     learned = acc_exact > 0.3
     ln = dict(table=r["ln_peaks"], base="Keras LayerNorm")
-    ln_saved = [1 - o / k for o, k in zip(r["ln_peaks"]["output-saving"].samples or [r["ln_peaks"]["output-saving"].peak_bytes],
-                                          r["ln_peaks"]["Keras LayerNorm"].samples or [r["ln_peaks"]["Keras LayerNorm"].peak_bytes])]
+    ln_saved = [
+        1 - o / k
+        for o, k in zip(
+            r["ln_peaks"]["output-saving"].samples or [r["ln_peaks"]["output-saving"].peak_bytes],
+            r["ln_peaks"]["Keras LayerNorm"].samples or [r["ln_peaks"]["Keras LayerNorm"].peak_bytes],
+        )
+    ]
     ce = dict(table=r["ce_peaks"], base="whole logits")
     largest = largest_batches(peaks, batch)
     bigger = ("recompute blocks", "few-bit GELU (2 bits)")
     state = r["optimizer_state"]["optimizers"]
     factored = r["optimizer_state"]["factored_bytes"] / r["optimizer_state"]["parameter_bytes"]
-    return CLAIMS.all([
-        CLAIMS.judge("07.activations_dominate", f"{activation_share:.0%}", activation_share > 0.5),
-        CLAIMS.judge("07.peak_grows_with_batch", f"{estimate_ratio:.2f}×", estimate_ratio >= 1.0),
-        CLAIMS.judge("07.remat_scope_list_fails_compiled", compiled[:40] + ("…" if len(compiled) > 40 else ""),
-                     compiled != "runs"),
-        CLAIMS.judge("07.recompute_same_gradients",
-                     f"{diffs['recompute blocks']['max_abs'] / scale:.0e} / "
-                     f"{diffs_xla['recompute blocks']['max_abs'] / scale:.0e}",
-                     max(diffs["recompute blocks"]["max_abs"], diffs_xla["recompute blocks"]["max_abs"])
-                     <= 1e-6 * scale),
-        CLAIMS.judge("07.recompute_lowers_peak", both("recompute blocks"),
-                     min(saved("recompute blocks"), saved("recompute blocks", "|xla")) > RECOMPUTE_SAVES),
-        CLAIMS.judge_samples("07.recompute_costs_time", time_ratios[False]["recompute blocks"]),
-        CLAIMS.judge("07.few_bit_gelu_gradients", f"{r['fidelity'][2]:.4f}", r["fidelity"][2] >= 0.95),
-        CLAIMS.judge("07.few_bit_gelu_lowers_peak", both("few-bit GELU (2 bits)"),
-                     min(saved("few-bit GELU (2 bits)"), saved("few-bit GELU (2 bits)", "|xla")) > FEW_BIT_SAVES),
-        gelu_claim(seeds, final, last, acc_exact, acc_fewbit, learned),
-        CLAIMS.judge_samples(
-            "07.output_saving_layernorm_peak", ln_saved,
-            note=f"{len(ln_saved)} readings from fresh processes; with XLA: "
-                 f"{saved('output-saving', '|xla', **ln):.0%}"),
-        CLAIMS.judge("07.output_saving_gelu_no_gain",
-                     f"{both('output-saving GELU')} (recompute activation: {both('recompute activations')}); "
-                     f"{time_ratios[False]['output-saving GELU'].median:.1f}× the time",
-                     all(saved("output-saving GELU", s) < saved("recompute activations", s) for s in ("", "|xla"))
-                     and time_ratios[False]["output-saving GELU"].median > 2),
-        CLAIMS.judge("07.chunked_logits_same_loss", f"{r['chunk_diff']:.1e}", r["chunk_diff"] < 1e-5),
-        CLAIMS.judge("07.chunked_logits_lower_peak", both("4 chunks", **ce),
-                     min(saved("4 chunks", **ce), saved("4 chunks", "|xla", **ce)) > CHUNKS_SAVE),
-        CLAIMS.judge("07.larger_batch_fits",
-                     "; ".join(f"{n.split(' (')[0]}: {largest[(n, False)] / largest[('plain', False)]:.2f}× / "
-                               f"{largest[(n, True)] / largest[('plain', True)]:.2f}×" for n in bigger),
-                     all(largest[(n, j)] > BATCH_GAIN * largest[("plain", j)] for n in bigger for j in (False, True))),
-        CLAIMS.judge("07.adafactor_state",
-                     f"Adafactor {state['Adafactor']['per_parameter']:.2f}×, Adam {state['Adam']['per_parameter']:.2f}×,"
-                     f" SGD + momentum {state['SGD + momentum']['per_parameter']:.2f}×; published {factored:.2f}×",
-                     0.95 <= state["Adafactor"]["per_parameter"] <= 1.1 and abs(state["Adam"]["per_parameter"] - 2) < 0.01
-                     and factored <= 0.1),
-        _profile_claim(r),
-    ])
+    return CLAIMS.all(
+        [
+            CLAIMS.judge("07.activations_dominate", f"{activation_share:.0%}", activation_share > 0.5),
+            CLAIMS.judge("07.peak_grows_with_batch", f"{estimate_ratio:.2f}×", estimate_ratio >= 1.0),
+            CLAIMS.judge(
+                "07.remat_scope_list_fails_compiled",
+                compiled[:40] + ("…" if len(compiled) > 40 else ""),
+                compiled != "runs",
+            ),
+            CLAIMS.judge(
+                "07.recompute_same_gradients",
+                f"{diffs['recompute blocks']['max_abs'] / scale:.0e} / "
+                f"{diffs_xla['recompute blocks']['max_abs'] / scale:.0e}",
+                max(diffs["recompute blocks"]["max_abs"], diffs_xla["recompute blocks"]["max_abs"]) <= 1e-6 * scale,
+            ),
+            CLAIMS.judge(
+                "07.recompute_lowers_peak",
+                both("recompute blocks"),
+                min(saved("recompute blocks"), saved("recompute blocks", "|xla")) > RECOMPUTE_SAVES,
+            ),
+            CLAIMS.judge_samples("07.recompute_costs_time", time_ratios[False]["recompute blocks"]),
+            CLAIMS.judge("07.few_bit_gelu_gradients", f"{r['fidelity'][2]:.4f}", r["fidelity"][2] >= 0.95),
+            CLAIMS.judge(
+                "07.few_bit_gelu_lowers_peak",
+                both("few-bit GELU (2 bits)"),
+                min(saved("few-bit GELU (2 bits)"), saved("few-bit GELU (2 bits)", "|xla")) > FEW_BIT_SAVES,
+            ),
+            gelu_claim(seeds, final, last, acc_exact, acc_fewbit, learned),
+            CLAIMS.judge_samples(
+                "07.output_saving_layernorm_peak",
+                ln_saved,
+                note=f"{len(ln_saved)} readings from fresh processes; with XLA: "
+                f"{saved('output-saving', '|xla', **ln):.0%}",
+            ),
+            CLAIMS.judge(
+                "07.output_saving_gelu_no_gain",
+                f"{both('output-saving GELU')} (recompute activation: {both('recompute activations')}); "
+                f"{time_ratios[False]['output-saving GELU'].median:.1f}× the time",
+                all(saved("output-saving GELU", s) < saved("recompute activations", s) for s in ("", "|xla"))
+                and time_ratios[False]["output-saving GELU"].median > 2,
+            ),
+            CLAIMS.judge("07.chunked_logits_same_loss", f"{r['chunk_diff']:.1e}", r["chunk_diff"] < 1e-5),
+            CLAIMS.judge(
+                "07.chunked_logits_lower_peak",
+                both("4 chunks", **ce),
+                min(saved("4 chunks", **ce), saved("4 chunks", "|xla", **ce)) > CHUNKS_SAVE,
+            ),
+            CLAIMS.judge(
+                "07.larger_batch_fits",
+                "; ".join(
+                    f"{n.split(' (')[0]}: {largest[(n, False)] / largest[('plain', False)]:.2f}× / "
+                    f"{largest[(n, True)] / largest[('plain', True)]:.2f}×"
+                    for n in bigger
+                ),
+                all(largest[(n, j)] > BATCH_GAIN * largest[("plain", j)] for n in bigger for j in (False, True)),
+            ),
+            CLAIMS.judge(
+                "07.adafactor_state",
+                f"Adafactor {state['Adafactor']['per_parameter']:.2f}×, Adam {state['Adam']['per_parameter']:.2f}×,"
+                f" SGD + momentum {state['SGD + momentum']['per_parameter']:.2f}×; published {factored:.2f}×",
+                0.95 <= state["Adafactor"]["per_parameter"] <= 1.1
+                and abs(state["Adam"]["per_parameter"] - 2) < 0.01
+                and factored <= 0.1,
+            ),
+            _profile_claim(r),
+        ]
+    )

@@ -127,7 +127,9 @@ def _check_convert(answer: Any) -> str:
             "'bfloat16' policy is set: a layer takes the policy active when it is constructed."
         )
     if len(result.weights) != len(original.weights):
-        raise Incorrect("The new model has a different architecture; construct it with the `make_model` you were given.")
+        raise Incorrect(
+            "The new model has a different architecture; construct it with the `make_model` you were given."
+        )
     kinds = [type(layer).__name__ for layer in result.layers]
     if kinds != [type(layer).__name__ for layer in original.layers] or _output_dtype(result) != "float32":
         raise Incorrect(
@@ -288,7 +290,9 @@ def _check_vanishing_update(answer: Any) -> str:
             "0.99609375 is the next bfloat16 below 1.0, but casting rounds to the NEAREST: 0.999 is 0.001 from 1.0 "
             "and 0.0029 from 0.99609375."
         )
-    raise Incorrect(f"Got {describe(value)}. Try it: `tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16)` — then explain the result.")
+    raise Incorrect(
+        f"Got {describe(value)}. Try it: `tf.cast(tf.constant(1.0) - 0.001, tf.bfloat16)` — then explain the result."
+    )
 
 
 EXERCISES = ExerciseBank(
@@ -346,7 +350,11 @@ def to_bfloat16(make_model, model):
                 ("forgets set_weights", lambda: _convert_no_weights, "set_weights"),
                 ("policy left changed", lambda: _convert_policy_left, "global dtype policy is still 'bfloat16'"),
                 ("mixed policy", lambda: _convert_mixed, "that is mixed_bfloat16"),
-                ("policy set after construction", lambda: _convert_policy_after_construct, "active when it is constructed"),
+                (
+                    "policy set after construction",
+                    lambda: _convert_policy_after_construct,
+                    "active when it is constructed",
+                ),
                 ("private attribute", lambda: _convert_private_attr, "returned the float32 model itself"),
                 ("no float32 output layer", lambda: _convert_by_hand, "lacks make_model's float32 output layer"),
                 ("result, not function", _make_model, "Pass the function itself"),

@@ -15,8 +15,15 @@ import tensorflow as tf
 from ... import data, memory, models, report
 
 
-def forward_step(policy: str, width: int = 32, batch: int = 256, num_classes: int = 10, jit: bool = False,
-                 seed: int = 0, device: str | None = None):
+def forward_step(
+    policy: str,
+    width: int = 32,
+    batch: int = 256,
+    num_classes: int = 10,
+    jit: bool = False,
+    seed: int = 0,
+    device: str | None = None,
+):
     """One forward pass (inference) of the course's ``small_cnn`` built under ``policy``, as a step for
     :func:`course_utils.memory.measure_peaks_isolated`: a zero-argument callable running a ``tf.function``
     (``jit_compile=jit``) over a fixed batch of ``batch`` CIFAR-shaped uint8 images.
@@ -47,8 +54,9 @@ class ConvolutionDtypes(list):
     device: str = ""
 
 
-def xla_convolution_dtypes(policy: str = "bfloat16", width: int = 8, batch: int = 8, num_classes: int = 10,
-                           device: str | None = None) -> ConvolutionDtypes:
+def xla_convolution_dtypes(
+    policy: str = "bfloat16", width: int = 8, batch: int = 8, num_classes: int = 10, device: str | None = None
+) -> ConvolutionDtypes:
     """The output dtypes of the convolutions XLA compiles for ``small_cnn`` under ``policy`` on ``device`` (default:
     :func:`course_utils.memory.default_device`), read from the optimized HLO (``['f32', 'f32']``: XLA computes the
     bfloat16 model's convolutions in float32 there; ``['bf16', 'bf16']``: natively in bfloat16).
@@ -138,8 +146,12 @@ def private_kernel_trap(victim, x, y) -> dict:
         warnings.simplefilter("always")
         victim.fit(x, y, batch_size=32, epochs=1, verbose=0)
     changed = {w.path: not np.array_equal(b, w.numpy()) for w, b in zip(victim.trainable_weights, before)}
-    return {"changed": changed, "kernel": dense.weights[0].path, "bias": dense.weights[1].path,
-            "warnings": sorted({str(w.message) for w in caught if "Gradients do not exist" in str(w.message)})}
+    return {
+        "changed": changed,
+        "kernel": dense.weights[0].path,
+        "bias": dense.weights[1].path,
+        "warnings": sorted({str(w.message) for w in caught if "Gradients do not exist" in str(w.message)}),
+    }
 
 
 def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy) -> tuple[float, float]:
@@ -162,7 +174,11 @@ def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy
         raise ValueError(f"a batch of {batch} does not split evenly over {replicas} replicas")
     share = batch // replicas
     inputs = strategy.experimental_distribute_values_from_function(
-        lambda ctx: (x[ctx.replica_id_in_sync_group * share:][:share], y[ctx.replica_id_in_sync_group * share:][:share]))
+        lambda ctx: (
+            x[ctx.replica_id_in_sync_group * share :][:share],
+            y[ctx.replica_id_in_sync_group * share :][:share],
+        )
+    )
 
     def replica_step(xs, ys):
         with tf.GradientTape() as tape:
@@ -182,67 +198,143 @@ def fraction_changed(model, policy: str, make_optimizer, x, y, convert, strategy
 
 def weights_equal_cast(model, model_bf16) -> bool:
     """Every weight of the bfloat16 copy is bfloat16 and equals ``tf.cast(float32 weight, bfloat16)``."""
-    return all(w16.dtype == "bfloat16" and np.array_equal(w16.numpy(), tf.cast(w32, tf.bfloat16).numpy())
-               for w32, w16 in zip(model.weights, model_bf16.weights))
+    return all(
+        w16.dtype == "bfloat16" and np.array_equal(w16.numpy(), tf.cast(w32, tf.bfloat16).numpy())
+        for w32, w16 in zip(model.weights, model_bf16.weights)
+    )
 
 
 def inference_agreement(model, model_bf16, x_test, y_test) -> dict:
     """The float32 model and its bfloat16 copy on the test images: the copy's accuracy, the share of images where
     both predict the same class, and the largest difference in any predicted probability."""
     p32, p16 = model.predict(x_test, verbose=0), model_bf16.predict(x_test, verbose=0)
-    return {"bf16_acc": float(np.mean(p16.argmax(1) == y_test)),
-            "agreement": float(np.mean(p16.argmax(1) == p32.argmax(1))),
-            "max_prob_diff": float(np.max(np.abs(p16.astype(np.float32) - p32)))}
+    return {
+        "bf16_acc": float(np.mean(p16.argmax(1) == y_test)),
+        "agreement": float(np.mean(p16.argmax(1) == p32.argmax(1))),
+        "max_prob_diff": float(np.max(np.abs(p16.astype(np.float32) - p32))),
+    }
 
 
 # Every claim of the lesson, declared once: its words, threshold and the function that measures it (claims.json's
 # "where": a report card's row leads to the code). A "memory" figure is judged on the accelerator's own memory: under
 # a GPU or TPU stand-in a CPU measures it, so one that does not hold there is marked, not failed.
 FORWARD_PEAK_RATIO = 0.75  # a bfloat16 forward pass's peak against float32's (activations halve: about 0.5×)
-CLAIMS = report.LessonClaims("02", [
-    report.Declared("02.float16_overflows_bfloat16_rounds",
-                    "float16 overflows where bfloat16 rounds to a multiple of 512 (70,000)",
-                    "IEEE 754 / bfloat16 formats; §1", "float16: inf; bfloat16: 70144", where="notebook §1"),
-    report.Declared("02.bfloat16_ties_to_even", "bfloat16 rounds the tie 1 + 1/256 to even (1.0)", "§1",
-                    "bfloat16: 1.0", where="notebook §1"),
-    report.Declared("02.float16_underflows_small", "float16 rounds 10⁻⁸ to 0 (below half its smallest subnormal, "
-                    "2⁻²⁵); π → 3.140625 in both 16-bit formats", "format definitions; §1",
-                    "float16(1e-8) = 0; π: 3.140625, 3.140625", where="notebook §1"),
-    report.Declared("02.spacing_at_one", "Spacing at 1.0: float32 2⁻²³, float16 2⁻¹⁰, bfloat16 2⁻⁷",
-                    "format definitions; §1", "2^-23, 2^-10, 2^-7", where="notebook §1"),
-    report.Declared("02.policy_at_construction",
-                    "A layer's variable dtype comes from the policy active when it is constructed, not when built",
-                    "Keras 3 dtype policies; §2", "float32 → float32, bfloat16 → bfloat16", where=dense_dtype),
-    report.Declared("02.bfloat16_policy_halves_parameters", "Parameter bytes halve exactly under the 'bfloat16' policy",
-                    "§2", "{float32:,} → {half:,} B", where="course_utils.memory:variable_bytes"),
-    report.Declared("02.mixed_keeps_parameter_bytes",
-                    "'mixed_bfloat16' does not shrink parameter bytes (float32 variables)",
-                    "Keras mixed precision guide; §2", "{float32:,} B", where="course_utils.memory:variable_bytes"),
-    report.Declared("02.forward_peak_",  # one claim per policy
-                    "A forward pass under '{policy}' needs less peak memory than float32 (activations in bfloat16)",
-                    "§2", "≈ 0.5× (< {threshold}×) without XLA and on a TPU; ≈ 1× with XLA on a CPU",
-                    where=forward_step, figure="memory", op="<", threshold=FORWARD_PEAK_RATIO),
-    report.Declared("02.construct_and_set_weights", "Construct under the policy + set_weights gives the cast weights",
-                    "§3", "all equal to tf.cast", where=weights_equal_cast),
-    report.Declared("02.load_model_keeps_float32",
-                    "load_model (and clone_model) under a bfloat16 policy keep a .keras file's float32 weights; a "
-                    "clone_function that sets each layer's dtype + set_weights converts it", "Keras 3 saving; §3",
-                    "float32; then bfloat16 with the same predictions as the code route", where=convert_saved_file),
-    report.Declared("02.kernel_cast_raises", "`layer.kernel = tf.cast(...)` raises in Keras 3",
-                    "Keras 3 behaviour; §3", "AttributeError", where=kernel_setter_error),
-    report.Declared("02.private_kernel_stops_training", "Assigning to `layer._kernel` stops that kernel training; "
-                    "the only sign is a 'Gradients do not exist' warning", "§3",
-                    "no error; kernel unchanged, bias changed; warning", where=private_kernel_trap),
-    report.Declared("02.pure_bfloat16_sgd_loses_updates",
-                    "One SGD step: pure bfloat16 changes far fewer weights than float32 (< half as many); "
-                    "mixed_bfloat16 about as many (≥ 90%)", "§4",
-                    "bfloat16 < 0.5 × float32; mixed ≥ 0.9 × float32", where=fraction_changed),
-    report.Declared("02.pure_bfloat16_adam_no_update", "Pure bfloat16 + Keras' Adam changes no weight at all (it "
-                    "casts β₂ = 0.999 to the variable's dtype: 1.0)", "keras/src/optimizers/adam.py; §4", "0%",
-                    where=fraction_changed),
-    report.Declared("02.bfloat16_inference_agrees", "bfloat16 inference predicts (almost) the same classes as float32",
-                    "§5", "≥ 95% agreement, accuracy within 2 points", where=inference_agreement),
-])
+CLAIMS = report.LessonClaims(
+    "02",
+    [
+        report.Declared(
+            "02.float16_overflows_bfloat16_rounds",
+            "float16 overflows where bfloat16 rounds to a multiple of 512 (70,000)",
+            "IEEE 754 / bfloat16 formats; §1",
+            "float16: inf; bfloat16: 70144",
+            where="notebook §1",
+        ),
+        report.Declared(
+            "02.bfloat16_ties_to_even",
+            "bfloat16 rounds the tie 1 + 1/256 to even (1.0)",
+            "§1",
+            "bfloat16: 1.0",
+            where="notebook §1",
+        ),
+        report.Declared(
+            "02.float16_underflows_small",
+            "float16 rounds 10⁻⁸ to 0 (below half its smallest subnormal, 2⁻²⁵); π → 3.140625 in both 16-bit formats",
+            "format definitions; §1",
+            "float16(1e-8) = 0; π: 3.140625, 3.140625",
+            where="notebook §1",
+        ),
+        report.Declared(
+            "02.spacing_at_one",
+            "Spacing at 1.0: float32 2⁻²³, float16 2⁻¹⁰, bfloat16 2⁻⁷",
+            "format definitions; §1",
+            "2^-23, 2^-10, 2^-7",
+            where="notebook §1",
+        ),
+        report.Declared(
+            "02.policy_at_construction",
+            "A layer's variable dtype comes from the policy active when it is constructed, not when built",
+            "Keras 3 dtype policies; §2",
+            "float32 → float32, bfloat16 → bfloat16",
+            where=dense_dtype,
+        ),
+        report.Declared(
+            "02.bfloat16_policy_halves_parameters",
+            "Parameter bytes halve exactly under the 'bfloat16' policy",
+            "§2",
+            "{float32:,} → {half:,} B",
+            where="course_utils.memory:variable_bytes",
+        ),
+        report.Declared(
+            "02.mixed_keeps_parameter_bytes",
+            "'mixed_bfloat16' does not shrink parameter bytes (float32 variables)",
+            "Keras mixed precision guide; §2",
+            "{float32:,} B",
+            where="course_utils.memory:variable_bytes",
+        ),
+        report.Declared(
+            "02.forward_peak_",  # one claim per policy
+            "A forward pass under '{policy}' needs less peak memory than float32 (activations in bfloat16)",
+            "§2",
+            "≈ 0.5× (< {threshold}×) without XLA and on a TPU; ≈ 1× with XLA on a CPU",
+            where=forward_step,
+            figure="memory",
+            op="<",
+            threshold=FORWARD_PEAK_RATIO,
+        ),
+        report.Declared(
+            "02.construct_and_set_weights",
+            "Construct under the policy + set_weights gives the cast weights",
+            "§3",
+            "all equal to tf.cast",
+            where=weights_equal_cast,
+        ),
+        report.Declared(
+            "02.load_model_keeps_float32",
+            "load_model (and clone_model) under a bfloat16 policy keep a .keras file's float32 weights; a "
+            "clone_function that sets each layer's dtype + set_weights converts it",
+            "Keras 3 saving; §3",
+            "float32; then bfloat16 with the same predictions as the code route",
+            where=convert_saved_file,
+        ),
+        report.Declared(
+            "02.kernel_cast_raises",
+            "`layer.kernel = tf.cast(...)` raises in Keras 3",
+            "Keras 3 behaviour; §3",
+            "AttributeError",
+            where=kernel_setter_error,
+        ),
+        report.Declared(
+            "02.private_kernel_stops_training",
+            "Assigning to `layer._kernel` stops that kernel training; "
+            "the only sign is a 'Gradients do not exist' warning",
+            "§3",
+            "no error; kernel unchanged, bias changed; warning",
+            where=private_kernel_trap,
+        ),
+        report.Declared(
+            "02.pure_bfloat16_sgd_loses_updates",
+            "One SGD step: pure bfloat16 changes far fewer weights than float32 (< half as many); "
+            "mixed_bfloat16 about as many (≥ 90%)",
+            "§4",
+            "bfloat16 < 0.5 × float32; mixed ≥ 0.9 × float32",
+            where=fraction_changed,
+        ),
+        report.Declared(
+            "02.pure_bfloat16_adam_no_update",
+            "Pure bfloat16 + Keras' Adam changes no weight at all (it casts β₂ = 0.999 to the variable's dtype: 1.0)",
+            "keras/src/optimizers/adam.py; §4",
+            "0%",
+            where=fraction_changed,
+        ),
+        report.Declared(
+            "02.bfloat16_inference_agrees",
+            "bfloat16 inference predicts (almost) the same classes as float32",
+            "§5",
+            "≥ 95% agreement, accuracy within 2 points",
+            where=inference_agreement,
+        ),
+    ],
+)
 
 
 def claims(r: dict) -> list:
@@ -262,53 +354,103 @@ def claims(r: dict) -> list:
         claim_id = f"02.forward_peak_{policy}"
         if not peaks["float32"].peak_bytes > 0:
             return CLAIMS.judge(claim_id, "—", None, note="this runtime reports no peak memory", policy=policy)
-        ratios = [a / max(1, b) for a, b in zip(peaks[policy].samples or [peaks[policy].peak_bytes],
-                                                peaks["float32"].samples or [peaks["float32"].peak_bytes])]
+        ratios = [
+            a / max(1, b)
+            for a, b in zip(
+                peaks[policy].samples or [peaks[policy].peak_bytes],
+                peaks["float32"].samples or [peaks["float32"].peak_bytes],
+            )
+        ]
         return CLAIMS.judge_samples(
-            claim_id, ratios, note=f"{xla}; {peaks['float32'].method}",
-            differs_here=("XLA's CPU backend computes bfloat16 convolutions in float32 (§2: its convolutions are "
-                          f"{', '.join(conv_dtypes)}); expect ≈ 0.5× on a TPU, whose matrix unit computes in bfloat16")
-            if r["jit"] and xla_upcasts else "", policy=policy)
+            claim_id,
+            ratios,
+            note=f"{xla}; {peaks['float32'].method}",
+            differs_here=(
+                "XLA's CPU backend computes bfloat16 convolutions in float32 (§2: its convolutions are "
+                f"{', '.join(conv_dtypes)}); expect ≈ 0.5× on a TPU, whose matrix unit computes in bfloat16"
+            )
+            if r["jit"] and xla_upcasts
+            else "",
+            policy=policy,
+        )
 
-    return CLAIMS.all([
-        CLAIMS.judge("02.float16_overflows_bfloat16_rounds", f"float16: {as16[0]}; bfloat16: {asbf[0]:g}",
-                     math.isinf(as16[0]) and asbf[0] == 70144.0),
-        CLAIMS.judge("02.bfloat16_ties_to_even", f"bfloat16: {asbf[1]}; float32: {values[1]}",
-                     asbf[1] == 1.0 and values[1] != 1.0),
-        CLAIMS.judge("02.float16_underflows_small", f"float16(1e-8) = {as16[3]}; π: {as16[2]}, {asbf[2]}",
-                     as16[3] == 0.0 and asbf[3] > 0 and as16[2] == asbf[2] == 3.140625),
-        CLAIMS.judge("02.spacing_at_one", ", ".join(f"2^{math.log2(v):.0f}" for v in at_one.values()),
-                     at_one == {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}),
-        CLAIMS.judge("02.policy_at_construction",
-                     ", ".join(f"constructed {c} / built {b}: {d}" for (c, b), d in construction.items()),
-                     all(d == c for (c, _), d in construction.items())),
-        CLAIMS.judge("02.bfloat16_policy_halves_parameters", f"{f32_bytes:,} → {bf16_bytes:,} B",
-                     bf16_bytes * 2 == f32_bytes, float32=f32_bytes, half=f32_bytes // 2),
-        CLAIMS.judge("02.mixed_keeps_parameter_bytes", f"{r['param_bytes']['mixed_bfloat16']:,} B",
-                     r["param_bytes"]["mixed_bfloat16"] == f32_bytes, float32=f32_bytes),
-        forward_claim("bfloat16"),
-        forward_claim("mixed_bfloat16"),
-        CLAIMS.judge("02.construct_and_set_weights", "all equal" if r["weights_equal_cast"] else "differ",
-                     r["weights_equal_cast"]),
-        CLAIMS.judge("02.load_model_keeps_float32",
-                     f"load_model: {r['loaded_dtypes']}; clone_function: {r['file_dtypes']}, same predictions: "
-                     f"{r['file_same_predictions']}",
-                     r["loaded_dtypes"] == ["float32"] and r["file_dtypes"] == ["bfloat16"]
-                     and r["file_same_predictions"]),
-        CLAIMS.judge("02.kernel_cast_raises", r["kernel_setter"], r["kernel_setter"] == "AttributeError"),
-        CLAIMS.judge("02.private_kernel_stops_training",
-                     f"kernel changed: {r['changed_kernel']}, bias changed: {r['changed_bias']}; "
-                     f"warning: {'yes' if r['warned'] else 'no'}",
-                     not r["changed_kernel"] and r["changed_bias"] and r["warned"]),
-        CLAIMS.judge("02.pure_bfloat16_sgd_loses_updates",
-                     f"float32 {sgd['float32']:.1%}, bfloat16 {sgd['bfloat16']:.1%}, mixed {sgd['mixed_bfloat16']:.1%} "
-                     f"(float32 gradients exactly 0: {r['zero_grad_f32']:.1%})",
-                     sgd["float32"] > 0 and sgd["bfloat16"] < 0.5 * sgd["float32"]
-                     and sgd["mixed_bfloat16"] >= 0.9 * sgd["float32"]),
-        CLAIMS.judge("02.pure_bfloat16_adam_no_update",
-                     f"{r['changed']['bfloat16', 'Adam(1e-3)']:.1%}; 0.999 → {r['beta_2_in_bf16']}",
-                     r["changed"]["bfloat16", "Adam(1e-3)"] == 0.0),
-        CLAIMS.judge("02.bfloat16_inference_agrees",
-                     f"agreement {r['agreement']:.1%}; accuracy {r['f32_acc']:.1%} vs {r['bf16_acc']:.1%}",
-                     r["agreement"] >= 0.95 and abs(r["bf16_acc"] - r["f32_acc"]) <= 0.02),
-    ])
+    return CLAIMS.all(
+        [
+            CLAIMS.judge(
+                "02.float16_overflows_bfloat16_rounds",
+                f"float16: {as16[0]}; bfloat16: {asbf[0]:g}",
+                math.isinf(as16[0]) and asbf[0] == 70144.0,
+            ),
+            CLAIMS.judge(
+                "02.bfloat16_ties_to_even",
+                f"bfloat16: {asbf[1]}; float32: {values[1]}",
+                asbf[1] == 1.0 and values[1] != 1.0,
+            ),
+            CLAIMS.judge(
+                "02.float16_underflows_small",
+                f"float16(1e-8) = {as16[3]}; π: {as16[2]}, {asbf[2]}",
+                as16[3] == 0.0 and asbf[3] > 0 and as16[2] == asbf[2] == 3.140625,
+            ),
+            CLAIMS.judge(
+                "02.spacing_at_one",
+                ", ".join(f"2^{math.log2(v):.0f}" for v in at_one.values()),
+                at_one == {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7},
+            ),
+            CLAIMS.judge(
+                "02.policy_at_construction",
+                ", ".join(f"constructed {c} / built {b}: {d}" for (c, b), d in construction.items()),
+                all(d == c for (c, _), d in construction.items()),
+            ),
+            CLAIMS.judge(
+                "02.bfloat16_policy_halves_parameters",
+                f"{f32_bytes:,} → {bf16_bytes:,} B",
+                bf16_bytes * 2 == f32_bytes,
+                float32=f32_bytes,
+                half=f32_bytes // 2,
+            ),
+            CLAIMS.judge(
+                "02.mixed_keeps_parameter_bytes",
+                f"{r['param_bytes']['mixed_bfloat16']:,} B",
+                r["param_bytes"]["mixed_bfloat16"] == f32_bytes,
+                float32=f32_bytes,
+            ),
+            forward_claim("bfloat16"),
+            forward_claim("mixed_bfloat16"),
+            CLAIMS.judge(
+                "02.construct_and_set_weights",
+                "all equal" if r["weights_equal_cast"] else "differ",
+                r["weights_equal_cast"],
+            ),
+            CLAIMS.judge(
+                "02.load_model_keeps_float32",
+                f"load_model: {r['loaded_dtypes']}; clone_function: {r['file_dtypes']}, same predictions: "
+                f"{r['file_same_predictions']}",
+                r["loaded_dtypes"] == ["float32"] and r["file_dtypes"] == ["bfloat16"] and r["file_same_predictions"],
+            ),
+            CLAIMS.judge("02.kernel_cast_raises", r["kernel_setter"], r["kernel_setter"] == "AttributeError"),
+            CLAIMS.judge(
+                "02.private_kernel_stops_training",
+                f"kernel changed: {r['changed_kernel']}, bias changed: {r['changed_bias']}; "
+                f"warning: {'yes' if r['warned'] else 'no'}",
+                not r["changed_kernel"] and r["changed_bias"] and r["warned"],
+            ),
+            CLAIMS.judge(
+                "02.pure_bfloat16_sgd_loses_updates",
+                f"float32 {sgd['float32']:.1%}, bfloat16 {sgd['bfloat16']:.1%}, mixed {sgd['mixed_bfloat16']:.1%} "
+                f"(float32 gradients exactly 0: {r['zero_grad_f32']:.1%})",
+                sgd["float32"] > 0
+                and sgd["bfloat16"] < 0.5 * sgd["float32"]
+                and sgd["mixed_bfloat16"] >= 0.9 * sgd["float32"],
+            ),
+            CLAIMS.judge(
+                "02.pure_bfloat16_adam_no_update",
+                f"{r['changed']['bfloat16', 'Adam(1e-3)']:.1%}; 0.999 → {r['beta_2_in_bf16']}",
+                r["changed"]["bfloat16", "Adam(1e-3)"] == 0.0,
+            ),
+            CLAIMS.judge(
+                "02.bfloat16_inference_agrees",
+                f"agreement {r['agreement']:.1%}; accuracy {r['f32_acc']:.1%} vs {r['bf16_acc']:.1%}",
+                r["agreement"] >= 0.95 and abs(r["bf16_acc"] - r["f32_acc"]) <= 0.02,
+            ),
+        ]
+    )

@@ -14,16 +14,25 @@ from ... import capstone
 # The last three rates need many digits (0.0666…, 0.1171875, 0.0260416…): a rate rounded to a few decimals or
 # significant digits, or computed in float16/bfloat16, is off by more than the tolerance there. The tolerance, a
 # millionth of the rate, takes any float32 or float64 arithmetic (float32 keeps about 7 digits).
-_LR_CASES = ((0.2, 256, 512), (0.2, 256, 128), (0.1, 128, 1024), (0.4, 512, 64), (0.05, 64, 64),
-             (0.1, 384, 256), (0.03, 256, 1000), (0.2, 768, 100))
+_LR_CASES = (
+    (0.2, 256, 512),
+    (0.2, 256, 128),
+    (0.1, 128, 1024),
+    (0.4, 512, 64),
+    (0.05, 64, 64),
+    (0.1, 384, 256),
+    (0.03, 256, 1000),
+    (0.2, 768, 100),
+)
 _LR_REL_TOL = 1e-6
 
 
 def _check_scaled_learning_rate(answer: Any) -> str:
     fn = require_callable(answer, "scaled_learning_rate(base_lr, base_batch, global_batch)", arity=3)
     for base_lr, base_batch, batch in _LR_CASES:
-        got = call_learner(fn, base_lr, base_batch, batch,
-                           shown_as=f"scaled_learning_rate({base_lr}, {base_batch}, {batch})")
+        got = call_learner(
+            fn, base_lr, base_batch, batch, shown_as=f"scaled_learning_rate({base_lr}, {base_batch}, {batch})"
+        )
         value = require_number(got, "a learning rate (a number)")
         expected = base_lr * batch / base_batch
         if math.isclose(value, expected, rel_tol=_LR_REL_TOL):
@@ -32,21 +41,29 @@ def _check_scaled_learning_rate(answer: Any) -> str:
         if math.isclose(value, base_lr * base_batch / batch, rel_tol=_LR_REL_TOL):
             raise Incorrect(f"Upside down: {quote}. A bigger batch gets a bigger learning rate.")
         if math.isclose(value, base_lr * math.sqrt(batch / base_batch), rel_tol=_LR_REL_TOL):
-            raise Incorrect(f"That is the square-root rule (used with Adam-type optimizers): {quote}. "
-                            "§1 uses the linear rule for SGD.")
+            raise Incorrect(
+                f"That is the square-root rule (used with Adam-type optimizers): {quote}. "
+                "§1 uses the linear rule for SGD."
+            )
         if math.isclose(value, base_lr, rel_tol=_LR_REL_TOL):
             raise Incorrect(f"The learning rate did not change with the batch: {quote}.")
-        rounded = value != 0 and (any(value == round(expected, k) for k in range(1, 8)) or
-                                  any(value == float(f"{expected:.{k}g}") for k in range(1, 8)))
+        rounded = value != 0 and (
+            any(value == round(expected, k) for k in range(1, 8))
+            or any(value == float(f"{expected:.{k}g}") for k in range(1, 8))
+        )
         if rounded or math.isclose(value, expected, rel_tol=0.01):
             shown = describe(got) if type(got) in (int, float) else f"{value!r} ({describe(got)})"
-            raise Incorrect(f"Close, but not equal: scaled_learning_rate({base_lr}, {base_batch}, {batch}) returned "
-                            f"{shown}, expected {expected!r}. Return the exact product: do not "
-                            "round the rate (round only when you print it), and compute in Python floats, not "
-                            "float16/bfloat16 (they keep 3–4 digits).")
+            raise Incorrect(
+                f"Close, but not equal: scaled_learning_rate({base_lr}, {base_batch}, {batch}) returned "
+                f"{shown}, expected {expected!r}. Return the exact product: do not "
+                "round the rate (round only when you print it), and compute in Python floats, not "
+                "float16/bfloat16 (they keep 3–4 digits)."
+            )
         raise Incorrect(f"Not quite: {quote}. Scale base_lr by global_batch / base_batch.")
-    return ("Linear scaling: twice the batch, twice the step — with a warm-up, and only up to about a thousand "
-            "examples per update for SGD.")
+    return (
+        "Linear scaling: twice the batch, twice the step — with a warm-up, and only up to about a thousand "
+        "examples per update for SGD."
+    )
 
 
 # -- 2. epochs_that_fit -----------------------------------------------------------------------
@@ -54,9 +71,19 @@ def _check_scaled_learning_rate(answer: Any) -> str:
 # (budget, setup, epoch, expected). 100/28 = 3.57 and 90/16 = 5.63 catch rounding to the nearest (18.5 alone does
 # not: Python's round() goes to the even 18); 110/11 and 100/25 are exact; 98/10 = 9.8 and 99.95/10 = 9.995 catch
 # rounding up from a large fraction (`int(x + 0.25)`, `int(x + 0.1)`: 10 epochs end past the budget).
-_FIT_CASES = ((120, 10, 11, 10), (120, 10, 10, 11), (600, 45, 30, 18), (60, 20, 50, 1), (30, 40, 5, 1),
-              (100, 0, 100, 1), (100, 0, 25, 4), (100, 0, 28, 3), (96, 6, 16, 5), (100, 2, 10, 9),
-              (100.0, 0.05, 10.0, 9))
+_FIT_CASES = (
+    (120, 10, 11, 10),
+    (120, 10, 10, 11),
+    (600, 45, 30, 18),
+    (60, 20, 50, 1),
+    (30, 40, 5, 1),
+    (100, 0, 100, 1),
+    (100, 0, 25, 4),
+    (100, 0, 28, 3),
+    (96, 6, 16, 5),
+    (100, 2, 10, 9),
+    (100.0, 0.05, 10.0, 9),
+)
 
 
 def _is_whole_type(value: Any) -> bool:
@@ -79,14 +106,18 @@ def _check_epochs_that_fit(answer: Any) -> str:
         value = require_number(got, "a whole number of epochs")
         if value == expected and float(value).is_integer():
             if not _is_whole_type(got):
-                raise Incorrect(f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}: epochs are "
-                                "whole, return an int (`int(...)`; `//` on floats still gives a float).")
+                raise Incorrect(
+                    f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}: epochs are "
+                    "whole, return an int (`int(...)`; `//` on floats still gives a float)."
+                )
             continue
         quote = f"epochs_that_fit({budget}, {setup}, {epoch}) returned {describe(got)}, expected {expected}"
         exact = (budget - setup) / epoch
         if value == round(exact) and value > expected and exact % 1 < 0.75:
-            raise Incorrect(f"{quote}: rounding to the nearest overruns the budget when the fraction is over a half; "
-                            "round down (`//`).")
+            raise Incorrect(
+                f"{quote}: rounding to the nearest overruns the budget when the fraction is over a half; "
+                "round down (`//`)."
+            )
         if expected == 1 and value < 1:
             raise Incorrect(f"{quote}: when not even one epoch fits, the run still trains one (at least 1).")
         if math.isclose(value, exact) and not float(value).is_integer():
@@ -95,13 +126,17 @@ def _check_epochs_that_fit(answer: Any) -> str:
             raise Incorrect(f"{quote}: the setup time comes out of the budget first.")
         if value > expected >= 1 and float(value).is_integer() and setup + value * epoch > budget:
             how = "rounding up" if value == math.ceil(exact) else "that"
-            raise Incorrect(f"{quote}: {how} overruns the budget — {value:g} epochs end at {setup + value * epoch:g} s, "
-                            f"past the {budget:g} s budget ({exact:.4g} epochs fit). A started epoch runs to its end: "
-                            "round down (`//`), whatever the fraction.")
+            raise Incorrect(
+                f"{quote}: {how} overruns the budget — {value:g} epochs end at {setup + value * epoch:g} s, "
+                f"past the {budget:g} s budget ({exact:.4g} epochs fit). A started epoch runs to its end: "
+                "round down (`//`), whatever the fraction."
+            )
         raise Incorrect(f"Not quite: {quote}. (budget − setup) // epoch, and at least 1.")
-    return ("Whole epochs after the setup, at least one: the trainer does this with the step time it measures in its "
-            "warm-up (or, where start-up left no room for one, in its first epoch), then stretches the learning-rate "
-            "schedule over exactly those epochs.")
+    return (
+        "Whole epochs after the setup, at least one: the trainer does this with the step time it measures in its "
+        "warm-up (or, where start-up left no room for one, in its first epoch), then stretches the learning-rate "
+        "schedule over exactly those epochs."
+    )
 
 
 # -- 3. one_knob ------------------------------------------------------------------------------
@@ -109,8 +144,20 @@ def _check_epochs_that_fit(answer: Any) -> str:
 # The knobs: the recipe's options. Everything else either may differ freely (where the run writes, how much it prints)
 # or must stay as `start` has it: the data, the split sizes, the seed and the budget are the experiment, not the
 # recipe (a smaller test split or another seed can reach a target without a better recipe).
-RECIPE_OPTIONS = ("recipe", "batch_size", "policy", "jit", "accumulate", "steps_per_execution", "width", "augment",
-                  "label_smoothing", "schedule", "tta", "ema")
+RECIPE_OPTIONS = (
+    "recipe",
+    "batch_size",
+    "policy",
+    "jit",
+    "accumulate",
+    "steps_per_execution",
+    "width",
+    "augment",
+    "label_smoothing",
+    "schedule",
+    "tta",
+    "ema",
+)
 _FREE = ("out", "verbose", "resume", "overwrite", "tensorboard")
 _FIXED = ("data", "train_examples", "test_examples", "validation_examples", "seed", "cpu_replicas")
 # of the baseline recipe's validation accuracy with its own batch, same budget (the notebook's §2 run). Runs are
@@ -136,8 +183,13 @@ def example_start():
     import os
     import tempfile
 
-    return start_options(10.0, out=os.path.join(tempfile.gettempdir(), f"course_capstone_exercise-{os.getpid()}"),
-                         data="synthetic", train_examples=512, test_examples=256)
+    return start_options(
+        10.0,
+        out=os.path.join(tempfile.gettempdir(), f"course_capstone_exercise-{os.getpid()}"),
+        data="synthetic",
+        train_examples=512,
+        test_examples=256,
+    )
 
 
 EXAMPLE_TARGET = 0.25  # for example_start(): chance is 0.10
@@ -161,29 +213,43 @@ def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
         raise Incorrect(f"`start` should be the capstone.Options from the cell, got {describe(start)}.")
     target = require_number(target, "the target accuracy (a number between 0 and 1)")
     if not (0 < target < 1):  # NaN fails this too
-        raise Incorrect(f"`target` is {describe(target)}: it should be an accuracy between 0 and 1 (the cell computes "
-                        "it from §2's run; run that cell again).")
+        raise Incorrect(
+            f"`target` is {describe(target)}: it should be an accuracy between 0 and 1 (the cell computes "
+            "it from §2's run; run that cell again)."
+        )
     if not isinstance(answer, capstone.Options):
-        raise Incorrect(f"Expected capstone.Options, got {describe(answer)}: write "
-                        "`my_options = dataclasses.replace(start, <option>=<value>)`.")
-    changed = [f.name for f in dataclasses.fields(capstone.Options)
-               if f.name not in _FREE and getattr(answer, f.name) != getattr(start, f.name)]
+        raise Incorrect(
+            f"Expected capstone.Options, got {describe(answer)}: write "
+            "`my_options = dataclasses.replace(start, <option>=<value>)`."
+        )
+    changed = [
+        f.name
+        for f in dataclasses.fields(capstone.Options)
+        if f.name not in _FREE and getattr(answer, f.name) != getattr(start, f.name)
+    ]
     if "time_budget" in changed or "epochs" in changed:
-        raise Incorrect(f"Keep the budget: the exercise is to do better in the same {start.time_budget:g} s "
-                        "(`time_budget` unchanged, `epochs` not set).")
+        raise Incorrect(
+            f"Keep the budget: the exercise is to do better in the same {start.time_budget:g} s "
+            "(`time_budget` unchanged, `epochs` not set)."
+        )
     fixed = [name for name in changed if name in _FIXED]
     if fixed:
-        raise Incorrect(f"`{fixed[0]}` is part of the experiment, not of the recipe: keep it as `start` has it "
-                        f"({describe(getattr(start, fixed[0]))}) and change one of the recipe's options "
-                        f"({', '.join(RECIPE_OPTIONS)}).")
+        raise Incorrect(
+            f"`{fixed[0]}` is part of the experiment, not of the recipe: keep it as `start` has it "
+            f"({describe(getattr(start, fixed[0]))}) and change one of the recipe's options "
+            f"({', '.join(RECIPE_OPTIONS)})."
+        )
     if not isinstance(answer.out, str) or not answer.out.strip():
-        raise Incorrect(f"`out` is {describe(answer.out)}: it should name the folder the run writes to; keep "
-                        "`start`'s.")
+        raise Incorrect(
+            f"`out` is {describe(answer.out)}: it should name the folder the run writes to; keep `start`'s."
+        )
     if not changed:
         raise Incorrect("These are the start options unchanged; change one option.")
     if len(changed) > 1:
-        raise Incorrect(f"You changed {len(changed)} options ({', '.join(changed)}); change exactly one, so the "
-                        "run shows what that one is worth.")
+        raise Incorrect(
+            f"You changed {len(changed)} options ({', '.join(changed)}); change exactly one, so the "
+            "run shows what that one is worth."
+        )
     try:
         # each check trains afresh: in the exercise's own folder it replaces what the previous check left there (the
         # trainer refuses a folder holding a run unless told); any other folder the answer names is left as the
@@ -203,14 +269,21 @@ def _check_one_knob(answer: Any, start: Any, target: Any) -> str:
     if summary.get("options", {}).get(knob) != result.summary.get("options", {}).get(knob):
         raise Incorrect(f"summary.json in {run_options.out!r} does not match the run just made; run the check again.")
     if accuracy < target:
-        raise Incorrect(f"With {knob}={describe(getattr(answer, knob))} the run reached {accuracy:.1%} validation "
-                        f"accuracy in "
-                        f"{summary['wall_time_s']:.0f} s ({summary['epochs']} epochs), below the target "
-                        f"{target:.1%}. Try another option, or another value.")
-    why = (" With batch 1024 an epoch of a small data set is a handful of updates; a budget buys updates, not epochs."
-           if knob == "batch_size" else "")
-    return (f"{knob}={describe(getattr(answer, knob))}: {accuracy:.1%} validation accuracy in "
-            f"{summary['wall_time_s']:.0f} s (target {target:.1%}; test accuracy {summary['test_accuracy']:.1%}).{why}")
+        raise Incorrect(
+            f"With {knob}={describe(getattr(answer, knob))} the run reached {accuracy:.1%} validation "
+            f"accuracy in "
+            f"{summary['wall_time_s']:.0f} s ({summary['epochs']} epochs), below the target "
+            f"{target:.1%}. Try another option, or another value."
+        )
+    why = (
+        " With batch 1024 an epoch of a small data set is a handful of updates; a budget buys updates, not epochs."
+        if knob == "batch_size"
+        else ""
+    )
+    return (
+        f"{knob}={describe(getattr(answer, knob))}: {accuracy:.1%} validation accuracy in "
+        f"{summary['wall_time_s']:.0f} s (target {target:.1%}; test accuracy {summary['test_accuracy']:.1%}).{why}"
+    )
 
 
 EXERCISES = ExerciseBank(
@@ -235,18 +308,20 @@ def scaled_learning_rate(base_lr, base_batch, global_batch):
     """The peak learning rate for global_batch, by the linear scaling rule."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda lr, b0, b: lr * b / b0),
+            reference=lambda: lambda lr, b0, b: lr * b / b0,
             wrong_examples=(
-                ("inverse", lambda: (lambda lr, b0, b: lr * b0 / b), "Upside down"),
-                ("sqrt", lambda: (lambda lr, b0, b: lr * (b / b0) ** 0.5), "square-root"),
-                ("constant", lambda: (lambda lr, b0, b: lr), "did not change"),
-                ("rounded", lambda: (lambda lr, b0, b: round(lr * b / b0, 3)), "do not round"),
+                ("inverse", lambda: lambda lr, b0, b: lr * b0 / b, "Upside down"),
+                ("sqrt", lambda: lambda lr, b0, b: lr * (b / b0) ** 0.5, "square-root"),
+                ("constant", lambda: lambda lr, b0, b: lr, "did not change"),
+                ("rounded", lambda: lambda lr, b0, b: round(lr * b / b0, 3), "do not round"),
             ),
         ),
         Exercise(
             name="epochs_that_fit",
-            question=("Write `epochs_that_fit(budget_s, setup_s, epoch_s)`: the most whole epochs that end within "
-                      "the budget after setup, at least 1."),
+            question=(
+                "Write `epochs_that_fit(budget_s, setup_s, epoch_s)`: the most whole epochs that end within "
+                "the budget after setup, at least 1."
+            ),
             checker=_check_epochs_that_fit,
             answer_name="epochs_that_fit",
             hints=(
@@ -263,22 +338,27 @@ def epochs_that_fit(budget_s, setup_s, epoch_s):
     """Whole epochs that fit in the budget after setup; at least 1."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda b, s, e: max(1, int((b - s) // e))),
+            reference=lambda: lambda b, s, e: max(1, int((b - s) // e)),
             wrong_examples=(
-                ("no setup", lambda: (lambda b, s, e: max(1, int(b // e))), "setup time"),
-                ("no minimum", lambda: (lambda b, s, e: int((b - s) // e)), "at least 1"),
-                ("float", lambda: (lambda b, s, e: max(1.0, (b - s) // e)), "return an int"),
-                ("ceil", lambda: (lambda b, s, e: max(1, math.ceil((b - s) / e))), "rounding up"),
-                ("nearest", lambda: (lambda b, s, e: max(1, round((b - s) / e))), "rounding to the nearest"),
-                ("up from .75", lambda: (lambda b, s, e: max(1, int((b - s) / e + 0.25))), "past the 100 s budget"),
-                ("numpy float", lambda: (lambda b, s, e: __import__("numpy").float32(max(1, (b - s) // e))),
-                 "return an int"),
+                ("no setup", lambda: lambda b, s, e: max(1, int(b // e)), "setup time"),
+                ("no minimum", lambda: lambda b, s, e: int((b - s) // e), "at least 1"),
+                ("float", lambda: lambda b, s, e: max(1.0, (b - s) // e), "return an int"),
+                ("ceil", lambda: lambda b, s, e: max(1, math.ceil((b - s) / e)), "rounding up"),
+                ("nearest", lambda: lambda b, s, e: max(1, round((b - s) / e)), "rounding to the nearest"),
+                ("up from .75", lambda: lambda b, s, e: max(1, int((b - s) / e + 0.25)), "past the 100 s budget"),
+                (
+                    "numpy float",
+                    lambda: lambda b, s, e: __import__("numpy").float32(max(1, (b - s) // e)),
+                    "return an int",
+                ),
             ),
         ),
         Exercise(
             name="one_knob",
-            question=("Change ONE option of `start` so the run reaches `target` validation accuracy in the same "
-                      "budget; the checker trains with your options and reads summary.json."),
+            question=(
+                "Change ONE option of `start` so the run reaches `target` validation accuracy in the same "
+                "budget; the checker trains with your options and reads summary.json."
+            ),
             checker=_check_one_knob,
             answer_name="my_options",
             needs=("start", "target"),
@@ -288,14 +368,14 @@ def epochs_that_fit(budget_s, setup_s, epoch_s):
                 "do to the number of updates a budget buys?",
                 "With 1024 examples per update a small data set gives a handful of updates per epoch.",
             ),
-            solution_code='''\
+            solution_code="""\
 import dataclasses
 
 my_options = dataclasses.replace(start, batch_size=64)  # 16× the updates per epoch
-''',
-            stub='''\
+""",
+            stub="""\
 my_options = ...  # e.g. dataclasses.replace(start, <one option>=<new value>)
-''',
+""",
             reference=_changed(batch_size=64),
             wrong_examples=(
                 ("two knobs", _changed(batch_size=64, label_smoothing=0.1), "change exactly one"),

@@ -109,8 +109,9 @@ def _check_dataset_fn(answer: Any) -> str:
         per_replica = _GLOBAL // replicas
         shares: list[list[int]] = []  # the ids each input pipeline read
         for pid in range(pipelines):
-            ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=pid,
-                                             num_replicas_in_sync=replicas)
+            ctx = tf.distribute.InputContext(
+                num_input_pipelines=pipelines, input_pipeline_id=pid, num_replicas_in_sync=replicas
+            )
             where = f"dataset_fn(<InputContext pipeline {pid} of {pipelines}, {replicas} replicas>)"
             ds = call_learner(fn, ctx, shown_as=where)
             if not isinstance(ds, tf.data.Dataset):
@@ -119,7 +120,9 @@ def _check_dataset_fn(answer: Any) -> str:
             spec = leaves[0] if leaves else None
             shape = getattr(spec, "shape", None)
             if not isinstance(spec, tf.TensorSpec) or shape is None or shape.rank is None:
-                raise Incorrect(f"`{where}` yields {describe(spec)}; yield batches of the example ids from `range(1000)`.")
+                raise Incorrect(
+                    f"`{where}` yields {describe(spec)}; yield batches of the example ids from `range(1000)`."
+                )
             if shape.rank == 0:
                 raise Incorrect(f"`{where}` yields single examples; batch them with the per-replica batch size.")
             batch_dim = shape[0]
@@ -137,7 +140,10 @@ def _check_dataset_fn(answer: Any) -> str:
             if not spec.dtype.is_integer:
                 raise Incorrect(f"`{where}` yields {spec.dtype.name} values; keep the example ids from `range(1000)`.")
             batches = read_dataset(
-                ds, shown_as=where, limit=_EXAMPLES, what="batches",
+                ds,
+                shown_as=where,
+                limit=_EXAMPLES,
+                what="batches",
                 on_error="Keep the ids of `tf.data.Dataset.range(1000)` as they are: shard and batch, no `map` needed.",
             )
             ids = [int(v) for batch in batches for v in np.asarray(tf.nest.flatten(batch)[0], np.int64).reshape(-1)]
@@ -255,7 +261,9 @@ def _pipeline_tiny_shuffle(ds, batch_size):
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-_PASS_THROUGH = ("Options",)  # dataset kinds that only set options: `prefetch(...).with_options(...)` still ends in prefetch
+_PASS_THROUGH = (
+    "Options",
+)  # dataset kinds that only set options: `prefetch(...).with_options(...)` still ends in prefetch
 
 
 def _chain(ds: Any, limit: int = 200) -> list:
@@ -328,24 +336,30 @@ def _small_shuffle_message(ds: Any, epochs: list[list[int]]) -> str | None:
     """Why the order is barely shuffled, or None: a buffer smaller than the data (read from the learner's `shuffle`),
     or, where it cannot be read, an order in which no example came more than a few places ahead of its place in the
     file in either epoch (a buffer of B moves an example at most B − 1 places ahead)."""
-    why = ("`shuffle` draws each next example from only the examples in its buffer, so nearby examples of the file "
-           "(often alike: one class, one source) stay together in a batch, and the first batches always come from the "
-           "file's start. TensorFlow's docs: perfect shuffling needs a buffer at least the size of the dataset. Use "
-           f"`shuffle(ds.cardinality())` or a buffer at least as large as the data (the check's {_N} examples, which "
-           "come in file order; 50,000 for CIFAR-10, whose uint8 images fit in memory once cached — "
-           "`data.build_pipeline`'s smaller default leans on CIFAR-10's files being in random order already).")
+    why = (
+        "`shuffle` draws each next example from only the examples in its buffer, so nearby examples of the file "
+        "(often alike: one class, one source) stay together in a batch, and the first batches always come from the "
+        "file's start. TensorFlow's docs: perfect shuffling needs a buffer at least the size of the dataset. Use "
+        f"`shuffle(ds.cardinality())` or a buffer at least as large as the data (the check's {_N} examples, which "
+        "come in file order; 50,000 for CIFAR-10, whose uint8 images fit in memory once cached — "
+        "`data.build_pipeline`'s smaller default leans on CIFAR-10's files being in random order already)."
+    )
     buffers = _shuffle_buffers(ds)
     if buffers:
         if max(buffers) >= _N:
             return None
         size = max(buffers)
-        return (f"Your shuffle buffer holds {size} example{'s' if size != 1 else ''}, fewer than the check's {_N}: an "
-                f"example moves at most {size - 1} place{'s' if size != 2 else ''} ahead. {why}")
+        return (
+            f"Your shuffle buffer holds {size} example{'s' if size != 1 else ''}, fewer than the check's {_N}: an "
+            f"example moves at most {size - 1} place{'s' if size != 2 else ''} ahead. {why}"
+        )
     jump = max(max(i - p for p, i in enumerate(ids)) for ids in epochs)
     if jump >= _MIN_JUMP:
         return None
-    return (f"Your shuffle barely moves the examples: in two epochs none came more than {jump} place(s) ahead of its "
-            f"place in the file — a shuffle buffer of a few examples? {why}")
+    return (
+        f"Your shuffle barely moves the examples: in two epochs none came more than {jump} place(s) ahead of its "
+        f"place in the file — a shuffle buffer of a few examples? {why}"
+    )
 
 
 def _cached_dtype(ds: Any) -> str | None:
@@ -383,7 +397,9 @@ def _check_pipeline(answer: Any) -> str:
             "come (no dict of features) — the pipeline yields `(images, labels)` batches for `model.fit`."
         )
     if images.shape.rank != 4:
-        raise Incorrect(f"Batches should be 4-D (batch, height, width, channels); got shape {images.shape}. Did you batch?")
+        raise Incorrect(
+            f"Batches should be 4-D (batch, height, width, channels); got shape {images.shape}. Did you batch?"
+        )
     if images.shape[0] is None:
         raise Incorrect("The batch dimension is None: use `batch(batch_size, drop_remainder=True)` for static shapes.")
     if images.shape[0] != _BATCH:
@@ -443,7 +459,9 @@ def _check_pipeline(answer: Any) -> str:
         )
     last = next((d for d in _chain(ds) if not any(k in _kind(d) for k in _PASS_THROUGH)), ds)
     if "Prefetch" not in _kind(last):
-        raise Incorrect("The last step should be `prefetch(tf.data.AUTOTUNE)`, so batches are ready before the step asks.")
+        raise Incorrect(
+            "The last step should be `prefetch(tf.data.AUTOTUNE)`, so batches are ready before the step asks."
+        )
     cached = _cached_dtype(ds)
     if cached is not None and cached != "uint8":
         raise Incorrect(
@@ -497,7 +515,7 @@ EXERCISES = ExerciseBank(
                 "Shard first, by the number of input pipelines and this pipeline's id; then batch with the "
                 "per-replica size, dropping the ragged last batch.",
             ),
-            solution_code='''\
+            solution_code="""\
 import tensorflow as tf
 
 GLOBAL_BATCH = 64
@@ -507,7 +525,7 @@ def dataset_fn(input_context):
     ds = tf.data.Dataset.range(1000)
     ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)  # one share per worker
     return ds.batch(per_replica, drop_remainder=True)  # static shapes
-''',
+""",
             stub='''\
 GLOBAL_BATCH = 64
 
@@ -521,9 +539,17 @@ def dataset_fn(input_context):
                 ("global batch", lambda: _dataset_fn_global_batch, "that is the global batch"),
                 ("ragged", lambda: _dataset_fn_ragged, "drop_remainder=True"),
                 ("shard by replicas", lambda: _dataset_fn_replica_id, "not by the number of replicas"),
-                ("unseeded shuffle before shard", lambda: _dataset_fn_shuffle_before_shard, "give the shuffle a `seed`"),
+                (
+                    "unseeded shuffle before shard",
+                    lambda: _dataset_fn_shuffle_before_shard,
+                    "give the shuffle a `seed`",
+                ),
                 ("range(2000)", lambda: _dataset_fn_range_2000, "yields ids outside 0–999"),
-                ("same shard everywhere", lambda: _dataset_fn_same_shard, "`input_context.input_pipeline_id` as the shard index"),
+                (
+                    "same shard everywhere",
+                    lambda: _dataset_fn_same_shard,
+                    "`input_context.input_pipeline_id` as the shard index",
+                ),
                 ("result not function", lambda: 16, "Pass the function itself"),
             ),
         ),
@@ -541,7 +567,7 @@ def dataset_fn(input_context):
                 "After the cache: a new order each epoch, then the float conversion and the random augmentation "
                 "(both `map`, AUTOTUNE), then static-shape batches of `batch_size`, and prefetching last.",
             ),
-            solution_code='''\
+            solution_code="""\
 import tensorflow as tf
 from course_utils import data
 
@@ -552,7 +578,7 @@ def make_pipeline(ds, batch_size):
     ds = ds.map(data.augment, num_parallel_calls=tf.data.AUTOTUNE)    # new random crops/flips every epoch
     ds = ds.batch(batch_size, drop_remainder=True)                    # static shapes
     return ds.prefetch(tf.data.AUTOTUNE)                              # next batch ready in time
-''',
+""",
             stub='''\
 def make_pipeline(ds, batch_size):
     """cache (uint8) → shuffle → to_float → augment → batch (static shapes) → prefetch."""

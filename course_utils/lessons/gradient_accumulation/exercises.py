@@ -36,7 +36,10 @@ def _check_accumulation_steps(answer: Any) -> str:
     floats = 0  # results that were whole floats (2.0): right, but `//` would give the int directly
     for target, per, n, expected in _STEP_CASES:
         got = call_learner(
-            fn, target, per, _FakeStrategy(n),
+            fn,
+            target,
+            per,
+            _FakeStrategy(n),
             shown_as=f"accumulation_steps({target}, {per}, <strategy with {n} replicas>)",
             on_error="Read `strategy.num_replicas_in_sync` (an attribute, not a method call).",
         )
@@ -50,15 +53,23 @@ def _check_accumulation_steps(answer: Any) -> str:
         if value == expected:
             floats += isinstance(got, float) or "float" in type(got).__name__
             continue
-        quote = (f"for target {target}, per-replica batch {per} and {n} replicas you returned {describe(got)}, "
-                 f"expected {expected}")
+        quote = (
+            f"for target {target}, per-replica batch {per} and {n} replicas you returned {describe(got)}, "
+            f"expected {expected}"
+        )
         if value == target // per:
-            raise Incorrect(f"Your k ignores the replicas: {quote}. One micro-step already consumes "
-                            "per_replica_batch × num_replicas_in_sync examples.")
+            raise Incorrect(
+                f"Your k ignores the replicas: {quote}. One micro-step already consumes "
+                "per_replica_batch × num_replicas_in_sync examples."
+            )
         if value == target // (per * n) * n or value == target * n // per:
             raise Incorrect(f"You multiplied by the replica count instead of dividing: {quote}.")
         raise Incorrect(f"Not quite: {quote}. k = target global batch / (per-replica batch × replicas).")
-    tip = " (Your k came back as a float such as 2.0: right, but `//` gives the int that range() needs.)" if floats else ""
+    tip = (
+        " (Your k came back as a float such as 2.0: right, but `//` gives the int that range() needs.)"
+        if floats
+        else ""
+    )
     return (
         "k = target / (per-replica batch × replicas): with more replicas each micro-step already covers more "
         "examples, so fewer micro-steps are needed for the same effective batch." + tip
@@ -81,9 +92,13 @@ def _check_replica_loss(answer: Any) -> str:
     for global_batch in (128, 32, 30):  # 8 examples here; 16 replicas × 8, 4 replicas × 8, or unequal shares (30)
         with tf.GradientTape() as tape:  # the loss must stay differentiable: strategy.run takes its gradient
             tape.watch(per_example)
-            got = call_learner(fn, per_example, global_batch,
-                               shown_as=f"replica_loss(<8 per-example losses>, {global_batch})",
-                               on_error="Pass the global batch as `global_batch_size=`.")
+            got = call_learner(
+                fn,
+                per_example,
+                global_batch,
+                shown_as=f"replica_loss(<8 per-example losses>, {global_batch})",
+                on_error="Pass the global batch as `global_batch_size=`.",
+            )
         value = require_number(got, "a scalar loss")
         expected = total / global_batch
         if math.isclose(value, expected, rel_tol=1e-5):
@@ -105,8 +120,9 @@ def _check_replica_loss(answer: Any) -> str:
                 "every replica holds the same number of examples.) Divide this replica's SUM by the GLOBAL batch: "
                 "right for any split."
             )
-        if global_batch % len(_PER_EXAMPLE) and math.isclose(value, mean / (global_batch // len(_PER_EXAMPLE)),
-                                                               rel_tol=1e-5):
+        if global_batch % len(_PER_EXAMPLE) and math.isclose(
+            value, mean / (global_batch // len(_PER_EXAMPLE)), rel_tol=1e-5
+        ):
             raise Incorrect(
                 f"Right while every replica holds the same number of examples, not otherwise: {quote}. This replica "
                 f"holds 8 of {global_batch} (the others hold {global_batch - 8}: a last, partial batch), so the mean "
@@ -210,10 +226,10 @@ def accumulation_steps(target_global_batch, per_replica_batch, strategy):
 ''',
             reference=lambda: _accumulation_steps_reference,
             wrong_examples=(
-                ("ignores replicas", lambda: (lambda t, p, s: t // p), "ignores the replicas"),
-                ("multiplies", lambda: (lambda t, p, s: t * s.num_replicas_in_sync // p), "multiplied"),
-                ("not whole", lambda: (lambda t, p, s: t / (p * s.num_replicas_in_sync) + 0.5), "must be a whole number"),
-                ("off", lambda: (lambda t, p, s: 4), "Not quite"),
+                ("ignores replicas", lambda: lambda t, p, s: t // p, "ignores the replicas"),
+                ("multiplies", lambda: lambda t, p, s: t * s.num_replicas_in_sync // p, "multiplied"),
+                ("not whole", lambda: lambda t, p, s: t / (p * s.num_replicas_in_sync) + 0.5, "must be a whole number"),
+                ("off", lambda: lambda t, p, s: 4, "Not quite"),
             ),
         ),
         Exercise(
@@ -245,13 +261,20 @@ def replica_loss(per_example_loss, global_batch_size):
 ''',
             reference=lambda: _replica_loss_reference,
             wrong_examples=(
-                ("reduce_mean", lambda: (lambda pe, gb: __import__("tensorflow").reduce_mean(pe)),
-                 "mean over this replica's examples only"),
+                (
+                    "reduce_mean",
+                    lambda: lambda pe, gb: __import__("tensorflow").reduce_mean(pe),
+                    "mean over this replica's examples only",
+                ),
                 ("mean ÷ num_replicas_in_sync", lambda: _replica_loss_mean_over_replicas, "outside `strategy.run`"),
-                ("mean ÷ replicas from the batch", lambda: _replica_loss_mean_over_share, "the same number of examples"),
-                ("sum", lambda: (lambda pe, gb: __import__("tensorflow").reduce_sum(pe)), "summed without dividing"),
-                ("per-example", lambda: (lambda pe, gb: pe / gb), "a scalar"),
-                ("off", lambda: (lambda pe, gb: 1.0), "Not quite"),
+                (
+                    "mean ÷ replicas from the batch",
+                    lambda: _replica_loss_mean_over_share,
+                    "the same number of examples",
+                ),
+                ("sum", lambda: lambda pe, gb: __import__("tensorflow").reduce_sum(pe), "summed without dividing"),
+                ("per-example", lambda: lambda pe, gb: pe / gb, "a scalar"),
+                ("off", lambda: lambda pe, gb: 1.0, "Not quite"),
                 ("Python float", lambda: _replica_loss_as_float, "no gradient path"),
             ),
         ),
@@ -279,9 +302,9 @@ def builtin_warmup_steps(warmup_updates, k):
 ''',
             reference=lambda: _builtin_warmup_steps_reference,
             wrong_examples=(
-                ("updates", lambda: (lambda u, k: u), "micro-step counter"),
-                ("divides", lambda: (lambda u, k: u // k), "Other direction"),
-                ("off", lambda: (lambda u, k: u + k), "Not quite"),
+                ("updates", lambda: lambda u, k: u, "micro-step counter"),
+                ("divides", lambda: lambda u, k: u // k, "Other direction"),
+                ("off", lambda: lambda u, k: u + k, "Not quite"),
             ),
         ),
     ],

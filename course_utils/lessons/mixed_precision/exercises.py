@@ -36,14 +36,15 @@ def _dtype_name(value: Any) -> str | None:
 def _check_layer_dtypes(answer: Any) -> str:
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         raise Incorrect(
-            f"Expected a pair `(compute_dtype, variable_dtype)`, got {describe(answer)}; "
-            "e.g. `('float16', 'float32')`."
+            f"Expected a pair `(compute_dtype, variable_dtype)`, got {describe(answer)}; e.g. `('float16', 'float32')`."
         )
     names = tuple(_dtype_name(v) for v in answer)
     if None in names:
         raise Incorrect(f"Expected two dtype names such as 'float32' or 'bfloat16', got {describe(tuple(answer))}.")
     if names == ("bfloat16", "float32"):
-        return "Computation in bfloat16 (fast, half the activation memory), variables in float32 (updates do not vanish)."
+        return (
+            "Computation in bfloat16 (fast, half the activation memory), variables in float32 (updates do not vanish)."
+        )
     if names == ("float32", "bfloat16"):
         raise Incorrect("You swapped them: the policy computes in bfloat16 and keeps the variables in float32.")
     if names == ("bfloat16", "bfloat16"):
@@ -80,8 +81,9 @@ def _setup():
         model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(16, kernel_initializer="zeros")])
     finally:
         keras.config.set_dtype_policy(previous)
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(_LR), initial_scale=_SCALE,
-                                                    dynamic_growth_steps=1)
+    optimizer = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(_LR), initial_scale=_SCALE, dynamic_growth_steps=1
+    )
     # dynamic loss scaling changes the scale during training: the checker's optimizer starts at 2**17, not 2**15,
     # and doubles it after every finite step (Keras' default: after 2000) — only LossScaleOptimizer.apply does that
     optimizer.build(model.trainable_variables)
@@ -113,7 +115,12 @@ def _check_scaled_step(answer: Any) -> str:
     fn = require_callable(answer, "train_step(model, optimizer, loss_fn, x, y)", arity=5)
     model, optimizer, x, y, expected, expected_loss = _setup()
     returned = call_learner(
-        _guard_no_gradients(fn), model, optimizer, _loss_fn, x, y,
+        _guard_no_gradients(fn),
+        model,
+        optimizer,
+        _loss_fn,
+        x,
+        y,
         shown_as="train_step(model, optimizer, loss_fn, x, y)",
         on_error="`optimizer` is a keras.optimizers.LossScaleOptimizer; use `optimizer.scale_loss(loss)` and `optimizer.apply(grads)`.",
     )
@@ -211,7 +218,12 @@ def _check_overflow_is_skipped(fn, model, optimizer, x, y) -> None:
     before = [v.numpy().copy() for v in model.trainable_variables]
     scale = float(optimizer.dynamic_scale.numpy())
     call_learner(
-        _guard_no_gradients(fn), model, optimizer, _loss_fn, x, y * _OVERFLOW_Y,
+        _guard_no_gradients(fn),
+        model,
+        optimizer,
+        _loss_fn,
+        x,
+        y * _OVERFLOW_Y,
         shown_as="train_step(model, optimizer, loss_fn, x, y_huge)",
         on_error="on a batch whose scaled gradients overflow, `optimizer.apply` must still be what applies them.",
     )
@@ -340,6 +352,7 @@ def _by_hand(model, optimizer, loss_fn, x, y, apply_unscaled):
 def _step_by_hand(model, optimizer, loss_fn, x, y):
     """All by hand: the weights change by the right amount, but the optimizer never applies a step (no step count,
     no momentum, no growth of the scale)."""
+
     def assign(opt, grads, scale, variables):
         for variable, grad in zip(variables, grads):
             variable.assign_sub(opt.learning_rate * tf.cast(grad, variable.dtype) / scale)
@@ -350,6 +363,7 @@ def _step_by_hand(model, optimizer, loss_fn, x, y):
 def _step_by_hand_inner(model, optimizer, loss_fn, x, y):
     """By hand, applied with the inner optimizer: the weights and ``optimizer.iterations`` (the inner optimizer's)
     move right, but the scale never grows."""
+
     def inner(opt, grads, scale, variables):
         opt.inner_optimizer.apply([tf.cast(g, tf.float32) / scale for g in grads], variables)
 
@@ -406,14 +420,18 @@ def train_step(model, optimizer, loss_fn, x, y):
                 ("unscaled twice", lambda: _step_double_unscale, "1/131072 of the right size"),
                 ("inner optimizer", lambda: _step_inner, "131072× too large"),
                 ("a hard-coded 32768", lambda: _step_fixed_scale, "multiplied by a fixed 32768"),
-                ("unscaled by hand, inner optimizer", lambda: _step_unscale_then_inner, "changed the weights to inf/NaN"),
+                (
+                    "unscaled by hand, inner optimizer",
+                    lambda: _step_unscale_then_inner,
+                    "changed the weights to inf/NaN",
+                ),
                 ("bias only", lambda: _step_bias_only, "The kernel's update does not match float32"),
                 ("by hand, never `optimizer.apply`", lambda: _step_by_hand, "`optimizer.iterations` is still 0"),
                 ("by hand, through `inner_optimizer`", lambda: _step_by_hand_inner, "only `optimizer.apply` does that"),
                 ("returns the scaled loss", lambda: _step_returns_scaled, "returned the SCALED loss"),
                 ("scale_loss outside the tape", lambda: _step_scale_outside_tape, "got no gradients (all None)"),
                 ("result, not function", lambda: 0.5, "Pass the function itself"),
-                ("wrong arity", lambda: (lambda model, optimizer, x, y: None), "exactly 5 parameters"),
+                ("wrong arity", lambda: lambda model, optimizer, x, y: None, "exactly 5 parameters"),
             ),
         ),
     ],

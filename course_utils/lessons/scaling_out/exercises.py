@@ -6,8 +6,16 @@ import json
 import math
 from typing import Any
 
-from ...exercises import (Exercise, Incorrect, call_learner, describe, ExerciseBank, require_callable, require_int,
-                         require_number)
+from ...exercises import (
+    Exercise,
+    Incorrect,
+    call_learner,
+    describe,
+    ExerciseBank,
+    require_callable,
+    require_int,
+    require_number,
+)
 
 # -- 1. tf_config_for -------------------------------------------------------------------------
 
@@ -35,16 +43,21 @@ def _as_config(value: Any, shown: str) -> dict:
         try:
             value = json.loads(str.__str__(value) if isinstance(value, str) else bytes(value))
         except Exception:  # noqa: BLE001 - not JSON, or a str/bytes subclass whose methods misbehave
-            raise Incorrect(f"{shown} returned text that is not JSON ({describe(value)}); TF_CONFIG is a JSON "
-                            "string: `json.dumps({...})`.") from None
+            raise Incorrect(
+                f"{shown} returned text that is not JSON ({describe(value)}); TF_CONFIG is a JSON "
+                "string: `json.dumps({...})`."
+            ) from None
     if not isinstance(value, dict):
-        raise Incorrect(f"{shown} returned {describe(value)}; return a dict (or its json.dumps) with the keys "
-                        "'cluster' and 'task'.")
+        raise Incorrect(
+            f"{shown} returned {describe(value)}; return a dict (or its json.dumps) with the keys 'cluster' and 'task'."
+        )
     try:  # what TensorFlow reads is JSON: plain dicts, lists, text and numbers, nothing else
         return json.loads(json.dumps(value))
     except Exception:  # noqa: BLE001 - any object json cannot write, however it fails
-        raise Incorrect(f"{shown} returned {describe(value)}, which json.dumps cannot write; TF_CONFIG holds only "
-                        "dicts, lists, text and numbers.") from None
+        raise Incorrect(
+            f"{shown} returned {describe(value)}, which json.dumps cannot write; TF_CONFIG holds only "
+            "dicts, lists, text and numbers."
+        ) from None
 
 
 def _check_tf_config(answer: Any) -> str:
@@ -54,35 +67,51 @@ def _check_tf_config(answer: Any) -> str:
         got = _as_config(call_learner(fn, list(addresses), index, shown_as=shown), shown)
         expected = _expected_config(addresses, index)
         if not {"cluster", "task"} <= set(got) or not set(got) <= {"cluster", "task", *_OPTIONAL_KEYS}:
-            raise Incorrect(f"{shown} has the keys {sorted(map(str, got))[:5]}; TF_CONFIG needs 'cluster' (every "
-                            "task's address, by job) and 'task' (which one this process is); other keys it may "
-                            f"hold: {', '.join(_OPTIONAL_KEYS)}.")
+            raise Incorrect(
+                f"{shown} has the keys {sorted(map(str, got))[:5]}; TF_CONFIG needs 'cluster' (every "
+                "task's address, by job) and 'task' (which one this process is); other keys it may "
+                f"hold: {', '.join(_OPTIONAL_KEYS)}."
+            )
         for key in _OPTIONAL_KEYS:
             if key in got and (key not in _OPTIONAL_VALUES or got[key] not in _OPTIONAL_VALUES[key]):
-                raise Incorrect(f"{shown} sets {key!r} to {describe(got[key])}; leave it out (the exercise asks for "
-                                "'cluster' and 'task'): a wrong value changes how TensorFlow connects.")
+                raise Incorrect(
+                    f"{shown} sets {key!r} to {describe(got[key])}; leave it out (the exercise asks for "
+                    "'cluster' and 'task'): a wrong value changes how TensorFlow connects."
+                )
         cluster, task = got["cluster"], got["task"]
         if cluster == list(addresses) or cluster == {"workers": list(addresses)}:
-            raise Incorrect(f"{shown}: 'cluster' maps each job name to its addresses; the job is called 'worker' "
-                            "(singular): {'worker': [...]}.")
+            raise Incorrect(
+                f"{shown}: 'cluster' maps each job name to its addresses; the job is called 'worker' "
+                "(singular): {'worker': [...]}."
+            )
         if not isinstance(cluster, dict) or cluster != expected["cluster"]:
-            raise Incorrect(f"{shown}: 'cluster' is {describe(cluster)}; it must list every worker, in order, the same "
-                            "in every process: {'worker': addresses}.")
+            raise Incorrect(
+                f"{shown}: 'cluster' is {describe(cluster)}; it must list every worker, in order, the same "
+                "in every process: {'worker': addresses}."
+            )
         if not isinstance(task, dict) or set(task) != {"type", "index"}:
-            raise Incorrect(f"{shown}: 'task' is {describe(task)}; it says which task this process is: "
-                            "{'type': ..., 'index': ...}.")
+            raise Incorrect(
+                f"{shown}: 'task' is {describe(task)}; it says which task this process is: "
+                "{'type': ..., 'index': ...}."
+            )
         if task.get("type") != "worker":
-            raise Incorrect(f"{shown}: the task type is {describe(task.get('type'))}; these processes are all "
-                            "'worker' tasks.")
+            raise Incorrect(
+                f"{shown}: the task type is {describe(task.get('type'))}; these processes are all 'worker' tasks."
+            )
         if isinstance(task["index"], bool) or not isinstance(task["index"], int):
             kind = "not text" if isinstance(task["index"], str) else "an int"
-            raise Incorrect(f"{shown}: the task index is {describe(task['index'])}; it is a whole number "
-                            f"({index}), {kind}.")
+            raise Incorrect(
+                f"{shown}: the task index is {describe(task['index'])}; it is a whole number ({index}), {kind}."
+            )
         if task["index"] != index:
-            raise Incorrect(f"{shown}: the task index is {task['index']}, expected {index}: the position of this "
-                            "process's own address in the list.")
-    return ("Every process gets the same 'cluster' and its own 'task'. The launcher of this lesson writes exactly "
-            "this (course_utils.cluster.tf_config); on Cloud TPU VMs and Kubernetes the platform sets it.")
+            raise Incorrect(
+                f"{shown}: the task index is {task['index']}, expected {index}: the position of this "
+                "process's own address in the list."
+            )
+    return (
+        "Every process gets the same 'cluster' and its own 'task'. The launcher of this lesson writes exactly "
+        "this (course_utils.cluster.tf_config); on Cloud TPU VMs and Kubernetes the platform sets it."
+    )
 
 
 # -- 2. global_batch_and_lr -------------------------------------------------------------------
@@ -90,8 +119,14 @@ def _check_tf_config(answer: Any) -> str:
 # (per-core batch, cores, base LR, base batch)
 # The last case's ratio (384 / 256 = 1.5) is not a power of two and its LR (0.0184500…) has more than two decimals:
 # an answer that rounds, or scales by powers of two, fails there
-_LR_CASES = ((128, 8, 0.1, 256), (128, 1, 0.1, 256), (64, 32, 0.2, 512), (32, 256, 0.05, 128), (256, 4, 0.4, 1024),
-             (48, 8, 0.0123, 256))
+_LR_CASES = (
+    (128, 8, 0.1, 256),
+    (128, 1, 0.1, 256),
+    (64, 32, 0.2, 512),
+    (32, 256, 0.05, 128),
+    (256, 4, 0.4, 1024),
+    (48, 8, 0.0123, 256),
+)
 
 
 def _namedtuple_fields(value: Any) -> tuple[str, ...] | None:
@@ -141,25 +176,36 @@ def _check_global_batch_and_lr(answer: Any) -> str:
         expected_lr = base_lr * expected_batch / base_batch
         if batch != expected_batch:
             if batch == per_core:
-                raise Incorrect(f"{shown} returned a global batch of {batch:g}: that is one core's share. Every core "
-                                "takes its own per-core batch each step.")
-            raise Incorrect(f"{shown} returned a global batch of {batch:g}, expected {expected_batch}: per-core batch × "
-                            "cores.")
+                raise Incorrect(
+                    f"{shown} returned a global batch of {batch:g}: that is one core's share. Every core "
+                    "takes its own per-core batch each step."
+                )
+            raise Incorrect(
+                f"{shown} returned a global batch of {batch:g}, expected {expected_batch}: per-core batch × cores."
+            )
         if math.isclose(lr, expected_lr, rel_tol=1e-6):
             continue
         if math.isclose(lr, base_lr * math.sqrt(expected_batch / base_batch), rel_tol=1e-6):
-            raise Incorrect(f"{shown} returned lr {lr:g}: that is square-root scaling. The rule taught here (Goyal et "
-                            "al. 2017, for SGD) is linear: the LR grows in proportion to the global batch.")
+            raise Incorrect(
+                f"{shown} returned lr {lr:g}: that is square-root scaling. The rule taught here (Goyal et "
+                "al. 2017, for SGD) is linear: the LR grows in proportion to the global batch."
+            )
         if math.isclose(lr, base_lr, rel_tol=1e-6):
-            raise Incorrect(f"{shown} returned lr {lr:g}, the base LR unchanged, expected {expected_lr:g}: scale it by "
-                            "global_batch / base_batch — down, too, when the global batch is the smaller one.")
+            raise Incorrect(
+                f"{shown} returned lr {lr:g}, the base LR unchanged, expected {expected_lr:g}: scale it by "
+                "global_batch / base_batch — down, too, when the global batch is the smaller one."
+            )
         if math.isclose(lr, base_lr * cores, rel_tol=1e-6):
-            raise Incorrect(f"{shown} returned lr {lr:g}: scale by the global batch relative to the batch the base "
-                            "LR was tuned for (base_batch), not by the number of cores.")
+            raise Incorrect(
+                f"{shown} returned lr {lr:g}: scale by the global batch relative to the batch the base "
+                "LR was tuned for (base_batch), not by the number of cores."
+            )
         raise Incorrect(f"{shown} returned lr {lr:g}, expected {expected_lr:g}: base_lr × global_batch / base_batch.")
-    return ("Linear scaling keeps the distance travelled per epoch: twice the batch, half the steps, twice the step. "
-            "It needs a warm-up at large batches, and beyond some batch it stops holding (8k for ResNet-50 on "
-            "ImageNet in Goyal et al.; much less on a dataset as small as CIFAR-10).")
+    return (
+        "Linear scaling keeps the distance travelled per epoch: twice the batch, half the steps, twice the step. "
+        "It needs a warm-up at large batches, and beyond some batch it stops holding (8k for ResNet-50 on "
+        "ImageNet in Goyal et al.; much less on a dataset as small as CIFAR-10)."
+    )
 
 
 # -- 3. pipeline_idle_fraction ----------------------------------------------------------------
@@ -179,15 +225,22 @@ def _check_pipeline_idle_fraction(answer: Any) -> str:
         if stages > 1 and math.isclose(value, 1 - expected, rel_tol=1e-6):
             raise Incorrect(f"{quote}: that is the busy fraction; the question asks for the idle one.")
         if stages > 1 and math.isclose(value, (stages - 1) / micro, rel_tol=1e-6):
-            raise Incorrect(f"{quote}: count the slots of the whole schedule, micro_batches + stages − 1, not only "
-                            "the micro-batches.")
+            raise Incorrect(
+                f"{quote}: count the slots of the whole schedule, micro_batches + stages − 1, not only "
+                "the micro-batches."
+            )
         if stages > 1 and math.isclose(value, (stages - 1) / stages, rel_tol=1e-6):
-            raise Incorrect(f"{quote}: that is the naive split (one micro-batch); more micro-batches fill the "
-                            "pipeline.")
-        raise Incorrect(f"Not quite: {quote}. Draw the schedule: each device works micro_batches slots out of "
-                        "micro_batches + stages − 1.")
-    return ("(S − 1) / (M + S − 1): the bubble shrinks as micro-batches grow, which is why GPipe uses M ≥ 4·S — and "
-            "why it costs activation memory for all M micro-batches in flight (lesson 07's recomputation helps).")
+            raise Incorrect(
+                f"{quote}: that is the naive split (one micro-batch); more micro-batches fill the pipeline."
+            )
+        raise Incorrect(
+            f"Not quite: {quote}. Draw the schedule: each device works micro_batches slots out of "
+            "micro_batches + stages − 1."
+        )
+    return (
+        "(S − 1) / (M + S − 1): the bubble shrinks as micro-batches grow, which is why GPipe uses M ≥ 4·S — and "
+        "why it costs activation memory for all M micro-batches in flight (lesson 07's recomputation helps)."
+    )
 
 
 EXERCISES = ExerciseBank(
@@ -195,8 +248,10 @@ EXERCISES = ExerciseBank(
     [
         Exercise(
             name="tf_config_for",
-            question=("Write `tf_config_for(addresses, index)`: the TF_CONFIG (a dict or its JSON text) of worker "
-                      "`index` in a cluster of workers at `addresses`."),
+            question=(
+                "Write `tf_config_for(addresses, index)`: the TF_CONFIG (a dict or its JSON text) of worker "
+                "`index` in a cluster of workers at `addresses`."
+            ),
             checker=_check_tf_config,
             answer_name="tf_config_for",
             hints=(
@@ -214,24 +269,37 @@ def tf_config_for(addresses, index):
     """TF_CONFIG of worker `index` in a cluster of workers at `addresses`."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda a, i: json.dumps(_expected_config(a, i))),
+            reference=lambda: lambda a, i: json.dumps(_expected_config(a, i)),
             wrong_examples=(
-                ("plural job", lambda: (lambda a, i: {"cluster": {"workers": a}, "task": {"type": "worker", "index": i}}),
-                 "singular"),
-                ("index as text", lambda: (lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker",
-                                                                                             "index": str(i)}}),
-                 "not text"),
-                ("always 0", lambda: (lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": 0}}),
-                 "expected 1"),
-                ("own address only", lambda: (lambda a, i: {"cluster": {"worker": [a[i]]},
-                                                             "task": {"type": "worker", "index": 0}}), "every worker"),
+                (
+                    "plural job",
+                    lambda: lambda a, i: {"cluster": {"workers": a}, "task": {"type": "worker", "index": i}},
+                    "singular",
+                ),
+                (
+                    "index as text",
+                    lambda: lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": str(i)}},
+                    "not text",
+                ),
+                (
+                    "always 0",
+                    lambda: lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": 0}},
+                    "expected 1",
+                ),
+                (
+                    "own address only",
+                    lambda: lambda a, i: {"cluster": {"worker": [a[i]]}, "task": {"type": "worker", "index": 0}},
+                    "every worker",
+                ),
             ),
         ),
         Exercise(
             name="global_batch_and_lr",
-            question=("Write `global_batch_and_lr(per_core_batch, cores, base_lr, base_batch)`: the global batch of "
-                      "one step on `cores` cores, and the learning rate by the linear scaling rule, given that "
-                      "`base_lr` was tuned at `base_batch`."),
+            question=(
+                "Write `global_batch_and_lr(per_core_batch, cores, base_lr, base_batch)`: the global batch of "
+                "one step on `cores` cores, and the learning rate by the linear scaling rule, given that "
+                "`base_lr` was tuned at `base_batch`."
+            ),
             checker=_check_global_batch_and_lr,
             answer_name="global_batch_and_lr",
             hints=(
@@ -249,17 +317,19 @@ def global_batch_and_lr(per_core_batch, cores, base_lr, base_batch):
     """Global batch of one step, and the linearly scaled learning rate."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda b, c, lr, bb: (b * c, lr * b * c / bb)),
+            reference=lambda: lambda b, c, lr, bb: (b * c, lr * b * c / bb),
             wrong_examples=(
-                ("per-core batch", lambda: (lambda b, c, lr, bb: (b, lr * b * c / bb)), "one core's share"),
-                ("LR × cores", lambda: (lambda b, c, lr, bb: (b * c, lr * c)), "base_batch"),
-                ("sqrt", lambda: (lambda b, c, lr, bb: (b * c, lr * math.sqrt(b * c / bb))), "square-root"),
+                ("per-core batch", lambda: lambda b, c, lr, bb: (b, lr * b * c / bb), "one core's share"),
+                ("LR × cores", lambda: lambda b, c, lr, bb: (b * c, lr * c), "base_batch"),
+                ("sqrt", lambda: lambda b, c, lr, bb: (b * c, lr * math.sqrt(b * c / bb)), "square-root"),
             ),
         ),
         Exercise(
             name="pipeline_idle_fraction",
-            question=("Write `pipeline_idle_fraction(stages, micro_batches)`: the share of a GPipe schedule each "
-                      "device spends idle (equal stages, free transfers)."),
+            question=(
+                "Write `pipeline_idle_fraction(stages, micro_batches)`: the share of a GPipe schedule each "
+                "device spends idle (equal stages, free transfers)."
+            ),
             checker=_check_pipeline_idle_fraction,
             answer_name="pipeline_idle_fraction",
             hints=(
@@ -277,11 +347,11 @@ def pipeline_idle_fraction(stages, micro_batches):
     """Share of a GPipe schedule each device spends idle."""
     ...  # your code here
 ''',
-            reference=lambda: (lambda s, m: (s - 1) / (m + s - 1)),
+            reference=lambda: lambda s, m: (s - 1) / (m + s - 1),
             wrong_examples=(
-                ("busy", lambda: (lambda s, m: m / (m + s - 1)), "busy fraction"),
-                ("over M", lambda: (lambda s, m: (s - 1) / m), "slots of the whole"),
-                ("naive", lambda: (lambda s, m: (s - 1) / s), "naive split"),
+                ("busy", lambda: lambda s, m: m / (m + s - 1), "busy fraction"),
+                ("over M", lambda: lambda s, m: (s - 1) / m, "slots of the whole"),
+                ("naive", lambda: lambda s, m: (s - 1) / s, "naive split"),
             ),
         ),
     ],

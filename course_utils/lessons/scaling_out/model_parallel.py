@@ -129,8 +129,7 @@ def _variables(arrays, device: str) -> list:
         return [tf.Variable(a) for a in arrays]
 
 
-def measure(width: int, layers: int, batch: int, micro_batches: list[int], rounds: int = 3,
-            repeats: int = 3) -> dict:
+def measure(width: int, layers: int, batch: int, micro_batches: list[int], rounds: int = 3, repeats: int = 3) -> dict:
     """Run on the chief of a chief + 2 workers cluster (already connected): every variant, timed."""
     import tensorflow as tf
 
@@ -148,8 +147,10 @@ def measure(width: int, layers: int, batch: int, micro_batches: list[int], round
         weights = _variables(arrays[:half], devices[0]) + _variables(arrays[half:], devices[1])
         placed[name] = sorted({w.device for w in weights})
         steps[name] = build_step(weights, devices, m)
-    stage_steps = {"stage 1 alone (worker 0)": build_stage_alone(_variables(arrays[:half], d0), d0),
-                   "stage 2 alone (worker 1)": build_stage_alone(_variables(arrays[half:], d1), d1)}
+    stage_steps = {
+        "stage 1 alone (worker 0)": build_stage_alone(_variables(arrays[:half], d0), d0),
+        "stage 2 alone (worker 1)": build_stage_alone(_variables(arrays[half:], d1), d1),
+    }
     reference = steps["one device"](x, y)
     max_diff = {}
     for name, step in steps.items():  # also the warm-up: every function traced and run once
@@ -157,6 +158,7 @@ def measure(width: int, layers: int, batch: int, micro_batches: list[int], round
         max_diff[name] = max(float(tf.reduce_max(tf.abs(a - b))) for a, b in zip(grads, reference[1]))
     for step in stage_steps.values():
         step(x)
+
     def fetched(fn, *args):  # every output to the host: the remote devices' work is done
         return lambda: [t.numpy() for t in tf.nest.flatten(fn(*args))]
 
@@ -167,10 +169,18 @@ def measure(width: int, layers: int, batch: int, micro_batches: list[int], round
         for name, fn in timed.items():
             times[name].append(time_fn(fn, repeats=repeats, warmup=0).median_s)
     grad_scale = max(float(tf.reduce_max(tf.abs(g))) for g in reference[1])
-    return {"width": width, "layers_per_stage": layers, "batch": batch, "micro_batches": micro_batches,
-            "times_s": times, "max_grad_diff": max_diff, "grad_scale": grad_scale, "devices": placed,
-            # forward: the activation (batch × width float32) crosses once; backward: its gradient, once
-            "bytes_across_per_step": 2 * batch * width * 4}
+    return {
+        "width": width,
+        "layers_per_stage": layers,
+        "batch": batch,
+        "micro_batches": micro_batches,
+        "times_s": times,
+        "max_grad_diff": max_diff,
+        "grad_scale": grad_scale,
+        "devices": placed,
+        # forward: the activation (batch × width float32) crosses once; backward: its gradient, once
+        "bytes_across_per_step": 2 * batch * width * 4,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

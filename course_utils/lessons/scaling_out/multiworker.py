@@ -55,8 +55,10 @@ def cluster_problem(needs: dict[str, int]) -> str:
         return "TF_CONFIG is not valid JSON with a 'cluster' entry"
     missing = [f"{n} {kind}" for kind, n in needs.items() if len(cluster.get(kind, [])) < n]
     if missing:
-        flags = " ".join(("--chief" if kind == "chief" else f"--{'workers' if kind == 'worker' else kind} {n}")
-                         for kind, n in needs.items())
+        flags = " ".join(
+            ("--chief" if kind == "chief" else f"--{'workers' if kind == 'worker' else kind} {n}")
+            for kind, n in needs.items()
+        )
         return f"this program needs at least {', '.join(missing)} task(s): run it with `python -m course_utils cluster {flags}`"
     return ""
 
@@ -79,8 +81,9 @@ def toy_model(seed: int = 0):
     import keras
 
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"),
-                             keras.layers.Dense(2)])
+    return keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
+    )
 
 
 def _dataset(steps: int, global_batch: int):
@@ -108,8 +111,9 @@ def _train_step(strategy, model, optimizer, global_batch: int):
     def step(batch):
         def replica(x, y):
             with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
-                                                  global_batch_size=global_batch)
+                loss = tf.nn.compute_average_loss(
+                    per_example(y, model(x, training=True)), global_batch_size=global_batch
+                )
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
             return loss
 
@@ -140,8 +144,15 @@ def _task() -> tuple[str, int]:
     return task.get("type", "worker"), int(task.get("index", 0))
 
 
-def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_after: int | None = None,
-                    global_batch: int = GLOBAL_BATCH, lr: float = 0.1) -> dict:
+def train_resumable(
+    strategy,
+    steps: int,
+    ckpt_dir: str,
+    log_path: str,
+    crash_after: int | None = None,
+    global_batch: int = GLOBAL_BATCH,
+    lr: float = 0.1,
+) -> dict:
     """:func:`train` with a checkpoint after every step, restored at start: a killed cluster resumes exactly.
 
     The checkpoint holds the weights, the optimizer and the step counter; on restart the input skips the
@@ -163,8 +174,11 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
         optimizer = keras.optimizers.SGD(lr)
         done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, steps_done=done)
-    is_chief = task_type == "chief" or (task_type == "worker" and index == 0 and "chief" not in
-                                        json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}))
+    is_chief = task_type == "chief" or (
+        task_type == "worker"
+        and index == 0
+        and "chief" not in json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    )
     own_dir = ckpt_dir if is_chief else os.path.join(ckpt_dir, f"scratch_{task_type}{index}")
     manager = tf.train.CheckpointManager(checkpoint, own_dir, max_to_keep=2)
     latest = tf.train.latest_checkpoint(ckpt_dir)
@@ -173,6 +187,7 @@ def train_resumable(strategy, steps: int, ckpt_dir: str, log_path: str, crash_af
     start = int(done.numpy())
     dist = strategy.experimental_distribute_dataset(_dataset(steps, global_batch).skip(start))
     step = _train_step(strategy, model, optimizer, global_batch)
+
     @tf.function
     def barrier():  # a tiny all-reduce: returns on each worker only once every worker has reached it
         return strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
@@ -202,8 +217,7 @@ def pretend_gpu() -> None:
     machine this is the only way to run the handler's GCE-GPU code path (everything after detection is TensorFlow's)."""
     from tensorflow.python.distribute.failure_handling import failure_handling_util as util
 
-    util.detect_platform = lambda: (util.PlatformDevice.GCE_GPU if util.on_gcp() else
-                                    util.PlatformDevice.INTERNAL_GPU)
+    util.detect_platform = lambda: util.PlatformDevice.GCE_GPU if util.on_gcp() else util.PlatformDevice.INTERNAL_GPU
 
 
 def _notice(kind: str) -> None:
@@ -220,9 +234,18 @@ def _notice(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGTERM)
 
 
-def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_after: int | None = None,
-                      step_seconds: float = 0.05, global_batch: int = GLOBAL_BATCH, lr: float = 0.1,
-                      notice: str = "sigterm", grace_period: float | None = None) -> dict:
+def train_preemptible(
+    strategy,
+    steps: int,
+    ckpt_dir: str,
+    log_path: str,
+    term_after: int | None = None,
+    step_seconds: float = 0.05,
+    global_batch: int = GLOBAL_BATCH,
+    lr: float = 0.1,
+    notice: str = "sigterm",
+    grace_period: float | None = None,
+) -> dict:
     """TensorFlow's own answer for preempted workers in a custom loop: ``tf.distribute.experimental.
     PreemptionCheckpointHandler``. Off Google Cloud it restores the latest checkpoint in ``ckpt_dir`` when it is
     created (a step counter in the checkpoint says how many steps are done: TensorFlow deprecated
@@ -243,8 +266,9 @@ def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_a
         done = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_done")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, steps_done=done)
     config = None if grace_period is None else tf.distribute.experimental.TerminationConfig(grace_period=grace_period)
-    handler = tf.distribute.experimental.PreemptionCheckpointHandler(strategy.cluster_resolver, checkpoint, ckpt_dir,
-                                                                     termination_config=config)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, checkpoint, ckpt_dir, termination_config=config
+    )
     start = int(done.numpy())  # the handler restored its latest checkpoint, the step counter with it
     platform = getattr(handler, "_platform_device", None)  # private: what detect_platform() said at creation
     print(f"platform: {platform.name if platform else 'unknown'}", flush=True)
@@ -265,10 +289,18 @@ def train_preemptible(strategy, steps: int, ckpt_dir: str, log_path: str, term_a
     return {"weights": [w.numpy() for w in model.trainable_variables], "start": start}
 
 
-def train_with_own_sigterm_handler(strategy, steps: int, ckpt_dir: str, log_path: str, save_every: int,
-                                   term_after: int | None = None, notice: str = "sigterm",
-                                   step_seconds: float = 0.05, global_batch: int = GLOBAL_BATCH,
-                                   lr: float = 0.1) -> dict:
+def train_with_own_sigterm_handler(
+    strategy,
+    steps: int,
+    ckpt_dir: str,
+    log_path: str,
+    save_every: int,
+    term_after: int | None = None,
+    notice: str = "sigterm",
+    step_seconds: float = 0.05,
+    global_batch: int = GLOBAL_BATCH,
+    lr: float = 0.1,
+) -> dict:
     """What works on any VM, Colab's CPU and TPU runtimes included: a ``tf.train.CheckpointManager`` saving every
     ``save_every`` steps (the floor: a machine that dies without notice loses fewer than ``save_every`` steps) and a
     SIGTERM handler of our own that only raises a flag; the loop checks it after each step, saves once and exits with
@@ -321,7 +353,8 @@ def strategy_with_timeout(timeout_s: float | None):
     import tensorflow as tf
 
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=timeout_s or None)
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING, timeout_seconds=timeout_s or None
+    )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
@@ -337,11 +370,17 @@ def set_heartbeat_timeout(seconds: float) -> None:
     from tensorflow.python.eager import context
 
     spec = TFConfigClusterResolver().cluster_spec()
-    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
-            for job in ("chief", "worker") if job in spec.jobs]
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+        for job in ("chief", "worker")
+        if job in spec.jobs
+    ]
     context.context().configure_coordination_service(
-        service_type="standalone", service_leader=multi_worker_util.coordination_leader(spec),
-        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(seconds * 1000))
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=jobs,
+        heartbeat_timeout_in_ms=int(seconds * 1000),
+    )
 
 
 def failure_detection(strategy) -> dict:
@@ -354,9 +393,11 @@ def failure_detection(strategy) -> dict:
     from tensorflow.python.eager import context
 
     config = context.context().coordination_service  # a CoordinationServiceConfig proto, or None
-    return {"health_check_thread": bool(getattr(strategy.extended, "_enable_check_health", None)),
-            "coordination_service": config.service_type if config is not None else "",
-            "heartbeat_timeout_ms": int(config.heartbeat_timeout_in_ms) if config is not None else None}
+    return {
+        "health_check_thread": bool(getattr(strategy.extended, "_enable_check_health", None)),
+        "coordination_service": config.service_type if config is not None else "",
+        "heartbeat_timeout_ms": int(config.heartbeat_timeout_in_ms) if config is not None else None,
+    }
 
 
 DIE_AFTER_S = 1.0  # a dying worker's pause before its death: its peers finish pulling the last step's data from it
@@ -377,9 +418,18 @@ def _die(died_path: str | None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def train_with_a_stall(strategy, steps: int, stall_after: int, stall_s: float, stalls: bool,
-                       global_batch: int = GLOBAL_BATCH, lr: float = 0.1, dies: bool = False,
-                       died_path: str | None = None, hang_path: str | None = None) -> dict:
+def train_with_a_stall(
+    strategy,
+    steps: int,
+    stall_after: int,
+    stall_s: float,
+    stalls: bool,
+    global_batch: int = GLOBAL_BATCH,
+    lr: float = 0.1,
+    dies: bool = False,
+    died_path: str | None = None,
+    hang_path: str | None = None,
+) -> dict:
     """:func:`train`'s loop, timing each step; if ``stalls``, this worker stops for ``stall_s`` seconds after step
     ``stall_after`` (standing in for a hung process: a deadlock, stuck storage, a debugger; when it starts goes to
     ``hang_path``) — or, with ``dies``, SIGKILLs itself there (a machine that dies; when goes to ``died_path``). The
@@ -407,9 +457,14 @@ def train_with_a_stall(strategy, steps: int, stall_after: int, stall_s: float, s
         try:
             step(next(dist))
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError) as err:
-            return {"step_s": step_s, "error": type(err).__name__, "failed_step": number,
-                    "waited_s": time.perf_counter() - start, "failed_at": time.time(),
-                    "error_line": _key_line(str(err))}
+            return {
+                "step_s": step_s,
+                "error": type(err).__name__,
+                "failed_step": number,
+                "waited_s": time.perf_counter() - start,
+                "failed_at": time.time(),
+                "error_line": _key_line(str(err)),
+            }
         step_s.append(time.perf_counter() - start)
     # Not deleted before the program ends (exit_with_peers: no teardown): the distributed iterator's per-device
     # datasets are autotuned whatever the options say, and after the hang deleting them waited 8 s for that thread.
@@ -424,7 +479,7 @@ def _key_line(message: str) -> str:
     """The sentence of a collective's error that says what happened (TensorFlow's message opens with the op's name)."""
     for key in ("The following tasks are unhealthy", "Collective has timed out", "Collective ops is aborted by"):
         if key in message:
-            line = " ".join(message[message.index(key):].split())
+            line = " ".join(message[message.index(key) :].split())
             return line.split(" The tasks have crashed")[0].split(" [Op:")[0][:200]
     return " ".join(message.split())[:200]
 
@@ -450,15 +505,18 @@ def time_steps(strategy, steps: int, per_worker_batch: int = 64, rounds: int = 3
     def all_reduce():
         def replica():
             return tf.distribute.get_replica_context().all_reduce(
-                "SUM", [tf.identity(v) for v in model.trainable_variables])
+                "SUM", [tf.identity(v) for v in model.trainable_variables]
+            )
+
         return strategy.run(replica)
 
     def run(fn, n):
         start = time.perf_counter()
         for _ in range(n):
             out = fn()
-        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t,
-                              strategy.experimental_local_results(out))
+        tf.nest.map_structure(
+            lambda t: t.numpy() if hasattr(t, "numpy") else t, strategy.experimental_local_results(out)
+        )
         return (time.perf_counter() - start) / n
 
     run(lambda: step(next(dist)), 3)  # warm-up: trace and first collectives
@@ -467,10 +525,15 @@ def time_steps(strategy, steps: int, per_worker_batch: int = 64, rounds: int = 3
     for _ in range(rounds):
         step_s.append(run(lambda: step(next(dist)), steps))
         reduce_s.append(run(all_reduce, steps))
-    return {"workers": strategy.num_replicas_in_sync, "per_worker_batch": per_worker_batch,
-            "step_s": float(np.median(step_s)), "all_reduce_s": float(np.median(reduce_s)),
-            "step_s_rounds": step_s, "all_reduce_s_rounds": reduce_s,
-            "gradient_bytes": int(sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables))}
+    return {
+        "workers": strategy.num_replicas_in_sync,
+        "per_worker_batch": per_worker_batch,
+        "step_s": float(np.median(step_s)),
+        "all_reduce_s": float(np.median(reduce_s)),
+        "step_s_rounds": step_s,
+        "all_reduce_s_rounds": reduce_s,
+        "gradient_bytes": int(sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)),
+    }
 
 
 def fit_under_strategy(strategy, steps: int, global_batch: int = GLOBAL_BATCH) -> None:
@@ -479,8 +542,7 @@ def fit_under_strategy(strategy, steps: int, global_batch: int = GLOBAL_BATCH) -
 
     with strategy.scope():
         model = toy_model()
-        model.compile(keras.optimizers.SGD(0.1),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(_dataset(steps, global_batch), epochs=1, steps_per_epoch=steps, verbose=0)
 
 
@@ -497,8 +559,9 @@ def serve_until_stopped(threads: int | None = None) -> bool:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name=task_type, task_index=index,
-                                  protocol="grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(), job_name=task_type, task_index=index, protocol="grpc", start=True
+    )
     server.join()
     return True  # pragma: no cover - join() returns only when the process is stopped
 
@@ -528,7 +591,9 @@ def _time_alone(args, task: dict, workers: int, wait_s: float = 120.0) -> int:
             return 1
         time.sleep(0.01)
     timing = time_steps(strategy, args.time, args.per_worker_batch)
-    fileguard.write_json(os.path.join(args.out, f"{name}_timing.json"), dict(timing, alone_of=workers), indent=None)  # whole or not at all
+    fileguard.write_json(
+        os.path.join(args.out, f"{name}_timing.json"), dict(timing, alone_of=workers), indent=None
+    )  # whole or not at all
     print(f"{name}: {timing['step_s'] * 1e3:.2f} ms a step alone, beside {workers - 1} other worker(s)", flush=True)
     return 0
 
@@ -552,24 +617,42 @@ def _stall(args, strategy, task: dict) -> int:
     would restart the job from its last checkpoint)."""
     name = f"{task['type']}{task['index']}"
     died_path = os.path.join(args.out, f"worker{args.stall_worker}_died_at.txt")
-    result = train_with_a_stall(strategy, args.steps, args.stall_after, args.stall_seconds,
-                                stalls=task["index"] == args.stall_worker, dies=args.die, died_path=died_path,
-                                hang_path=os.path.join(args.out, f"worker{args.stall_worker}_hangs.txt"))
-    result.update(timeout_s=args.collective_timeout, heartbeat_s=args.heartbeat_timeout, stall_s=args.stall_seconds,
-                  stall_after=args.stall_after,
-                  dies=args.die, detection=failure_detection(strategy))
+    result = train_with_a_stall(
+        strategy,
+        args.steps,
+        args.stall_after,
+        args.stall_seconds,
+        stalls=task["index"] == args.stall_worker,
+        dies=args.die,
+        died_path=died_path,
+        hang_path=os.path.join(args.out, f"worker{args.stall_worker}_hangs.txt"),
+    )
+    result.update(
+        timeout_s=args.collective_timeout,
+        heartbeat_s=args.heartbeat_timeout,
+        stall_s=args.stall_seconds,
+        stall_after=args.stall_after,
+        dies=args.die,
+        detection=failure_detection(strategy),
+    )
     if result["error"] and args.die and os.path.exists(died_path):
         with open(died_path) as f:
             result["after_death_s"] = result.pop("failed_at") - float(f.read())
     result.pop("failed_at", None)
     fileguard.write_json(os.path.join(args.out, f"{name}_stall.json"), result, indent=None)  # whole or not at all
     if result["error"]:
-        print(f"{task['type']} {task['index']}: step {result['failed_step']} raised {result['error']} after "
-              f"{result['waited_s']:.1f} s (collective timeout {args.collective_timeout:g} s): "
-              f"{result['error_line'][:120]}", flush=True)
+        print(
+            f"{task['type']} {task['index']}: step {result['failed_step']} raised {result['error']} after "
+            f"{result['waited_s']:.1f} s (collective timeout {args.collective_timeout:g} s): "
+            f"{result['error_line'][:120]}",
+            flush=True,
+        )
         return COLLECTIVE_TIMEOUT_EXIT
-    print(f"{task['type']} {task['index']}: {len(result['step_s'])} steps; the longest took "
-          f"{max(result['step_s']):.1f} s", flush=True)
+    print(
+        f"{task['type']} {task['index']}: {len(result['step_s'])} steps; the longest took "
+        f"{max(result['step_s']):.1f} s",
+        flush=True,
+    )
     return 0
 
 
@@ -581,39 +664,78 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crash-worker", type=int, help="this worker SIGKILLs itself (with --crash-after)")
     parser.add_argument("--crash-after", type=positive_int, help="... right after committing this step")
     parser.add_argument("--fit", action="store_true", help="train with Keras model.fit instead of the custom loop")
-    parser.add_argument("--time", type=positive_int, metavar="STEPS",
-                        help="after training, time this many steps and all-reduces per round (3 rounds)")
+    parser.add_argument(
+        "--time",
+        type=positive_int,
+        metavar="STEPS",
+        help="after training, time this many steps and all-reduces per round (3 rounds)",
+    )
     parser.add_argument("--per-worker-batch", type=positive_int, default=64, help="with --time")
-    parser.add_argument("--preemptible", metavar="DIR",
-                        help="train under TensorFlow's PreemptionCheckpointHandler, checkpoints in DIR")
+    parser.add_argument(
+        "--preemptible", metavar="DIR", help="train under TensorFlow's PreemptionCheckpointHandler, checkpoints in DIR"
+    )
     parser.add_argument("--term-worker", type=int, help="with --preemptible: this worker sends itself SIGTERM ...")
     parser.add_argument("--term-after", type=positive_int, help="... after this step")
-    parser.add_argument("--notice", choices=("sigterm", "maintenance", "sigkill"), default="sigterm",
-                        help="with --term-worker: the notice (SIGTERM; a GCE maintenance event on the fake metadata "
-                             "server of course_utils.gce; SIGKILL: none)")
-    parser.add_argument("--grace-period", type=non_negative_float,
-                        help="with --preemptible: TerminationConfig(grace_period=...) (default: the platform's)")
-    parser.add_argument("--pretend-gpu", action="store_true",
-                        help="with --preemptible: TensorFlow's platform detection sees a GPU (multiworker.pretend_gpu)")
-    parser.add_argument("--own-handler", metavar="DIR",
-                        help="one process: periodic checkpoints in DIR and our own SIGTERM handler")
+    parser.add_argument(
+        "--notice",
+        choices=("sigterm", "maintenance", "sigkill"),
+        default="sigterm",
+        help="with --term-worker: the notice (SIGTERM; a GCE maintenance event on the fake metadata "
+        "server of course_utils.gce; SIGKILL: none)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=non_negative_float,
+        help="with --preemptible: TerminationConfig(grace_period=...) (default: the platform's)",
+    )
+    parser.add_argument(
+        "--pretend-gpu",
+        action="store_true",
+        help="with --preemptible: TensorFlow's platform detection sees a GPU (multiworker.pretend_gpu)",
+    )
+    parser.add_argument(
+        "--own-handler", metavar="DIR", help="one process: periodic checkpoints in DIR and our own SIGTERM handler"
+    )
     parser.add_argument("--save-every", type=positive_int, default=2, help="with --own-handler")
-    parser.add_argument("--step-seconds", type=non_negative_float, default=0.05,
-                        help="with --preemptible or --own-handler: a pause after each step")
-    parser.add_argument("--single", action="store_true",
-                        help="one process without TF_CONFIG (no cluster): for --preemptible and --own-handler")
-    parser.add_argument("--alone", action="store_true",
-                        help="with --time: each worker trains on its own (no cluster), all at the same time: the step "
-                             "with the cores shared and no communication")
-    parser.add_argument("--heartbeat-timeout", type=non_negative_float, default=0.0, metavar="SECONDS",
-                        help="the coordination service's heartbeat timeout (0: TensorFlow's default, 10 s)")
-    parser.add_argument("--collective-timeout", type=non_negative_float, default=0.0, metavar="SECONDS",
-                        help="collectives fail after this long (CommunicationOptions.timeout_seconds; 0: never)")
+    parser.add_argument(
+        "--step-seconds",
+        type=non_negative_float,
+        default=0.05,
+        help="with --preemptible or --own-handler: a pause after each step",
+    )
+    parser.add_argument(
+        "--single",
+        action="store_true",
+        help="one process without TF_CONFIG (no cluster): for --preemptible and --own-handler",
+    )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="with --time: each worker trains on its own (no cluster), all at the same time: the step "
+        "with the cores shared and no communication",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the coordination service's heartbeat timeout (0: TensorFlow's default, 10 s)",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        type=non_negative_float,
+        default=0.0,
+        metavar="SECONDS",
+        help="collectives fail after this long (CommunicationOptions.timeout_seconds; 0: never)",
+    )
     parser.add_argument("--stall-worker", type=int, help="this worker stops for --stall-seconds ...")
     parser.add_argument("--stall-after", type=positive_int, default=1, help="... after this step")
     parser.add_argument("--stall-seconds", type=non_negative_float, default=0.0)
-    parser.add_argument("--die", action="store_true",
-                        help="with --stall-worker: that worker SIGKILLs itself after --stall-after instead of stopping")
+    parser.add_argument(
+        "--die",
+        action="store_true",
+        help="with --stall-worker: that worker SIGKILLs itself after --stall-after instead of stopping",
+    )
     args = parser.parse_args(argv)
     if args.own_handler and not args.single:
         print("--own-handler needs --single (one process)", file=sys.stderr)
@@ -630,8 +752,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import tensorflow as tf
 
-    config = (json.loads(os.environ["TF_CONFIG"]) if not args.single else
-              {"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}})
+    config = (
+        json.loads(os.environ["TF_CONFIG"])
+        if not args.single
+        else {"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}
+    )
     task = config["task"]
     os.makedirs(args.out, exist_ok=True)
     if args.alone:
@@ -652,10 +777,16 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # noqa: BLE001 - one readable line: the error prints whole tensors
             text = re.sub(r"PerReplica:\{.*?\}\)", "PerReplica:{...})", str(err), flags=re.S)
             frames = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}keras{os.sep}" in f.filename]
-            where = (f" (raised in keras/{frames[-1].filename.rsplit(os.sep + 'keras' + os.sep, 1)[1]}, "
-                     f"{frames[-1].name})" if frames else "")
-            print(f"{task['type']} {task['index']}: model.fit failed: {type(err).__name__}: "
-                  f"{' '.join(text.split())[:300]}{where}", flush=True)
+            where = (
+                f" (raised in keras/{frames[-1].filename.rsplit(os.sep + 'keras' + os.sep, 1)[1]}, {frames[-1].name})"
+                if frames
+                else ""
+            )
+            print(
+                f"{task['type']} {task['index']}: model.fit failed: {type(err).__name__}: "
+                f"{' '.join(text.split())[:300]}{where}",
+                flush=True,
+            )
             return 1
         print(f"{task['type']} {task['index']}: model.fit finished", flush=True)
         return 0
@@ -664,35 +795,63 @@ def main(argv: list[str] | None = None) -> int:
         log_path = os.path.join(args.out, f"{name}_steps.txt")
         term = args.term_after if args.term_worker == task["index"] else None
         if args.own_handler:
-            result = train_with_own_sigterm_handler(strategy, args.steps, args.own_handler, log_path, args.save_every,
-                                                    term_after=term, notice=args.notice,
-                                                    step_seconds=args.step_seconds)
+            result = train_with_own_sigterm_handler(
+                strategy,
+                args.steps,
+                args.own_handler,
+                log_path,
+                args.save_every,
+                term_after=term,
+                notice=args.notice,
+                step_seconds=args.step_seconds,
+            )
         elif args.preemptible:
             if args.pretend_gpu:
                 pretend_gpu()
-            result = train_preemptible(strategy, args.steps, args.preemptible, log_path, term_after=term,
-                                       step_seconds=args.step_seconds, notice=args.notice,
-                                       grace_period=args.grace_period)
+            result = train_preemptible(
+                strategy,
+                args.steps,
+                args.preemptible,
+                log_path,
+                term_after=term,
+                step_seconds=args.step_seconds,
+                notice=args.notice,
+                grace_period=args.grace_period,
+            )
         else:
             crash = args.crash_after if args.crash_worker == task["index"] else None
             result = train_resumable(strategy, args.steps, args.ckpt, log_path, crash_after=crash)
         path = os.path.join(args.out, f"{name}.npz")
         np.savez(path, *result["weights"], start=np.array(result["start"]))
-        print(f"{task['type']} {task['index']}: resumed at step {result['start']}, trained to {args.steps} → {path}",
-              flush=True)
+        print(
+            f"{task['type']} {task['index']}: resumed at step {result['start']}, trained to {args.steps} → {path}",
+            flush=True,
+        )
         return 0
     result = train(strategy, args.steps)
     path = os.path.join(args.out, f"{task['type']}{task['index']}.npz")
-    np.savez(path, *result["weights"], losses=np.array(result["losses"]),
-             local_examples=np.array(result["local_examples"]),
-             replicas=np.array(strategy.num_replicas_in_sync))
-    print(f"{task['type']} {task['index']}: {len(result['losses'])} steps on {strategy.num_replicas_in_sync} replicas, "
-          f"last loss {result['losses'][-1]:.4f}, saw {result['local_examples']} examples → {path}", flush=True)
+    np.savez(
+        path,
+        *result["weights"],
+        losses=np.array(result["losses"]),
+        local_examples=np.array(result["local_examples"]),
+        replicas=np.array(strategy.num_replicas_in_sync),
+    )
+    print(
+        f"{task['type']} {task['index']}: {len(result['losses'])} steps on {strategy.num_replicas_in_sync} replicas, "
+        f"last loss {result['losses'][-1]:.4f}, saw {result['local_examples']} examples → {path}",
+        flush=True,
+    )
     if args.time:
         timing = time_steps(strategy, args.time, args.per_worker_batch)
-        fileguard.write_json(os.path.join(args.out, f"{task['type']}{task['index']}_timing.json"), timing, indent=None)  # whole or not at all
-        print(f"{task['type']} {task['index']}: {timing['step_s'] * 1e3:.2f} ms a step, all-reduce alone "
-              f"{timing['all_reduce_s'] * 1e3:.2f} ms ({timing['workers']} worker(s))", flush=True)
+        fileguard.write_json(
+            os.path.join(args.out, f"{task['type']}{task['index']}_timing.json"), timing, indent=None
+        )  # whole or not at all
+        print(
+            f"{task['type']} {task['index']}: {timing['step_s'] * 1e3:.2f} ms a step, all-reduce alone "
+            f"{timing['all_reduce_s'] * 1e3:.2f} ms ({timing['workers']} worker(s))",
+            flush=True,
+        )
     return 0
 
 

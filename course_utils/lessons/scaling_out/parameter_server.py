@@ -25,8 +25,7 @@ import sys
 import time
 
 from ... import fileguard
-from .multiworker import (GLOBAL_BATCH, _dataset, _task, cluster_problem, positive_int, serve_until_stopped,
-                          toy_model)
+from .multiworker import GLOBAL_BATCH, _dataset, _task, cluster_problem, positive_int, serve_until_stopped, toy_model
 
 
 def try_fit(strategy, steps: int) -> str:
@@ -81,12 +80,16 @@ def train(strategy, coordinator, model, steps: int, batch: int = GLOBAL_BATCH, l
     coordinator.join()  # wait until every scheduled step has run on some worker
     seconds = time.perf_counter() - start
     results = [r.fetch() for r in scheduled]
-    return {"losses": [float(loss) for loss, _ in results], "seconds": seconds,
-            "workers": [int(worker) for _, worker in results],
-            "variable_devices": sorted({v.value.device for v in model.trainable_variables}),
-            "optimizer_iterations": int(optimizer.iterations.numpy()), "executions": int(executions.numpy()),
-            "schedule_step": lambda: coordinator.schedule(step, args=(iterator,)),
-            "count_executions": lambda: int(executions.numpy())}
+    return {
+        "losses": [float(loss) for loss, _ in results],
+        "seconds": seconds,
+        "workers": [int(worker) for _, worker in results],
+        "variable_devices": sorted({v.value.device for v in model.trainable_variables}),
+        "optimizer_iterations": int(optimizer.iterations.numpy()),
+        "executions": int(executions.numpy()),
+        "schedule_step": lambda: coordinator.schedule(step, args=(iterator,)),
+        "count_executions": lambda: int(executions.numpy()),
+    }
 
 
 class _FailureLog:
@@ -151,11 +154,19 @@ def through_a_worker_failure(coordinator, trained: dict, worker: int, pid_path: 
     first_workers = [int(r.fetch()[1]) for r in first]
     second_workers = [int(r.fetch()[1]) for r in second]
     losses = [float(r.fetch()[0]) for r in first + second]
-    return {"killed": worker, "scheduled": 2 * steps, "returned": int(np.isfinite(losses).sum()),
-            "first_half": first_workers, "second_half": second_workers,
-            "ran_on_killed_before_kill": ran_before.count(worker), "put_back": len(failures.lines),
-            "failure_lines": failures.lines[:3], "executions": trained["count_executions"]() - before_count,
-            "join_after_kill_s": seconds, "grpc_fail_fast": os.environ.get("GRPC_FAIL_FAST", "")}
+    return {
+        "killed": worker,
+        "scheduled": 2 * steps,
+        "returned": int(np.isfinite(losses).sum()),
+        "first_half": first_workers,
+        "second_half": second_workers,
+        "ran_on_killed_before_kill": ran_before.count(worker),
+        "put_back": len(failures.lines),
+        "failure_lines": failures.lines[:3],
+        "executions": trained["count_executions"]() - before_count,
+        "join_after_kill_s": seconds,
+        "grpc_fail_fast": os.environ.get("GRPC_FAIL_FAST", ""),
+    }
 
 
 EVAL_EXAMPLES, EVAL_BATCH = 128, 16  # a held-out set of 8 batches (toy_data with another seed)
@@ -166,7 +177,7 @@ def batch_by_index(tensors, k, batch: int):
     sliced by index — the same work whatever ``k`` is. (``dataset.skip(k).take(1)`` would produce, and map, all the
     ``k`` batches before it: O(k) per step, O(n²) for an evaluation.)"""
     start = k * batch
-    return tuple(t[start:start + batch] for t in tensors)
+    return tuple(t[start : start + batch] for t in tensors)
 
 
 def evaluate(strategy, coordinator, model, examples: int = EVAL_EXAMPLES, batch: int = EVAL_BATCH) -> dict:
@@ -194,7 +205,8 @@ def evaluate(strategy, coordinator, model, examples: int = EVAL_EXAMPLES, batch:
         return i, tf.cast(tf.argmax(model(xb, training=False), axis=-1, output_type=tf.int32) == yb, tf.int32)
 
     per_worker = coordinator.create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(lambda _context: eval_set()))
+        lambda: strategy.distribute_datasets_from_function(lambda _context: eval_set())
+    )
     iterator = iter(per_worker)
 
     @tf.function
@@ -206,16 +218,21 @@ def evaluate(strategy, coordinator, model, examples: int = EVAL_EXAMPLES, batch:
         return strategy.run(judge, args=batch_by_index(eval_tensors, k, batch))
 
     out = {"examples": examples, "batches": batches}
-    for name, scheduled in (("per-worker dataset", lambda: [coordinator.schedule(next_batch, args=(iterator,))
-                                                           for _ in range(batches)]),
-                            ("one batch per step", lambda: [coordinator.schedule(batch_k, args=(tf.constant(k, tf.int64),))
-                                                           for k in range(batches)])):
+    for name, scheduled in (
+        ("per-worker dataset", lambda: [coordinator.schedule(next_batch, args=(iterator,)) for _ in range(batches)]),
+        (
+            "one batch per step",
+            lambda: [coordinator.schedule(batch_k, args=(tf.constant(k, tf.int64),)) for k in range(batches)],
+        ),
+    ):
         remote = scheduled()
         coordinator.join()
         seen = [r.fetch() for r in remote]
         visited = np.concatenate([np.asarray(i) for i, _ in seen])
-        out[name] = {"visits": np.bincount(visited, minlength=examples).tolist(),
-                     "correct": int(sum(int(np.asarray(c).sum()) for _, c in seen))}
+        out[name] = {
+            "visits": np.bincount(visited, minlength=examples).tolist(),
+            "correct": int(sum(int(np.asarray(c).sum()) for _, c in seen)),
+        }
     reference = judge(ids, x, y)[1]  # in the coordinator: the variables read from the parameter server
     out["coordinator_correct"] = int(np.asarray(reference).sum())
     return out
@@ -270,10 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=positive_int, default=20)
     parser.add_argument("--no-fit", action="store_true", help="skip the model.fit attempt")
-    parser.add_argument("--kill-worker", type=int, metavar="I",
-                        help="after evaluating, SIGKILL worker I in the middle of a schedule of training steps")
-    parser.add_argument("--kill-steps", type=positive_int, default=8,
-                        help="with --kill-worker: steps scheduled before the kill, and as many after it")
+    parser.add_argument(
+        "--kill-worker",
+        type=int,
+        metavar="I",
+        help="after evaluating, SIGKILL worker I in the middle of a schedule of training steps",
+    )
+    parser.add_argument(
+        "--kill-steps",
+        type=positive_int,
+        default=8,
+        help="with --kill-worker: steps scheduled before the kill, and as many after it",
+    )
     args = parser.parse_args(argv)
     problem = cluster_problem({"chief": 1, "worker": 1, "ps": 1})
     if problem:
@@ -307,28 +332,43 @@ def main(argv: list[str] | None = None) -> int:
         model = toy_model()  # its variables are created on the parameter server
     trained = train(strategy, coordinator, model, args.steps)
     result.update({k: v for k, v in trained.items() if not callable(v)})
-    print(f"chief: custom loop, {args.steps} steps scheduled on the workers in {result['seconds']:.1f} s; loss "
-          f"{result['losses'][0]:.3f} (first step) → {result['losses'][-1]:.3f} (last step); variables on "
-          f"{result['variable_devices']}", flush=True)
+    print(
+        f"chief: custom loop, {args.steps} steps scheduled on the workers in {result['seconds']:.1f} s; loss "
+        f"{result['losses'][0]:.3f} (first step) → {result['losses'][-1]:.3f} (last step); variables on "
+        f"{result['variable_devices']}",
+        flush=True,
+    )
     result["evaluation"] = ev = evaluate(strategy, coordinator, model)
     for name in ("per-worker dataset", "one batch per step"):
         visits = ev[name]["visits"]
-        print(f"chief: evaluation scheduled on the workers, {name}: {ev[name]['correct']}/{ev['examples']} right; "
-              f"{visits.count(1)} examples seen once, {sum(v > 1 for v in visits)} more than once, "
-              f"{visits.count(0)} never", flush=True)
-    print(f"chief: the same model evaluated in the coordinator: {ev['coordinator_correct']}/{ev['examples']} right",
-          flush=True)
+        print(
+            f"chief: evaluation scheduled on the workers, {name}: {ev[name]['correct']}/{ev['examples']} right; "
+            f"{visits.count(1)} examples seen once, {sum(v > 1 for v in visits)} more than once, "
+            f"{visits.count(0)} never",
+            flush=True,
+        )
+    print(
+        f"chief: the same model evaluated in the coordinator: {ev['coordinator_correct']}/{ev['examples']} right",
+        flush=True,
+    )
     ev["batch_cost"] = cost = batch_cost()
-    print(f"chief: batch {cost['batches'] - 1} of {cost['batches']}: skip(k).take(1) "
-          f"{cost['skip(k).take(1)'][str(cost['batches'] - 1)] * 1e3:.1f} ms, slice by index "
-          f"{cost['slice by index'][str(cost['batches'] - 1)] * 1e3:.2f} ms", flush=True)
+    print(
+        f"chief: batch {cost['batches'] - 1} of {cost['batches']}: skip(k).take(1) "
+        f"{cost['skip(k).take(1)'][str(cost['batches'] - 1)] * 1e3:.1f} ms, slice by index "
+        f"{cost['slice by index'][str(cost['batches'] - 1)] * 1e3:.2f} ms",
+        flush=True,
+    )
     if args.kill_worker is not None:
         result["worker_failure"] = lost = through_a_worker_failure(
-            coordinator, trained, args.kill_worker, pid_file(args.out, args.kill_worker), args.kill_steps)
-        print(f"chief: worker {lost['killed']} SIGKILLed mid-schedule (GRPC_FAIL_FAST={lost['grpc_fail_fast']}); "
-              f"{lost['returned']}/{lost['scheduled']} steps returned; workers before the kill {lost['first_half']}, "
-              f"after {lost['second_half']}; {lost['put_back']} closure(s) put back; the step ran "
-              f"{lost['executions']} times", flush=True)
+            coordinator, trained, args.kill_worker, pid_file(args.out, args.kill_worker), args.kill_steps
+        )
+        print(
+            f"chief: worker {lost['killed']} SIGKILLed mid-schedule (GRPC_FAIL_FAST={lost['grpc_fail_fast']}); "
+            f"{lost['returned']}/{lost['scheduled']} steps returned; workers before the kill {lost['first_half']}, "
+            f"after {lost['second_half']}; {lost['put_back']} closure(s) put back; the step ran "
+            f"{lost['executions']} times",
+            flush=True,
+        )
     fileguard.write_json(os.path.join(args.out, "parameter_server.json"), result, indent=None)  # whole or not at all
     if args.kill_worker is not None:  # skip TensorFlow's teardown: it would try (and log failing) to remove every
         sys.stdout.flush()  # function from the killed worker, and the coordinator's threads still wait for it

@@ -9,8 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ...exercises import (Exercise, ExerciseBank, Incorrect, call_learner, describe, error, require_callable,
-                          require_int)
+from ...exercises import Exercise, ExerciseBank, Incorrect, call_learner, describe, error, require_callable, require_int
 
 # ----------------------------------------------------------------------------------------------
 # Bank "tpu_initialization" (lesson: TPU initialization and distribution strategies)
@@ -101,9 +100,7 @@ def _check_global_batch_size(answer: Any) -> str:
 
     wrong = [(per, n, v) for (per, n), v in got.items() if not (is_number(v) and v == per * n)]
     per0, n0, value0 = wrong[0] if wrong else (0, 0, None)
-    quote = (
-        f"for {n0} replicas and per-replica batch {per0} you returned {show(value0)}, expected {per0 * n0}"
-    )
+    quote = f"for {n0} replicas and per-replica batch {per0} you returned {show(value0)}, expected {per0 * n0}"
 
     values = got.values()
     if wrong and all(is_number(v) for v in values):
@@ -165,8 +162,7 @@ def _check_build_in_scope(answer: Any, strategy: Any) -> str:
     )
     if not isinstance(model, keras.Model):
         raise Incorrect(
-            f"Expected `make_model` to return a keras.Model, got {describe(model)}; "
-            "`return model` at the end."
+            f"Expected `make_model` to return a keras.Model, got {describe(model)}; `return model` at the end."
         )
     weights = list(model.weights)
     if not weights:
@@ -217,8 +213,10 @@ def _check_shapes(model: Any) -> None:
         input_shape = tuple(inputs[0].shape) if len(inputs) == 1 else None
     except Exception:  # noqa: BLE001
         input_shape = None
-    fits = input_shape is not None and len(input_shape) == 4 and all(
-        d is None or d == want for d, want in zip(input_shape[1:], (32, 32, 3))
+    fits = (
+        input_shape is not None
+        and len(input_shape) == 4
+        and all(d is None or d == want for d, want in zip(input_shape[1:], (32, 32, 3)))
     )  # `keras.Input(shape=(None, None, 3))` takes 32×32×3 images too
     if input_shape is not None and not fits:
         raise Incorrect(
@@ -253,8 +251,9 @@ def _check_loss(model: Any) -> None:
     right = 10.0 * np.eye(NUM_CLASSES, dtype="float32")[labels]
     wrong = 10.0 * np.eye(NUM_CLASSES, dtype="float32")[[7, 3, 0]]
     try:
-        on_right, on_wrong = (float(keras.ops.convert_to_numpy(model.compute_loss(y=labels, y_pred=out)))
-                              for out in (right, wrong))
+        on_right, on_wrong = (
+            float(keras.ops.convert_to_numpy(model.compute_loss(y=labels, y_pred=out))) for out in (right, wrong)
+        )
     except Exception as e:  # noqa: BLE001 - what fit would raise on the first batch
         raise Incorrect(
             f"your loss cannot take the course's labels (one integer class per image, e.g. [3, 7, 9]) with "
@@ -312,9 +311,7 @@ def _global_batch_size_reference(per_replica_batch, strategy):
 
 
 def _small_model():
-    return keras.Sequential(
-        [keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)]
-    )
+    return keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(10)])
 
 
 def _compile(model, optimizer="adam"):
@@ -364,17 +361,23 @@ def _make_model_no_loss(strategy):
 
 def _make_model_mnist_input(strategy):
     with strategy.scope():
-        return _compile(keras.Sequential([keras.Input(shape=(28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]))
+        return _compile(
+            keras.Sequential([keras.Input(shape=(28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        )
 
 
 def _make_model_one_output(strategy):
     with strategy.scope():
-        return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(1)]))
+        return _compile(
+            keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(1)])
+        )
 
 
 def _make_model_five_outputs(strategy):
     with strategy.scope():
-        return _compile(keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(5)]))
+        return _compile(
+            keras.Sequential([keras.Input(shape=(32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(5)])
+        )
 
 
 def _make_model_loss(loss):
@@ -402,8 +405,7 @@ EXERCISES = ExerciseBank(
         Exercise(
             name="replicas_on_v5e",
             question=(
-                "How many replicas does `strategy.num_replicas_in_sync` report on Colab's free TPU "
-                "runtime (v5e-1)?"
+                "How many replicas does `strategy.num_replicas_in_sync` report on Colab's free TPU runtime (v5e-1)?"
             ),
             checker=_check_replicas_on_v5e,
             answer_name="answer",
@@ -411,9 +413,7 @@ EXERCISES = ExerciseBank(
                 "TPUStrategy makes one replica per TensorCore. How many chips does a v5e-1 have?",
                 "The old v2-8 had 4 chips × 2 TensorCores = 8 replicas. A v5e chip has one TensorCore.",
             ),
-            solution_code=(
-                "answer = 1  # v5e-1: 1 chip × 1 TensorCore = 1 replica (the retired v2-8 had 8)\n"
-            ),
+            solution_code=("answer = 1  # v5e-1: 1 chip × 1 TensorCore = 1 replica (the retired v2-8 had 8)\n"),
             stub="answer = ...  # an int\n",
             reference=lambda: 1,
             wrong_examples=(
@@ -426,10 +426,7 @@ EXERCISES = ExerciseBank(
         ),
         Exercise(
             name="global_batch_size",
-            question=(
-                "Write `global_batch_size(per_replica_batch, strategy)`: examples per step "
-                "across all replicas."
-            ),
+            question=("Write `global_batch_size(per_replica_batch, strategy)`: examples per step across all replicas."),
             checker=_check_global_batch_size,
             answer_name="global_batch_size",
             hints=(
@@ -451,28 +448,27 @@ def global_batch_size(per_replica_batch, strategy):
             wrong_examples=(
                 (
                     "ignores replicas",
-                    lambda: (lambda per, s: per),
+                    lambda: lambda per, s: per,
                     "ignores the number of replicas: for 4 replicas and per-replica batch 64 "
                     "you returned 64, expected 256",
                 ),
-                ("hard-codes 8", lambda: (lambda per, s: per * 8), "assumes 8 replicas (the retired v2-8)"),
-                ("divides", lambda: (lambda per, s: per // s.num_replicas_in_sync), "you divided"),
-                ("true division", lambda: (lambda per, s: per / s.num_replicas_in_sync), "you divided"),
+                ("hard-codes 8", lambda: lambda per, s: per * 8, "assumes 8 replicas (the retired v2-8)"),
+                ("divides", lambda: lambda per, s: per // s.num_replicas_in_sync, "you divided"),
+                ("true division", lambda: lambda per, s: per / s.num_replicas_in_sync, "you divided"),
                 (
                     "float result",
-                    lambda: (lambda per, s: float(per * s.num_replicas_in_sync)),
+                    lambda: lambda per, s: float(per * s.num_replicas_in_sync),
                     "Expected an int (the global batch size), got float",
                 ),
-                ("string result", lambda: (lambda per, s: str(per * 4)), "got str '256'"),
+                ("string result", lambda: lambda per, s: str(per * 4), "got str '256'"),
                 (
                     "fixed factor",
-                    lambda: (lambda per, s: per * 4),
-                    "always multiplies by 4: for 8 replicas and per-replica batch 128 you returned 512, "
-                    "expected 1024",
+                    lambda: lambda per, s: per * 4,
+                    "always multiplies by 4: for 8 replicas and per-replica batch 128 you returned 512, expected 1024",
                 ),
-                ("adds", lambda: (lambda per, s: per + s.num_replicas_in_sync), "expected 256"),
+                ("adds", lambda: lambda per, s: per + s.num_replicas_in_sync, "expected 256"),
                 ("result, not function", lambda: 256, "Pass the function itself"),
-                ("wrong arity", lambda: (lambda per: per), "define it with exactly 2 parameters"),
+                ("wrong arity", lambda: lambda per: per, "define it with exactly 2 parameters"),
             ),
         ),
         Exercise(
@@ -490,7 +486,7 @@ def global_batch_size(per_replica_batch, strategy):
                 "Inside the `with` block: `keras.Sequential([keras.Input(shape=(32, 32, 3)), ...])`, then "
                 "`model.compile(optimizer='adam', loss=...)`; return the model after the block.",
             ),
-            solution_code='''\
+            solution_code="""\
 import keras
 
 def make_model(strategy):
@@ -506,7 +502,7 @@ def make_model(strategy):
             metrics=["accuracy"],
         )
     return model
-''',
+""",
             stub='''\
 def make_model(strategy):
     """Build AND compile a small classifier for 32x32x3 images and 10 classes (integer labels 0-9) so it can train
@@ -532,11 +528,17 @@ def make_model(strategy):
                 ("28x28x1 input", lambda: _make_model_mnist_input, "inputs of shape (28, 28, 1)"),
                 ("one output unit", lambda: _make_model_one_output, "one output per class"),
                 ("five outputs for ten classes", lambda: _make_model_five_outputs, "Dense(10)"),
-                ("categorical_crossentropy for integer labels", lambda: _make_model_loss("categorical_crossentropy"),
-                 "wants one-hot labels"),
+                (
+                    "categorical_crossentropy for integer labels",
+                    lambda: _make_model_loss("categorical_crossentropy"),
+                    "wants one-hot labels",
+                ),
                 ("mse for integer labels", lambda: _make_model_loss("mse"), "`mse` one number per output"),
-                ("a loss blind to the class", lambda: _make_model_loss(lambda y, out: keras.ops.mean(out)),
-                 "not lower when the right class"),
+                (
+                    "a loss blind to the class",
+                    lambda: _make_model_loss(lambda y, out: keras.ops.mean(out)),
+                    "not lower when the right class",
+                ),
                 (
                     "returns a layer",
                     lambda: _make_model_returns_layer,

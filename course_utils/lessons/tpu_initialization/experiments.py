@@ -52,8 +52,11 @@ def resolver_recipes() -> list[dict]:
     Resolver = tf.distribute.cluster_resolver.TPUClusterResolver
     rows = []
     for recipe, era, build in [
-        ('TPUClusterResolver(tpu="grpc://" + os.environ["COLAB_TPU_ADDR"])', "TPU Node (retired)",
-         lambda: Resolver(tpu="grpc://" + os.environ["COLAB_TPU_ADDR"])),
+        (
+            'TPUClusterResolver(tpu="grpc://" + os.environ["COLAB_TPU_ADDR"])',
+            "TPU Node (retired)",
+            lambda: Resolver(tpu="grpc://" + os.environ["COLAB_TPU_ADDR"]),
+        ),
         ("TPUClusterResolver()", "TPU Node / Cloud TPU name", lambda: Resolver()),
     ]:
         try:
@@ -64,9 +67,7 @@ def resolver_recipes() -> list[dict]:
         rows.append({"recipe": recipe, "era": era, "outcome": outcome})
     if runtime.tpu_hints():
         rt = runtime.detect()
-        outcome = (
-            f"connected: {rt.num_replicas} replica(s)" if rt.kind == "TPU" else "failed: " + rt.fallbacks[0]
-        )
+        outcome = f"connected: {rt.num_replicas} replica(s)" if rt.kind == "TPU" else "failed: " + rt.fallbacks[0]
     else:
         Resolver(tpu="local")
         outcome = "constructed; not connected — no TPU on this machine, so the course falls back"
@@ -95,9 +96,15 @@ def split_one_batch(strategy, per_replica_batch: int, image_shape=(32, 32, 3)) -
     }
 
 
-def compare_matmul_dtypes(n: int, repeats: int, device: str | None = None, jit: bool = False,
-                          dtypes: tuple[str, ...] = ("float32", "bfloat16"), target_s: float = 0.05,
-                          seed: int = 0) -> dict:
+def compare_matmul_dtypes(
+    n: int,
+    repeats: int,
+    device: str | None = None,
+    jit: bool = False,
+    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+    target_s: float = 0.05,
+    seed: int = 0,
+) -> dict:
     """TFLOP/s of chained ``n×n`` matmuls in each dtype, timed call by call in turn (interleaved).
 
     Every dtype runs the same chain length (calibrated on the first dtype to last about ``target_s``
@@ -127,8 +134,15 @@ def compare_matmul_dtypes(n: int, repeats: int, device: str | None = None, jit: 
         results = {dt: float(fn().numpy()) for dt, fn in calls.items()}
         nbytes = {dt: int(tf.size(x).numpy()) * x.dtype.size for dt, (x, _) in ops.items()}
     rates = {
-        dt: MatmulRate(n, dt, matmuls, jit, device or "default",
-                       Timing(statistics.median(times[dt]), times[dt], warm[dt]), results[dt])
+        dt: MatmulRate(
+            n,
+            dt,
+            matmuls,
+            jit,
+            device or "default",
+            Timing(statistics.median(times[dt]), times[dt], warm[dt]),
+            results[dt],
+        )
         for dt in dtypes
     }
     first = dtypes[0]
@@ -137,6 +151,7 @@ def compare_matmul_dtypes(n: int, repeats: int, device: str | None = None, jit: 
 
 
 V5E_PEAK_TFLOPS = 197.0  # §1: one TPU v5e chip's peak bfloat16 matmul rate
+
 
 # §7, pitfall 2 on 4 replicas: the code the notebook runs in a 4-CPU process (keep the two the same)
 def batches(x, y, global_batch: int, shuffle: bool, seed: int):
@@ -168,8 +183,12 @@ def fit_in_scope(strategy, sizes, train_ds, jit_compile, callbacks=(), verbose=0
     outside the scope: the model remembers its strategy). Returns ``(model, history)``."""
     with strategy.scope():
         model = models.small_cnn(num_classes=sizes.num_classes, width=sizes.model_width)
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
-                      metrics=["accuracy"], jit_compile=jit_compile)
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+            jit_compile=jit_compile,
+        )
     history = model.fit(train_ds, epochs=sizes.epochs, callbacks=list(callbacks), verbose=verbose)
     return model, history
 
@@ -224,7 +243,9 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
         import re
 
         line = next((ln for ln in str(e).splitlines() if "located in device" in ln), str(e).strip().split("\n")[0])
-        out["jit_true"] = f"{type(e).__name__}: " + re.sub(r" \(defined @ [^)]*\)|/job:[^ ]*device:", "", line).strip()[:200]
+        out["jit_true"] = (
+            f"{type(e).__name__}: " + re.sub(r" \(defined @ [^)]*\)|/job:[^ ]*device:", "", line).strip()[:200]
+        )
     kind = "TPU" if isinstance(strategy, tf.distribute.TPUStrategy) else "CPU"
     jit_compile, compiled, _ = runtime.fit_jit_compile(kind, True, replicas)  # as under COURSE_JIT=1
     out["rule"], out["kind"] = [jit_compile, compiled], kind
@@ -246,6 +267,7 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
         def step(batch_xy):
             def replica(xb, yb):
                 model.optimizer.apply_gradients(zip(grads(xb, yb), model.trainable_variables))
+
             strategy.run(replica, args=batch_xy)
 
         for batch_xy in strategy.experimental_distribute_dataset(ds):
@@ -265,44 +287,97 @@ def fit_xla_on_replicas(strategy, steps: int = 4, batch: int = 16) -> dict:
 CPU_SHARE_OF_V5E = 0.01  # a CPU's float32 matmul rate against one v5e chip's peak: below this share
 TPU_MIN_TFLOPS = 1.0  # a TPU's bfloat16 matmul rate in this lesson's probe: above this
 BF16_SPEED_RANGE = (0.5, 2.0)  # bfloat16 ÷ float32 matmul speed on a TPU: about 1×
-CLAIMS = report.LessonClaims("01", [
-    report.Declared("01.old_recipes_fail",
-                    "Old recipes (grpc:// + COLAB_TPU_ADDR; no-argument resolver) fail on today's runtimes",
-                    "TPU VM docs; §3", "both raise on a TPU VM", where=resolver_recipes),
-    report.Declared("01.local_resolver_recipe",
-                    'TPUClusterResolver(tpu="local") → connect → initialize gives a TPUStrategy on a TPU VM',
-                    "TF TPU guide; §3", "TPUStrategy, 1 replica on v5e-1", where=runtime.detect),
-    report.Declared("01.detection_never_raises",
-                    "Detection never raises on missing or broken hardware; it falls back and says why",
-                    "course_utils; §4", "falls back, reason recorded", where=runtime.detect),
-    report.Declared("01.global_batch_split", "Global batch = per-replica batch × num_replicas_in_sync, split evenly",
-                    "tf.distribute guide; §5-6", "4 × {per_replica} = {global_batch}", where=split_one_batch),
-    report.Declared("01.fit_in_scope_trains",
-                    "A model built in strategy.scope() trains with fit on whatever hardware was found",
-                    "§5", "accuracy well above chance ({chance:.0%})", where=fit_in_scope),
-    report.Declared("01.optimizer_outside_scope",
-                    "An optimizer with state (Adam) created outside the scope makes fit fail; plain SGD() happens "
-                    "to run", "Keras 3 behaviour; §7", "Adam: RuntimeError; SGD: fit ran",
-                    where=optimizer_outside_scope),
-    report.Declared("01.model_outside_scope",
-                    "A model built outside the scope silently ignores a 1-replica strategy and fails under 4 replicas",
-                    "Keras 3 behaviour; §7", "ignored on 1; error on 4", where=model_built_outside_scope),
-    report.Declared("01.fit_xla_on_replicas",
-                    "On several replicas, fit(jit_compile=True) fails (keras#19005); the course's rule trains, and a "
-                    "custom loop compiles each replica's step", "Keras source (trainer.py); §5",
-                    "jit_compile=True raises; rule: trains without XLA; custom loop ≈", where=fit_xla_on_replicas),
-    report.Declared("01.tpu_faster_than_cpu", "One v5e chip (197 bf16 TFLOP/s) is far faster at matmuls than a CPU",
-                    "TPU v5e spec; §1", "CPU: < {threshold:g} TFLOP/s (1% of 197); TPU: > 1 TFLOP/s",
-                    where=compare_matmul_dtypes, figure="speed", op="<",
-                    threshold=CPU_SHARE_OF_V5E * V5E_PEAK_TFLOPS, fmt=".3f"),
-    report.Declared("01.bfloat16_matmul_speed", "bfloat16 matmuls are not several times faster than float32: on a "
-                    "TPU float32 already multiplies in bfloat16", "Cloud TPU docs (bfloat16); §1",
-                    "TPU: about 1× (0.5–2×); Ampere+ GPU: up to ~2× (TF32)", where=compare_matmul_dtypes,
-                    figure="speed", op="within", threshold=BF16_SPEED_RANGE),
-    report.Declared("01.bfloat16_halves_bytes",
-                    "bfloat16 halves the bytes of every matrix (the gain you can count on, on any hardware)",
-                    "bfloat16 format; §1", "2.00×", where=compare_matmul_dtypes),
-])
+CLAIMS = report.LessonClaims(
+    "01",
+    [
+        report.Declared(
+            "01.old_recipes_fail",
+            "Old recipes (grpc:// + COLAB_TPU_ADDR; no-argument resolver) fail on today's runtimes",
+            "TPU VM docs; §3",
+            "both raise on a TPU VM",
+            where=resolver_recipes,
+        ),
+        report.Declared(
+            "01.local_resolver_recipe",
+            'TPUClusterResolver(tpu="local") → connect → initialize gives a TPUStrategy on a TPU VM',
+            "TF TPU guide; §3",
+            "TPUStrategy, 1 replica on v5e-1",
+            where=runtime.detect,
+        ),
+        report.Declared(
+            "01.detection_never_raises",
+            "Detection never raises on missing or broken hardware; it falls back and says why",
+            "course_utils; §4",
+            "falls back, reason recorded",
+            where=runtime.detect,
+        ),
+        report.Declared(
+            "01.global_batch_split",
+            "Global batch = per-replica batch × num_replicas_in_sync, split evenly",
+            "tf.distribute guide; §5-6",
+            "4 × {per_replica} = {global_batch}",
+            where=split_one_batch,
+        ),
+        report.Declared(
+            "01.fit_in_scope_trains",
+            "A model built in strategy.scope() trains with fit on whatever hardware was found",
+            "§5",
+            "accuracy well above chance ({chance:.0%})",
+            where=fit_in_scope,
+        ),
+        report.Declared(
+            "01.optimizer_outside_scope",
+            "An optimizer with state (Adam) created outside the scope makes fit fail; plain SGD() happens to run",
+            "Keras 3 behaviour; §7",
+            "Adam: RuntimeError; SGD: fit ran",
+            where=optimizer_outside_scope,
+        ),
+        report.Declared(
+            "01.model_outside_scope",
+            "A model built outside the scope silently ignores a 1-replica strategy and fails under 4 replicas",
+            "Keras 3 behaviour; §7",
+            "ignored on 1; error on 4",
+            where=model_built_outside_scope,
+        ),
+        report.Declared(
+            "01.fit_xla_on_replicas",
+            "On several replicas, fit(jit_compile=True) fails (keras#19005); the course's rule trains, and a "
+            "custom loop compiles each replica's step",
+            "Keras source (trainer.py); §5",
+            "jit_compile=True raises; rule: trains without XLA; custom loop ≈",
+            where=fit_xla_on_replicas,
+        ),
+        report.Declared(
+            "01.tpu_faster_than_cpu",
+            "One v5e chip (197 bf16 TFLOP/s) is far faster at matmuls than a CPU",
+            "TPU v5e spec; §1",
+            "CPU: < {threshold:g} TFLOP/s (1% of 197); TPU: > 1 TFLOP/s",
+            where=compare_matmul_dtypes,
+            figure="speed",
+            op="<",
+            threshold=CPU_SHARE_OF_V5E * V5E_PEAK_TFLOPS,
+            fmt=".3f",
+        ),
+        report.Declared(
+            "01.bfloat16_matmul_speed",
+            "bfloat16 matmuls are not several times faster than float32: on a "
+            "TPU float32 already multiplies in bfloat16",
+            "Cloud TPU docs (bfloat16); §1",
+            "TPU: about 1× (0.5–2×); Ampere+ GPU: up to ~2× (TF32)",
+            where=compare_matmul_dtypes,
+            figure="speed",
+            op="within",
+            threshold=BF16_SPEED_RANGE,
+        ),
+        report.Declared(
+            "01.bfloat16_halves_bytes",
+            "bfloat16 halves the bytes of every matrix (the gain you can count on, on any hardware)",
+            "bfloat16 format; §1",
+            "2.00×",
+            where=compare_matmul_dtypes,
+        ),
+    ],
+)
 
 
 def claims(r: dict) -> list:
@@ -317,46 +392,87 @@ def claims(r: dict) -> list:
     bytes_ratio = matmul["bytes"]["float32"] / matmul["bytes"]["bfloat16"]
     matmul_id = "01.tpu_faster_than_cpu"
     if standin:
-        matmul_claim = CLAIMS.judge(matmul_id, f"{bf16.tflops:.2f} TFLOP/s bfloat16 on CPU devices", None,
-                                    f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware")
+        matmul_claim = CLAIMS.judge(
+            matmul_id,
+            f"{bf16.tflops:.2f} TFLOP/s bfloat16 on CPU devices",
+            None,
+            f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware",
+        )
     elif r["kind"] == "CPU":
         matmul_claim = CLAIMS.judge_samples(matmul_id, f32.samples, unit=f" TFLOP/s float32 on CPU, {f32.xla_label}")
     elif on_tpu:
-        matmul_claim = CLAIMS.judge_samples(matmul_id, bf16.samples, op=">", threshold=TPU_MIN_TFLOPS, fmt=".2f",
-                                            unit=f" TFLOP/s bfloat16 on TPU, {bf16.xla_label}")
+        matmul_claim = CLAIMS.judge_samples(
+            matmul_id,
+            bf16.samples,
+            op=">",
+            threshold=TPU_MIN_TFLOPS,
+            fmt=".2f",
+            unit=f" TFLOP/s bfloat16 on TPU, {bf16.xla_label}",
+        )
     else:
-        matmul_claim = CLAIMS.judge(matmul_id, f"{f32.tflops:.2f} TFLOP/s float32 on {r['kind']}", None,
-                                    "neither a CPU nor a TPU: compare with your GPU's datasheet")
-    return CLAIMS.all([
-        CLAIMS.judge("01.old_recipes_fail", "; ".join(row["outcome"] for row in recipes[:2]),
-                     old_recipes_fail if on_tpu else None,
-                     "" if on_tpu else "no TPU VM here: what they do on this machine says nothing about one "
-                     "(the no-argument resolver even constructs wherever TPU_NAME is set)"),
-        CLAIMS.judge("01.local_resolver_recipe",
-                     f"{r['strategy_name']}, {r['replicas']} replica(s)" if on_tpu else "no TPU on this machine",
-                     (r["strategy_name"] == "TPUStrategy") if on_tpu else None,
-                     "" if on_tpu else "run on a Colab TPU runtime to test it"),
-        CLAIMS.judge("01.detection_never_raises", r["demo_fallback"][:70] + "…",
-                     r["demo_kind"] != "TPU" and "simulated" in r["demo_fallback"]),
-        CLAIMS.judge("01.global_batch_split",
-                     f"{split['global_batch']} → {[s[0] for s in split['per_replica_shapes']]}",
-                     split["global_batch"] == 4 * per_replica_batch
-                     and all(s[0] == per_replica_batch for s in split["per_replica_shapes"]),
-                     per_replica=per_replica_batch, global_batch=4 * per_replica_batch),
-        CLAIMS.judge("01.fit_in_scope_trains", f"{r['test_acc']:.1%} on {r['kind']} ({r['fit_xla']})",
-                     r["test_acc"] > 2 * chance, chance=chance),
-        CLAIMS.judge("01.optimizer_outside_scope", f"Adam: {r['adam_outside']}; SGD: {r['sgd_outside']}",
-                     r["adam_outside"] == "RuntimeError" and r["sgd_outside"] == "fit ran"),
-        CLAIMS.judge("01.model_outside_scope",
-                     f"uses strategy: {r['model_c_uses_strategy']}; 4 replicas: {r['outside_scope_on_4'][:40]}",
-                     (not r["model_c_uses_strategy"] or r["replicas"] > 1) and "raised" in r["outside_scope_on_4"]),
-        xla_on_replicas_claim(r["xla_replicas"]),
-        matmul_claim,
-        bfloat16_speed_claim(matmul["speed_vs_first"]["bfloat16"], bf16.xla_label, r["kind"], standin),
-        CLAIMS.judge("01.bfloat16_halves_bytes",
-                     f"{matmul['bytes']['float32'] / 2**20:.2f} MiB vs {matmul['bytes']['bfloat16'] / 2**20:.2f} MiB = "
-                     f"{bytes_ratio:.2f}×", bytes_ratio == 2.0),
-    ])
+        matmul_claim = CLAIMS.judge(
+            matmul_id,
+            f"{f32.tflops:.2f} TFLOP/s float32 on {r['kind']}",
+            None,
+            "neither a CPU nor a TPU: compare with your GPU's datasheet",
+        )
+    return CLAIMS.all(
+        [
+            CLAIMS.judge(
+                "01.old_recipes_fail",
+                "; ".join(row["outcome"] for row in recipes[:2]),
+                old_recipes_fail if on_tpu else None,
+                ""
+                if on_tpu
+                else "no TPU VM here: what they do on this machine says nothing about one "
+                "(the no-argument resolver even constructs wherever TPU_NAME is set)",
+            ),
+            CLAIMS.judge(
+                "01.local_resolver_recipe",
+                f"{r['strategy_name']}, {r['replicas']} replica(s)" if on_tpu else "no TPU on this machine",
+                (r["strategy_name"] == "TPUStrategy") if on_tpu else None,
+                "" if on_tpu else "run on a Colab TPU runtime to test it",
+            ),
+            CLAIMS.judge(
+                "01.detection_never_raises",
+                r["demo_fallback"][:70] + "…",
+                r["demo_kind"] != "TPU" and "simulated" in r["demo_fallback"],
+            ),
+            CLAIMS.judge(
+                "01.global_batch_split",
+                f"{split['global_batch']} → {[s[0] for s in split['per_replica_shapes']]}",
+                split["global_batch"] == 4 * per_replica_batch
+                and all(s[0] == per_replica_batch for s in split["per_replica_shapes"]),
+                per_replica=per_replica_batch,
+                global_batch=4 * per_replica_batch,
+            ),
+            CLAIMS.judge(
+                "01.fit_in_scope_trains",
+                f"{r['test_acc']:.1%} on {r['kind']} ({r['fit_xla']})",
+                r["test_acc"] > 2 * chance,
+                chance=chance,
+            ),
+            CLAIMS.judge(
+                "01.optimizer_outside_scope",
+                f"Adam: {r['adam_outside']}; SGD: {r['sgd_outside']}",
+                r["adam_outside"] == "RuntimeError" and r["sgd_outside"] == "fit ran",
+            ),
+            CLAIMS.judge(
+                "01.model_outside_scope",
+                f"uses strategy: {r['model_c_uses_strategy']}; 4 replicas: {r['outside_scope_on_4'][:40]}",
+                (not r["model_c_uses_strategy"] or r["replicas"] > 1) and "raised" in r["outside_scope_on_4"],
+            ),
+            xla_on_replicas_claim(r["xla_replicas"]),
+            matmul_claim,
+            bfloat16_speed_claim(matmul["speed_vs_first"]["bfloat16"], bf16.xla_label, r["kind"], standin),
+            CLAIMS.judge(
+                "01.bfloat16_halves_bytes",
+                f"{matmul['bytes']['float32'] / 2**20:.2f} MiB vs {matmul['bytes']['bfloat16'] / 2**20:.2f} MiB = "
+                f"{bytes_ratio:.2f}×",
+                bytes_ratio == 2.0,
+            ),
+        ]
+    )
 
 
 def cpu_bf16_speed_note(speed: Samples, xla_label: str) -> str:
@@ -366,8 +482,10 @@ def cpu_bf16_speed_note(speed: Samples, xla_label: str) -> str:
     if "with XLA" in xla_label:
         what = "XLA on a CPU ran them at about the same speed (measured 0.92–0.99× on an AVX512-BF16 CPU)"
     elif median >= 1.3:
-        what = ("this CPU has bfloat16 matrix instructions its float32 path lacks (AVX512-BF16: about 2×, "
-                "1.79× on an AMD Zen 4; AMX: several times)")
+        what = (
+            "this CPU has bfloat16 matrix instructions its float32 path lacks (AVX512-BF16: about 2×, "
+            "1.79× on an AMD Zen 4; AMX: several times)"
+        )
     elif median < 0.8:
         what = "this CPU converts bfloat16 in software (no bfloat16 matrix instructions): slower"
     else:
@@ -379,15 +497,24 @@ def bfloat16_speed_claim(speed: Samples, xla_label: str, kind: str, standin: str
     """§1: bfloat16 ÷ float32 matmul speed, judged on a TPU (about 1×) or a GPU (up to ~2×, TF32); on a CPU or a
     stand-in not measurable — a CPU's ratio says what its instructions do, not what a TPU does."""
     if kind == "CPU" or standin:
-        note = (cpu_bf16_speed_note(speed, xla_label) if not standin else
-                f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware; "
-                + cpu_bf16_speed_note(speed, xla_label))
-        return CLAIMS.judge("01.bfloat16_matmul_speed", speed.format(".2f", f"× ({xla_label})"), None, note,
-                            samples=list(speed.values))
+        note = (
+            cpu_bf16_speed_note(speed, xla_label)
+            if not standin
+            else f"a {standin.upper()} stand-in: CPU devices answering as one, not its hardware; "
+            + cpu_bf16_speed_note(speed, xla_label)
+        )
+        return CLAIMS.judge(
+            "01.bfloat16_matmul_speed", speed.format(".2f", f"× ({xla_label})"), None, note, samples=list(speed.values)
+        )
     return CLAIMS.judge_samples(
-        "01.bfloat16_matmul_speed", speed, unit=f"× ({xla_label})",
-        differs_here={"GPU": "float32 runs as TF32 on Ampere+ GPUs, whose peak is half of bfloat16's: up to ~2× there",
-                      "multi-GPU": "float32 runs as TF32 on Ampere+ GPUs: up to ~2× there"}.get(kind, ""))
+        "01.bfloat16_matmul_speed",
+        speed,
+        unit=f"× ({xla_label})",
+        differs_here={
+            "GPU": "float32 runs as TF32 on Ampere+ GPUs, whose peak is half of bfloat16's: up to ~2× there",
+            "multi-GPU": "float32 runs as TF32 on Ampere+ GPUs: up to ~2× there",
+        }.get(kind, ""),
+    )
 
 
 def xla_on_replicas_claim(x: dict | None):
@@ -397,14 +524,19 @@ def xla_on_replicas_claim(x: dict | None):
     if not x:
         return CLAIMS.judge(claim_id, "not measured", None, "the notebook did not run the 2-replica check")
     if x["replicas"] < 2 or x.get("kind") == "TPU":  # TPUStrategy compiles across replicas itself
-        return CLAIMS.judge(claim_id, f"{x['replicas']} replica(s): {x['jit_true']}", None,
-                            "TPUStrategy compiles every step across its replicas: this MirroredStrategy failure "
-                            "cannot happen there")
+        return CLAIMS.judge(
+            claim_id,
+            f"{x['replicas']} replica(s): {x['jit_true']}",
+            None,
+            "TPUStrategy compiles every step across its replicas: this MirroredStrategy failure cannot happen there",
+        )
     same = x["custom_loop_max_diff"] <= 1e-5 and x["custom_loop_moved"] > 1e-4
     return CLAIMS.judge(
-        claim_id, f"{x['replicas']} replicas: {x['jit_true'][:60]}; rule {x['rule']} trained; custom loop Δ "
-        f"{x['custom_loop_max_diff']:.1e}", x["jit_true"].startswith("InvalidArgumentError") and x["rule_trained"]
-        and not x["rule"][0] and same)
+        claim_id,
+        f"{x['replicas']} replicas: {x['jit_true'][:60]}; rule {x['rule']} trained; custom loop Δ "
+        f"{x['custom_loop_max_diff']:.1e}",
+        x["jit_true"].startswith("InvalidArgumentError") and x["rule_trained"] and not x["rule"][0] and same,
+    )
 
 
 class _Null:
@@ -415,5 +547,14 @@ class _Null:
         return False
 
 
-__all__ = ["resolver_recipes", "split_one_batch", "fit_xla_on_replicas", "xla_on_replicas_claim",
-           "compare_matmul_dtypes", "optimizer_outside_scope", "claims", "V5E_PEAK_TFLOPS", "OUTSIDE_SCOPE_ON_4"]
+__all__ = [
+    "resolver_recipes",
+    "split_one_batch",
+    "fit_xla_on_replicas",
+    "xla_on_replicas_claim",
+    "compare_matmul_dtypes",
+    "optimizer_outside_scope",
+    "claims",
+    "V5E_PEAK_TFLOPS",
+    "OUTSIDE_SCOPE_ON_4",
+]

@@ -152,6 +152,17 @@ BAD_OPTIONS = [
     (["--epochs", "1", "--validation-examples", "0"], "--validation-examples must be 1 to 200,000"),
     (["--epochs", "1", "--out", ""], "--out must name a folder, got ''"),
     (["--epochs", "1", "--jit", "--no-jit"], "not allowed with argument --jit"),
+    # the course network's options on the tutorial's fixed CNN changed nothing, silently (seen: a width sweep of the
+    # baseline reading the same figure at every width)
+    (
+        ["--recipe", "baseline", "--epochs", "1", "--width", "4"],
+        "--width (width=4) shapes the course recipe's network, but the baseline recipe trains the tutorial's fixed "
+        "CNN, where it would change nothing: leave it out, or use --recipe course",
+    ),
+    (
+        ["--recipe", "baseline", "--epochs", "1", "--stem", "s2d", "--no-whiten"],
+        "--stem (stem='s2d') and --no-whiten (whiten=False) shape the course recipe's network",
+    ),
 ]
 
 

@@ -1086,6 +1086,18 @@ def test_one_knob_reports_a_trainer_refusal_as_the_learners_not_a_course_bug(con
     assert "checker itself failed" not in result.message
 
 
+def test_one_knob_refuses_the_course_networks_width_on_the_baseline_before_training(context, monkeypatch):
+    import dataclasses
+
+    from course_utils import capstone
+
+    monkeypatch.setattr(capstone, "train", lambda *a, **k: pytest.fail("trained an option that changes nothing"))
+    ex = exercises.load(lessons.cifar10_capstone).one_knob
+    result = ex.check(dataclasses.replace(context["start"], width=4), start=context["start"], target=0.25)
+    assert result.status == "incorrect", result
+    assert "The options are not valid: --width (width=4) shapes the course recipe's network" in result.message
+
+
 # -- Issue 21: the scaling_out checkers under hostile answers ------------------------------------------------------
 
 _HOSTILE = """

@@ -80,11 +80,27 @@ def course_settings(o: Options, base: CourseSettings | None = None) -> CourseSet
     return dataclasses.replace(base, data=data or base.data, cpu_replicas=replicas)
 
 
+# the options that shape the course's network, as the command line spells them (Recipe.network_options)
+NETWORK_FLAGS = {"width": "--width", "stem": "--stem", "whiten": "--no-whiten"}
+
+
 def validate(o: Options, settings: CourseSettings | None = None) -> CourseSettings:
     """Raise :class:`OptionsError` for anything the run cannot use (no TensorFlow needed, nothing written); else
     return the run's :class:`CourseSettings` (:func:`course_settings`: the options over ``settings`` or the config's)."""
     if o.recipe not in RECIPES:
         raise OptionsError(f"unknown recipe {o.recipe!r}; use --recipe course or --recipe baseline")
+    network = RECIPES[o.recipe].network_options
+    given = [
+        f"{NETWORK_FLAGS[name]} ({name}={getattr(o, name)!r})"
+        for name in NETWORK_FLAGS
+        if name not in network and getattr(o, name) is not None
+    ]
+    if given:
+        raise OptionsError(
+            f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} the course recipe's network, but the "
+            f"{o.recipe} recipe trains the tutorial's fixed CNN, where {'it' if len(given) == 1 else 'they'} would "
+            f"change nothing: leave {'it' if len(given) == 1 else 'them'} out, or use --recipe course"
+        )
     if (o.time_budget is None) == (o.epochs is None):
         raise OptionsError("give exactly one of --time-budget SECONDS or --epochs N")
     if o.time_budget is not None:

@@ -117,6 +117,9 @@ class Recipe:
     tta: bool
     whiten: bool  # a fixed 2×2 patch-whitening first convolution (course)
     sized_by_width: bool  # --width applies (and auto width with a budget)
+    # the options that shape this recipe's network (the course's ResNet); validate refuses them for a recipe whose
+    # network is fixed (the tutorial's CNN), where they would change nothing
+    network_options: tuple[str, ...] = ()
 
     def fill_defaults(self, o: Options) -> Options:
         o = dataclasses.replace(o)
@@ -241,6 +244,7 @@ RECIPES: dict[str, Recipe] = {
         tta=True,
         whiten=True,
         sized_by_width=True,
+        network_options=("width", "stem", "whiten"),
     ),
     "baseline": _Baseline(
         "baseline",

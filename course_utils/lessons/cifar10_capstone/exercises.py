@@ -151,7 +151,6 @@ RECIPE_OPTIONS = (
     "jit",
     "accumulate",
     "steps_per_execution",
-    "width",
     "augment",
     "label_smoothing",
     "schedule",

@@ -1734,6 +1734,84 @@ def test_the_plan_names_the_s2d_stem_only_where_the_narrowest_network_fits_few_e
     assert capstone.stem_hint(sorted(capstone.AUTO_WIDTH["widths"])[1], 3, "full") is None  # a wider one fits: wider
 
 
+def test_auto_stem_takes_s2d_where_fewer_than_few_epochs_of_the_full_stem_are_predicted():
+    rule, few = capstone.AUTO_STEM, capstone.FEW_EPOCHS
+    train, budget, elapsed = 3661, 60.0, 5.0
+    left = budget * (1 - capstone.FINAL_EVAL_SHARE) - elapsed - rule["first_epoch_extra_s"]
+
+    def per_image_for(epochs):  # the forward pass's seconds per image at which `epochs` epochs just fit
+        return left / epochs / (rule["epoch_per_forward"] * train) * 0.999
+
+    stem, epochs, why = capstone.choose_stem(per_image_for(few), train, budget, elapsed)
+    assert (stem, epochs) == ("full", few) and why.startswith("auto stem: a forward pass took") and "s2d" not in why
+    stem, epochs, why = capstone.choose_stem(per_image_for(few - 1), train, budget, elapsed)
+    assert (stem, epochs) == ("s2d", few - 1) and f"fewer than {few}; s2d trains about twice as many" in why
+    # the budget counts: what fits 9 epochs in a minute fits ~20 in two
+    assert capstone.choose_stem(per_image_for(few - 1), train, 2 * budget, elapsed)[0] == "full"
+    # nothing left at all: s2d, with no negative epochs
+    assert capstone.choose_stem(0.01, train, budget, budget)[:2] == ("s2d", 0)
+    assert capstone.auto_stem_applies("eigen", True, None)
+    assert not capstone.auto_stem_applies("onednn-bf16", True, None)  # s2d was not measured on oneDNN
+    assert not capstone.auto_stem_applies(None, True, None)  # not a CPU
+    assert not capstone.auto_stem_applies("eigen", False, None)  # a fixed width, or no budget
+    assert not capstone.auto_stem_applies("eigen", True, "full")  # --stem given
+
+
+def test_the_stem_probe_times_one_forward_pass_of_probe_images_after_a_small_one():
+    calls = []
+
+    def net(x, training):
+        calls.append((x.shape, x.dtype, training))
+
+    images = np.zeros((500, 32, 32, 3), np.uint8)
+    per_image = capstone.trainer.forward_s_per_image(net, images)
+    rule = capstone.AUTO_STEM
+    assert calls == [
+        ((rule["warm_images"], 32, 32, 3), np.float32, False),
+        ((rule["probe_images"], 32, 32, 3), np.float32, False),
+    ]
+    assert 0 < per_image < 1e-3  # a call that does nothing, over 128 images
+
+
+@pytest.mark.parametrize("per_image, stems", [(5e-3, ["full", "s2d"]), (1e-6, ["full"])])
+def test_auto_stem_on_eigen_rebuilds_with_s2d_where_the_forward_pass_predicts_few_epochs(
+    tmp_path, monkeypatch, capsys, per_image, stems
+):
+    """Eigen, a budget, auto width, no --stem: the network is built with the full stem, timed, and built again
+    with s2d where few epochs of it fit; the plan is made with the stem chosen."""
+    monkeypatch.setattr(capstone.trainer._hardware, "kernel_path", lambda *a, **k: ("eigen", "as the test says"))
+    monkeypatch.setattr(capstone.trainer, "forward_s_per_image", lambda net, images: per_image)
+    course, built = capstone.RECIPES["course"], []
+    real_model = course.model
+
+    def model(width, mean, variance, whiten=None, stem="full"):
+        built.append(stem)
+        return real_model(width, mean, variance, whiten=whiten, stem=stem)
+
+    def new_plan(*args, stem, **kwargs):
+        raise _StemChosen(stem)
+
+    monkeypatch.setattr(course, "model", model)
+    monkeypatch.setattr(capstone.trainer, "_new_plan", new_plan)
+    opts = capstone.Options(
+        data="synthetic",
+        time_budget=60.0,
+        out=str(tmp_path / "r"),
+        train_examples=1024,
+        test_examples=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+    )
+    with pytest.raises(_StemChosen) as chosen:
+        capstone.train(opts)
+    out = capsys.readouterr().out
+    assert built == stems and chosen.value.args[0] == stems[-1], out
+    line = re.search(r"^Stem (\w+): prep and layer1's first convolution at (.*) \(auto stem: (.*)\)$", out, re.M)
+    assert line and line[1] == stems[-1], out
+    assert line[2] == ("16×16 from 2×2 patches" if stems[-1] == "s2d" else "32×32"), out
+    assert line[3].startswith(f"a forward pass took {per_image * 1e3:.2f} ms per image"), out
+
+
 class _StemChosen(Exception):
     pass
 

@@ -44,7 +44,7 @@ def resnet9(
     lost; without whitening, prep's convolution strides 2), and layer1 drops its max-pool, so layer1's residual and
     everything after it see the same sizes as with ``"full"``. The weights have the same shapes either way. It
     removes the only layers at 32×32, where the channels are fewest and TensorFlow's own CPU kernels slowest
-    (where it pays: :data:`~course_utils.capstone.plan.FEW_EPOCHS`).
+    (where it pays, and where the trainer takes it: :data:`~course_utils.capstone.plan.AUTO_STEM`).
     """
     import keras
     from keras import layers

@@ -60,16 +60,58 @@ def small_batch(kernels: str | None, budget_s: float | None, rule: dict = SMALL_
     return None
 
 
-# Where a budget fits fewer than `FEW_EPOCHS` epochs of auto width's narrowest network, the plan's line says so and
-# names `--stem s2d` (models.resnet9: prep and layer1's first convolution at 16×16 from 2×2 patches). A train step on
-# TensorFlow's own kernels (one core of the AVX2 EPYC below, width 4, 64 per replica): 111 ms with the full stem, 54
-# with s2d, 80 for the tutorial's CNN (on the AVX-512 EPYC s2d trained 2.0x the images per second in the runs below). On the dev images' validation split, Eigen, 60 s (2026-12-02): on a 2-core AVX2 EPYC, where the full
-# stem fit 6-9 epochs, s2d trained 13-17 and read 2 to 4 points higher (two runs each); on the 2-core AVX-512 EPYC,
-# where it fit 11-20, s2d trained 19-29 and read lower, medians of 3: 60.4 vs 62.4 on one core, 62.2 vs 62.7 on two;
-# on the AVX2 EPYC at 120 s (15-23 epochs) it tied or lost. Twice the epochs pay only where there are very few, and a
-# run learns how few only from its first epoch, too late to rebuild the network within a minute: so it is a hint,
-# not a choice the trainer makes
+# The stem (models.resnet9's `stem`): `--stem s2d` runs prep and layer1's first convolution at 16×16 from 2×2 patches.
+# A train step on TensorFlow's own kernels (one core, width 4, 64 per replica): 111 ms with the full stem, 54 with s2d,
+# 80 for the tutorial's CNN (an AVX2 EPYC); 116 and 66 ms on an AMX Xeon. On the dev images' validation split, Eigen,
+# 60 s, medians of 3 unless said (2026-12-02): where the full stem fit 4-9 epochs s2d trained about twice as many and
+# read higher — an AMX Xeon (family 6), one core: 54.5 vs 49.9 (4-6 → 10-12 epochs), two: 55.3 vs 54.5 (7-8 → 9-13);
+# an AVX2 EPYC (two runs each): +2 to +4 (6-9 → 13-17); where it fit 11-20 s2d read lower — an AVX-512 EPYC, one
+# core: 60.4 vs 62.4, two: 62.2 vs 62.7; the AVX2 EPYC at 120 s (15-23 epochs) tied or lost. So with auto width and no
+# --stem, on the `kernels` paths, the trainer predicts the full stem's epochs before it builds the network to train:
+# one eager forward pass of `probe_images` training images through the start width's network (after one of
+# `warm_images` that builds it; 0.1-0.15 s on one core of the AMX Xeon) times `epoch_per_forward` (a later epoch's
+# train and validation seconds over the forward pass's per training image: 1.87 and 2.03 on one core, 2.10 and 1.31 on
+# two there, width 4, 60 s), into the budget left less `first_epoch_extra_s` (the first epoch's compiling and filling
+# the cache: 3.0-5.5 s there) and the final evaluation's share, and takes s2d where fewer than `few_epochs` fit
+# (choose_stem). Elsewhere the plan's line names --stem s2d where the narrowest width fits fewer than FEW_EPOCHS
+# (stem_hint): s2d was not measured on oneDNN
 FEW_EPOCHS = 10
+AUTO_STEM = dict(
+    kernels=("eigen",),
+    few_epochs=FEW_EPOCHS,
+    probe_images=128,
+    warm_images=8,
+    epoch_per_forward=1.9,
+    first_epoch_extra_s=5.0,
+)
+
+
+def auto_stem_applies(kernels: str | None, auto_width: bool, stem: str | None, rule: dict = AUTO_STEM) -> bool:
+    """Whether the trainer chooses the stem (:func:`choose_stem`): auto width, no ``--stem``, on a CPU kernel path in
+    ``rule["kernels"]``."""
+    return auto_width and stem is None and kernels in rule["kernels"]
+
+
+def choose_stem(
+    forward_s_per_image: float,
+    train_images: int,
+    budget_s: float,
+    elapsed_s: float,
+    rule: dict = AUTO_STEM,
+) -> tuple[str, int, str]:
+    """``(stem, predicted epochs, why)``: ``"s2d"`` where fewer than ``rule["few_epochs"]`` epochs of the full stem
+    are predicted to fit what is left of ``budget_s`` after ``elapsed_s`` — an epoch ``forward_s_per_image`` ×
+    ``rule["epoch_per_forward"]`` × ``train_images``, the first one ``rule["first_epoch_extra_s"]`` longer, the final
+    evaluation's share kept — else ``"full"``."""
+    epoch_s = forward_s_per_image * rule["epoch_per_forward"] * train_images
+    left = budget_s * (1 - FINAL_EVAL_SHARE) - elapsed_s - rule["first_epoch_extra_s"]
+    epochs = max(0, int(left // epoch_s)) if epoch_s > 0 else rule["few_epochs"]
+    seen = (
+        f"a forward pass took {forward_s_per_image * 1e3:.2f} ms per image: about {epochs} epochs of the full stem fit"
+    )
+    if epochs < rule["few_epochs"]:
+        return "s2d", epochs, f"auto stem: {seen}, fewer than {rule['few_epochs']}; s2d trains about twice as many"
+    return "full", epochs, f"auto stem: {seen}"
 
 
 def stem_hint(width: int, epochs: int, stem: str, rule: dict = AUTO_WIDTH, few: int = FEW_EPOCHS) -> str | None:
@@ -78,8 +120,8 @@ def stem_hint(width: int, epochs: int, stem: str, rule: dict = AUTO_WIDTH, few: 
     if stem == "full" and width == min(rule["widths"]) and epochs < few:
         return (
             f"only {epochs} epoch{'s' * (epochs != 1)} of the narrowest network fit: --stem s2d runs its first "
-            "layers at 16×16 and trains about twice as many, which read 2-4 validation points higher where 6-9 "
-            "fit (lesson 06 §2)"
+            "layers at 16×16 and trains about twice as many, which read 1-5 validation points higher where 4-9 "
+            "fit on TensorFlow's own kernels (lesson 06 §2)"
         )
     return None
 

@@ -39,10 +39,10 @@ RECIPE_TABLE = [
         "source": "airbench (K. Jordan 2024); capstone.whitening_kernel",
     },
     {
-        "choice": "optional --stem s2d: the first layers at 16×16 from 2×2 patches, about twice the epochs; the plan "
-        "names it where a budget fits fewer than 10 epochs of the narrowest network",
+        "choice": "the s2d stem (the first layers at 16×16 from 2×2 patches, about twice the epochs) where a budget "
+        "fits fewer than 10 epochs of the full one on TensorFlow's own kernels (timed before training); --stem sets it",
         "lesson": "capstone",
-        "source": "capstone.resnet9(stem=...), capstone.stem_hint; lesson 06 §2",
+        "source": "capstone.resnet9(stem=...), capstone.choose_stem, capstone.stem_hint; lesson 06 §2",
     },
     {
         "choice": "precision policy of the hardware (bf16 on TPU/Ampere+/AMX CPUs, fp16 + loss scaling on T4)",

@@ -30,6 +30,9 @@ from .plan import (
     start_width,
     small_batch,
     stem_hint,
+    AUTO_STEM,
+    auto_stem_applies,
+    choose_stem,
     VALIDATION_SEED,
     WARM_UP_MIN_S,
     WARM_UP_STEPS,
@@ -225,6 +228,18 @@ class _Clock:
         return self.before + time.perf_counter() - self.t0
 
 
+def forward_s_per_image(net, images, rule: dict = AUTO_STEM) -> float:
+    """Seconds per image of one eager forward pass of ``net`` over ``rule["probe_images"]`` of ``images``, after one
+    over ``rule["warm_images"]`` (which builds the layers' calls): auto stem's measure (:func:`plan.choose_stem`)."""
+    import numpy as np
+
+    net(np.asarray(images[: rule["warm_images"]], "float32"), training=False)
+    probe = np.asarray(images[: rule["probe_images"]], "float32")
+    started = time.perf_counter()
+    net(probe, training=False)
+    return (time.perf_counter() - started) / len(probe)
+
+
 def _fit_strategy(rt):
     """The strategy the trainer builds and fits under: the runtime's where it has several replicas or is a TPU; on one
     CPU or GPU device :meth:`runtime.Runtime.one_device_strategy` (TensorFlow's default strategy, same device), with
@@ -288,6 +303,14 @@ def _eval_batch(batch: int, n: int, replicas: int = 1) -> int:
     return batch
 
 
+def _normalization(splits: Splits, whiten: bool) -> tuple:
+    """``(mean, variance, whitening kernel or None)`` of the training images: what every network a run builds starts
+    with (0.3-0.4 s on one core: computed once per run, not per width or stem tried)."""
+    x_train = splits.train[0]
+    mean, var = x_train.reshape(-1, 3).mean(0), x_train.reshape(-1, 3).var(0)
+    return mean, var, whitening_kernel(x_train, mean, var) if whiten else None
+
+
 def _compiled_model(
     o: Options,
     recipe: Recipe,
@@ -300,24 +323,23 @@ def _compiled_model(
     batch: int,
     steps_per_execution: int,
     stem: str = "full",
+    normalization: tuple | None = None,
 ):
     """``(net, model, schedule, peak_lr)``: the recipe's network, the model fit trains (wrapped for --accumulate)
     compiled with its optimizer, loss and schedule, all under ``policy`` and in ``strategy.scope()``; ``batch`` and
-    ``steps_per_execution``: the values the run derived (the peak learning rate follows the global batch)."""
+    ``steps_per_execution``: the values the run derived (the peak learning rate follows the global batch);
+    ``normalization``: :func:`_normalization`'s figures, if already computed."""
     import keras
     import tensorflow as tf
 
     from .callbacks import BudgetSchedule
 
-    x_train = splits.train[0]
-    mean, var = x_train.reshape(-1, 3).mean(0), x_train.reshape(-1, 3).var(0)
+    mean, var, whiten = normalization or _normalization(splits, o.whiten)
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)
     try:
         with strategy.scope():
-            net = recipe.model(
-                width, mean, var, whiten=whitening_kernel(x_train, mean, var) if o.whiten else None, stem=stem
-            )
+            net = recipe.model(width, mean, var, whiten=whiten, stem=stem)
             peak = recipe.peak_learning_rate(batch)
             schedule = BudgetSchedule(peak, o.schedule)
             model = net
@@ -440,6 +462,9 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         stem, stem_why = o.stem, "--stem"
     else:
         stem, stem_why = "full", "the course's"
+    # auto stem (plan.AUTO_STEM): the full stem's epochs predicted from a forward pass of the network built below
+    stem_auto = state is None and auto_stem_applies(kernels[0] if kernels else None, auto_width, o.stem)
+    stem_probe = None
     if state is not None:
         check_same_batch(state.plan, batch, batch_why, o.out)
     if batch % (replicas * o.accumulate):
@@ -492,16 +517,33 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         f"rate {peak_lr:.4g} ({lr_why}); {steps_per_epoch} steps/epoch; steps_per_execution {spe} "
         f"({spe_why}); {len(x_train)} training, {len(x_val)} validation, {len(x_test)} test images"
     )
-    if recipe.sized_by_width and stem != "full":
-        say(f"Stem {stem}: prep and layer1's first convolution at 16×16 from 2×2 patches ({stem_why})")
+
+    def say_stem():
+        at = "16×16 from 2×2 patches" if stem == "s2d" else "32×32"
+        say(f"Stem {stem}: prep and layer1's first convolution at {at} ({stem_why})")
+
+    if recipe.sized_by_width and stem != "full" and not stem_auto:  # asked for (or resumed): said before building
+        say_stem()
     train_ds, val_ds = _pipelines(o, splits, replicas, autotune=strategy is rt.strategy, batch=batch)
     val_batch = _eval_batch(batch, len(x_val), replicas)
     val_sizes = [min(val_batch, len(x_val) - i) for i in range(0, len(x_val), val_batch)]  # the last may be partial
     val_steps, test_steps = len(val_sizes), math.ceil(len(x_test) / _eval_batch(batch, len(x_test), replicas))
 
+    normalization = _normalization(splits, o.whiten)
+
     def build(width: int):
         return _compiled_model(
-            o, recipe, policy, jit_compile, strategy, width, splits, batch=batch, steps_per_execution=spe, stem=stem
+            o,
+            recipe,
+            policy,
+            jit_compile,
+            strategy,
+            width,
+            splits,
+            batch=batch,
+            steps_per_execution=spe,
+            stem=stem,
+            normalization=normalization,
         )
 
     # Width: --width, else the course default capped by the config's model width (smoke sizes: 8); with a time
@@ -509,6 +551,14 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     start = start_width(kernels[0] if kernels else None, AUTO_WIDTH) if auto_width else COURSE["width"]
     width = state.plan.width if state else (o.width or min(start, settings.max_width))
     net, model, schedule, peak = build(width)
+    if stem_auto:
+        stem_probe = forward_s_per_image(net, x_train)
+        stem, _, stem_why = choose_stem(stem_probe, len(x_train), o.time_budget, clock())
+        if stem != "full":  # the same seed as --stem s2d would build it with
+            keras.utils.set_random_seed(o.seed)
+            net, model, schedule, peak = build(width)
+    if stem_auto:
+        say_stem()
     if batch > MAX_LR_SCALING_BATCH and recipe.sized_by_width:
         say(f"Note: global batch {batch} > {MAX_LR_SCALING_BATCH}: the linear LR rule gets unreliable here")
 
@@ -706,6 +756,7 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
         "width": width if recipe.sized_by_width else None,
         "stem": stem if recipe.sized_by_width else None,
         "stem_why": stem_why if recipe.sized_by_width else None,
+        "stem_forward_s_per_image": stem_probe,  # auto stem's forward pass (None: the stem was not chosen here)
         "width_trials": plan.width_trials,
         "parameters": int(net.count_params()),
         "peak_memory_bytes": peak_bytes,

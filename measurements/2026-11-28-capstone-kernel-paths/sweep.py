@@ -32,7 +32,8 @@ from course_utils import hardware  # noqa: E402  (no TensorFlow)
 KEEP = ("test_accuracy", "test_accuracy_no_tta", "validation_accuracy", "best_validation_accuracy", "epochs",
         "width", "policy", "wall_time_s", "time_before_first_epoch_s", "final_eval_s", "images_per_s",
         "kernel_path", "kernel_path_why", "width_trials", "train_examples", "validation_examples", "test_examples",
-        "steps_per_epoch", "tta_views", "budget_used_s", "stem", "global_batch", "per_replica_batch")
+        "steps_per_epoch", "tta_views", "budget_used_s", "stem", "global_batch", "per_replica_batch", "stem_why",
+        "stem_forward_s_per_image")
 
 
 def run_one(args, path: str, cores: int, recipe: str, budget: float, repeat: int) -> dict:

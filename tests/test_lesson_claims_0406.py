@@ -748,6 +748,11 @@ def test_lesson_06_precision_variants_per_hardware():
         ) == ["float32", "mixed_bfloat16"]
     claim = capstone_exp._xla_choice_claim("CPU", False, "trainer", {}, "mixed_bfloat16", None, 1, replicas=4)
     assert claim.holds is None and "4 replicas: fit cannot be compiled with XLA there" in claim.note
+    # smoke mode leaves the XLA run out (sizes.capstone_precision_xla = 0): no row, and the claim says why
+    smoke = capstone_exp.precision_variants({"policy": "mixed_bfloat16", "jit_compile": False}, "CPU", False)
+    assert list(smoke) == ["float32", "mixed_bfloat16"]
+    claim = capstone_exp._xla_choice_claim("CPU", False, "trainer", {}, "mixed_bfloat16", None, 1)
+    assert claim.holds is None and "no run with XLA on in this mode" in claim.note
 
 
 def _spawning(cls, **extra):

@@ -283,12 +283,14 @@ def test_profiled_input_share_tells_slow_reads_from_memory(tmp_path):
     fast = tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int64))).batch(16).cache()
 
     def slow(image, label):
-        waited = tf.py_function(lambda v: (time.sleep(0.02), v)[1], [image], tf.float32)
+        waited = tf.py_function(lambda v: (time.sleep(0.1), v)[1], [image], tf.float32)
         waited.set_shape(image.shape)
         return waited, label
 
     # a step of a few ms (not a few µs): with a step as short as reading the cache, a busy machine (CI's, beside
-    # other test workers) measured the cached input at 50.1% of the time
+    # other test workers) measured the cached input at 50.1% of the time. A slow batch of 0.1 s, the regime the
+    # pause floor (PAUSE_FLOOR_MS) is for: at 0.02 s a pause of the loop under the floor let the pipeline buffer
+    # most of the profiled steps, and CI's busy machine read 21% waiting (2026-12-02)
     model = keras.Sequential(
         [keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(256), keras.layers.Dense(10)]
     )
@@ -306,7 +308,7 @@ def _slow_buffered_input_and_model():
     x = np.zeros((256, 8, 8, 3), np.float32)
 
     def slow(image, label):
-        waited = tf.py_function(lambda v: (time.sleep(0.02), v)[1], [image], tf.float32)
+        waited = tf.py_function(lambda v: (time.sleep(0.1), v)[1], [image], tf.float32)
         waited.set_shape(image.shape)
         return waited, label
 

@@ -293,14 +293,15 @@ def sweep_leads(rows: dict[str, dict[float, dict]]) -> dict[float, float]:
 PRECISION_EPOCHS = 3  # §5's short runs: the first epoch compiles and fills the cache; the median of the rest counts
 
 
-def precision_variants(course_summary: dict, kind: str) -> dict:
+def precision_variants(course_summary: dict, kind: str, xla_variant: bool = True) -> dict:
     """§5's variants, ``label → {"policy", "jit"}``: float32 and the policy the trainer chose (§2's course run), each
     with the trainer's XLA default for this hardware, and the chosen policy with XLA the other way round — except on
-    a TPU, which compiles every step whatever it is told, and on several replicas elsewhere, where fit cannot be
-    compiled (keras-team/keras#19005: ``runtime.fit_jit_compile``)."""
+    a TPU, which compiles every step whatever it is told, on several replicas elsewhere, where fit cannot be
+    compiled (keras-team/keras#19005: ``runtime.fit_jit_compile``), and where ``xla_variant`` is false (the
+    lesson's ``capstone_precision_xla`` size, 0 in smoke mode, where its run, compiling on a CPU, took half of §5)."""
     chosen, jit = course_summary["policy"], bool(course_summary["jit_compile"])
     variants = {label: {"policy": p, "jit": jit} for label, p in (("float32", "float32"), (chosen, chosen))}
-    if kind != "TPU" and whole_step_compiles(kind, int(course_summary.get("replicas", 1))):
+    if xla_variant and xla_comparable(kind, int(course_summary.get("replicas", 1))):
         variants[f"{chosen}, XLA {'off' if jit else 'on'}"] = {"policy": chosen, "jit": not jit}
     return variants
 
@@ -754,6 +755,12 @@ def claims(r: dict) -> list:
     )
 
 
+def xla_comparable(kind: str, replicas: int) -> bool:
+    """Whether §5 can compare XLA on with off here: not on a TPU (it compiles every step), not on several replicas
+    elsewhere (fit cannot be compiled there)."""
+    return kind != "TPU" and whole_step_compiles(kind, replicas)
+
+
 def _xla_choice_claim(
     kind: str,
     jit: bool,
@@ -779,7 +786,10 @@ def _xla_choice_claim(
         else "a TPU compiles every step: there is no XLA-off run to compare"
         if kind == "TPU"
         else f"{replicas} replicas: fit cannot be compiled with XLA there "
-        "(keras-team/keras#19005), so there is no XLA-on run to compare",
+        "(keras-team/keras#19005), so there is no XLA-on run to compare"
+        if not xla_comparable(kind, replicas)
+        else f"no run with XLA {'off' if jit else 'on'} in this mode (sizes.capstone_precision_xla: smoke mode "
+        "leaves it out; full mode runs it)",
         kind=kind,
         on="on" if jit else "off",
     )

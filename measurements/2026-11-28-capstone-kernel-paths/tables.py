@@ -58,8 +58,8 @@ def main() -> int:
         sweep.setdefault(path, {}).setdefault(cores, {}).setdefault(recipe, {})[b] = [
             round(100 * r["test_accuracy"], 1) for r in rs]
         if recipe == "course":
-            updates.setdefault(path, {}).setdefault(cores, {})[b] = round(statistics.median(
-                r["epochs"] * r["steps_per_epoch"] for r in rs))
+            updates.setdefault(path, {}).setdefault(cores, {})[b] = round(statistics.median(  # updates of 128
+                r["epochs"] * r["steps_per_epoch"] * (r.get("per_replica_batch") or 128) / 128 for r in rs))
     order = lambda d: {k: d[k] for k in sorted(d, key=lambda k: paths.index(k) if k in paths else k)}  # noqa: E731
     sweep = order({p: {c: {r: dict(sorted(v.items())) for r, v in sorted(by.items())}
                        for c, by in sorted(sweep[p].items(), reverse=True)} for p in sweep})

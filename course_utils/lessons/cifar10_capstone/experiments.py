@@ -175,7 +175,8 @@ def budget_sweep(
 # (measurements/2026-11-28-capstone-kernel-paths/sweep.py). DEV_SWEEP_UPDATES: the course's updates of 128 images
 # (updates_of_128) in each cell, the median of its runs. 120 and 600 s: 2026-12-01; 60 s: 2026-12-02, with the trainer
 # that starts training at once where start-up leaves no room for a warm-up (the machine ran 20-25% fewer images/s that
-# day); Eigen's 60 s cells again later that day, with 64 per replica there (capstone.small_batch), both recipes.
+# day); Eigen's 60 s cells: 2026-12-03, with 64 per replica there (capstone.small_batch) and the stem chosen by a
+# timed forward pass (capstone.AUTO_STEM: 4 runs of 6 kept the full stem), both recipes, one-core runs alone.
 DEV_SWEEP_MACHINE = "2-core AMD EPYC VM (KVM, family 26), AVX-512 bfloat16, no AMX, TensorFlow 2.20.0, December 2026"
 DEV_SWEEP = {
     "onednn-bf16": {
@@ -200,19 +201,19 @@ DEV_SWEEP = {
     },
     "eigen": {
         2: {
-            "baseline": {60: [51.1, 51.4, 51.7], 120: [51.1, 51.2, 50.9]},
-            "course": {60: [68.6, 68.4, 67.5], 120: [78.8, 78.3, 75.4]},
+            "baseline": {60: [52.3, 51.1, 51.0], 120: [51.1, 51.2, 50.9]},
+            "course": {60: [66.1, 66.7, 67.1], 120: [78.8, 78.3, 75.4]},
         },
         1: {
-            "baseline": {60: [50.1, 53.2, 53.2], 120: [52.3, 51.9, 52.3]},
-            "course": {60: [66.1, 61.1, 63.8], 120: [71.3, 69.8, 69.1]},
+            "baseline": {60: [51.2, 53.2, 52.1], 120: [52.3, 51.9, 52.3]},
+            "course": {60: [65.2, 62.6, 65.4], 120: [71.3, 69.8, 69.1]},
         },
     },
 }
 DEV_SWEEP_UPDATES = {
     "onednn-bf16": {2: {60: 616, 120: 1204, 600: 2324}, 1: {60: 728, 120: 1008}},
     "onednn-fp32": {2: {60: 560, 120: 756}, 1: {60: 532, 120: 1204}},
-    "eigen": {2: {60: 712, 120: 1344}, 1: {60: 456, 120: 1092}},
+    "eigen": {2: {60: 656, 120: 1344}, 1: {60: 484, 120: 1092}},
 }
 
 

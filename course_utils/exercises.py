@@ -25,11 +25,11 @@ Hints and solutions live here, not in the notebook, so a learner sees them only 
 Adding a bank for a new lesson: write one checker per exercise (``checker(answer, **context)``
 returns the success message, or raises :class:`Incorrect` with a one- or two-sentence message that
 names what was expected, what was got, and the idea to revisit), wrap each in :class:`Exercise`
-with its hints, solution, stub, a ``reference`` and some ``wrong_examples``, and list them in
-``EXERCISES = ExerciseBank("<lesson>", [...])`` in the lesson's ``course_utils/lessons/<lesson>/exercises.py``.
-``tests/test_exercises.py`` then checks every lesson's bank (``course_utils.lessons.LESSONS``) automatically: the
-reference passes, each wrong example fails with its expected message, every stub counts as unanswered, and each
-printed solution, executed, passes.
+with its hints, solution and stub, and list them in ``EXERCISES = ExerciseBank("<lesson>", [...])`` in the lesson's
+``course_utils/lessons/<lesson>/exercises.py``; a reference answer and some typical wrong ones go in the tests
+(``tests/exercise_answers/<lesson>.py``). ``tests/test_exercises.py`` then checks every lesson's bank
+(``course_utils.lessons.LESSONS``) automatically: the reference passes, each wrong example fails with its expected
+message, every stub counts as unanswered, and each printed solution, executed, passes.
 Helpers for checkers: :func:`call_learner` (runs learner code and turns stubs and crashes into the
 right result), :func:`read_dataset` (one bounded pass over a learner's dataset: a `.repeat()` is
 caught, not iterated forever), :func:`require_callable`, :func:`require_int`, :func:`require_number`,
@@ -817,7 +817,8 @@ def call_learner(fn: Callable, *args: Any, shown_as: str, on_error: str = "") ->
 
 @dataclasses.dataclass
 class Exercise:
-    """One exercise: how to check it, hints, the solution, and test data for the course's own tests.
+    """One exercise: how to check it, hints and the solution (its reference and wrong answers, test data, are in the
+    course's tests: tests/exercise_answers).
 
     checker:        ``checker(answer, **context) -> str``: returns the success message, raises
                     :class:`Incorrect` (or lets :func:`call_learner` raise) otherwise.
@@ -825,9 +826,6 @@ class Exercise:
                     hints and by the tests to run ``stub`` and ``solution_code``.
     needs:          context keywords ``check`` must receive, e.g. ``("strategy",)``.
     stub:           the learner's starting code (without the check line), as in the notebook.
-    reference:      zero-arg callable returning a correct answer (tests).
-    wrong_examples: ``(label, zero-arg callable returning a typical wrong answer, expected
-                    substring of the message)`` (tests).
     """
 
     name: str
@@ -837,8 +835,6 @@ class Exercise:
     hints: Sequence[str]
     solution_code: str
     stub: str
-    reference: Callable[[], Any]
-    wrong_examples: Sequence[tuple[str, Callable[[], Any], str]] = ()
     needs: tuple[str, ...] = ()
     # seconds this exercise's checker needs beyond the usual bound, from its context (an exercise that trains
     # for a budget); the check's bound is then the larger of the two

@@ -16,11 +16,13 @@ import time
 
 import pytest
 
+from exercise_answers import reference, wrong_examples
+
 from course_utils import exercises, lessons
 
 ALL = [(lesson.name, ex) for lesson in lessons.LESSONS for ex in exercises.load(lesson.module)]
 IDS = [f"{bank}.{ex.name}" for bank, ex in ALL]
-WRONG = [(ex, label, make, expected) for _, ex in ALL for label, make, expected in ex.wrong_examples]
+WRONG = [(ex, label, make, expected) for _, ex in ALL for label, make, expected in wrong_examples(ex)]
 WRONG_IDS = [f"{ex.name}-{label}" for ex, label, _, _ in WRONG]
 
 
@@ -29,7 +31,7 @@ def context():
     """Every context keyword a bank may declare in `needs`."""
     import tensorflow as tf
 
-    from course_utils.lessons.cifar10_capstone import exercises as capstone_bank
+    from exercise_answers import cifar10_capstone as capstone_bank
 
     return {
         "strategy": tf.distribute.OneDeviceStrategy("/cpu:0"),
@@ -94,16 +96,16 @@ def test_banks_are_registered():
         "build_in_scope",
     ]
     for _, ex in ALL:
-        assert ex.hints and ex.solution_code and ex.stub and ex.wrong_examples, ex.name
+        assert ex.hints and ex.solution_code and ex.stub and wrong_examples(ex), ex.name
 
 
 @pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
 def test_reference_passes(bank, ex, context):
-    result = ex.check(ex.reference(), **_ctx(ex, context))
+    result = ex.check(reference(ex)(), **_ctx(ex, context))
     if result.status != "correct" and ex.name == "one_knob":
         # the one checker that trains under a time budget: a machine that stalls during those 10 s trains fewer
         # epochs (seen once in a full run, never alone); a second run tells a stall from a wrong reference
-        result = ex.check(ex.reference(), **_ctx(ex, context))
+        result = ex.check(reference(ex)(), **_ctx(ex, context))
     assert result.status == "correct", result
     assert result.passed and bool(result)
     assert repr(result).startswith("✅ Correct — ")
@@ -128,12 +130,12 @@ STUBS = [
 ]
 # Function stubs only make sense where the answer is a function.
 STUB_CASES = [
-    (ex, stub, words) for _, ex in ALL for _, stub, words in STUBS if not callable(stub) or callable(ex.reference())
+    (ex, stub, words) for _, ex in ALL for _, stub, words in STUBS if not callable(stub) or callable(reference(ex)())
 ]
 STUB_IDS = [
-    f"{ex.name}-{label}" for _, ex in ALL for label, stub, _ in STUBS if not callable(stub) or callable(ex.reference())
+    f"{ex.name}-{label}" for _, ex in ALL for label, stub, _ in STUBS if not callable(stub) or callable(reference(ex)())
 ]
-FUNCTION_EXERCISES = [ex for _, ex in ALL if callable(ex.reference())]
+FUNCTION_EXERCISES = [ex for _, ex in ALL if callable(reference(ex)())]
 
 
 @pytest.mark.parametrize("ex, stub, words", STUB_CASES, ids=STUB_IDS)
@@ -166,12 +168,12 @@ def test_learner_exception_is_a_one_line_error(ex, context):
     "bank, ex", [(b, e) for b, e in ALL if e.needs], ids=[i for i, (_, e) in zip(IDS, ALL) if e.needs]
 )
 def test_missing_context_is_an_error_with_the_call(bank, ex):
-    result = ex.check(ex.reference())
+    result = ex.check(reference(ex)())
     assert result.status == "error", result
     assert ex.call_hint in result.message
     if ex.name == "build_in_scope":
         assert ex.call_hint == "ex.build_in_scope.check(make_model, strategy=strategy)"
-    typo = ex.check(ex.reference(), stratgy=object())
+    typo = ex.check(reference(ex)(), stratgy=object())
     assert typo.status == "error" and "`stratgy=`" in typo.message
 
 
@@ -210,7 +212,7 @@ def test_check_never_raises_on_junk(bank, ex, junk, context):
 
 def test_bad_strategy_context_is_an_error():
     ex = exercises.load(lessons.tpu_initialization).build_in_scope
-    result = ex.check(ex.reference(), strategy="tpu")
+    result = ex.check(reference(ex)(), strategy="tpu")
     assert result.status == "error" and "tf.distribute strategy" in result.message
 
 
@@ -260,7 +262,7 @@ def test_hint_progression(capsys):
 
 def test_check_does_not_print(capsys, context):
     for _, ex in ALL:
-        ex.check(ex.reference(), **_ctx(ex, context))
+        ex.check(reference(ex)(), **_ctx(ex, context))
         ex.check(..., **_ctx(ex, context))
     assert capsys.readouterr().out == ""
 
@@ -314,7 +316,6 @@ def _toy(checker, needs=()):
         hints=("h",),
         solution_code="fn = 1",
         stub="fn = ...",
-        reference=lambda: 1,
         needs=needs,
     )
 
@@ -326,10 +327,10 @@ def _calls(answer, **context):
 
 def test_context_may_be_positional(context):
     ex = exercises.load(lessons.tpu_initialization).build_in_scope
-    assert ex.check(ex.reference(), context["strategy"]).passed
-    too_many = ex.check(ex.reference(), context["strategy"], 3)
+    assert ex.check(reference(ex)(), context["strategy"]).passed
+    too_many = ex.check(reference(ex)(), context["strategy"], 3)
     assert too_many.status == "error" and ex.call_hint in too_many.message, too_many
-    twice = ex.check(ex.reference(), context["strategy"], strategy=context["strategy"])
+    twice = ex.check(reference(ex)(), context["strategy"], strategy=context["strategy"])
     assert twice.status == "error" and "twice" in twice.message, twice
     none_needed = exercises.load(lessons.tpu_initialization).replicas_on_v5e.check(1, context["strategy"])
     assert none_needed.status == "error" and "only your answer" in none_needed.message, none_needed
@@ -339,7 +340,7 @@ def test_answer_may_be_a_keyword(context):
     ex = exercises.load(lessons.tpu_initialization)
     assert ex.replicas_on_v5e.check(answer=1).passed
     assert ex.replicas_on_v5e.check(answer=8).status == "incorrect"
-    assert ex.build_in_scope.check(make_model=ex.build_in_scope.reference(), strategy=context["strategy"]).passed
+    assert ex.build_in_scope.check(make_model=reference(ex.build_in_scope)(), strategy=context["strategy"]).passed
     twice = ex.replicas_on_v5e.check(1, answer=1)
     assert twice.status == "error" and "twice" in twice.message, twice
     assert ex.replicas_on_v5e.check().status == "unanswered"
@@ -753,7 +754,7 @@ def test_require_number():
 @pytest.mark.parametrize("bank, ex", ALL, ids=IDS)
 def test_answer_by_keyword_is_checked_not_unanswered(bank, ex, context):
     for keyword in {"answer", ex.answer_name}:
-        result = ex.check(**{keyword: ex.reference()}, **_ctx(ex, context))
+        result = ex.check(**{keyword: reference(ex)()}, **_ctx(ex, context))
         assert result.status == "correct", (keyword, result)
 
 
@@ -818,7 +819,7 @@ def test_build_in_scope_default_strategy_still_sees_the_scope():
     import keras
     import tensorflow as tf
 
-    from course_utils.lessons.tpu_initialization import exercises as bank
+    from exercise_answers import tpu_initialization as bank
 
     ex = exercises.load(lessons.tpu_initialization).build_in_scope
     default = tf.distribute.get_strategy()
@@ -831,7 +832,7 @@ def test_build_in_scope_default_strategy_still_sees_the_scope():
         return model
 
     assert ex.check(ignores_the_scope, strategy=default).status == "incorrect"
-    assert ex.check(ex.reference(), strategy=default).passed
+    assert ex.check(reference(ex)(), strategy=default).passed
 
 
 def test_build_in_scope_takes_a_subclassed_model(context):
@@ -878,7 +879,7 @@ def test_layer_dtypes_takes_dtype_objects_not_enum_ints():
 
 
 def test_scale_loss_outside_the_tape_is_one_plain_line():
-    from course_utils.lessons.mixed_precision import exercises as bank
+    from exercise_answers import mixed_precision as bank
 
     result = exercises.load(lessons.mixed_precision).loss_scaled_step.check(bank._step_scale_outside_tape)
     assert result.status == "incorrect", result
@@ -908,7 +909,7 @@ def test_accumulation_steps_rule_for_fractions():
         assert "must be a whole number" in result.message and "such as 2.0" in result.message, result
     float_tip = ex.check(lambda t, p, s: t / (p * s.num_replicas_in_sync))
     assert float_tip.passed and "`//`" in float_tip.message, float_tip
-    assert "`//`" not in ex.check(ex.reference()).message
+    assert "`//`" not in ex.check(reference(ex)()).message
 
 
 @pytest.mark.parametrize("case", ["fn-returns-giant-int", "fn-returns-hostile", "fn-returns-str"])
@@ -1069,7 +1070,7 @@ def test_one_knob_refuses_a_target_that_is_not_an_accuracy_before_training(targe
 
     monkeypatch.setattr(capstone, "train", lambda *a, **k: pytest.fail("trained with a meaningless target"))
     ex = exercises.load(lessons.cifar10_capstone).one_knob
-    result = ex.check(ex.reference(), start=context["start"], target=target)
+    result = ex.check(reference(ex)(), start=context["start"], target=target)
     assert result.status == "incorrect" and "between 0 and 1" in result.message, result
 
 
@@ -1081,7 +1082,7 @@ def test_one_knob_reports_a_trainer_refusal_as_the_learners_not_a_course_bug(con
 
     monkeypatch.setattr(capstone, "train", refuse)
     ex = exercises.load(lessons.cifar10_capstone).one_knob
-    result = ex.check(ex.reference(), start=context["start"], target=0.25)
+    result = ex.check(reference(ex)(), start=context["start"], target=0.25)
     assert result.status == "incorrect" and "the trainer stopped: --out" in result.message, result
     assert "checker itself failed" not in result.message
 
@@ -1317,9 +1318,9 @@ def test_pipeline_order_rejects_a_shuffle_buffer_too_small_to_shuffle():
 
 def _step_by_hand(with_lr: bool):
     """A step that scales, unscales, skips an overflow and halves the scale itself, and never calls
-    `optimizer.apply` (the bank's wrong example, mixed_precision._step_by_hand); without the learning rate it is
-    right only when the rate is 1."""
-    from course_utils.lessons.mixed_precision import exercises as bank
+    `optimizer.apply` (the bank's wrong example, exercise_answers.mixed_precision._step_by_hand); without the learning rate it
+    is right only when the rate is 1."""
+    from exercise_answers import mixed_precision as bank
 
     if with_lr:
         return bank._step_by_hand

@@ -200,20 +200,6 @@ def _check_blocks_to_recompute(answer: Any) -> str:
     )
 
 
-class _Unreadable(list):
-    """A wrong answer for the tests: a list whose items cannot be read (its iteration raises)."""
-
-    def __iter__(self):
-        raise RuntimeError("no items for you")
-
-
-class _Unfloatable(float):
-    """A wrong answer for the tests: a number whose float() raises."""
-
-    def __float__(self):
-        raise RuntimeError("no float for you")
-
-
 # -- 3. largest_batch -------------------------------------------------------------------------
 
 _BATCH_CASES = (
@@ -288,17 +274,6 @@ def relu_code(x):
     """What ReLU's backward must keep of x: 1 where the gradient passes, 0 where it is blocked."""
     ...  # your code here
 ''',
-            reference=lambda: lambda x: x > 0,
-            wrong_examples=(
-                ("keeps x", lambda: lambda x: x, "x itself"),
-                (">= 0", lambda: lambda x: x >= 0, "exactly x = 0"),
-                ("inverted", lambda: lambda x: x <= 0, "Upside down"),
-                ("floats", lambda: lambda x: (x > 0).astype(np.float32), "one bit"),
-                ("ReLU6's code", lambda: lambda x: (x > 0) & (x < 6), "ReLU6"),
-                ("a threshold above 0", lambda: lambda x: x > 1e-35, "tiny positive"),
-                ("compared in float32", lambda: lambda x: x.astype(np.float32) > 0, "tiny positive"),
-                ("masked", lambda: lambda x: np.ma.masked_array(x > 0), "masked array"),
-            ),
         ),
         Exercise(
             name="blocks_to_recompute",
@@ -331,14 +306,6 @@ def blocks_to_recompute(saved_mib, extra_ms, target_mib):
     """Indices of the blocks to recompute: saving >= target_mib at the least extra time."""
     ...  # your code here
 ''',
-            reference=lambda: lambda s, c, t: list(_best(s, c, t)[1]),
-            wrong_examples=(
-                ("biggest first", lambda: _greedy_by_saving, "cheapest"),
-                ("everything", lambda: lambda s, c, t: list(range(len(s))), "reaches the target for"),
-                ("nothing", lambda: lambda s, c, t: [], "short of the target"),
-                ("a huge range", lambda: lambda s, c, t: range(10**12), "more indices than blocks"),
-                ("a list that cannot be read", lambda: lambda s, c, t: _Unreadable([0, 1]), "could not be read"),
-            ),
         ),
         Exercise(
             name="largest_batch",
@@ -365,31 +332,6 @@ def largest_batch(peak_small, peak_large, batch_small, batch_large, budget):
     """The largest batch whose peak fits the budget, from two measured peaks."""
     ...  # your code here
 ''',
-            reference=lambda: lambda p1, p2, b1, b2, m: _expected_batch(p1, p2, b1, b2, m),
-            wrong_examples=(
-                ("peak per example", lambda: lambda p1, p2, b1, b2, m: int(m // (p2 / b2)), "fixed part"),
-                (
-                    "no floor",
-                    lambda: lambda p1, p2, b1, b2, m: (m - (p1 - b1 * (p2 - p1) / (b2 - b1))) / ((p2 - p1) / (b2 - b1)),
-                    "round down",
-                ),
-                (
-                    "a number that cannot be read",
-                    lambda: lambda p1, p2, b1, b2, m: _Unfloatable(1.0),
-                    "could not be read as a number",
-                ),
-            ),
         ),
     ],
 )
-
-
-def _greedy_by_saving(saved, cost, target):
-    """A typical wrong answer: the largest savings first until the target is met."""
-    chosen, total = [], 0
-    for i in sorted(range(len(saved)), key=lambda i: -saved[i]):
-        if total >= target:
-            break
-        chosen.append(i)
-        total += saved[i]
-    return chosen

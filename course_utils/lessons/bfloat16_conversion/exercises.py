@@ -179,71 +179,6 @@ def to_bfloat16(make_model, model):
 '''
 
 
-def _convert_reference(make_model, model):
-    keras.config.set_dtype_policy("bfloat16")
-    try:
-        new_model = make_model()
-    finally:
-        keras.config.set_dtype_policy("float32")
-    new_model.set_weights(model.get_weights())
-    return new_model
-
-
-def _convert_no_weights(make_model, model):
-    keras.config.set_dtype_policy("bfloat16")
-    try:
-        return make_model()
-    finally:
-        keras.config.set_dtype_policy("float32")
-
-
-def _convert_policy_left(make_model, model):
-    keras.config.set_dtype_policy("bfloat16")
-    new_model = make_model()
-    new_model.set_weights(model.get_weights())
-    return new_model
-
-
-def _convert_mixed(make_model, model):
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
-        new_model = make_model()
-    finally:
-        keras.config.set_dtype_policy("float32")
-    new_model.set_weights(model.get_weights())
-    return new_model
-
-
-def _convert_policy_after_construct(make_model, model):
-    new_model = make_model()  # constructed under float32: setting the policy afterwards changes nothing
-    keras.config.set_dtype_policy("bfloat16")
-    try:
-        new_model.set_weights(model.get_weights())
-    finally:
-        keras.config.set_dtype_policy("float32")
-    return new_model
-
-
-def _convert_by_hand(make_model, model):
-    """Rebuilds the layers by hand under 'bfloat16' and forgets the float32 output layer."""
-    keras.config.set_dtype_policy("bfloat16")
-    try:
-        new_model = keras.Sequential(
-            [keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3, activation="softmax")]
-        )
-    finally:
-        keras.config.set_dtype_policy("float32")
-    new_model.set_weights(model.get_weights())
-    return new_model
-
-
-def _convert_private_attr(make_model, model):
-    for layer in model.layers:
-        if hasattr(layer, "_kernel"):
-            layer._kernel = tf.cast(layer._kernel, tf.bfloat16)
-    return model
-
-
 # ----------------------------------------------------------------------------------------------
 # 3. A small update to a bfloat16 weight
 # ----------------------------------------------------------------------------------------------
@@ -315,15 +250,6 @@ EXERCISES = ExerciseBank(
                 "answer = (params * 2, params * 4)  # bfloat16 variables; mixed_bfloat16 keeps float32 variables\n"
             ),
             stub="answer = ...  # a pair: (bytes under 'bfloat16', bytes under 'mixed_bfloat16')\n",
-            reference=lambda: (_BF16, _MIXED),
-            wrong_examples=(
-                ("mixed halves too", lambda: (_BF16, _BF16), "keeps them in float32"),
-                ("parameter count", lambda: (_PARAMS, _PARAMS), "number of parameters, not bytes"),
-                ("kernel only", lambda: (2 * 256 * 512, 4 * 256 * 512), "bias"),
-                ("swapped", lambda: (_MIXED, _BF16), "swapped"),
-                ("single number", lambda: _BF16, "Expected a pair"),
-                ("strings", lambda: ("263168", "526336"), "remove the quotes"),
-            ),
         ),
         Exercise(
             name="convert_model",
@@ -345,20 +271,6 @@ def to_bfloat16(make_model, model):
     """Return a bfloat16 copy of the float32 `model` (built by `make_model`)."""
     ...  # your code here
 ''',
-            reference=lambda: _convert_reference,
-            wrong_examples=(
-                ("forgets set_weights", lambda: _convert_no_weights, "set_weights"),
-                ("policy left changed", lambda: _convert_policy_left, "global dtype policy is still 'bfloat16'"),
-                ("mixed policy", lambda: _convert_mixed, "that is mixed_bfloat16"),
-                (
-                    "policy set after construction",
-                    lambda: _convert_policy_after_construct,
-                    "active when it is constructed",
-                ),
-                ("private attribute", lambda: _convert_private_attr, "returned the float32 model itself"),
-                ("no float32 output layer", lambda: _convert_by_hand, "lacks make_model's float32 output layer"),
-                ("result, not function", _make_model, "Pass the function itself"),
-            ),
         ),
         Exercise(
             name="vanishing_update",
@@ -374,13 +286,6 @@ def to_bfloat16(make_model, model):
             ),
             solution_code="answer = 1.0  # 0.999 rounds to the nearest bfloat16, which is 1.0: the update vanished\n",
             stub="answer = ...  # a number\n",
-            reference=lambda: 1.0,
-            wrong_examples=(
-                ("float32 answer", lambda: 0.999, "float32 answer"),
-                ("rounded down", lambda: 0.99609375, "NEAREST"),
-                ("other", lambda: 0.5, "Try it"),
-                ("text", lambda: "one", "Expected a number"),
-            ),
         ),
     ],
 )

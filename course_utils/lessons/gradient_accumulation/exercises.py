@@ -76,10 +76,6 @@ def _check_accumulation_steps(answer: Any) -> str:
     )
 
 
-def _accumulation_steps_reference(target_global_batch, per_replica_batch, strategy):
-    return target_global_batch // (per_replica_batch * strategy.num_replicas_in_sync)
-
-
 # -- 2. replica_loss --------------------------------------------------------------------------
 
 _PER_EXAMPLE = (0.5, 1.5, 2.0, 0.25, 1.0, 3.0, 0.75, 1.0)  # one replica's 8 examples
@@ -149,23 +145,6 @@ def _has_gradient(tape: Any, loss: Any, per_example: Any, expected: float) -> bo
     return grad is not None and np.allclose(np.asarray(grad, np.float64), expected, rtol=1e-4)
 
 
-def _replica_loss_as_float(per_example_loss, global_batch_size):
-    return float(per_example_loss.numpy().sum()) / global_batch_size
-
-
-def _replica_loss_mean_over_replicas(per_example_loss, global_batch_size):
-    return tf.reduce_mean(per_example_loss) / tf.distribute.get_strategy().num_replicas_in_sync
-
-
-def _replica_loss_mean_over_share(per_example_loss, global_batch_size):
-    replicas = global_batch_size // int(tf.size(per_example_loss))
-    return tf.reduce_mean(per_example_loss) / replicas
-
-
-def _replica_loss_reference(per_example_loss, global_batch_size):
-    return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
-
-
 # -- 3. builtin_warmup_steps ------------------------------------------------------------------
 
 _WARMUP_CASES = ((100, 4), (500, 8), (10, 1), (64, 2))
@@ -194,10 +173,6 @@ def _check_builtin_warmup_steps(answer: Any) -> str:
     )
 
 
-def _builtin_warmup_steps_reference(warmup_updates, k):
-    return warmup_updates * k
-
-
 EXERCISES = ExerciseBank(
     "gradient_accumulation",
     [
@@ -224,13 +199,6 @@ def accumulation_steps(target_global_batch, per_replica_batch, strategy):
     """Micro-batches to accumulate so one update sees target_global_batch examples."""
     ...  # your code here
 ''',
-            reference=lambda: _accumulation_steps_reference,
-            wrong_examples=(
-                ("ignores replicas", lambda: lambda t, p, s: t // p, "ignores the replicas"),
-                ("multiplies", lambda: lambda t, p, s: t * s.num_replicas_in_sync // p, "multiplied"),
-                ("not whole", lambda: lambda t, p, s: t / (p * s.num_replicas_in_sync) + 0.5, "must be a whole number"),
-                ("off", lambda: lambda t, p, s: 4, "Not quite"),
-            ),
         ),
         Exercise(
             name="replica_loss",
@@ -259,24 +227,6 @@ def replica_loss(per_example_loss, global_batch_size):
     """This replica's share of the mean loss over the global batch."""
     ...  # your code here
 ''',
-            reference=lambda: _replica_loss_reference,
-            wrong_examples=(
-                (
-                    "reduce_mean",
-                    lambda: lambda pe, gb: __import__("tensorflow").reduce_mean(pe),
-                    "mean over this replica's examples only",
-                ),
-                ("mean ÷ num_replicas_in_sync", lambda: _replica_loss_mean_over_replicas, "outside `strategy.run`"),
-                (
-                    "mean ÷ replicas from the batch",
-                    lambda: _replica_loss_mean_over_share,
-                    "the same number of examples",
-                ),
-                ("sum", lambda: lambda pe, gb: __import__("tensorflow").reduce_sum(pe), "summed without dividing"),
-                ("per-example", lambda: lambda pe, gb: pe / gb, "a scalar"),
-                ("off", lambda: lambda pe, gb: 1.0, "Not quite"),
-                ("Python float", lambda: _replica_loss_as_float, "no gradient path"),
-            ),
         ),
         Exercise(
             name="builtin_warmup_steps",
@@ -300,12 +250,6 @@ def builtin_warmup_steps(warmup_updates, k):
     """Schedule steps for a warm-up of warmup_updates updates with Keras' built-in accumulation."""
     ...  # your code here
 ''',
-            reference=lambda: _builtin_warmup_steps_reference,
-            wrong_examples=(
-                ("updates", lambda: lambda u, k: u, "micro-step counter"),
-                ("divides", lambda: lambda u, k: u // k, "Other direction"),
-                ("off", lambda: lambda u, k: u + k, "Not quite"),
-            ),
         ),
     ],
 )

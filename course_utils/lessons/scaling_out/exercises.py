@@ -269,29 +269,6 @@ def tf_config_for(addresses, index):
     """TF_CONFIG of worker `index` in a cluster of workers at `addresses`."""
     ...  # your code here
 ''',
-            reference=lambda: lambda a, i: json.dumps(_expected_config(a, i)),
-            wrong_examples=(
-                (
-                    "plural job",
-                    lambda: lambda a, i: {"cluster": {"workers": a}, "task": {"type": "worker", "index": i}},
-                    "singular",
-                ),
-                (
-                    "index as text",
-                    lambda: lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": str(i)}},
-                    "not text",
-                ),
-                (
-                    "always 0",
-                    lambda: lambda a, i: {"cluster": {"worker": a}, "task": {"type": "worker", "index": 0}},
-                    "expected 1",
-                ),
-                (
-                    "own address only",
-                    lambda: lambda a, i: {"cluster": {"worker": [a[i]]}, "task": {"type": "worker", "index": 0}},
-                    "every worker",
-                ),
-            ),
         ),
         Exercise(
             name="global_batch_and_lr",
@@ -317,12 +294,6 @@ def global_batch_and_lr(per_core_batch, cores, base_lr, base_batch):
     """Global batch of one step, and the linearly scaled learning rate."""
     ...  # your code here
 ''',
-            reference=lambda: lambda b, c, lr, bb: (b * c, lr * b * c / bb),
-            wrong_examples=(
-                ("per-core batch", lambda: lambda b, c, lr, bb: (b, lr * b * c / bb), "one core's share"),
-                ("LR × cores", lambda: lambda b, c, lr, bb: (b * c, lr * c), "base_batch"),
-                ("sqrt", lambda: lambda b, c, lr, bb: (b * c, lr * math.sqrt(b * c / bb)), "square-root"),
-            ),
         ),
         Exercise(
             name="pipeline_idle_fraction",
@@ -347,12 +318,6 @@ def pipeline_idle_fraction(stages, micro_batches):
     """Share of a GPipe schedule each device spends idle."""
     ...  # your code here
 ''',
-            reference=lambda: lambda s, m: (s - 1) / (m + s - 1),
-            wrong_examples=(
-                ("busy", lambda: lambda s, m: m / (m + s - 1), "busy fraction"),
-                ("over M", lambda: lambda s, m: (s - 1) / m, "slots of the whole"),
-                ("naive", lambda: lambda s, m: (s - 1) / s, "naive split"),
-            ),
         ),
     ],
 )

@@ -630,8 +630,9 @@ def claims(r: dict) -> list:
         )
     )
     repeats = min(len(v) for v in precision.values())
-    variants = list(precision)
-    xla_other = variants[2] if len(variants) > 2 else None
+    # the chosen policy with XLA the other way round (precision_variants' label; where float32 was chosen, the float32
+    # row is the chosen one, and this run is the second row, not the third)
+    xla_other = next((label for label in precision if label.startswith(f"{chosen}, XLA ")), None)
     resume = r["resume"]
     # the kill must land inside epoch 2, with epoch 1 saved: else nothing was interrupted (or nothing was saved)
     killed_mid_run = (

@@ -741,6 +741,7 @@ def claims(r: dict) -> list:
                 xla_other,
                 repeats,
                 int(course.get("replicas", 1)),
+                course.get("kernel_path"),
             ),
             CLAIMS.judge(
                 "06.tta_does_not_hurt",
@@ -772,17 +773,26 @@ def _xla_choice_claim(
     xla_other: str | None,
     repeats: int,
     replicas: int = 1,
+    kernel_path: str | None = None,
 ):
     """The trainer's XLA default against the other setting. Where COURSE_JIT=1 or --jit/--no-jit set XLA for every
     run, the trainer chose nothing: the ratio is shown, the claim is not measurable (prove --jit measured 0.53× for
-    the forced XLA-on against off on a 2-core CPU — the reason the trainer's CPU default is off)."""
+    the forced XLA-on against off on a 2-core CPU with oneDNN — the reason the trainer's CPU default is off). On
+    TensorFlow's own kernels XLA's epochs ran faster once compiled (float32, full mode: off at 0.77× of on, the
+    AVX-512 EPYC, 2026-12-03), and compiling costs seconds of a short budget: there a slower default differs, with
+    the reason."""
+    eigen = kind == "CPU" and kernel_path == "eigen" and not jit
     claim = _speed_claim(
         "06.xla_choice_not_slower",
         precision,
         chosen,
         xla_other,
         repeats,
-        "",
+        "on TensorFlow's own kernels XLA fuses the step's elementwise ops, and once compiled its epochs run faster "
+        "(the table's median epoch leaves compiling out); compiling takes seconds of a short budget — a wash at 60 s "
+        "(measurements/2026-11-28-capstone-kernel-paths) — so the trainer keeps it off: over longer budgets try --jit"
+        if eigen
+        else "",
         None
         if xla_other
         else "a TPU compiles every step: there is no XLA-off run to compare"

@@ -1645,6 +1645,19 @@ def test_auto_width_halves_the_batch_only_on_slow_kernels_with_a_short_budget():
     assert batch == 128 and "64 per replica would make one step larger than the 230 training images" in why
 
 
+def _small_synthetic_options(tmp_path, **changes):
+    """A quiet one-replica run on 1,024 synthetic training images, no XLA, into tmp_path/r: the planning tests'."""
+    return capstone.Options(
+        data="synthetic",
+        out=str(tmp_path / "r"),
+        train_examples=1024,
+        test_examples=64,
+        verbose=0,
+        **_ONE_REPLICA_NO_XLA,
+        **changes,
+    )
+
+
 class _BatchChosen(Exception):
     pass
 
@@ -1663,16 +1676,7 @@ def test_the_trainer_trains_auto_width_with_the_small_batch_where_the_rule_says(
         raise _BatchChosen(batch)
 
     monkeypatch.setattr(capstone.trainer, "_pipelines", pipelines)
-    opts = capstone.Options(
-        data="synthetic",
-        time_budget=budget,
-        width=width,
-        out=str(tmp_path / "r"),
-        train_examples=1024,
-        test_examples=64,
-        verbose=0,
-        **_ONE_REPLICA_NO_XLA,
-    )
+    opts = _small_synthetic_options(tmp_path, time_budget=budget, width=width)
     with pytest.raises(_BatchChosen) as chosen:
         capstone.train(opts)
     out = capsys.readouterr().out
@@ -1794,15 +1798,7 @@ def test_auto_stem_on_eigen_rebuilds_with_s2d_where_the_forward_pass_predicts_fe
 
     monkeypatch.setattr(course, "model", model)
     monkeypatch.setattr(capstone.trainer, "_new_plan", new_plan)
-    opts = capstone.Options(
-        data="synthetic",
-        time_budget=60.0,
-        out=str(tmp_path / "r"),
-        train_examples=1024,
-        test_examples=64,
-        verbose=0,
-        **_ONE_REPLICA_NO_XLA,
-    )
+    opts = _small_synthetic_options(tmp_path, time_budget=60.0)
     with pytest.raises(_StemChosen) as chosen:
         capstone.train(opts)
     out = capsys.readouterr().out

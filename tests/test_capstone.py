@@ -95,7 +95,9 @@ def test_cli_smoke_run_learns_within_its_budget_and_writes_its_files(reference):
     ) == (922, 102, 256)
     assert summary["validation_accuracy"] == metrics[-1]["val_accuracy"] >= 0.5
     assert summary["best_validation_accuracy"] == max(m["val_accuracy"] for m in metrics)
-    assert summary["xla"] is False and summary["jit_compile"] is False and summary["xla_why"].startswith("CPU")
+    # XLA: on where TensorFlow's own kernels run (x86-64 Linux), off with oneDNN (capstone.choose_jit)
+    eigen_xla = summary["kernel_path"] == "eigen" and capstone.recipes.eigen_xla_measured()
+    assert summary["xla"] is summary["jit_compile"] is eigen_xla and summary["xla_why"].startswith("CPU"), summary
     for key in (
         "wall_time_s",
         "images_per_s_per_replica",
@@ -397,7 +399,8 @@ def test_train_uses_the_courses_mode_it_is_passed_over_the_config(tmp_path, monk
     summary = capstone.train(opts, settings=settings).summary
     assert summary["data"] == "synthetic" and summary["width"] == 4, summary
     assert summary["train_examples"] + summary["validation_examples"] == 160 and summary["test_examples"] == 48
-    assert summary["xla"] is False and summary["xla_chosen_by"] == "trainer", summary  # not COURSE_JIT's
+    eigen_xla = summary["kernel_path"] == "eigen" and capstone.recipes.eigen_xla_measured()
+    assert summary["xla"] is eigen_xla and summary["xla_chosen_by"] == "trainer", summary  # not COURSE_JIT's
     asked = capstone.course_settings(dataclasses.replace(opts, data="tfds", cpu_replicas=2), settings)
     assert asked == dataclasses.replace(settings, data="tfds", cpu_replicas=2)
     with pytest.raises(capstone.OptionsError, match="settings must be a capstone.CourseSettings"):
@@ -829,6 +832,11 @@ def test_a_warm_up_runs_only_where_it_is_expected_to_end_within_the_planning_sha
     assert capstone.trainer.warm_up_fits(120.0, 6.6) and not capstone.trainer.warm_up_fits(4.0, 0.3)  # smoke: 4 s
     # 40 s of it downloading the data, 600 s: the warm-up's estimate is of the 4 s of Python, imports and the model
     assert capstone.trainer.warm_up_fits(600.0, 44.0, loading_s=40.0) and not capstone.trainer.warm_up_fits(600.0, 44.0)
+    # compiling with XLA on a CPU takes longer than the start-up: 1.5 × 3.3 s more ends at 8.25 s, past 6 s of 60
+    assert not capstone.trainer.warm_up_fits(60.0, 3.3, cpu_xla=True)
+    assert capstone.trainer.warm_up_fits(120.0, 4.8, cpu_xla=True) and not capstone.trainer.warm_up_fits(
+        120.0, 4.9, 0, True
+    )
 
 
 def test_the_first_epochs_own_steps_time_like_a_warm_up_without_its_compiling_calls():
@@ -1511,6 +1519,31 @@ def test_xla_is_chosen_per_hardware_not_left_to_keras_auto(kind, course_jit, ask
         assert "keras-team/keras#19005" in why
 
 
+@pytest.mark.parametrize(
+    "kernels,accumulate,measured,expected",
+    [
+        ("eigen", 1, True, (True, True)),  # TensorFlow's own kernels on x86-64 Linux: XLA fuses around them
+        ("eigen", 2, True, (False, False)),  # an accumulated step under XLA ran >10× slower on a CPU
+        ("eigen", 1, False, (False, False)),  # macOS, Arm: not measured there
+        ("onednn-bf16", 1, True, (False, False)),  # oneDNN's convolutions beat the Eigen ones XLA would use
+        ("onednn-fp32", 1, True, (False, False)),
+    ],
+)
+def test_xla_on_a_cpu_follows_its_kernel_path(monkeypatch, kernels, accumulate, measured, expected):
+    monkeypatch.setattr(capstone.recipes, "eigen_xla_measured", lambda: measured)
+    jit_compile, compiled, why = capstone.choose_jit(capstone.Options(accumulate=accumulate), "CPU", False, 1, kernels)
+    assert (jit_compile, compiled) == expected and why.startswith("CPU")
+    assert ("--no-jit" in why) == expected[0] and ("eigen" in why) == (kernels == "eigen" and accumulate == 1)
+    # several replicas: fit cannot be compiled, whatever the kernels
+    assert capstone.choose_jit(capstone.Options(), "CPU", False, 4, kernels)[:2] == (False, False)
+
+
+def test_eigen_xla_is_measured_on_x86_linux_only():
+    assert capstone.recipes.eigen_xla_measured("linux", "x86_64")
+    assert not capstone.recipes.eigen_xla_measured("darwin", "arm64")
+    assert not capstone.recipes.eigen_xla_measured("linux", "aarch64")
+
+
 def test_jit_asked_on_several_replicas_is_refused_with_the_reason():
     with pytest.raises(capstone.OptionsError, match=r"--jit fails on 2 replicas: .*keras#19005.*--cpu-replicas 1"):
         capstone.choose_jit(capstone.Options(jit=True), "multi-GPU", False, 2)
@@ -1755,6 +1788,12 @@ def test_auto_stem_takes_s2d_where_fewer_than_few_epochs_of_the_full_stem_are_pr
     assert capstone.choose_stem(per_image_for(few - 1), train, 2 * budget, elapsed)[0] == "full"
     # nothing left at all: s2d, with no negative epochs
     assert capstone.choose_stem(0.01, train, budget, budget)[:2] == ("s2d", 0)
+    # a step compiled with XLA: the eager probe over-states its epochs, and the first epoch compiles
+    left_xla = budget * (1 - capstone.FINAL_EVAL_SHARE) - elapsed - rule["first_epoch_extra_s_xla"]
+    per_image = left_xla / few / (rule["epoch_per_forward_xla"] * train) * 0.999
+    assert capstone.choose_stem(per_image, train, budget, elapsed, xla=True)[:2] == ("full", few)
+    assert capstone.choose_stem(per_image * 1.2, train, budget, elapsed, xla=True)[0] == "s2d"
+    assert rule["epoch_per_forward_xla"] < rule["epoch_per_forward"]
     assert capstone.auto_stem_applies("eigen", True, None)
     assert not capstone.auto_stem_applies("onednn-bf16", True, None)  # s2d was not measured on oneDNN
     assert not capstone.auto_stem_applies(None, True, None)  # not a CPU
@@ -1762,20 +1801,24 @@ def test_auto_stem_takes_s2d_where_fewer_than_few_epochs_of_the_full_stem_are_pr
     assert not capstone.auto_stem_applies("eigen", True, "full")  # --stem given
 
 
-def test_the_stem_probe_times_one_forward_pass_of_probe_images_after_a_small_one():
-    calls = []
+def test_the_stem_probe_keeps_the_fastest_of_its_forward_passes_after_a_small_one(monkeypatch):
+    calls, pauses = [], iter([0.0, 0.3, 0.1, 0.2])  # the small pass, then the probes: the fastest is 0.1 s
 
     def net(x, training):
         calls.append((x.shape, x.dtype, training))
+        clock[0] += next(pauses)
 
+    clock = [0.0]
+    monkeypatch.setattr(capstone.trainer.time, "perf_counter", lambda: clock[0])
     images = np.zeros((500, 32, 32, 3), np.uint8)
-    per_image = capstone.trainer.forward_s_per_image(net, images)
-    rule = capstone.AUTO_STEM
-    assert calls == [
-        ((rule["warm_images"], 32, 32, 3), np.float32, False),
-        ((rule["probe_images"], 32, 32, 3), np.float32, False),
-    ]
-    assert 0 < per_image < 1e-3  # a call that does nothing, over 128 images
+    rule = dict(capstone.AUTO_STEM, probes=3)
+    per_image = capstone.trainer.forward_s_per_image(net, images, rule)
+    assert (
+        calls
+        == [((rule["warm_images"], 32, 32, 3), np.float32, False)]
+        + [((rule["probe_images"], 32, 32, 3), np.float32, False)] * 3
+    )
+    assert per_image == pytest.approx(0.1 / rule["probe_images"])
 
 
 @pytest.mark.parametrize("per_image, stems", [(5e-3, ["full", "s2d"]), (1e-6, ["full"])])

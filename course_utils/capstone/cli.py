@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_const",
         const=True,
         default=None,
-        help="compile the step with XLA (default: on one GPU; off on a CPU and on several replicas, "
-        "where fit cannot be compiled; a TPU always compiles)",
+        help="compile the step with XLA (default: on one GPU, and on a CPU running TensorFlow's own kernels; off "
+        "with oneDNN and on several replicas, where fit cannot be compiled; a TPU always compiles)",
     )
     j.add_argument("--no-jit", dest="jit", action="store_const", const=False, help="do not compile the step with XLA")
     p.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per update (lesson 05)")

@@ -68,8 +68,9 @@ def small_batch(kernels: str | None, budget_s: float | None, rule: dict = SMALL_
 # an AVX2 EPYC (two runs each): +2 to +4 (6-9 → 13-17); where it fit 11-20 s2d read lower — an AVX-512 EPYC, one
 # core: 60.4 vs 62.4, two: 62.2 vs 62.7; the AVX2 EPYC at 120 s (15-23 epochs) tied or lost. So with auto width and no
 # --stem, on the `kernels` paths, the trainer predicts the full stem's epochs before it builds the network to train:
-# one eager forward pass of `probe_images` training images through the start width's network (after one of
-# `warm_images` that builds it; 0.1-0.15 s on one core of the AMX Xeon) times `epoch_per_forward` (a later epoch's
+# an eager forward pass of `probe_images` training images through the start width's network, the fastest of `probes`
+# (one alone read 2× slow in 1 of 4 runs on one core of an AMX Xeon, 2026-12-03), after one of `warm_images` that
+# builds it (0.1-0.15 s each on one core of the AMX Xeon), times `epoch_per_forward` (a later epoch's
 # train and validation seconds over the forward pass's per training image: 1.87 and 2.03 on one core, 2.10 and 1.31 on
 # two there, width 4, 60 s), into the budget left less `first_epoch_extra_s` (the first epoch's compiling and filling
 # the cache: 3.0-5.5 s there) and the final evaluation's share, and takes s2d where fewer than `few_epochs` fit
@@ -80,9 +81,14 @@ AUTO_STEM = dict(
     kernels=("eigen",),
     few_epochs=FEW_EPOCHS,
     probe_images=128,
+    probes=3,
     warm_images=8,
     epoch_per_forward=1.9,
     first_epoch_extra_s=5.0,
+    # the same with the step compiled by XLA (recipes.EIGEN_XLA: the eager probe is not), its first epoch compiling
+    # it: 1.26 (3.2 s epochs after 0.69 ms per image; one core of the AMX Xeon, width 4, 60 s), 4.6 s of compiling
+    epoch_per_forward_xla=1.3,
+    first_epoch_extra_s_xla=8.0,
 )
 
 
@@ -98,13 +104,16 @@ def choose_stem(
     budget_s: float,
     elapsed_s: float,
     rule: dict = AUTO_STEM,
+    xla: bool = False,
 ) -> tuple[str, int, str]:
     """``(stem, predicted epochs, why)``: ``"s2d"`` where fewer than ``rule["few_epochs"]`` epochs of the full stem
     are predicted to fit what is left of ``budget_s`` after ``elapsed_s`` — an epoch ``forward_s_per_image`` ×
     ``rule["epoch_per_forward"]`` × ``train_images``, the first one ``rule["first_epoch_extra_s"]`` longer, the final
-    evaluation's share kept — else ``"full"``."""
-    epoch_s = forward_s_per_image * rule["epoch_per_forward"] * train_images
-    left = budget_s * (1 - FINAL_EVAL_SHARE) - elapsed_s - rule["first_epoch_extra_s"]
+    evaluation's share kept — else ``"full"``. With ``xla`` (the step compiled: the eager probe is not) the
+    ``_xla`` figures: a shorter epoch, a longer first one."""
+    suffix = "_xla" if xla else ""
+    epoch_s = forward_s_per_image * rule["epoch_per_forward" + suffix] * train_images
+    left = budget_s * (1 - FINAL_EVAL_SHARE) - elapsed_s - rule["first_epoch_extra_s" + suffix]
     epochs = max(0, int(left // epoch_s)) if epoch_s > 0 else rule["few_epochs"]
     seen = (
         f"a forward pass took {forward_s_per_image * 1e3:.2f} ms per image: about {epochs} epochs of the full stem fit"
@@ -167,6 +176,11 @@ PLANNING_MARGIN = 1.25  # another width's warm-up, estimated from the last one's
 # plan (BudgetPlan.plan_in_first_epoch; the trainer's warm_up_fits decides). With a warm-up first, the first epoch
 # had started at 5.3-6.9 s of 60 (10-12%), and a width other than the start width was chosen in 3 of 18 runs
 WARM_UP_PER_START_UP = 0.8
+
+# … where the step compiles with XLA on a CPU (TensorFlow's own kernels: recipes.EIGEN_XLA), whose compiling takes
+# longer than the start-up before it: 4.6 s after ~4 s of start-up on one core of an AMX Xeon (TF 2.20, width 4),
+# ~4 s after ~3 s on two (2026-12-03)
+WARM_UP_PER_START_UP_XLA = 1.5
 
 # Steps the warm-up times after its compiling one (fewer on a TPU, whose calls run steps_per_execution each): 6 cost
 # 0.4 s of a 60 s budget on one core at width 8; the plan is corrected after each epoch anyway

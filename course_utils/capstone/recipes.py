@@ -291,7 +291,27 @@ def choose_steps_per_execution(asked: int | None, kind: str, replicas: int, step
     return 1, f"{kind}: a step of this ResNet is long next to a call, so several per call pay off only on a TPU"
 
 
-def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 1) -> tuple[bool, bool, str]:
+# On TensorFlow's own kernels (Eigen) XLA runs the same Eigen convolutions and fuses the batch norms, ReLUs and adds
+# around them: the course's ResNet-9 (width 4, 64 per replica, float32) trained 1,240 images/s with XLA and 910
+# without on one core of an AMX Xeon, and 60 s budgets ended 3 points higher there despite ~3.5 s of compiling (dev
+# images, 2026-12-03; measurements/2026-11-28-capstone-kernel-paths); lesson 06 §5 had measured XLA off at 0.77× of
+# on (an AVX-512 EPYC). On oneDNN XLA gives up oneDNN's convolutions: 0.53× (prove --jit, 2 cores)
+EIGEN_XLA = "XLA fuses the step's elementwise ops around the same Eigen convolutions: its epochs run ~1.3× faster"
+
+
+def eigen_xla_measured(platform: str | None = None, machine: str | None = None) -> bool:
+    """Whether :data:`EIGEN_XLA` was measured on this platform: x86-64 Linux (not macOS, not Arm)."""
+    import platform as _platform
+    import sys
+
+    platform = sys.platform if platform is None else platform
+    machine = (_platform.machine() if machine is None else machine).lower()
+    return platform.startswith("linux") and machine in ("x86_64", "amd64")
+
+
+def choose_jit(
+    o: Options, kind: str, course_jit: bool = False, replicas: int = 1, kernels: str | None = None
+) -> tuple[bool, bool, str]:
     """``(jit_compile, compiled, why)``: what to pass Keras' ``compile(jit_compile=...)``, whether the step really
     runs under XLA, and why. Keras resolves ``jit_compile="auto"`` to False whenever the model was built under a
     tf.distribute strategy (keras/src/trainers/trainer.py, "Disable XLA with tf.distribute") — as the trainer's is on
@@ -302,8 +322,11 @@ def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 
     - TPU: TPUStrategy compiles every step with XLA whatever Keras is told (nothing to choose);
     - ``COURSE_JIT=1``: on, as every lesson's measured steps;
     - GPU: on — XLA fuses the step's elementwise ops (BN, ReLU, casts) into the convolutions' neighbours;
-    - CPU: off — a small ResNet on a CPU is bound by its convolutions, which XLA hands to the same kernels
-      (lesson 06 §5 measures it)."""
+    - CPU on TensorFlow's own kernels (``kernels`` ``"eigen"``), one replica, x86-64 Linux, no ``--accumulate``: on
+      — XLA calls the same Eigen convolutions and fuses the step's elementwise ops around them (:data:`EIGEN_XLA`;
+      an accumulated step under XLA ran more than ten times slower on a CPU: lesson 06 §5);
+    - any other CPU: off — oneDNN's convolutions are faster than the Eigen ones XLA would hand them to (lesson 06 §5
+      measures it)."""
     if o.jit and not whole_step_compiles(kind, replicas):
         raise OptionsError(
             f"--jit fails on {replicas} replicas: {MULTI_REPLICA_XLA}; leave --jit out (fit then runs "
@@ -312,8 +335,12 @@ def choose_jit(o: Options, kind: str, course_jit: bool = False, replicas: int = 
     if o.jit is not None:
         return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
     jit, compiled, why = fit_jit_compile(kind, course_jit, replicas)  # the rule every lesson's fit follows
-    if not compiled and replicas <= 1:  # a CPU: lesson 06 measured it for this model
-        why = "CPU: XLA does not speed up this convolution-bound step (lesson 06 §5 measures it); --jit to try"
+    if not compiled and replicas <= 1 and kernels == "eigen" and o.accumulate == 1:
+        if eigen_xla_measured():
+            return True, True, f"CPU kernels eigen: {EIGEN_XLA}; --no-jit to compare"
+        return jit, compiled, "CPU kernels eigen: XLA sped this step up on x86 Linux, not measured here; --jit to try"
+    if not compiled and replicas <= 1:  # a CPU on oneDNN: lesson 06 measured it for this model
+        why = "CPU with oneDNN: XLA would run this step's convolutions on slower kernels (lesson 06 §5 measures it)"
     return jit, compiled, why
 
 

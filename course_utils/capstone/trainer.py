@@ -26,6 +26,7 @@ from .plan import (
     TTA_SHIFTS,
     TTA_VIEWS,
     WARM_UP_PER_START_UP,
+    WARM_UP_PER_START_UP_XLA,
     FINAL_EVAL_SHARE,
     start_width,
     small_batch,
@@ -229,15 +230,19 @@ class _Clock:
 
 
 def forward_s_per_image(net, images, rule: dict = AUTO_STEM) -> float:
-    """Seconds per image of one eager forward pass of ``net`` over ``rule["probe_images"]`` of ``images``, after one
-    over ``rule["warm_images"]`` (which builds the layers' calls): auto stem's measure (:func:`plan.choose_stem`)."""
+    """Seconds per image of an eager forward pass of ``net`` over ``rule["probe_images"]`` of ``images`` — the
+    fastest of ``rule["probes"]`` — after one over ``rule["warm_images"]`` (which builds the layers' calls): auto
+    stem's measure (:func:`plan.choose_stem`)."""
     import numpy as np
 
     net(np.asarray(images[: rule["warm_images"]], "float32"), training=False)
     probe = np.asarray(images[: rule["probe_images"]], "float32")
-    started = time.perf_counter()
-    net(probe, training=False)
-    return (time.perf_counter() - started) / len(probe)
+    took = []
+    for _ in range(rule["probes"]):
+        started = time.perf_counter()
+        net(probe, training=False)
+        took.append(time.perf_counter() - started)
+    return min(took) / len(probe)
 
 
 def _fit_strategy(rt):
@@ -494,7 +499,7 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
             "the float32 schedule counts exactly; use fewer epochs"
         )
     policy, policy_why = (o.policy, "chosen with --policy") if o.policy != "auto" else recipe.choose_policy(rt)
-    jit_compile, xla, jit_why = choose_jit(o, rt.kind, settings.course_jit, replicas)
+    jit_compile, xla, jit_why = choose_jit(o, rt.kind, settings.course_jit, replicas, kernels[0] if kernels else None)
     spe, spe_why = choose_steps_per_execution(o.steps_per_execution, rt.kind, replicas, steps_per_epoch)
     peak_lr = recipe.peak_learning_rate(batch)
     lr_why = recipe.learning_rate_rule()
@@ -553,7 +558,7 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
     net, model, schedule, peak = build(width)
     if stem_auto:
         stem_probe = forward_s_per_image(net, x_train)
-        stem, _, stem_why = choose_stem(stem_probe, len(x_train), o.time_budget, clock())
+        stem, _, stem_why = choose_stem(stem_probe, len(x_train), o.time_budget, clock(), xla=xla)
         if stem != "full":  # the same seed as --stem s2d would build it with
             keras.utils.set_random_seed(o.seed)
             net, model, schedule, peak = build(width)
@@ -588,6 +593,7 @@ def _train(options: Options, settings: CourseSettings, t0: float, lean_imports: 
             steps_per_execution=spe,
             loading_s=loading_s,
             stem=stem,
+            cpu_xla=xla and rt.kind == "CPU",
         )
         width = plan.width
         fileguard.write_json(run.plan, plan.to_dict())
@@ -827,6 +833,7 @@ def _new_plan(
     steps_per_execution: int,
     loading_s: float = 0.0,
     stem: str = "full",
+    cpu_xla: bool = False,
 ) -> tuple[BudgetPlan, tuple]:
     """A new run's plan and the model to train: ``--epochs``, or with a budget the epochs the warm-up says fit (auto
     width: the widths it tried, and the model of the one chosen)."""
@@ -842,7 +849,11 @@ def _new_plan(
         warmup_steps=0,
         budget_s=o.time_budget,
     )
-    if o.time_budget is not None and steps_per_execution == 1 and not warm_up_fits(o.time_budget, clock(), loading_s):
+    if (
+        o.time_budget is not None
+        and steps_per_execution == 1
+        and not warm_up_fits(o.time_budget, clock(), loading_s, cpu_xla)
+    ):
         # (several steps per call, a TPU's: the warm-up times whole calls; an epoch's last call may run fewer steps)
         # No room for a separate warm-up: the start width trains now; Progress times its first epoch's steps and
         # makes the plan from them (BudgetPlan.plan_in_first_epoch). Until then: the epochs auto width aims at
@@ -857,8 +868,9 @@ def _new_plan(
         say(
             f"Budget {budget:g} s: {started:.1f} s went to starting up (Python, TensorFlow, the data, the model; "
             f"{started / budget:.0%}), and a warm-up would take "
-            f"~{WARM_UP_PER_START_UP * max(started - loading_s, 0.0):.1f} s more (over {PLANNING_SHARE:.0%} of the "
-            f"budget) → {network} trains now; its first epoch's steps set the plan"
+            f"~{warm_up_per_start_up(cpu_xla) * max(started - loading_s, 0.0):.1f} s more"
+            f"{' (compiling with XLA)' if cpu_xla else ''} (over {PLANNING_SHARE:.0%} of the budget) → {network} "
+            "trains now; its first epoch's steps set the plan"
         )
         return plan, built
     if o.time_budget is not None:
@@ -994,11 +1006,17 @@ def _new_plan(
     return plan, built
 
 
-def warm_up_fits(budget_s: float, elapsed_s: float, loading_s: float = 0.0) -> bool:
-    """Whether a separate warm-up, estimated at :data:`WARM_UP_PER_START_UP` of the start-up it follows (the
+def warm_up_per_start_up(cpu_xla: bool = False) -> float:
+    """A separate warm-up's seconds per second of start-up: :data:`WARM_UP_PER_START_UP`, or
+    :data:`WARM_UP_PER_START_UP_XLA` where the step compiles with XLA on a CPU."""
+    return WARM_UP_PER_START_UP_XLA if cpu_xla else WARM_UP_PER_START_UP
+
+
+def warm_up_fits(budget_s: float, elapsed_s: float, loading_s: float = 0.0, cpu_xla: bool = False) -> bool:
+    """Whether a separate warm-up, estimated at :func:`warm_up_per_start_up` of the start-up it follows (the
     ``elapsed_s`` of the budget, less ``loading_s`` of loading the data: a download or a disk says nothing of how fast
     this machine compiles), ends within :data:`PLANNING_SHARE` of the budget; else the first epoch times itself."""
-    return elapsed_s + WARM_UP_PER_START_UP * max(elapsed_s - loading_s, 0.0) <= PLANNING_SHARE * budget_s
+    return elapsed_s + warm_up_per_start_up(cpu_xla) * max(elapsed_s - loading_s, 0.0) <= PLANNING_SHARE * budget_s
 
 
 def first_epoch_times(

@@ -777,10 +777,11 @@ def _xla_choice_claim(
 ):
     """The trainer's XLA default against the other setting. Where COURSE_JIT=1 or --jit/--no-jit set XLA for every
     run, the trainer chose nothing: the ratio is shown, the claim is not measurable (prove --jit measured 0.53× for
-    the forced XLA-on against off on a 2-core CPU with oneDNN — the reason the trainer's CPU default is off). On
+    the forced XLA-on against off on a 2-core CPU with oneDNN — the reason the trainer's default is off there). On
     TensorFlow's own kernels XLA's epochs ran faster once compiled (float32, full mode: off at 0.77× of on, the
-    AVX-512 EPYC, 2026-12-03), and compiling costs seconds of a short budget: there a slower default differs, with
-    the reason."""
+    AVX-512 EPYC; 1.36× the images/s on one core of an AMX Xeon, 2026-12-03), so the trainer turns it on there — on
+    x86-64 Linux, where it was measured (``recipes.eigen_xla_measured``); elsewhere an XLA-off default that is slower
+    differs, with the reason."""
     eigen = kind == "CPU" and kernel_path == "eigen" and not jit
     claim = _speed_claim(
         "06.xla_choice_not_slower",
@@ -788,9 +789,9 @@ def _xla_choice_claim(
         chosen,
         xla_other,
         repeats,
-        "on TensorFlow's own kernels XLA fuses the step's elementwise ops, and once compiled its epochs run faster "
-        "(the table's median epoch leaves compiling out); compiling takes seconds of a short budget — a wash at 60 s "
-        "(measurements/2026-11-28-capstone-kernel-paths) — so the trainer keeps it off: over longer budgets try --jit"
+        "on TensorFlow's own kernels XLA fuses the step's elementwise ops, and once compiled its epochs run faster; "
+        "the trainer turns it on there on x86-64 Linux, where that was measured, and not with --accumulate: "
+        "try --jit"
         if eigen
         else "",
         None

@@ -1533,7 +1533,8 @@ def test_xla_on_a_cpu_follows_its_kernel_path(monkeypatch, kernels, accumulate, 
     monkeypatch.setattr(capstone.recipes, "eigen_xla_measured", lambda: measured)
     jit_compile, compiled, why = capstone.choose_jit(capstone.Options(accumulate=accumulate), "CPU", False, 1, kernels)
     assert (jit_compile, compiled) == expected and why.startswith("CPU")
-    assert ("--no-jit" in why) == expected[0] and ("eigen" in why) == (kernels == "eigen" and accumulate == 1)
+    assert ("--no-jit" in why) == expected[0] and ("eigen" in why) == (kernels == "eigen")
+    assert ("oneDNN" in why) == kernels.startswith("onednn") and ("--accumulate" in why) == (accumulate > 1)
     # several replicas: fit cannot be compiled, whatever the kernels
     assert capstone.choose_jit(capstone.Options(), "CPU", False, 4, kernels)[:2] == (False, False)
 

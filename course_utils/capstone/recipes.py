@@ -335,7 +335,16 @@ def choose_jit(
     if o.jit is not None:
         return bool(o.jit), bool(o.jit) or kind == "TPU", "chosen with --jit" if o.jit else "chosen with --no-jit"
     jit, compiled, why = fit_jit_compile(kind, course_jit, replicas)  # the rule every lesson's fit follows
-    if not compiled and replicas <= 1 and kernels == "eigen" and o.accumulate == 1:
+    if not compiled and replicas <= 1 and kernels == "eigen":
+        if o.accumulate > 1:
+            return (
+                jit,
+                compiled,
+                (
+                    "CPU kernels eigen with --accumulate: an accumulated step under XLA ran more than ten times slower "
+                    "on a CPU (lesson 06 §5); --jit to try"
+                ),
+            )
         if eigen_xla_measured():
             return True, True, f"CPU kernels eigen: {EIGEN_XLA}; --no-jit to compare"
         return jit, compiled, "CPU kernels eigen: XLA sped this step up on x86 Linux, not measured here; --jit to try"

@@ -827,9 +827,10 @@ def test_the_command_line_imports_keras_without_pyplot_and_allows_it_after():
 
 
 def test_a_warm_up_runs_only_where_it_is_expected_to_end_within_the_planning_share():
-    # start-up 3.3 s of 60: a warm-up of 0.8 × 3.3 s ends at 5.9 s, within 10%; 3.4 s: at 6.1 s, past it
-    assert capstone.trainer.warm_up_fits(60.0, 3.3) and not capstone.trainer.warm_up_fits(60.0, 3.4)
-    assert capstone.trainer.warm_up_fits(120.0, 6.6) and not capstone.trainer.warm_up_fits(4.0, 0.3)  # smoke: 4 s
+    # start-up 2.8 s of 60: a warm-up of 1.1 × 2.8 s ends at 5.9 s, within 10%; 2.9 s: at 6.1 s, past it
+    assert capstone.trainer.warm_up_fits(60.0, 2.8) and not capstone.trainer.warm_up_fits(60.0, 2.9)
+    assert capstone.trainer.warm_up_fits(120.0, 5.7) and not capstone.trainer.warm_up_fits(120.0, 5.8)
+    assert not capstone.trainer.warm_up_fits(4.0, 0.3)  # smoke: 4 s
     # 40 s of it downloading the data, 600 s: the warm-up's estimate is of the 4 s of Python, imports and the model
     assert capstone.trainer.warm_up_fits(600.0, 44.0, loading_s=40.0) and not capstone.trainer.warm_up_fits(600.0, 44.0)
     # compiling with XLA on a CPU takes longer than the start-up: 1.5 × 3.3 s more ends at 8.25 s, past 6 s of 60

@@ -174,8 +174,10 @@ PLANNING_MARGIN = 1.25  # another width's warm-up, estimated from the last one's
 # core and two, every kernel path, 60 s budgets, 2026-12-02). Where start-up plus this much would pass PLANNING_SHARE
 # of the budget, there is no separate warm-up: the start width trains at once, and its first epoch's own steps set the
 # plan (BudgetPlan.plan_in_first_epoch; the trainer's warm_up_fits decides). With a warm-up first, the first epoch
-# had started at 5.3-6.9 s of 60 (10-12%), and a width other than the start width was chosen in 3 of 18 runs
-WARM_UP_PER_START_UP = 0.8
+# had started at 5.3-6.9 s of 60 (10-12%), and a width other than the start width was chosen in 3 of 18 runs. On one
+# core of an AMX Xeon VM (oneDNN in float32, two runs side by side, 2026-12-03) the warm-up took 0.93 and 1.03 × the
+# start-up, and building the width it chose 0.1-0.3 s more: at 0.8 the first epoch started at 6.1-6.5 s of 60
+WARM_UP_PER_START_UP = 1.1
 
 # … where the step compiles with XLA on a CPU (TensorFlow's own kernels: recipes.EIGEN_XLA), whose compiling takes
 # longer than the start-up before it: 4.6 s after ~4 s of start-up on one core of an AMX Xeon (TF 2.20, width 4),

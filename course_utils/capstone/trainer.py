@@ -891,6 +891,8 @@ def _new_plan(
 
         warm = warm_up(built[1])
         warm_took, warms = clock() - warm_started, {width: warm}
+        # what warm_up_fits decided from, and what the warm-up then took (its estimate: WARM_UP_PER_START_UP)
+        warm["start_up_s"], warm["loading_s"], warm["took_s"] = warm_started, loading_s, warm_took
         if warm["train_step_s"] is None:  # compiling used the budget: nothing to measure, no width to choose
             epoch_s, final_s, epochs, views = 0.0, BudgetPlan.FINAL_EVAL_MIN_S, 1, 1
             tried = [[width, None, epochs]]

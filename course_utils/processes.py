@@ -509,6 +509,7 @@ IMPORT_TIME_PREFIXES = (
     "KMP_",
     "TPU_",
     "HOME",
+    "COVERAGE_PROCESS_",  # coverage's start-up hook (its .pth file): devtools.coverage_map measures forked tasks too
 )
 # read when the program makes its strategy or runtime, after the fork: may differ per child
 PER_TASK = ("TF_CONFIG", "TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")

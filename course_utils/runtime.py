@@ -42,7 +42,10 @@ TPU_PCI_DEVICE_IDS = {
     "0x0063": "TPU v5e",
     "0x006f": "TPU v6e",
 }
-TPU_ENV_VARS = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_SKIP_MDS_QUERY")
+# (not TPU_SKIP_MDS_QUERY: importing JAX sets it to 1 where it finds no TPU chips, jax/_src/cloud_tpu_init.py, and
+# importing TensorFlow imports JAX wherever JAX is installed, tensorflow.lite.python.util: with JAX 0.10.2 beside
+# TensorFlow 2.20 every CPU machine read as a TPU that did not connect)
+TPU_ENV_VARS = ("TPU_NAME", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID")
 # The TPU build of TensorFlow, installed as Colab documents it (googlecolab/colabtools#5164, #5228):
 # with --find-links to Google's libtpu release index. 2.20.0 is the newest TensorFlow with a TPU build.
 TF_VERSION = "2.20.0"

@@ -176,6 +176,14 @@ def test_tpu_hints_read_pci_ids_and_device_files(tmp_path, monkeypatch):
     assert runtime.tpu_hints(str(tmp_path / "none"), str(tmp_path / "none")) == ["TPU_ACCELERATOR_TYPE=v5litepod-1"]
 
 
+def test_jaxs_no_tpu_marker_is_no_tpu_hint(tmp_path, monkeypatch):
+    # JAX sets TPU_SKIP_MDS_QUERY=1 on import where it finds no TPU chips, and TensorFlow's import imports JAX
+    for name in runtime.TPU_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TPU_SKIP_MDS_QUERY", "1")
+    assert runtime.tpu_hints(str(tmp_path / "none"), str(tmp_path / "none")) == []
+
+
 def test_cpu_split_after_tensorflow_started_is_reported_not_raised():
     import tensorflow as tf
 
